@@ -1,0 +1,284 @@
+"""Device mesh construction and logical-axis sharding.
+
+Every parameter and every activation that matters carries *logical* axis names (``embed``, ``vocab``,
+``heads``, ``kv_heads``, ``head_dim``, ``mlp``, ``layers``, ``batch``, ``length``). A rule list, set in the
+config, maps each logical axis to zero, one or several *mesh* axes (``data``, ``fsdp``, ``tensor``,
+``sequence``, ``expert``). This module is the only place where the two vocabularies meet.
+
+The model calls :func:`constrain` on activations; outside an :func:`activation_sharding` context that call
+is a no-op, so the model runs unsharded in a notebook exactly as it does under ``jax.jit`` on a mesh.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+import math
+from typing import Iterable, Mapping, Sequence
+
+import jax
+import numpy as np
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+
+#: Mesh axes in the order they are laid out over devices (outermost first). ``data`` is outermost so it
+#: lands on the slowest links (DCN across slices); ``tensor`` is innermost, on the fastest (ICI / NVLink).
+MESH_AXES: tuple[str, ...] = ("data", "fsdp", "sequence", "expert", "tensor")
+
+#: Logical axis names the model uses.
+LOGICAL_AXES: tuple[str, ...] = (
+    "batch", "length", "embed", "vocab", "heads", "kv_heads", "head_dim", "mlp", "layers", "norm",
+)
+
+#: Default rules: FSDP (ZeRO-3) shards params on ``embed``; Megatron tensor parallelism shards ``heads``,
+#: ``kv_heads``, ``mlp`` and ``vocab`` over ``tensor``; the batch goes over ``data`` and ``fsdp``.
+DEFAULT_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
+    ("batch", ("data", "fsdp")),
+    ("length", None),
+    ("embed", "fsdp"),
+    ("vocab", "tensor"),
+    ("heads", "tensor"),
+    ("kv_heads", "tensor"),
+    ("head_dim", None),
+    ("mlp", "tensor"),
+    ("layers", None),
+    ("norm", None),
+)
+
+Rules = Sequence[tuple[str, str | Sequence[str] | None]]
+
+
+class MeshError(ValueError):
+    """A mesh specification that cannot be built on the devices present."""
+
+
+def parse_mesh_spec(spec: str | Mapping[str, int]) -> dict[str, int]:
+    """Parse ``"data=2,fsdp=2,tensor=2"`` (or a mapping) into ``{axis: size}``.
+
+    Axes not named get size 1. One axis may be ``-1`` to take the remaining devices.
+
+    Raises:
+      MeshError: unknown axis name, malformed entry, non-positive size, or more than one ``-1``.
+    """
+    if isinstance(spec, str):
+        sizes: dict[str, int] = {}
+        for part in filter(None, (p.strip() for p in spec.split(","))):
+            if "=" not in part:
+                raise MeshError(f"mesh entry {part!r} is not of the form axis=size (in {spec!r})")
+            name, value = (s.strip() for s in part.split("=", 1))
+            try:
+                sizes[name] = int(value)
+            except ValueError:
+                raise MeshError(f"mesh axis {name!r} has non-integer size {value!r} (in {spec!r})") from None
+    else:
+        sizes = dict(spec)
+    for name, size in sizes.items():
+        if name not in MESH_AXES:
+            raise MeshError(f"unknown mesh axis {name!r}; known axes: {', '.join(MESH_AXES)}")
+        if size == 0 or size < -1:
+            raise MeshError(f"mesh axis {name!r} has size {size}; sizes are positive, or -1 for 'the rest'")
+    if sum(1 for s in sizes.values() if s == -1) > 1:
+        raise MeshError(f"at most one mesh axis may be -1, got {sizes}")
+    return {a: sizes.get(a, 1) for a in MESH_AXES}
+
+
+def resolve_mesh_shape(sizes: Mapping[str, int], num_devices: int) -> dict[str, int]:
+    """Fill a ``-1`` axis and check that the product of sizes equals ``num_devices``.
+
+    Raises:
+      MeshError: the sizes do not multiply to the device count (or do not divide it, with ``-1``).
+    """
+    sizes = dict(sizes)
+    known = math.prod(s for s in sizes.values() if s != -1)
+    auto = [a for a, s in sizes.items() if s == -1]
+    if auto:
+        if num_devices % known:
+            raise MeshError(
+                f"mesh {format_mesh(sizes)}: the fixed axes (product {known}) do not divide the "
+                f"{num_devices} devices, so -1 on {auto[0]!r} cannot be filled")
+        sizes[auto[0]] = num_devices // known
+    if math.prod(sizes.values()) != num_devices:
+        raise MeshError(
+            f"mesh {format_mesh(sizes)} has {math.prod(sizes.values())} devices in all, but "
+            f"{num_devices} devices are present (config key: mesh / --mesh)")
+    return sizes
+
+
+def format_mesh(sizes: Mapping[str, int]) -> str:
+    """``{'data': 2, 'fsdp': 1, ...}`` -> ``'data=2'`` (axes of size 1 omitted, unless all are)."""
+    named = [f"{a}={s}" for a, s in sizes.items() if s != 1]
+    return ",".join(named) or "data=1"
+
+
+def make_mesh(sizes: Mapping[str, int] | str, devices: Sequence[jax.Device] | None = None) -> Mesh:
+    """Build a ``jax.sharding.Mesh`` with all of :data:`MESH_AXES` (size-1 axes included).
+
+    Axis types are ``Auto``: shardings follow the annotations (``out_shardings``, ``with_sharding_constraint``)
+    and XLA's propagation, as in pjit.
+
+    Args:
+      sizes: ``{axis: size}`` or a string spec; one axis may be -1.
+      devices: devices to use (default: all of ``jax.devices()``).
+
+    Raises:
+      MeshError: see :func:`parse_mesh_spec` and :func:`resolve_mesh_shape`.
+    """
+    devices = list(devices if devices is not None else jax.devices())
+    shape = resolve_mesh_shape(parse_mesh_spec(sizes), len(devices))
+    axis_shapes = tuple(shape[a] for a in MESH_AXES)
+    return jax.make_mesh(axis_shapes, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES),
+                         devices=devices)
+
+
+def make_hybrid_mesh(ici: Mapping[str, int], dcn: Mapping[str, int],
+                     devices: Sequence[jax.Device] | None = None) -> Mesh:
+    """A mesh over several slices: ``ici`` sizes within a slice, ``dcn`` sizes across slices.
+
+    Uses ``jax.experimental.mesh_utils.create_hybrid_device_mesh`` so that axes spanning slices
+    (by default ``data``) go over the data-center network and the rest stay on the inter-chip interconnect.
+
+    Raises:
+      MeshError: unknown axes, or sizes that do not match the devices per slice / number of slices.
+    """
+    from jax.experimental import mesh_utils
+
+    devices = list(devices if devices is not None else jax.devices())
+    ici_s, dcn_s = parse_mesh_spec(ici), parse_mesh_spec(dcn)
+    num_slices = math.prod(dcn_s.values())
+    if len(devices) % num_slices:
+        raise MeshError(f"dcn mesh {format_mesh(dcn_s)} needs {num_slices} slices; {len(devices)} devices")
+    ici_s = resolve_mesh_shape(ici_s, len(devices) // num_slices)
+    dev = mesh_utils.create_hybrid_device_mesh(
+        [ici_s[a] for a in MESH_AXES], [dcn_s[a] for a in MESH_AXES], devices=devices)
+    return Mesh(dev, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES))
+
+
+def mesh_shape(mesh: Mesh) -> dict[str, int]:
+    """``{axis: size}`` of a mesh, in :data:`MESH_AXES` order."""
+    return {a: int(mesh.shape[a]) for a in mesh.axis_names}
+
+
+# --------------------------------------------------------------------------------------------------
+# Logical axes -> mesh axes.
+
+
+def _rules_dict(rules: Rules) -> dict[str, tuple[str, ...]]:
+    out: dict[str, tuple[str, ...]] = {}
+    for logical, mesh_axes in rules:
+        if logical in out:
+            continue  # first rule wins, as in flax.linen / T5X
+        if mesh_axes is None:
+            out[logical] = ()
+        elif isinstance(mesh_axes, str):
+            out[logical] = (mesh_axes,)
+        else:
+            out[logical] = tuple(mesh_axes)
+    return out
+
+
+def validate_rules(rules: Rules) -> None:
+    """Check a rule list: logical names known, mesh names known.
+
+    Raises:
+      ValueError: naming the offending rule (config key ``logical_axis_rules``).
+    """
+    for entry in rules:
+        if len(entry) != 2:
+            raise ValueError(f"logical_axis_rules: entry {entry!r} is not a (logical, mesh) pair")
+        logical, mesh_axes = entry
+        if logical not in LOGICAL_AXES:
+            raise ValueError(f"logical_axis_rules: unknown logical axis {logical!r}; known: {LOGICAL_AXES}")
+        names = () if mesh_axes is None else (mesh_axes,) if isinstance(mesh_axes, str) else mesh_axes
+        for n in names:
+            if n not in MESH_AXES:
+                raise ValueError(f"logical_axis_rules: {logical!r} maps to unknown mesh axis {n!r}")
+
+
+def logical_to_spec(axes: Sequence[str | None], rules: Rules, mesh: Mesh | None = None) -> PartitionSpec:
+    """Map logical axis names of one array to a ``PartitionSpec``.
+
+    A mesh axis is used at most once per array (later dims that would reuse it stay unsharded), and
+    mesh axes of size 1 are dropped so specs stay readable. ``None`` in ``axes`` means unsharded.
+    """
+    table = _rules_dict(rules)
+    used: set[str] = set()
+    spec: list = []
+    for name in axes:
+        mesh_axes = table.get(name, ()) if name is not None else ()
+        chosen = tuple(
+            a for a in mesh_axes
+            if a not in used and (mesh is None or mesh.shape[a] > 1))
+        used.update(chosen)
+        spec.append(None if not chosen else chosen[0] if len(chosen) == 1 else chosen)
+    while spec and spec[-1] is None:
+        spec.pop()
+    return PartitionSpec(*spec)
+
+
+def named_sharding(mesh: Mesh, axes: Sequence[str | None], rules: Rules) -> NamedSharding:
+    """``NamedSharding`` for an array with the given logical axes."""
+    return NamedSharding(mesh, logical_to_spec(axes, rules, mesh))
+
+
+def batch_sharding(mesh: Mesh, rules: Rules) -> NamedSharding:
+    """Sharding of a ``[batch, length]`` input array (batch over ``data`` x ``fsdp`` by the default rules)."""
+    return named_sharding(mesh, ("batch", "length"), rules)
+
+
+def data_parallel_size(mesh_sizes: Mapping[str, int], rules: Rules) -> int:
+    """Number of shards the batch dimension is split into under ``rules`` (product of its mesh axes)."""
+    axes = _rules_dict(rules).get("batch", ())
+    return math.prod(mesh_sizes.get(a, 1) for a in axes)
+
+
+def replicated_fraction(shardings_and_arrays: Iterable[tuple[NamedSharding, jax.ShapeDtypeStruct]]) -> float:
+    """Fraction of bytes, over (sharding, array) pairs, held fully replicated on every device.
+
+    An array is fully replicated when its sharding splits none of its dimensions over a mesh axis of size > 1.
+    Returns a float in [0, 1] (0 when there are no bytes).
+    """
+    total = replicated = 0
+    for sharding, arr in shardings_and_arrays:
+        nbytes = math.prod(arr.shape) * np.dtype(arr.dtype).itemsize
+        total += nbytes
+        if sharding.is_fully_replicated:
+            replicated += nbytes
+    return replicated / total if total else 0.0
+
+
+# --------------------------------------------------------------------------------------------------
+# Activation constraints (used by the model).
+
+
+@dataclasses.dataclass(frozen=True)
+class _ActivationContext:
+    mesh: Mesh
+    rules: Rules
+
+
+_ACTIVATION_CONTEXT: contextvars.ContextVar[_ActivationContext | None] = contextvars.ContextVar(
+    "jaxpt_activation_sharding", default=None)
+
+
+@contextlib.contextmanager
+def activation_sharding(mesh: Mesh, rules: Rules):
+    """Within this context (at trace time), :func:`constrain` pins activations to ``rules`` on ``mesh``."""
+    token = _ACTIVATION_CONTEXT.set(_ActivationContext(mesh, tuple(rules)))
+    try:
+        yield
+    finally:
+        _ACTIVATION_CONTEXT.reset(token)
+
+
+def constrain(x: jax.Array, axes: Sequence[str | None]) -> jax.Array:
+    """``with_sharding_constraint`` by logical axis names; a no-op outside :func:`activation_sharding`.
+
+    Raises:
+      ValueError: ``len(axes) != x.ndim``.
+    """
+    if len(axes) != x.ndim:
+        raise ValueError(f"constrain: {len(axes)} logical axes {tuple(axes)} for an array of rank {x.ndim}")
+    ctx = _ACTIVATION_CONTEXT.get()
+    if ctx is None:
+        return x
+    return jax.lax.with_sharding_constraint(x, named_sharding(ctx.mesh, axes, ctx.rules))

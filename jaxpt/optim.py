@@ -1,0 +1,119 @@
+"""Optimizer: optax AdamW, learning-rate schedules, global-norm clipping, weight-decay mask."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+
+SCHEDULES = ("cosine", "wsd", "constant")
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerConfig:
+    """AdamW (Loshchilov & Hutter 2019) with warmup and a decay schedule.
+
+    Attributes:
+      peak_learning_rate: learning rate at the end of warmup.
+      schedule: ``cosine`` (linear warmup, then cosine to ``min_lr_ratio * peak`` at ``decay_steps``),
+        ``wsd`` (warmup-stable-decay, Hu et al. 2024 "MiniCPM": linear warmup, constant, then a linear
+        decay over the last ``wsd_decay_fraction`` of ``decay_steps`` to ``min_lr_ratio * peak``), or
+        ``constant`` (after warmup).
+      warmup_steps: steps of linear warmup from 0.
+      decay_steps: the step at which the schedule reaches its final value (usually the run's total steps);
+        0 means "use the run's --steps".
+      min_lr_ratio: final learning rate as a fraction of the peak.
+      wsd_decay_fraction: fraction of ``decay_steps`` spent in the WSD decay phase.
+      b1, b2, eps: Adam moments' decay rates and epsilon.
+      weight_decay: decoupled weight decay coefficient (applied as ``lr * wd * param``).
+      decay_embeddings: whether the embedding table (and a tied output) gets weight decay. Off by default,
+        as in GPT-NeoX/OLMo: decaying rarely-seen token rows shrinks them towards zero between updates.
+      grad_clip_norm: clip the global gradient L2 norm to this value (0 disables).
+    """
+
+    peak_learning_rate: float = 3e-3
+    schedule: str = "cosine"
+    warmup_steps: int = 50
+    decay_steps: int = 0
+    min_lr_ratio: float = 0.1
+    wsd_decay_fraction: float = 0.2
+    b1: float = 0.9
+    b2: float = 0.95
+    eps: float = 1e-8
+    weight_decay: float = 0.1
+    decay_embeddings: bool = False
+    grad_clip_norm: float = 1.0
+
+
+def learning_rate_schedule(cfg: OptimizerConfig, total_steps: int) -> optax.Schedule:
+    """The schedule as a function of the optimizer's update count (0-based: step ``s`` uses ``lr(s)``).
+
+    Formulas (``p`` = peak, ``w`` = warmup, ``T`` = decay_steps or ``total_steps``, ``m`` = min_lr_ratio):
+      warmup (``s < w``): ``p * s / w``.
+      cosine: ``p * (m + (1 - m) * 0.5 * (1 + cos(pi * (s - w) / (T - w))))`` for ``w <= s <= T``, then ``m * p``.
+      wsd: ``p`` until ``T - d`` with ``d = round(wsd_decay_fraction * T)``, then linear to ``m * p`` at ``T``.
+
+    Raises:
+      ValueError: unknown schedule name or warmup longer than the decay horizon (config key named).
+    """
+    total = cfg.decay_steps or total_steps
+    if cfg.schedule not in SCHEDULES:
+        raise ValueError(f"optimizer.schedule: unknown schedule {cfg.schedule!r}; choose from {SCHEDULES}")
+    if cfg.warmup_steps > total and cfg.schedule != "constant":
+        raise ValueError(f"optimizer.warmup_steps ({cfg.warmup_steps}) exceeds the decay horizon ({total} steps)")
+    peak, floor = cfg.peak_learning_rate, cfg.peak_learning_rate * cfg.min_lr_ratio
+    warmup = optax.linear_schedule(0.0, peak, cfg.warmup_steps)
+    if cfg.schedule == "constant":
+        rest = optax.constant_schedule(peak)
+    elif cfg.schedule == "cosine":
+        rest = optax.cosine_decay_schedule(peak, max(total - cfg.warmup_steps, 1), alpha=cfg.min_lr_ratio)
+    else:
+        decay = max(int(round(cfg.wsd_decay_fraction * total)), 1)
+        stable = max(total - cfg.warmup_steps - decay, 0)
+        rest = optax.join_schedules(
+            [optax.constant_schedule(peak), optax.linear_schedule(peak, floor, decay)], [stable])
+    return optax.join_schedules([warmup, rest], [cfg.warmup_steps])
+
+
+def _path_names(path) -> tuple[str, ...]:
+    names = []
+    for k in path:
+        for attr in ("key", "name", "idx"):
+            if hasattr(k, attr):
+                names.append(str(getattr(k, attr)))
+                break
+    return tuple(names)
+
+
+def weight_decay_mask(params: Any, decay_embeddings: bool = False) -> Any:
+    """Pytree of bools: True where weight decay applies.
+
+    Norm scales and biases (any leaf of rank <= 1) never decay; the embedding table (and the output
+    projection when tied, which *is* the embedding) decays only if ``decay_embeddings``; every other
+    matrix decays.
+    """
+    def decide(path, leaf) -> bool:
+        if jnp.ndim(leaf) <= 1 or "scale" in _path_names(path) or "bias" in _path_names(path):
+            return False
+        if "embedding" in _path_names(path):
+            return decay_embeddings
+        return True
+    return jax.tree_util.tree_map_with_path(decide, params)
+
+
+def make_optimizer(cfg: OptimizerConfig, total_steps: int, params: Any) -> optax.GradientTransformation:
+    """``clip_by_global_norm -> adamw(schedule, mask)``.
+
+    ``params`` (arrays or ``ShapeDtypeStruct``s with the real tree structure) is used only to build the
+    weight-decay mask. Note the mask is decided on rank, so stacked (scanned) norm scales of shape
+    [layers, D] are recognized by name (``scale``) instead.
+    """
+    schedule = learning_rate_schedule(cfg, total_steps)
+    tx = optax.adamw(schedule, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay,
+                     mask=weight_decay_mask(params, cfg.decay_embeddings))
+    if cfg.grad_clip_norm > 0:
+        tx = optax.chain(optax.clip_by_global_norm(cfg.grad_clip_norm), tx)
+    return tx

@@ -1,0 +1,119 @@
+"""The train state, its abstract (shape-only) form, its shardings, and sharded initialization.
+
+Params and optimizer state are created already sharded: :func:`init_state` runs the initializer under
+``jax.jit`` with ``out_shardings``, so no full copy is ever materialized on one device.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from jaxpt import mesh as mesh_lib
+from jaxpt.model import Decoder, ModelConfig
+
+
+class TrainState(flax.struct.PyTreeNode):
+    """Everything that changes during training.
+
+    Attributes:
+      step: int32 scalar, optimizer updates applied so far (the global step).
+      params: ``nnx.State`` of the model's ``nnx.Param`` leaves.
+      opt_state: optax state for ``params``.
+      rng: a ``jax.random`` key (uint32[2]) advanced each step, for stochastic parts of training.
+    """
+
+    step: jax.Array
+    params: Any
+    opt_state: Any
+    rng: jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class StateSpec:
+    """Static pieces for a run: the model's graph definition, the optimizer, and the state shardings."""
+
+    graphdef: Any
+    tx: optax.GradientTransformation
+    abstract: TrainState          # ShapeDtypeStructs with ``.sharding`` set
+    shardings: TrainState         # NamedSharding per leaf
+
+
+def _logical_axes_of(var: nnx.Variable) -> tuple:
+    axes = var.get_metadata().get("logical_axes")
+    if axes is None:
+        raise ValueError(f"parameter of shape {var.shape} has no logical_axes metadata")
+    if len(axes) != len(var.shape):
+        raise ValueError(f"parameter of shape {var.shape} has logical axes {axes} of a different rank")
+    return tuple(axes)
+
+
+def param_shardings(abstract_params: Any, mesh: Mesh, rules) -> Any:
+    """NamedSharding for every param, from its ``logical_axes`` metadata and the rules."""
+    return jax.tree.map(
+        lambda v: v.replace(mesh_lib.named_sharding(mesh, _logical_axes_of(v), rules)),
+        abstract_params, is_leaf=lambda x: isinstance(x, nnx.Variable))
+
+
+def abstract_model(cfg: ModelConfig) -> tuple[Any, Any]:
+    """``(graphdef, abstract params)`` without allocating any array."""
+    model = nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0)))
+    graphdef, params = nnx.split(model, nnx.Param)
+    return graphdef, params
+
+
+def make_state_spec(model_cfg: ModelConfig, tx_factory, mesh: Mesh, rules) -> StateSpec:
+    """Build the abstract train state and its shardings.
+
+    Args:
+      model_cfg: resolved model config (vocab size known).
+      tx_factory: ``params -> optax.GradientTransformation`` (needs the params tree for the decay mask).
+      mesh, rules: where and how to shard.
+    """
+    graphdef, abs_params = abstract_model(model_cfg)
+    tx = tx_factory(abs_params)
+    p_shard = param_shardings(abs_params, mesh, rules)
+    abs_opt = jax.eval_shape(tx.init, abs_params)
+    replicated = NamedSharding(mesh, PartitionSpec())
+    # Optimizer leaves that mirror a param (Adam moments) take its sharding; scalars (counts) replicate.
+    o_shard = optax.tree_map_params(
+        tx, lambda _, s: s, abs_opt, p_shard,
+        transform_non_params=lambda _: replicated, is_leaf=lambda x: isinstance(x, nnx.Variable))
+    shardings = TrainState(step=replicated, params=p_shard, opt_state=o_shard, rng=replicated)
+    abs_state = TrainState(
+        step=jax.ShapeDtypeStruct((), jnp.int32),
+        params=abs_params, opt_state=abs_opt,
+        rng=jax.eval_shape(lambda: jax.random.key_data(jax.random.key(0))))
+    abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                            abs_state, shardings)
+    return StateSpec(graphdef=graphdef, tx=tx, abstract=abstract, shardings=shardings)
+
+
+def init_state(spec: StateSpec, model_cfg: ModelConfig, seed: int) -> TrainState:
+    """Initialize params and optimizer state directly into their shardings (``jit`` + ``out_shardings``)."""
+
+    def init():
+        model = Decoder(model_cfg, rngs=nnx.Rngs(params=seed))
+        _, params = nnx.split(model, nnx.Param)
+        return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=spec.tx.init(params),
+                          rng=jax.random.key_data(jax.random.key(seed + 1)))
+
+    return jax.jit(init, out_shardings=spec.shardings)()
+
+
+def replicated_param_fraction(spec: StateSpec) -> float:
+    """Fraction of parameter bytes that are fully replicated under the state's shardings."""
+    pairs = zip(jax.tree.leaves(spec.shardings.params), jax.tree.leaves(spec.abstract.params))
+    return mesh_lib.replicated_fraction(pairs)
+
+
+def num_params(spec: StateSpec) -> int:
+    """Total parameter count of the abstract state."""
+    return sum(int(x.size) for x in jax.tree.leaves(spec.abstract.params))

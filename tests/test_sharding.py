@@ -1,0 +1,106 @@
+"""Params and optimizer state are created sharded as the logical-axis rules say."""
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+from jax.sharding import PartitionSpec as P
+
+from jaxpt import mesh as M
+from jaxpt import optim, state as S
+from jaxpt.model import ModelConfig
+
+CFG = ModelConfig(vocab_size=512, d_model=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16, mlp_dim=128)
+
+# Expected specs by parameter name under DEFAULT_RULES on data=2,fsdp=2,tensor=2, written out by hand.
+EXPECTED = {
+    "embedding": P("tensor", "fsdp"),
+    "output": P("fsdp", "tensor"),
+    "wq": P("fsdp", "tensor"), "wk": P("fsdp", "tensor"), "wv": P("fsdp", "tensor"),
+    "wo": P("tensor", None, "fsdp"),
+    "w_gate": P("fsdp", "tensor"), "w_up": P("fsdp", "tensor"), "w_down": P("tensor", "fsdp"),
+    "scale": P(),
+}
+
+
+def leaf_name(path):
+    names = [str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path]
+    names = [n for n in names if n != "value"]
+    return names[-1]
+
+
+def make(cfg, mesh_spec):
+    mesh = M.make_mesh(mesh_spec)
+    spec = S.make_state_spec(cfg, lambda p: optim.make_optimizer(optim.OptimizerConfig(), 100, p), mesh,
+                             M.DEFAULT_RULES)
+    return mesh, spec, S.init_state(spec, cfg, 0)
+
+
+@pytest.mark.parametrize("scan", [False, True])
+def test_param_and_optimizer_shardings_match_rules(scan):
+    import dataclasses
+    cfg = dataclasses.replace(CFG, scan_layers=scan)
+    mesh, spec, state = make(cfg, "data=2,fsdp=2,tensor=2")
+    seen = set()
+    for path, leaf in jax.tree_util.tree_leaves_with_path(state.params):
+        name = leaf_name(path)
+        expected = EXPECTED[name]
+        if scan and "blocks" in jax.tree_util.keystr(path):
+            expected = P(None, *expected) if expected != P() else P()
+        assert leaf.sharding.spec == expected, (jax.tree_util.keystr(path), leaf.sharding.spec)
+        assert leaf.sharding.mesh.shape == mesh.shape
+        seen.add(name)
+    assert seen == set(EXPECTED)
+    # Adam's moments mirror the params leaf for leaf; the step count is replicated.
+    mu_nu = 0
+    params_flat = {jax.tree_util.keystr(p)[-40:]: l.sharding.spec for p, l in jax.tree_util.tree_leaves_with_path(state.params)}
+    for path, leaf in jax.tree_util.tree_leaves_with_path(state.opt_state):
+        if leaf.ndim == 0:
+            assert leaf.sharding.is_fully_replicated
+            continue
+        name = leaf_name(path)
+        expected = EXPECTED[name]
+        if scan and "blocks" in jax.tree_util.keystr(path):
+            expected = P(None, *expected) if expected != P() else P()
+        assert leaf.sharding.spec == expected, jax.tree_util.keystr(path)
+        mu_nu += 1
+    assert mu_nu == 2 * len(params_flat)
+    assert state.step.sharding.is_fully_replicated
+
+
+def test_params_are_never_whole_on_one_device():
+    # Each device holds only its shard: the local shard of the embedding is 1/4 of it (tensor x fsdp).
+    _, spec, state = make(CFG, "data=2,fsdp=2,tensor=2")
+    emb = state.params["embedding"][...]
+    shard = emb.addressable_shards[0].data
+    assert shard.shape == (CFG.vocab_size // 2, CFG.d_model // 2)
+
+
+def test_replicated_fraction_under_fsdp8_is_at_most_one_percent():
+    # The quickstart model shape (vocab 8192) on fsdp=8.
+    cfg = ModelConfig(vocab_size=8192, d_model=256, num_layers=4, num_heads=4, num_kv_heads=2, head_dim=64,
+                      mlp_dim=768)
+    mesh = M.make_mesh("fsdp=8")
+    spec = S.make_state_spec(cfg, lambda p: optim.make_optimizer(optim.OptimizerConfig(), 100, p), mesh,
+                             M.DEFAULT_RULES)
+    frac = S.replicated_param_fraction(spec)
+    # Only the norm scales replicate: (2 * layers + 1) * d_model floats of the total, computed by hand.
+    total = S.num_params(spec)
+    assert frac == pytest.approx((2 * 4 + 1) * 256 / total)
+    assert frac <= 0.01
+
+
+def test_logical_to_spec_drops_reused_and_size_one_axes():
+    mesh = M.make_mesh("fsdp=8")
+    # batch takes data and fsdp; embed would take fsdp again, so it stays unsharded; data has size 1.
+    assert M.logical_to_spec(("batch", "length", "embed"), M.DEFAULT_RULES, mesh) == P("fsdp")
+    assert M.logical_to_spec(("vocab", "embed"), M.DEFAULT_RULES, mesh) == P(None, "fsdp")
+
+
+def test_mesh_spec_parsing_errors():
+    with pytest.raises(M.MeshError, match="at most one"):
+        M.parse_mesh_spec("data=-1,fsdp=-1")
+    with pytest.raises(M.MeshError, match="form axis=size"):
+        M.parse_mesh_spec("data2")
+    with pytest.raises(M.MeshError, match="8 devices"):
+        M.make_mesh("data=4")
