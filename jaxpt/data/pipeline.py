@@ -1,0 +1,250 @@
+"""Grain input pipelines over prepared documents, and per-process slices of the global batch.
+
+Train: documents (in memory) -> global seeded shuffle, reshuffled each epoch, repeated forever ->
+every `process_count`-th document for this process -> tokenize (Grain read threads) -> pack
+(`jaxpt.data.packing`) -> batches of `local_batch_size` rows. All randomness comes from `seed`, and
+the iterator state (`get_state`/`set_state`) restores the stream exactly, so a resumed run sees the
+same batches as an uninterrupted one.
+
+Eval: held-out documents in file order, packed once, padded to whole batches with all-padding rows
+(segment id 0), the same number of batches on every process, then finite.
+
+`to_global_batch` turns each process's local batch into global `jax.Array`s sharded over the
+mesh (`jax.make_array_from_process_local_data`), so the same code runs on one host or many.
+
+Layout written by `python -m jaxpt.data.prepare`: `<dir>/train.jsonl.gz`, `<dir>/heldout.jsonl.gz`,
+`<dir>/tokenizer.model`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import json
+import os
+import pathlib
+from typing import Any, Mapping
+
+import grain
+import jax
+import numpy as np
+
+from jaxpt.data import packing
+from jaxpt.data.tokenizer import Tokenizer
+
+#: Batch keys that go to the devices; `doc_index` stays on the host (for listing a batch's documents).
+DEVICE_KEYS = ("tokens", "segment_ids", "positions")
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+    """Where the prepared data is and how to stream it (batch size and sequence length belong to the
+    train config, as they also shape the model and the mesh).
+
+    Attributes:
+      prepared_dir: output folder of `python -m jaxpt.data.prepare`.
+      seed: shuffle seed (integer in [0, 2**32 - 1 - epochs]; Grain reseeds each epoch as seed + epoch).
+      shuffle: shuffle training documents (globally, per epoch).
+      add_eos: append EOS to every document before packing.
+      read_threads: Grain threads that tokenize ahead of the packer (0: tokenize inline).
+    """
+
+    prepared_dir: str = "artifacts/sample"
+    seed: int = 0
+    shuffle: bool = True
+    add_eos: bool = True
+    read_threads: int = 2
+
+    @property
+    def train_path(self) -> pathlib.Path:
+        return pathlib.Path(self.prepared_dir) / "train.jsonl.gz"
+
+    @property
+    def heldout_path(self) -> pathlib.Path:
+        return pathlib.Path(self.prepared_dir) / "heldout.jsonl.gz"
+
+    @property
+    def tokenizer_path(self) -> pathlib.Path:
+        return pathlib.Path(self.prepared_dir) / "tokenizer.model"
+
+    def validate(self) -> None:
+        """Raises FileNotFoundError naming the missing file (and how to make it), or ValueError."""
+        for path in (self.train_path, self.heldout_path, self.tokenizer_path):
+            if not path.is_file():
+                raise FileNotFoundError(f"DataConfig.prepared_dir: {path} not found; run "
+                                        f"`python -m jaxpt.data.prepare --output {self.prepared_dir}`")
+        if not 0 <= self.seed < 2**32:
+            raise ValueError(f"DataConfig.seed must be in [0, 2**32), got {self.seed}")
+        if self.read_threads < 0:
+            raise ValueError(f"DataConfig.read_threads must be >= 0, got {self.read_threads}")
+
+
+def _read_documents(path: str | os.PathLike) -> list[dict]:
+    path = pathlib.Path(path)
+    docs = []
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        for line_no, line in enumerate(f, 1):
+            try:
+                doc = json.loads(line)
+                if not isinstance(doc["id"], str) or not isinstance(doc["text"], str):
+                    raise TypeError("id and text must be strings")
+            except (json.JSONDecodeError, KeyError, TypeError) as e:
+                raise ValueError(f"{path}:{line_no}: bad document record ({e})") from e
+            docs.append(doc)
+    return docs
+
+
+def load_texts(path: str | os.PathLike) -> list[str]:
+    """The `text` of every document in a prepared `.jsonl.gz` file, in file order (index = doc_index)."""
+    return [d["text"] for d in _read_documents(path)]
+
+
+def document_ids(path: str | os.PathLike) -> list[str]:
+    """The `id` of every document in a prepared `.jsonl.gz` file, in file order.
+
+    `document_ids(path)[i]` is the document behind `doc_index == i` in batches made from `path`.
+    Raises ValueError naming file:line on a malformed record.
+    """
+    return [d["id"] for d in _read_documents(path)]
+
+
+class _Tokenize:
+    """Map doc index -> {'tokens': int32 [n], 'doc_index': int}. A class so Grain names the stage."""
+
+    def __init__(self, texts: list[str], tokenizer: Tokenizer):
+        self._texts, self._tokenizer = texts, tokenizer
+
+    def __call__(self, doc_index: int) -> dict[str, Any]:
+        return {"tokens": self._tokenizer.encode(self._texts[doc_index]), "doc_index": int(doc_index)}
+
+
+def _check_process(process_index: int, process_count: int) -> None:
+    if process_count < 1 or not 0 <= process_index < process_count:
+        raise ValueError(f"need 0 <= process_index < process_count, got {process_index}, {process_count}")
+
+
+def make_train_dataset(
+    documents_path: str | os.PathLike,
+    tokenizer: Tokenizer,
+    *,
+    seq_len: int,
+    local_batch_size: int,
+    seed: int,
+    process_index: int = 0,
+    process_count: int = 1,
+    shuffle: bool = True,
+    add_eos: bool = True,
+    read_threads: int = 2,
+) -> grain.IterDataset:
+    """Infinite stream of packed training batches for one process.
+
+    The documents are shuffled globally (the same order on every process, from `seed`; a new order
+    each epoch), repeated forever, and process p takes documents p, p + P, p + 2P, ... of that
+    stream (P = process_count), so within an epoch the processes read disjoint documents that
+    together cover the file. Each process packs its own documents.
+
+    Args:
+      documents_path: prepared `train.jsonl.gz` (loaded into memory).
+      tokenizer: tokenizer of the run; its pad and EOS ids are used.
+      seq_len: row length in tokens.
+      local_batch_size: rows per batch on this process (global batch / process_count).
+      seed: shuffle seed in [0, 2**32).
+      process_index, process_count: this process and the number of processes.
+      shuffle: if False, documents come in file order (each epoch the same).
+      add_eos: append `tokenizer.eos_id` to every document.
+      read_threads: threads tokenizing ahead (0: tokenize in the iterating thread).
+
+    Returns:
+      A `grain.IterDataset` whose elements are dicts of int32 numpy arrays of shape
+      [local_batch_size, seq_len]: `tokens`, `segment_ids`, `positions`, `doc_index` (see
+      `jaxpt.data.packing`). Its iterator supports exact `get_state`/`set_state`.
+
+    Raises:
+      ValueError: a bad argument, an empty document file, or a malformed record (names file:line).
+    """
+    _check_process(process_index, process_count)
+    if local_batch_size < 1 or seq_len < 1:
+        raise ValueError(f"local_batch_size and seq_len must be positive, got {local_batch_size}, {seq_len}")
+    texts = load_texts(documents_path)
+    if not texts:
+        raise ValueError(f"{documents_path}: no documents")
+    ds = grain.MapDataset.range(len(texts))
+    if shuffle:
+        ds = ds.shuffle(seed=seed)
+    ds = ds.repeat(None)[process_index::process_count]
+    ds = ds.map(_Tokenize(texts, tokenizer))
+    it = ds.to_iter_dataset(grain.ReadOptions(num_threads=read_threads, prefetch_buffer_size=8 * max(read_threads, 1)))
+    it = packing.PackedIterDataset(it, seq_len, pad_id=tokenizer.pad_id,
+                                   eos_id=tokenizer.eos_id if add_eos else None)
+    return it.batch(local_batch_size, drop_remainder=True)
+
+
+def make_eval_dataset(
+    documents_path: str | os.PathLike,
+    tokenizer: Tokenizer,
+    *,
+    seq_len: int,
+    batch_size: int,
+    process_index: int = 0,
+    process_count: int = 1,
+    add_eos: bool = True,
+) -> grain.IterDataset:
+    """Finite stream of packed held-out batches for one process (no shuffle, no repeat).
+
+    All documents are tokenized and packed at construction, in file order (held-out sets are
+    small). The rows are padded with all-padding rows (segment ids 0, doc_index -1) to a multiple
+    of `batch_size * process_count`, and process p takes rows p, p + P, ...: every process gets the
+    same number of batches, which collective evaluation needs. Loss should be weighted by tokens
+    with a target (see `jaxpt.data.packing`), so padding rows count for nothing.
+
+    Args:
+      documents_path: prepared `heldout.jsonl.gz`.
+      tokenizer: tokenizer of the run.
+      seq_len: row length in tokens.
+      batch_size: rows per batch on this process.
+      process_index, process_count: this process and the number of processes.
+      add_eos: append EOS to every document (use the same setting as training).
+
+    Returns:
+      A `grain.IterDataset` of dicts of int32 arrays of shape [batch_size, seq_len], with keys as in
+      `make_train_dataset`; the number of batches is len(eval_dataset_rows) / (batch_size * P).
+
+    Raises:
+      ValueError: a bad argument or a malformed record (names file:line).
+    """
+    _check_process(process_index, process_count)
+    if batch_size < 1 or seq_len < 1:
+        raise ValueError(f"batch_size and seq_len must be positive, got {batch_size}, {seq_len}")
+    texts = load_texts(documents_path)
+    rows = list(packing.pack_documents(tokenizer.encode_batch(texts), seq_len, pad_id=tokenizer.pad_id,
+                                       eos_id=tokenizer.eos_id if add_eos else None))
+    per_step = batch_size * process_count
+    num_pad = -len(rows) % per_step
+    if num_pad or not rows:
+        num_pad = num_pad or per_step  # an empty file still yields one (all-padding) batch
+        pad_row = {
+            "tokens": np.full(seq_len, tokenizer.pad_id, np.int32),
+            "segment_ids": np.zeros(seq_len, np.int32),
+            "positions": np.zeros(seq_len, np.int32),
+            "doc_index": np.full(seq_len, -1, np.int32),
+        }
+        rows += [pad_row] * num_pad
+    ds = grain.MapDataset.source(rows[process_index::process_count]).batch(batch_size, drop_remainder=True)
+    return ds.to_iter_dataset()
+
+
+def to_global_batch(local_batch: Mapping[str, np.ndarray],
+                    sharding: jax.sharding.NamedSharding) -> dict[str, jax.Array]:
+    """This process's rows -> global arrays sharded by `sharding`, for the `DEVICE_KEYS` only.
+
+    Each process passes its own [local_batch_size, seq_len] arrays; the global batch is their
+    concatenation along axis 0 in process order ([local_batch_size * process_count, seq_len]),
+    laid out over the devices by `sharding` (typically PartitionSpec(('data', 'fsdp'), None)).
+    `doc_index` is left out: it stays on the host with the caller.
+
+    Raises:
+      KeyError: a device key is missing from `local_batch`.
+      ValueError: (from JAX) the local shapes do not fit the sharding.
+    """
+    return {k: jax.make_array_from_process_local_data(sharding, np.asarray(local_batch[k]))
+            for k in DEVICE_KEYS}
