@@ -111,6 +111,7 @@ def test_errors_name_the_file(tmp_path, texts):
         tokenizer_lib.train_sentencepiece(["tiny text"], tmp_path / "small.model", 5000)
 
 
+@pytest.mark.slow  # imports seqio, hence TensorFlow: 4 s alone, far more on a busy machine
 def test_seqio_vocabulary_encodes_identically(tok, texts):
     vocab = tok.as_seqio_vocabulary()
     assert (vocab.pad_id, vocab.eos_id, vocab.vocab_size) == (0, 1, VOCAB)

@@ -13,12 +13,12 @@ Eval: held-out documents in file order, packed once, padded to whole batches wit
 mesh (`jax.make_array_from_process_local_data`), so the same code runs on one host or many.
 
 Layout written by `python -m jaxpt.data.prepare`: `<dir>/train.jsonl.gz`, `<dir>/heldout.jsonl.gz`,
-`<dir>/tokenizer.model`.
+`<dir>/tokenizer.model`. The paths and switches are configured by `jaxpt.config.DataConfig`; this
+module takes plain arguments so it stays usable without gin.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import gzip
 import json
 import os
@@ -34,49 +34,6 @@ from jaxpt.data.tokenizer import Tokenizer
 
 #: Batch keys that go to the devices; `doc_index` stays on the host (for listing a batch's documents).
 DEVICE_KEYS = ("tokens", "segment_ids", "positions")
-
-
-@dataclasses.dataclass(frozen=True)
-class DataConfig:
-    """Where the prepared data is and how to stream it (batch size and sequence length belong to the
-    train config, as they also shape the model and the mesh).
-
-    Attributes:
-      prepared_dir: output folder of `python -m jaxpt.data.prepare`.
-      seed: shuffle seed (integer in [0, 2**32 - 1 - epochs]; Grain reseeds each epoch as seed + epoch).
-      shuffle: shuffle training documents (globally, per epoch).
-      add_eos: append EOS to every document before packing.
-      read_threads: Grain threads that tokenize ahead of the packer (0: tokenize inline).
-    """
-
-    prepared_dir: str = "artifacts/sample"
-    seed: int = 0
-    shuffle: bool = True
-    add_eos: bool = True
-    read_threads: int = 2
-
-    @property
-    def train_path(self) -> pathlib.Path:
-        return pathlib.Path(self.prepared_dir) / "train.jsonl.gz"
-
-    @property
-    def heldout_path(self) -> pathlib.Path:
-        return pathlib.Path(self.prepared_dir) / "heldout.jsonl.gz"
-
-    @property
-    def tokenizer_path(self) -> pathlib.Path:
-        return pathlib.Path(self.prepared_dir) / "tokenizer.model"
-
-    def validate(self) -> None:
-        """Raises FileNotFoundError naming the missing file (and how to make it), or ValueError."""
-        for path in (self.train_path, self.heldout_path, self.tokenizer_path):
-            if not path.is_file():
-                raise FileNotFoundError(f"DataConfig.prepared_dir: {path} not found; run "
-                                        f"`python -m jaxpt.data.prepare --output {self.prepared_dir}`")
-        if not 0 <= self.seed < 2**32:
-            raise ValueError(f"DataConfig.seed must be in [0, 2**32), got {self.seed}")
-        if self.read_threads < 0:
-            raise ValueError(f"DataConfig.read_threads must be >= 0, got {self.read_threads}")
 
 
 def _read_documents(path: str | os.PathLike) -> list[dict]:

@@ -83,18 +83,22 @@ class Tokenizer:
 
     @property
     def pad_id(self) -> int:
+        """PAD_ID (0): fills empty row slots."""
         return self._sp.pad_id()
 
     @property
     def eos_id(self) -> int:
+        """EOS_ID (1): ends each packed document."""
         return self._sp.eos_id()
 
     @property
     def bos_id(self) -> int:
+        """BOS_ID (3): reserved, never added unless asked."""
         return self._sp.bos_id()
 
     @property
     def unk_id(self) -> int:
+        """UNK_ID (2): unused in practice (byte fallback)."""
         return self._sp.unk_id()
 
     def encode(self, text: str, *, add_bos: bool = False, add_eos: bool = False) -> np.ndarray:
@@ -112,6 +116,7 @@ class Tokenizer:
         return self._sp.decode([int(i) for i in np.asarray(ids).reshape(-1)])
 
     def id_to_piece(self, i: int) -> str:
+        """The piece string of id `i` (spaces shown as U+2581, bytes as `<0xNN>`)."""
         return self._sp.id_to_piece(int(i))
 
     def as_seqio_vocabulary(self) -> Any:
@@ -142,6 +147,7 @@ class TrainerSettings:
     seed: int = 0
 
     def trainer_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for `spm.SentencePieceTrainer.train`, special ids and determinism included."""
         kwargs = dataclasses.asdict(self)
         del kwargs["seed"]
         return dict(
