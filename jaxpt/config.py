@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import hashlib
-import math
 import os
 import typing
 from typing import Any, Sequence
@@ -27,6 +26,7 @@ from typing import Any, Sequence
 import gin
 
 from jaxpt import mesh as mesh_lib
+from jaxpt.checkpoint import CheckpointConfig
 from jaxpt.model.config import DTYPES, REMAT_POLICIES, ModelConfig
 from jaxpt.optim import SCHEDULES, OptimizerConfig
 
@@ -64,7 +64,7 @@ class TrainConfig:
     """Everything a run needs. Nested configs are built from their own gin bindings.
 
     Attributes:
-      model, optimizer, data: sub-configs.
+      model, optimizer, data, checkpoint: sub-configs.
       mesh: mesh sizes, e.g. ``'data=2,fsdp=2,tensor=2'``; one axis may be -1 (the remaining devices).
       logical_axis_rules: ``((logical_axis, mesh_axis or tuple or None), ...)``, first match wins.
       global_batch_size: rows per step over all processes.
@@ -82,6 +82,7 @@ class TrainConfig:
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
     optimizer: OptimizerConfig = dataclasses.field(default_factory=OptimizerConfig)
     data: DataConfig = dataclasses.field(default_factory=DataConfig)
+    checkpoint: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
     mesh: str = "data=-1"
     logical_axis_rules: tuple = mesh_lib.DEFAULT_RULES
     global_batch_size: int = 16
@@ -100,12 +101,13 @@ class TrainConfig:
 _GIN_MODEL = gin.external_configurable(ModelConfig, name="ModelConfig", module="jaxpt")
 _GIN_OPTIM = gin.external_configurable(OptimizerConfig, name="OptimizerConfig", module="jaxpt")
 _GIN_DATA = gin.external_configurable(DataConfig, name="DataConfig", module="jaxpt")
+_GIN_CKPT = gin.external_configurable(CheckpointConfig, name="CheckpointConfig", module="jaxpt")
 _GIN_TRAIN = gin.external_configurable(TrainConfig, name="TrainConfig", module="jaxpt")
 
 
 def build_config() -> TrainConfig:
     """Instantiate :class:`TrainConfig` from the gin bindings currently parsed."""
-    return _GIN_TRAIN(model=_GIN_MODEL(), optimizer=_GIN_OPTIM(), data=_GIN_DATA())
+    return _GIN_TRAIN(model=_GIN_MODEL(), optimizer=_GIN_OPTIM(), data=_GIN_DATA(), checkpoint=_GIN_CKPT())
 
 
 def parse(config_files: Sequence[str] = (), bindings: Sequence[str] = (), *,
@@ -228,6 +230,17 @@ def validate(cfg: TrainConfig, num_devices: int) -> dict[str, int]:
         raise ConfigError(f"ModelConfig.vocab_size = {m.vocab_size}: must be >= 0 (0 = from the tokenizer)")
     if o.warmup_steps < 0 or o.peak_learning_rate <= 0:
         raise ConfigError("OptimizerConfig.warmup_steps must be >= 0 and peak_learning_rate > 0")
+    from jaxpt.optim import learning_rate_schedule
+    try:
+        learning_rate_schedule(o, cfg.steps)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    c = cfg.checkpoint
+    if min(c.save_every_steps, c.keep_last, c.keep_every_steps) < 0 or c.save_every_minutes < 0:
+        raise ConfigError("CheckpointConfig: save_every_steps, save_every_minutes, keep_last and "
+                          "keep_every_steps must be >= 0")
+    if c.enabled and c.keep_last < 1:
+        raise ConfigError("CheckpointConfig.keep_last must be >= 1 when checkpointing is enabled")
     if cfg.data.source == "corpus" and not cfg.data.corpus_dir:
         raise ConfigError("DataConfig.corpus_dir must be set when DataConfig.source = 'corpus'")
     return sizes

@@ -23,8 +23,9 @@ class OptimizerConfig:
         decay over the last ``wsd_decay_fraction`` of ``decay_steps`` to ``min_lr_ratio * peak``), or
         ``constant`` (after warmup).
       warmup_steps: steps of linear warmup from 0.
-      decay_steps: the step at which the schedule reaches its final value (usually the run's total steps);
-        0 means "use the run's --steps".
+      decay_steps: the step at which the schedule reaches its final value (usually the planned length of
+        the run). Set it explicitly: with 0 the run's ``TrainConfig.steps`` is used, so resuming with a
+        larger ``--steps`` would change the schedule of the steps already taken.
       min_lr_ratio: final learning rate as a fraction of the peak.
       wsd_decay_fraction: fraction of ``decay_steps`` spent in the WSD decay phase.
       b1, b2, eps: Adam moments' decay rates and epsilon.
@@ -63,7 +64,8 @@ def learning_rate_schedule(cfg: OptimizerConfig, total_steps: int) -> optax.Sche
     if cfg.schedule not in SCHEDULES:
         raise ValueError(f"optimizer.schedule: unknown schedule {cfg.schedule!r}; choose from {SCHEDULES}")
     if cfg.warmup_steps > total and cfg.schedule != "constant":
-        raise ValueError(f"optimizer.warmup_steps ({cfg.warmup_steps}) exceeds the decay horizon ({total} steps)")
+        raise ValueError(f"OptimizerConfig.warmup_steps ({cfg.warmup_steps}) exceeds the decay horizon "
+                         f"({total} steps: OptimizerConfig.decay_steps, or TrainConfig.steps when it is 0)")
     peak, floor = cfg.peak_learning_rate, cfg.peak_learning_rate * cfg.min_lr_ratio
     warmup = optax.linear_schedule(0.0, peak, cfg.warmup_steps)
     if cfg.schedule == "constant":

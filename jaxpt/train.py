@@ -11,6 +11,7 @@ import argparse
 import dataclasses
 import logging
 import os
+import signal
 import sys
 import time
 from typing import Any, Iterator
@@ -123,15 +124,14 @@ def evaluate(run: Run, max_batches: int | None = None) -> dict[str, float]:
     from jaxpt.data import pipeline
     cfg = run.cfg
     ds = pipeline.make_eval_dataset(cfg.data.heldout_path, run.tokenizer, seq_len=cfg.seq_len,
-                                    batch_size=cfg.global_batch_size)
-    n_local, pi = local_batch_size(cfg), jax.process_index()
+                                    batch_size=local_batch_size(cfg), process_index=jax.process_index(),
+                                    process_count=jax.process_count(), add_eos=cfg.data.add_eos)
     limit = cfg.eval_batches if max_batches is None else max_batches
     loss_sum = tokens = 0.0
     for i, batch in enumerate(ds):
         if limit and i >= limit:
             break
-        local = {k: v[pi * n_local:(pi + 1) * n_local] for k, v in batch.items()}
-        out = jax.device_get(run.eval_step(run.state.params, to_device(run, local)))
+        out = jax.device_get(run.eval_step(run.state.params, to_device(run, batch)))
         loss_sum += float(out["loss_sum"])
         tokens += float(out["num_target_tokens"])
     loss = loss_sum / max(tokens, 1.0)
@@ -145,31 +145,83 @@ def _progress(cfg: TrainConfig, start: int):
     return tqdm(total=cfg.steps, initial=start, desc="train", unit="step", dynamic_ncols=True)
 
 
-def train_loop(run: Run, writer: monitor.MetricWriter, batches: Iterator) -> dict[str, Any]:
+class Preemption:
+    """Turns SIGTERM into a flag the loop checks between steps (finish the step, save, exit).
+
+    On TPU, Orbax/JAX's preemption sync point (``multihost_utils.reached_preemption_sync_point``) is also
+    consulted when the distributed runtime provides it, so every process stops at the same step.
+    """
+
+    def __init__(self):
+        self.requested = False
+        self._previous = None
+
+    def __enter__(self):
+        def handler(signum, frame):
+            self.requested = True
+            log.warning("signal %d received: will save after the current step and exit", signum)
+        self._previous = signal.signal(signal.SIGTERM, handler)
+        return self
+
+    def __exit__(self, *exc):
+        signal.signal(signal.SIGTERM, self._previous)
+
+    def should_stop(self, step: int) -> bool:
+        if jax.process_count() > 1:
+            try:
+                from jax.experimental import multihost_utils
+                if multihost_utils.reached_preemption_sync_point(step):
+                    return True
+            except Exception:  # no preemption service (e.g. CPU/gloo): fall back to the signal flag
+                pass
+        return self.requested
+
+
+def train_loop(run: Run, writer: monitor.MetricWriter, batches: Iterator, ckpt: "Checkpointer | None" = None,
+               meta: dict | None = None, preemption: Preemption | None = None) -> dict[str, Any]:
     """Train from ``run.state.step`` up to ``cfg.steps``. Returns the last logged record.
 
     The loop dispatches step t, then fetches the metrics of step t-1 (already finished or about to), so
     the host never blocks the device. The first step's time (compile) is excluded from throughput.
+    Checkpoints are started after a step when the save policy says so; on preemption the loop saves,
+    waits for the save to commit and raises :class:`Preempted`.
     """
     cfg = run.cfg
     step = int(jax.device_get(run.state.step))
     timer, bar, pending, last = monitor.StepTimer(), _progress(cfg, step), None, {}
-    data_wait = 0.0
     while step < cfg.steps:
         t0 = time.perf_counter()
         batch = to_device(run, next(batches))
-        data_wait += time.perf_counter() - t0
+        data_wait = time.perf_counter() - t0
         run.state, metrics = run.train_step(run.state, batch)
         step += 1
         if pending is not None:
             last = _report(run, writer, bar, timer, *pending) or last
         pending = (step, metrics, data_wait)
-        data_wait = 0.0
+        if ckpt is not None and ckpt.should_save(step):
+            ckpt.save(step, run.state, batches, meta)
+        if preemption is not None and preemption.should_stop(step):
+            last = _report(run, writer, bar, timer, *pending) or last
+            if ckpt is not None:
+                ckpt.save(step, run.state, batches, meta, force=True)
+                ckpt.wait()
+            writer.write({"step": step, "event": "preempted"})
+            writer.flush()
+            raise Preempted(step)
     if pending is not None:
         last = _report(run, writer, bar, timer, *pending) or last
     if bar is not None:
         bar.close()
     return last
+
+
+class Preempted(Exception):
+    """Raised by the loop after a preemption checkpoint committed; ``main`` exits with
+    :data:`PREEMPTED_EXIT_CODE`."""
+
+
+#: Exit status after a clean preemption (EX_TEMPFAIL: "try again later"); schedulers can requeue on it.
+PREEMPTED_EXIT_CODE = 75
 
 
 def _report(run: Run, writer, bar, timer: monitor.StepTimer, step: int, metrics, data_wait: float):
@@ -204,9 +256,77 @@ def write_operative_config(cfg: TrainConfig) -> str:
     return text
 
 
+def checkpoint_meta(run: Run, config_text: str) -> dict[str, Any]:
+    """What a checkpoint records besides arrays: enough to rebuild the run and to refuse a wrong one."""
+    from jaxpt.checkpoint import library_versions
+    cfg = run.cfg
+    return {
+        "config_gin": config_text,
+        "model": dataclasses.asdict(cfg.model),
+        "mesh": mesh_lib.mesh_shape(run.mesh),
+        "model_layout": {"scan_layers": cfg.model.scan_layers},
+        "tokenizer": {"path": os.path.abspath(cfg.data.tokenizer_path), "sha256": run.tokenizer.sha256},
+        "data_version": data_version(cfg),
+        "process_count": jax.process_count(),
+        "global_batch_size": cfg.global_batch_size,
+        "seq_len": cfg.seq_len,
+        "libraries": library_versions(),
+    }
+
+
+def data_version(cfg: TrainConfig) -> str:
+    """An identifier of the training data: the corpus manifest's version, or the prepared sample's hash."""
+    d = cfg.data
+    candidates = ([os.path.join(d.corpus_dir, "manifest.json")] if d.source == "corpus"
+                  else [os.path.join(os.path.dirname(d.train_path), "prepare.json")])
+    for path in candidates:
+        if os.path.exists(path):
+            import hashlib
+            import json as _json
+            with open(path, "rb") as f:
+                raw = f.read()
+            try:
+                version = _json.loads(raw).get("data_version")
+            except ValueError:
+                version = None
+            return version or f"sha256:{hashlib.sha256(raw).hexdigest()[:16]}"
+    return "unknown"
+
+
+def restore_or_init(run: Run, ckpt, batches) -> int:
+    """Resume from the newest committed checkpoint if there is one; returns the step resumed at (0: fresh).
+
+    Raises:
+      CheckpointError: checkpoints exist but the newest cannot be restored, or it is from another model.
+        Never silently starts from step 0 over existing checkpoints.
+    """
+    from jaxpt.checkpoint import CheckpointError, check_compatible
+    step = ckpt.latest_step()
+    if step is None:
+        leftovers = [e.name for e in os.scandir(ckpt.directory)] if ckpt.has_checkpoint_dirs() else []
+        real = [n for n in leftovers if "tmp" not in n]
+        if real:
+            raise CheckpointError(f"{ckpt.directory} holds {sorted(real)} but no restorable checkpoint; "
+                                  "move it away to start from scratch")
+        if leftovers:
+            log.warning("only incomplete saves in %s (%s); starting from step 0", ckpt.directory, leftovers)
+        return 0
+    meta = ckpt.read_meta(step)
+    check_compatible(meta, run.cfg.model, f"{ckpt.directory}/{step}")
+    saved_tok = meta.get("tokenizer", {}).get("sha256")
+    if saved_tok and saved_tok != run.tokenizer.sha256:
+        raise CheckpointError(f"{ckpt.directory}/{step} was trained with tokenizer sha256 {saved_tok[:12]}, "
+                              f"this run uses {run.tokenizer.sha256[:12]} ({run.cfg.data.tokenizer_path})")
+    t0 = time.perf_counter()
+    run.state, _ = ckpt.restore(step, run.spec.abstract, batches)
+    log.info("restored step %d from %s in %.1f s", step, ckpt.directory, time.perf_counter() - t0)
+    return step
+
+
 def run_training(cfg: TrainConfig) -> dict[str, Any]:
-    """Set up and train; returns the final record (with the held-out loss)."""
-    write_operative_config(cfg)
+    """Set up, resume if the workdir has checkpoints, and train to ``cfg.steps``; returns the final record."""
+    from jaxpt.checkpoint import Checkpointer
+    config_text = write_operative_config(cfg)
     run = setup(cfg)
     is_main = jax.process_index() == 0
     frac = state_lib.replicated_param_fraction(run.spec)
@@ -215,22 +335,35 @@ def run_training(cfg: TrainConfig) -> dict[str, Any]:
              jax.devices()[0].device_kind, state_lib.num_params(run.spec) / 1e6, 100 * frac)
     log.info("MFU peak: %s", run.peak_note)
     writer = monitor.MetricWriter(cfg.workdir, enabled=is_main)
-    writer.write({"step": int(jax.device_get(run.state.step)), "event": "start",
+    ckpt = Checkpointer(cfg.workdir, cfg.checkpoint) if cfg.checkpoint.enabled else None
+    batches = train_batches(run)
+    start = restore_or_init(run, ckpt, batches) if ckpt is not None else 0
+    meta = checkpoint_meta(run, config_text)
+    writer.write({"step": start, "event": "resume" if start else "start",
                   "num_params": state_lib.num_params(run.spec), "replicated_param_fraction": frac,
                   "mesh": mesh_lib.format_mesh(mesh_lib.mesh_shape(run.mesh)), "peak_flops_note": run.peak_note,
                   "peak_flops_per_device": run.throughput.peak})
-    last = train_loop(run, writer, train_batches(run))
-    final = {"step": int(jax.device_get(run.state.step)), "event": "final", **evaluate(run, max_batches=0),
-             "train_loss": last.get("loss")}
-    writer.write(final)
-    writer.close()
-    log.info("step %d: train loss %.4f, held-out loss %.4f (perplexity %.1f over %d tokens)",
-             final["step"], final["train_loss"] or float("nan"), final["heldout_loss"],
-             final["heldout_perplexity"], final["heldout_tokens"])
-    return final
+    try:
+        with Preemption() as preemption:
+            last = train_loop(run, writer, batches, ckpt, meta, preemption)
+        step = int(jax.device_get(run.state.step))
+        if ckpt is not None:
+            ckpt.save(step, run.state, batches, meta, force=True)
+        final = {"step": step, "event": "final", **evaluate(run, max_batches=0),
+                 "train_loss": last.get("loss")}
+        writer.write(final)
+        log.info("step %d: train loss %s, held-out loss %.4f (perplexity %.1f over %d tokens)",
+                 final["step"], "n/a" if final["train_loss"] is None else f"{final['train_loss']:.4f}",
+                 final["heldout_loss"], final["heldout_perplexity"], final["heldout_tokens"])
+        return final
+    finally:
+        if ckpt is not None:
+            ckpt.close()
+        writer.close()
 
 
 def main(argv: list[str] | None = None) -> int:
+    from jaxpt.checkpoint import CheckpointError
     parser = argparse.ArgumentParser(prog="python -m jaxpt.train", description=__doc__.splitlines()[0])
     config_lib.add_arguments(parser)
     args = parser.parse_args(argv)
@@ -240,7 +373,17 @@ def main(argv: list[str] | None = None) -> int:
         run_training(cfg)
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
+        if "devices are present" in str(e) and jax.default_backend() == "cpu":
+            print("hint: on a CPU host, simulate devices with "
+                  "XLA_FLAGS=--xla_force_host_platform_device_count=8 (the Makefile sets it)", file=sys.stderr)
         return 2
+    except CheckpointError as e:
+        print(f"checkpoint error: {e}", file=sys.stderr)
+        return 3
+    except Preempted as e:
+        print(f"preempted at step {e.args[0]}: checkpoint committed; rerun the same command to resume",
+              file=sys.stderr)
+        return PREEMPTED_EXIT_CODE
     return 0
 
 

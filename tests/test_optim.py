@@ -52,7 +52,7 @@ def test_decay_steps_overrides_run_length():
 def test_bad_schedule_raises():
     with pytest.raises(ValueError, match="schedule"):
         optim.learning_rate_schedule(optim.OptimizerConfig(schedule="step"), 10)
-    with pytest.raises(ValueError, match="warmup_steps"):
+    with pytest.raises(ValueError, match="OptimizerConfig.warmup_steps"):
         optim.learning_rate_schedule(optim.OptimizerConfig(warmup_steps=50), 10)
 
 

@@ -1,0 +1,199 @@
+"""Checkpoints that resume exactly: Orbax ``CheckpointManager`` with asynchronous saves.
+
+Layout: ``<workdir>/checkpoints/<step>/`` with three items:
+
+* ``state``: the :class:`jaxpt.state.TrainState` (params, optimizer state, step, RNG), saved sharded by
+  every process; restored onto the *current* mesh's abstract state, so a checkpoint written on one mesh
+  and device count restores on another (resharding).
+* ``data``: each process's Grain iterator state (``process_<i>-of-<n>.json``).
+* ``meta``: JSON: the operative gin config, model config, data version, tokenizer path and sha256, mesh
+  shape, model layout (scanned or not), library versions, process count.
+
+A save is committed atomically by Orbax (written to a temporary directory, renamed when complete), so
+a process killed inside an asynchronous save leaves no step that :meth:`Checkpointer.latest_step` picks up.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import platform
+from typing import Any
+
+import jax
+import orbax.checkpoint as ocp
+from orbax.checkpoint import checkpoint_managers as ocm
+
+log = logging.getLogger("jaxpt.checkpoint")
+
+
+class CheckpointError(RuntimeError):
+    """Checkpoints exist but cannot be used (corrupt, or from an incompatible model). Never ignored."""
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointConfig:
+    """When to save and what to keep.
+
+    Attributes:
+      enabled: save checkpoints at all.
+      save_every_steps: save when ``step % save_every_steps == 0`` (0 disables).
+      save_every_minutes: also save when this many minutes passed since the last save (0 disables).
+      keep_last: checkpoints kept among the most recent (older temporary ones are pruned).
+      keep_every_steps: additionally keep every checkpoint whose step is a multiple of this, forever
+        (0 disables).
+      async_save: write in a background thread; the loop blocks only for the device-to-host copy.
+    """
+
+    enabled: bool = True
+    save_every_steps: int = 100
+    save_every_minutes: float = 0.0
+    keep_last: int = 3
+    keep_every_steps: int = 0
+    async_save: bool = True
+
+
+def library_versions() -> dict[str, str]:
+    """Versions of the libraries whose formats a checkpoint depends on."""
+    import flax
+    import optax
+    import orbax.checkpoint
+    versions = {"python": platform.python_version(), "jax": jax.__version__, "flax": flax.__version__,
+                "optax": optax.__version__, "orbax-checkpoint": getattr(orbax.checkpoint, "__version__", "?")}
+    try:
+        import grain
+        versions["grain"] = getattr(grain, "__version__", "?")
+    except ImportError:
+        pass
+    return versions
+
+
+class Checkpointer:
+    """Saves and restores train state, data-iterator state and metadata under ``<workdir>/checkpoints``."""
+
+    def __init__(self, workdir: str, cfg: CheckpointConfig):
+        self.cfg = cfg
+        self.directory = os.path.abspath(os.path.join(workdir, "checkpoints"))
+        policies = []
+        if cfg.save_every_steps:
+            policies.append(ocm.FixedIntervalPolicy(cfg.save_every_steps))
+        if cfg.save_every_minutes:
+            policies.append(ocm.ContinuousCheckpointingPolicy(
+                minimum_interval_secs=int(cfg.save_every_minutes * 60)))
+        keep = [ocm.LatestN(cfg.keep_last)]
+        if cfg.keep_every_steps:
+            keep.append(ocm.EveryNSteps(cfg.keep_every_steps))
+        options = ocp.CheckpointManagerOptions(
+            save_decision_policy=ocm.AnySavePolicy(policies) if policies else ocm.SpecificStepsPolicy([]),
+            preservation_policy=ocm.AnyPreservationPolicy(keep),
+            enable_async_checkpointing=cfg.async_save,
+            create=True,
+        )
+        self.manager = ocp.CheckpointManager(self.directory, options=options,
+                                             item_names=("state", "data", "meta"))
+
+    # ------------------------------------------------------------------ saving
+    def should_save(self, step: int) -> bool:
+        """Whether the save policy wants ``step`` (never for a step already saved)."""
+        return self.cfg.enabled and self.manager.should_save(step)
+
+    def save(self, step: int, state: Any, data_iterator: Any, meta: dict[str, Any], *, force: bool = False) -> bool:
+        """Start saving ``step`` (asynchronously when configured). Returns whether a save was started.
+
+        The device-to-host copy happens before this returns, so ``state`` may be donated right after.
+        """
+        if not self.cfg.enabled:
+            return False
+        if step in self.manager.all_steps():
+            return False
+        import grain
+        args = ocp.args.Composite(
+            state=ocp.args.StandardSave(state),
+            data=grain.checkpoint.CheckpointSave(data_iterator),
+            meta=ocp.args.JsonSave(meta),
+        )
+        return bool(self.manager.save(step, args=args, force=force))
+
+    def wait(self) -> None:
+        """Block until every started save is committed."""
+        self.manager.wait_until_finished()
+
+    def close(self) -> None:
+        self.manager.wait_until_finished()
+        self.manager.close()
+
+    # ------------------------------------------------------------------ restoring
+    def latest_step(self) -> int | None:
+        """The newest *committed* step, or None. Incomplete (temporary) saves are ignored."""
+        self.manager.reload()
+        return self.manager.latest_step()
+
+    def all_steps(self) -> list[int]:
+        self.manager.reload()
+        return list(self.manager.all_steps())
+
+    def has_checkpoint_dirs(self) -> bool:
+        """True if the checkpoint directory holds anything (committed or not)."""
+        return os.path.isdir(self.directory) and any(os.scandir(self.directory))
+
+    def read_meta(self, step: int) -> dict[str, Any]:
+        """The ``meta`` item of ``step``.
+
+        Raises:
+          CheckpointError: it cannot be read.
+        """
+        try:
+            restored = self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+            return dict(restored["meta"])
+        except Exception as e:  # Orbax raises many types; name the checkpoint instead.
+            raise CheckpointError(f"checkpoint {self.directory}/{step}: cannot read its metadata: {e}") from e
+
+    def restore(self, step: int, abstract_state: Any, data_iterator: Any | None) -> tuple[Any, dict]:
+        """Restore ``step`` onto ``abstract_state`` (ShapeDtypeStructs with the *current* shardings) and,
+        if given, set ``data_iterator``'s position.
+
+        Returns ``(state, meta)``.
+
+        Raises:
+          CheckpointError: naming the checkpoint and what failed.
+        """
+        import grain
+        meta = self.read_meta(step)
+        items = {"state": ocp.args.StandardRestore(abstract_state)}
+        if data_iterator is not None:
+            n_saved = meta.get("process_count", 1)
+            if n_saved != jax.process_count():
+                raise CheckpointError(
+                    f"checkpoint {self.directory}/{step} was written by {n_saved} processes, this run has "
+                    f"{jax.process_count()}; see jaxpt.checkpoint.restore_data_position for the rule")
+            items["data"] = grain.checkpoint.CheckpointRestore(data_iterator)
+        try:
+            restored = self.manager.restore(step, args=ocp.args.Composite(**items))
+        except Exception as e:
+            raise CheckpointError(f"checkpoint {self.directory}/{step} could not be restored: "
+                                  f"{type(e).__name__}: {e}") from e
+        return restored["state"], meta
+
+
+def check_compatible(meta: dict[str, Any], model_cfg: Any, where: str) -> None:
+    """Compare a checkpoint's recorded model config with the current one.
+
+    Raises:
+      CheckpointError: naming each field that differs (vocabulary size first, the usual culprit), so a
+        mismatch never surfaces as a shape error deep inside Orbax.
+    """
+    saved = meta.get("model")
+    if not saved:
+        return
+    current = dataclasses.asdict(model_cfg)
+    shape_keys = ("vocab_size", "d_model", "num_layers", "num_heads", "num_kv_heads", "head_dim", "mlp_dim",
+                  "tie_embeddings", "scan_layers", "param_dtype")
+    diffs = [f"{k}: checkpoint {saved.get(k)!r} vs config {current[k]!r}"
+             for k in shape_keys if k in saved and saved[k] != current[k]]
+    if diffs:
+        hint = ""
+        if any(d.startswith("vocab_size") for d in diffs):
+            hint = " (the tokenizer's vocabulary differs from the one the checkpoint was trained with)"
+        raise CheckpointError(f"{where}: checkpoint does not match this model{hint}: " + "; ".join(diffs))
