@@ -1,0 +1,618 @@
+"""``python -m jaxpt.plan``: defend a model size, a token count and a layout with numbers before a run.
+
+Three questions, three parts of this module:
+
+1. **How big, how long?** From a compute budget ``C`` in FLOPs (``--flops``), a parameter count
+   (``--params``) or a model config (``--config``), the compute-optimal parameters ``N`` and tokens ``D``:
+
+   * *Chinchilla rule* (the headline): ``D = 20 N`` and ``C = 6 N D``, so ``N = sqrt(C / 120)``. This is
+     what Hoffmann et al. 2022 ("Training Compute-Optimal Large Language Models", arXiv:2203.15556)
+     tabulate in Table 3 from their approaches 1 and 2 (e.g. 67B params / 1.5T tokens for 5.76e23 FLOPs,
+     Chinchilla itself is 70B / 1.4T), where N and D grow as ``C^0.5`` each.
+   * *Approach 3* (Hoffmann et al. sec. 3.3, eq. 2 and 4): minimise the parametric loss
+     ``L(N, D) = E + A / N^alpha + B / D^beta`` (E=1.69, A=406.4, B=410.7, alpha=0.34, beta=0.28) under
+     ``C = 6 N D``. The closed form is ``N_opt = G (C/6)^a``, ``D_opt = (C/6)^b / G`` with
+     ``G = (alpha A / (beta B))^(1 / (alpha + beta))``, ``a = beta / (alpha + beta)``,
+     ``b = alpha / (alpha + beta)``. With the published constants it gives *smaller* models on more
+     tokens than the rule (about 33B params / 2.9T tokens at 5.76e23, ``a ~ 0.45``): the paper itself
+     reports approach 3 as the outlier of its three methods (Table 2), and Besiroglu et al. 2024
+     ("Chinchilla Scaling: A replication attempt", arXiv:2404.10102) trace it to the fit. We print it for
+     contrast, never as the headline.
+   * *Kaplan et al. 2020* ("Scaling Laws for Neural Language Models", arXiv:2001.08361, fig. 14 and
+     sec. 6.1): ``N_opt = 1.3e9 * C_min^0.73`` with ``C_min`` in PF-days (8.64e19 FLOPs) and ``N`` counting
+     non-embedding parameters; ``D = C / 6N``. It puts far more of the budget into parameters.
+
+   Training FLOPs are ``6 N D`` (Kaplan et al. sec. 2.1); with a model config they are
+   :func:`jaxpt.flops.flops_per_token` times ``D`` (matmul params plus causal attention, the MFU
+   convention), and ``6 N D`` with total ``N`` is printed beside it. Wall-clock days on a named slice
+   (``--hardware v5p-256 --mfu 0.45``) are ``FLOPs / (chips * peak * MFU) / 86400``.
+
+2. **Does it fit?** :func:`estimate_memory` gives per-device bytes for params, gradients, AdamW state,
+   activations saved for the backward pass under the remat policy, and the logits buffers, each divided
+   by the mesh axes its logical axes are sharded over (the same rules :mod:`jaxpt.mesh` applies), and
+   compares the total with the device's memory.
+
+3. Layout throughput is measured, not estimated: see :mod:`jaxpt.sweep`.
+
+Examples::
+
+    python -m jaxpt.plan --flops 5.76e23 --hardware v5p-256 --mfu 0.45
+    python -m jaxpt.plan --params 7e9 --json
+    python -m jaxpt.plan --config configs/quickstart.gin --mesh fsdp=-1 --hardware v5e-8
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import re
+import sys
+from typing import Any, Mapping
+
+from jaxpt import flops as flops_lib
+from jaxpt import mesh as mesh_lib
+from jaxpt.model.config import ModelConfig
+from jaxpt.model.decoder import count_params
+
+#: FLOPs in one petaflop/s-day (Kaplan et al. 2020 use PF-days as the compute unit).
+PF_DAY = 1e15 * 86400
+#: Tokens per parameter of the compute-optimal rule (Hoffmann et al. 2022, Table 3: 70B on 1.4T).
+TOKENS_PER_PARAM = 20.0
+GIB = 2 ** 30
+
+
+# --------------------------------------------------------------------------------------------------
+# Compute-optimal allocation.
+
+
+@dataclasses.dataclass(frozen=True)
+class ParametricLoss:
+    """``L(N, D) = E + A / N^alpha + B / D^beta`` (Hoffmann et al. 2022, eq. 2). Loss in nats per token.
+
+    Defaults are the paper's approach-3 fit (sec. 3.3, eq. 4): E=1.69, A=406.4, B=410.7, alpha=0.34,
+    beta=0.28, with ``N`` total parameters and ``D`` training tokens.
+    """
+
+    E: float = 1.69
+    A: float = 406.4
+    B: float = 410.7
+    alpha: float = 0.34
+    beta: float = 0.28
+
+    def loss(self, n_params: float, n_tokens: float) -> float:
+        """Predicted loss (nats/token) of ``n_params`` parameters trained on ``n_tokens`` tokens."""
+        return self.E + self.A / n_params ** self.alpha + self.B / n_tokens ** self.beta
+
+    @property
+    def G(self) -> float:
+        """``(alpha A / (beta B))^(1 / (alpha + beta))`` (Hoffmann et al. eq. 4)."""
+        return (self.alpha * self.A / (self.beta * self.B)) ** (1.0 / (self.alpha + self.beta))
+
+    @property
+    def a(self) -> float:
+        """Exponent of ``N_opt`` in ``C``: ``beta / (alpha + beta)``."""
+        return self.beta / (self.alpha + self.beta)
+
+    @property
+    def b(self) -> float:
+        """Exponent of ``D_opt`` in ``C``: ``alpha / (alpha + beta)``."""
+        return self.alpha / (self.alpha + self.beta)
+
+    def optimal(self, flops: float) -> tuple[float, float]:
+        """``(N_opt, D_opt)`` minimising :meth:`loss` subject to ``6 N D = flops`` (closed form, eq. 4)."""
+        c6 = flops / 6.0
+        return self.G * c6 ** self.a, c6 ** self.b / self.G
+
+    def budget_for_params(self, n_params: float) -> float:
+        """The FLOPs for which ``n_params`` is the optimal size: inverts ``N_opt = G (C/6)^a``."""
+        return 6.0 * (n_params / self.G) ** (1.0 / self.a)
+
+
+#: Hoffmann et al. 2022 approach-3 constants.
+CHINCHILLA = ParametricLoss()
+
+
+def chinchilla_rule(flops: float, tokens_per_param: float = TOKENS_PER_PARAM) -> tuple[float, float]:
+    """``(N, D)`` with ``D = r N`` and ``6 N D = flops``, i.e. ``N = sqrt(flops / (6 r))``.
+
+    The ~20 tokens-per-parameter rule read off Hoffmann et al. 2022, Table 3 (approaches 1 and 2 give
+    ``N, D ~ C^0.5``).
+    """
+    n = math.sqrt(flops / (6.0 * tokens_per_param))
+    return n, tokens_per_param * n
+
+
+def kaplan_allocation(flops: float) -> tuple[float, float]:
+    """``(N, D)`` by Kaplan et al. 2020 (fig. 14, sec. 6.1): ``N = 1.3e9 * (C / PF-day)^0.73``, ``D = C / 6N``.
+
+    ``N`` counts non-embedding parameters, as in that paper.
+    """
+    n = 1.3e9 * (flops / PF_DAY) ** 0.73
+    return n, flops / (6.0 * n)
+
+
+def kaplan_budget_for_params(n_params: float) -> float:
+    """FLOPs for which Kaplan et al.'s rule picks ``n_params`` (inverse of :func:`kaplan_allocation`)."""
+    return PF_DAY * (n_params / 1.3e9) ** (1.0 / 0.73)
+
+
+# --------------------------------------------------------------------------------------------------
+# Hardware.
+
+
+@dataclasses.dataclass(frozen=True)
+class Accelerator:
+    """One chip type. ``peak_flops``: dense bf16 FLOP/s per chip (:data:`jaxpt.flops.PEAK_FLOPS_BF16`);
+    ``memory_bytes``: HBM per chip (vendor figure; the runtime reserves a little of it);
+    ``cores_per_chip``: TensorCores per chip, which TPU v4/v5p slice names count (v5p-256 = 128 chips)."""
+
+    name: str
+    peak_flops: float
+    memory_bytes: float
+    cores_per_chip: int = 1
+
+
+ACCELERATORS: dict[str, Accelerator] = {
+    "v4": Accelerator("TPU v4", flops_lib.PEAK_FLOPS_BF16["tpu v4"], 32 * GIB, 2),
+    "v5e": Accelerator("TPU v5e", flops_lib.PEAK_FLOPS_BF16["tpu v5e"], 16 * GIB, 1),
+    "v5litepod": Accelerator("TPU v5e", flops_lib.PEAK_FLOPS_BF16["tpu v5e"], 16 * GIB, 1),
+    "v5p": Accelerator("TPU v5p", flops_lib.PEAK_FLOPS_BF16["tpu v5p"], 95 * GIB, 2),
+    "v6e": Accelerator("TPU v6e", flops_lib.PEAK_FLOPS_BF16["tpu v6e"], 32 * GIB, 1),
+    "a100": Accelerator("A100 80GB", flops_lib.PEAK_FLOPS_BF16["a100"], 80 * GIB, 1),
+    "h100": Accelerator("H100 SXM", flops_lib.PEAK_FLOPS_BF16["h100"], 80 * GIB, 1),
+    "h200": Accelerator("H200 SXM", flops_lib.PEAK_FLOPS_BF16["h200"], 141 * GIB, 1),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Slice:
+    """A named slice: ``accelerator`` times ``num_chips``."""
+
+    name: str
+    accelerator: Accelerator
+    num_chips: int
+
+    @property
+    def peak_flops(self) -> float:
+        """Peak bf16 FLOP/s of the whole slice."""
+        return self.num_chips * self.accelerator.peak_flops
+
+
+def parse_hardware(name: str) -> Slice:
+    """``'v5p-256'`` -> 128 v5p chips (v4/v5p names count TensorCores, two per chip); ``'v5e-64'``,
+    ``'v6e-256'`` count chips; ``'h100-8'`` is 8 GPUs.
+
+    Raises:
+      ValueError: unknown accelerator or malformed name (``--hardware``), or a core count that is not
+        a whole number of chips.
+    """
+    m = re.fullmatch(r"([a-z0-9]+)-(\d+)", name.strip().lower())
+    if not m or m.group(1) not in ACCELERATORS:
+        raise ValueError(f"--hardware {name!r}: expected NAME-COUNT with NAME one of "
+                         f"{', '.join(sorted(ACCELERATORS))} (e.g. v5p-256, v5e-64, h100-8)")
+    acc, count = ACCELERATORS[m.group(1)], int(m.group(2))
+    if count <= 0 or count % acc.cores_per_chip:
+        raise ValueError(f"--hardware {name!r}: {count} is not a whole number of {acc.name} chips "
+                         f"({acc.cores_per_chip} cores per chip)")
+    return Slice(name, acc, count // acc.cores_per_chip)
+
+
+def training_days(flops: float, hw: Slice, mfu: float) -> float:
+    """Wall-clock days to spend ``flops`` on ``hw`` at model FLOPs utilization ``mfu`` (0..1]."""
+    if not 0 < mfu <= 1:
+        raise ValueError(f"--mfu {mfu}: must be in (0, 1]")
+    return flops / (hw.peak_flops * mfu) / 86400.0
+
+
+# --------------------------------------------------------------------------------------------------
+# Per-device memory.
+
+#: Bytes per element of each dtype name used in configs.
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryEstimate:
+    """Per-device bytes of one training step (see :func:`estimate_memory`)."""
+
+    params: int
+    grads: int
+    opt_state: int
+    gathered_params: int
+    activations: int
+    logits: int
+    device_bytes: float | None = None
+    usable_fraction: float = 0.9
+
+    @property
+    def state(self) -> int:
+        """Bytes of the persistent train state (params + optimizer state)."""
+        return self.params + self.opt_state
+
+    @property
+    def total(self) -> int:
+        """Peak bytes: state + gradients + gathered weights + saved activations + logits buffers."""
+        return (self.params + self.grads + self.opt_state + self.gathered_params + self.activations
+                + self.logits)
+
+    @property
+    def fits(self) -> bool | None:
+        """``total <= usable_fraction * device_bytes``; None when the device memory is unknown."""
+        if self.device_bytes is None:
+            return None
+        return self.total <= self.usable_fraction * self.device_bytes
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"params": self.params, "grads": self.grads, "opt_state": self.opt_state,
+                "gathered_params": self.gathered_params, "activations": self.activations, "logits": self.logits, "total": self.total,
+                "device_bytes": self.device_bytes, "usable_fraction": self.usable_fraction, "fits": self.fits}
+
+
+def local_elements(shape: tuple[int, ...], axes: tuple[str | None, ...], rules, sizes: Mapping[str, int]) -> int:
+    """Elements of one device's shard of an array with logical ``axes`` under ``rules`` on mesh ``sizes``.
+
+    Uses :func:`jaxpt.mesh.logical_to_spec` (a mesh axis shards at most one dimension; first use wins),
+    and rounds each shard dimension up, as XLA pads uneven shards.
+    """
+    spec = mesh_lib.logical_to_spec(axes, rules)
+    n = 1
+    for i, dim in enumerate(shape):
+        entry = spec[i] if i < len(spec) else None
+        names = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+        n *= -(-dim // math.prod(sizes.get(a, 1) for a in names))
+    return n
+
+
+def compute_rules(rules):
+    """The rules with the batch's mesh axes removed from every other logical axis: how weights are laid
+    out when a matmul uses them. Under FSDP (ZeRO-3, Rajbhandari et al. 2020) a weight is *stored*
+    sharded over ``fsdp`` and all-gathered over it for compute; tensor-parallel axes stay sharded."""
+    batch_axes = set(mesh_lib._rules_dict(rules).get("batch", ()))
+    out = []
+    for logical, mesh_axes in rules:
+        names = () if mesh_axes is None else (mesh_axes,) if isinstance(mesh_axes, str) else tuple(mesh_axes)
+        kept = tuple(a for a in names if logical == "batch" or a not in batch_axes)
+        out.append((logical, kept or None))
+    return tuple(out)
+
+
+def param_elements(cfg: ModelConfig, rules, sizes) -> tuple[int, int]:
+    """``(stored, gathered)`` per-device parameter elements, from the real param tree's shapes and
+    logical axes (no arrays allocated). ``gathered`` counts the all-gathered copies of the params whose
+    compute layout (:func:`compute_rules`) differs from their stored one, 0 for the rest."""
+    from jaxpt.state import abstract_model  # model building imports flax; keep `import jaxpt.plan` light
+
+    _, params = abstract_model(cfg)
+    c_rules = compute_rules(rules)
+    stored = gathered = 0
+    for var in _variables(params):
+        axes, shape = tuple(var.get_metadata()["logical_axes"]), tuple(var.shape)
+        s, g = local_elements(shape, axes, rules, sizes), local_elements(shape, axes, c_rules, sizes)
+        stored += s
+        gathered += g if g != s else 0
+    return stored, gathered
+
+
+def _variables(params):
+    import jax
+    from flax import nnx
+    return jax.tree.leaves(params, is_leaf=lambda x: isinstance(x, nnx.Variable))
+
+
+def _layer_activations(cfg: ModelConfig, batch: int, seq_len: int):
+    """Tensors one block produces, per the model code in :mod:`jaxpt.model.layers`.
+
+    Returns ``[(name, kind, shape, logical axes, bytes per element)]`` where kind is ``input`` (the block
+    input, kept by every policy), ``dot`` (a weight matmul output), ``dot_batch`` (an attention einsum
+    output, whose operands both carry the batch) or ``other``; ``needed`` marks what the plain backward
+    pass reads (the rest is only kept when a remat policy saves it).
+    """
+    B, L, D, H, K, Hd, F = (batch, seq_len, cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
+                            cfg.mlp_dim)
+    c = DTYPE_BYTES[cfg.compute_dtype]
+    bld, blhd, blkd = ("batch", "length", "embed"), ("batch", "length", "heads", None), \
+        ("batch", "length", "kv_heads", None)
+    probs_bytes = 4 + (c if c != 4 else 0)   # softmax in fp32, then cast to the compute dtype for AV
+    return [
+        # name, kind, needed-by-plain-backward, shape, logical axes, bytes
+        ("x_in", "input", True, (B, L, D), bld, c),
+        ("attn_norm", "other", True, (B, L, D), bld, c),
+        ("q", "dot", True, (B, L, H, Hd), blhd, c),
+        ("k", "dot", True, (B, L, K, Hd), blkd, c),
+        ("v", "dot", True, (B, L, K, Hd), blkd, c),
+        ("scores", "dot_batch", False, (B, L, H, L), blhd, 4),
+        ("probs", "other", True, (B, L, H, L), blhd, probs_bytes),
+        ("attn_out", "dot_batch", True, (B, L, H, Hd), blhd, c),
+        ("attn_proj", "dot", False, (B, L, D), bld, c),
+        ("x_mid", "other", True, (B, L, D), bld, c),
+        ("mlp_norm", "other", True, (B, L, D), bld, c),
+        ("gate", "dot", True, (B, L, F), ("batch", "length", "mlp"), c),
+        ("up", "dot", True, (B, L, F), ("batch", "length", "mlp"), c),
+        ("h", "other", True, (B, L, F), ("batch", "length", "mlp"), c),
+        ("mlp_proj", "dot", False, (B, L, D), bld, c),
+    ]
+
+
+def _saved_by_policy(policy: str, name: str, kind: str, needed: bool) -> bool:
+    """Whether a block tensor stays alive from the forward to the backward pass under ``policy``.
+
+    Policies are those of :func:`jaxpt.model.decoder._remat_policy` (``jax.checkpoint_policies``).
+    """
+    if kind == "input":
+        return True
+    if policy == "none":
+        return needed
+    if policy == "dots":
+        return kind in ("dot", "dot_batch")
+    if policy == "dots_no_batch":
+        return kind == "dot"
+    if policy == "save_qkv_proj":
+        return name in ("q", "k", "v")
+    return False  # full
+
+
+def activation_bytes(cfg: ModelConfig, batch: int, seq_len: int, rules, sizes: Mapping[str, int]) -> int:
+    """Per-device bytes of activations held for the backward pass under ``cfg.remat_policy``.
+
+    Method (the per-layer accounting of Korthikanti et al. 2022, "Reducing Activation Recomputation in
+    Large Transformer Models", sec. 4, applied to this model: RMSNorm, GQA, fp32 softmax, SwiGLU, no
+    dropout): sum, over the tensors of :func:`_layer_activations` that the policy keeps, of their
+    per-device shard bytes, times ``num_layers``; with any remat policy, add one block's full set for the
+    block being recomputed in the backward pass. Plus the final norm's input and output.
+    """
+    layer = _layer_activations(cfg, batch, seq_len)
+
+    def nbytes(entries):
+        return sum(local_elements(shape, axes, rules, sizes) * b for _, _, _, shape, axes, b in entries)
+
+    policy = cfg.remat_policy
+    kept = [e for e in layer if _saved_by_policy(policy, e[0], e[1], e[2])]
+    total = cfg.num_layers * nbytes(kept)
+    if policy != "none":
+        total += nbytes([e for e in layer if e[2]])
+    final = ("final", "other", True, (batch, seq_len, cfg.d_model), ("batch", "length", "embed"),
+             DTYPE_BYTES[cfg.compute_dtype])
+    return total + 2 * nbytes([final])
+
+
+def logits_bytes(cfg: ModelConfig, batch: int, seq_len: int, rules, sizes: Mapping[str, int]) -> int:
+    """Per-device bytes of the fp32 logits and their gradient, alive together at the loss (``2 B L V`` x 4,
+    divided by the shards of ``batch`` and ``vocab``)."""
+    return 2 * 4 * local_elements((batch, seq_len, cfg.vocab_size), ("batch", "length", "vocab"), rules, sizes)
+
+
+def estimate_memory(cfg, sizes: Mapping[str, int], device_bytes: float | None = None,
+                    usable_fraction: float = 0.9) -> MemoryEstimate:
+    """Per-device memory of one train step of ``cfg`` (a :class:`jaxpt.config.TrainConfig`) on a mesh.
+
+    Params are sharded by their logical axes and ``cfg.logical_axis_rules``; gradients have the params'
+    shape, dtype and sharding; AdamW keeps two moments per param in the param dtype (optax ``adamw``
+    with ``mu_dtype=None``). Weights sharded over the batch's axes (FSDP) are all-gathered for compute;
+    their gathered copies (in the compute dtype) are counted for every layer at once, because XLA keeps
+    the forward pass's gathered weights for the backward pass unless a remat policy makes it re-gather,
+    which it does not reliably do. Activations: :func:`activation_bytes`; logits: :func:`logits_bytes`.
+    Buffers XLA adds on its own (collective scratch, layout copies, fusion temporaries) are not
+    modelled, so this is a floor; ``tests/test_plan.py`` checks it against ``memory_analysis()`` of the
+    compiled quickstart step on 8 CPU devices.
+
+    Args:
+      cfg: train config with ``model.vocab_size`` resolved (> 0).
+      sizes: resolved mesh sizes ``{axis: size}``.
+      device_bytes: memory of one device, for :attr:`MemoryEstimate.fits` (None: unknown).
+      usable_fraction: share of ``device_bytes`` a step may use (the runtime reserves the rest).
+
+    Raises:
+      ValueError: ``model.vocab_size`` not resolved.
+    """
+    m = cfg.model
+    if m.vocab_size <= 0:
+        raise ValueError("ModelConfig.vocab_size = 0: resolve it from the tokenizer first")
+    rules = cfg.logical_axis_rules
+    stored, gathered = param_elements(m, rules, sizes)
+    p = stored * DTYPE_BYTES[m.param_dtype]
+    return MemoryEstimate(
+        params=p, grads=p, opt_state=2 * p, gathered_params=gathered * DTYPE_BYTES[m.compute_dtype],
+        activations=activation_bytes(m, cfg.global_batch_size, cfg.seq_len, rules, sizes),
+        logits=logits_bytes(m, cfg.global_batch_size, cfg.seq_len, rules, sizes),
+        device_bytes=device_bytes, usable_fraction=usable_fraction)
+
+
+# --------------------------------------------------------------------------------------------------
+# Plans.
+
+
+def _allocations(flops: float) -> dict[str, dict[str, float]]:
+    n_rule, d_rule = chinchilla_rule(flops)
+    n3, d3 = CHINCHILLA.optimal(flops)
+    nk, dk = kaplan_allocation(flops)
+    return {
+        "chinchilla_rule": {"params": n_rule, "tokens": d_rule, "loss": CHINCHILLA.loss(n_rule, d_rule)},
+        "chinchilla_approach3": {"params": n3, "tokens": d3, "loss": CHINCHILLA.loss(n3, d3)},
+        "kaplan": {"params": nk, "tokens": dk, "params_kind": "non-embedding"},
+    }
+
+
+def plan_flops(flops: float) -> dict[str, Any]:
+    """Plan for a compute budget (FLOPs). Headline ``params``/``tokens``: the 20-tokens rule."""
+    if not flops > 0:
+        raise ValueError(f"--flops {flops}: must be positive")
+    alloc = _allocations(flops)
+    head = alloc["chinchilla_rule"]
+    return {"input": {"flops": flops}, "params": head["params"], "tokens": head["tokens"], "flops": flops,
+            "flops_method": "6ND", "allocations": alloc}
+
+
+def plan_params(n_params: float) -> dict[str, Any]:
+    """Plan for a parameter count: tokens by the 20-tokens rule, FLOPs = 6ND; the budgets at which the
+    approach-3 fit and Kaplan et al. would pick this size, with their token counts."""
+    if not n_params > 0:
+        raise ValueError(f"--params {n_params}: must be positive")
+    tokens = TOKENS_PER_PARAM * n_params
+    c3 = CHINCHILLA.budget_for_params(n_params)
+    ck = kaplan_budget_for_params(n_params)
+    alloc = {
+        "chinchilla_rule": {"params": n_params, "tokens": tokens, "flops": 6 * n_params * tokens,
+                            "loss": CHINCHILLA.loss(n_params, tokens)},
+        "chinchilla_approach3": {"params": n_params, "tokens": c3 / (6 * n_params), "flops": c3,
+                                 "loss": CHINCHILLA.loss(n_params, c3 / (6 * n_params))},
+        "kaplan": {"params": n_params, "tokens": ck / (6 * n_params), "flops": ck, "params_kind": "non-embedding"},
+    }
+    return {"input": {"params": n_params}, "params": n_params, "tokens": tokens, "flops": 6 * n_params * tokens,
+            "flops_method": "6ND", "allocations": alloc}
+
+
+def plan_config(cfg, sizes: Mapping[str, int], hw: Slice | None, tokens: float | None = None) -> dict[str, Any]:
+    """Plan for a model config on a mesh: params by kind, Chinchilla tokens for its size (or ``tokens``),
+    FLOPs with attention (:func:`jaxpt.flops.flops_per_token`), and the per-device memory estimate."""
+    m = cfg.model
+    counts = count_params(m)
+    n = counts["total"]
+    base = plan_params(n)
+    d = tokens if tokens is not None else base["tokens"]
+    fpt = flops_lib.flops_per_token(m, cfg.seq_len)
+    mem = estimate_memory(cfg, sizes, hw.accelerator.memory_bytes if hw else None)
+    return {**base, "tokens": d, "flops": fpt * d, "flops_method": "flops_per_token (6 N_matmul + attention)",
+            "flops_6nd": 6.0 * n * d, "param_counts": counts, "flops_per_token": fpt,
+            "configured_tokens": cfg.steps * cfg.global_batch_size * cfg.seq_len,
+            "mesh": mesh_lib.format_mesh(sizes), "memory": mem.as_dict(), "remat_policy": m.remat_policy}
+
+
+def add_hardware(plan: dict[str, Any], hw: Slice | None, mfu: float) -> dict[str, Any]:
+    """Add ``hardware`` and ``days`` (wall-clock at ``mfu``) to a plan."""
+    if hw is None:
+        return plan
+    return {**plan, "hardware": {"name": hw.name, "accelerator": hw.accelerator.name, "chips": hw.num_chips,
+                                 "peak_flops": hw.peak_flops, "memory_per_chip": hw.accelerator.memory_bytes},
+            "mfu": mfu, "days": training_days(plan["flops"], hw, mfu)}
+
+
+# --------------------------------------------------------------------------------------------------
+# Terminal output.
+
+
+def _si(x: float, unit: str = "") -> str:
+    for scale, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if abs(x) >= scale:
+            return f"{x / scale:.3g}{suffix}{unit}"
+    return f"{x:.3g}{unit}"
+
+
+def format_plan(plan: dict[str, Any]) -> str:
+    """Human-readable plan (the same numbers as ``--json``)."""
+    lines = [f"headline (Chinchilla rule, ~{TOKENS_PER_PARAM:.0f} tokens/param, Hoffmann et al. 2022 Table 3): "
+             f"{_si(plan['params'])} params, {_si(plan['tokens'])} tokens, {plan['flops']:.3g} FLOPs "
+             f"({plan['flops_method']})"]
+    a = plan["allocations"]
+    r3, k = a["chinchilla_approach3"], a["kaplan"]
+    lines.append(f"  Chinchilla approach 3 (L = E + A/N^0.34 + B/D^0.28, closed form): {_si(r3['params'])} params, "
+                 f"{_si(r3['tokens'])} tokens, predicted loss {r3['loss']:.3f} "
+                 f"(rule: {a['chinchilla_rule']['loss']:.3f})")
+    lines.append(f"  Kaplan et al. 2020 (N = 1.3e9 C^0.73, C in PF-days): {_si(k['params'])} non-embedding params, "
+                 f"{_si(k['tokens'])} tokens")
+    if "param_counts" in plan:
+        pc = plan["param_counts"]
+        lines.append(f"model: {pc['total']:,} params ({pc['matmul']:,} in matmuls); {plan['flops_per_token']:.4g} "
+                     f"FLOPs/token; 6ND = {plan['flops_6nd']:.3g}; configured run: {_si(plan['configured_tokens'])} tokens")
+    if "days" in plan:
+        hw = plan["hardware"]
+        lines.append(f"wall clock on {hw['name']} ({hw['chips']} x {hw['accelerator']}, "
+                     f"{hw['peak_flops']:.3g} FLOP/s peak) at MFU {plan['mfu']:.2f}: {plan['days']:.1f} days")
+    if "memory" in plan:
+        lines.append(_format_memory(plan["memory"], plan["mesh"], plan["remat_policy"]))
+    return "\n".join(lines)
+
+
+def _format_memory(mem: dict[str, Any], mesh: str, policy: str) -> str:
+    parts = ", ".join(f"{k} {mem[k] / GIB:.3f}" for k in ("params", "grads", "opt_state", "gathered_params",
+                                                           "activations", "logits"))
+    line = f"memory per device (mesh {mesh}, remat {policy!r}), GiB: {parts}; total {mem['total'] / GIB:.3f}"
+    if mem["fits"] is None:
+        return line + " (no --hardware: device memory unknown)"
+    verdict = "fits" if mem["fits"] else "DOES NOT FIT"
+    return (line + f" -> {verdict} in {mem['usable_fraction']:.0%} of "
+            f"{mem['device_bytes'] / GIB:.0f} GiB")
+
+
+# --------------------------------------------------------------------------------------------------
+# CLI.
+
+
+def resolve_vocab(cfg):
+    """``cfg`` with ``ModelConfig.vocab_size`` read from the tokenizer when it is 0.
+
+    Raises:
+      ConfigError: vocab size 0 and no tokenizer at ``DataConfig.tokenizer_path``.
+    """
+    from jaxpt.config import ConfigError
+    if cfg.model.vocab_size > 0:
+        return cfg
+    path = cfg.data.tokenizer_path
+    if not os.path.exists(path):
+        raise ConfigError(f"ModelConfig.vocab_size = 0 follows the tokenizer, but DataConfig.tokenizer_path = "
+                          f"{path!r} does not exist; prepare it or pass --gin 'ModelConfig.vocab_size = N'")
+    from jaxpt.data.tokenizer import Tokenizer
+    vocab = Tokenizer.load(path).vocab_size
+    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, vocab_size=vocab))
+
+
+def config_plan(args, hw: Slice | None) -> dict[str, Any]:
+    from jaxpt import config as config_lib
+    cfg = resolve_vocab(config_lib.from_args(args))
+    spec = mesh_lib.parse_mesh_spec(cfg.mesh)
+    if hw is not None:
+        n_dev = hw.num_chips
+    elif args.devices:
+        n_dev = args.devices
+    elif -1 not in spec.values():
+        n_dev = math.prod(spec.values())
+    else:
+        import jax
+        n_dev = jax.device_count()
+    sizes = config_lib.validate(cfg, n_dev)
+    return plan_config(cfg, sizes, hw, args.tokens)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from jaxpt import config as config_lib
+    p = argparse.ArgumentParser(prog="python -m jaxpt.plan", description=__doc__.splitlines()[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    what = p.add_argument_group("what to plan (one of)")
+    what.add_argument("--flops", type=float, help="compute budget in FLOPs, e.g. 5.76e23")
+    what.add_argument("--params", type=float, help="parameter count, e.g. 7e9")
+    config_lib.add_arguments(p)  # --config/--gin/--mesh/...
+    p.add_argument("--tokens", type=float, help="with --config: tokens to plan for (default: 20 x params)")
+    p.add_argument("--devices", type=int, help="with --config and no --hardware: device count for the mesh")
+    p.add_argument("--hardware", help=f"slice, e.g. v5p-256, v5e-64, h100-8 (kinds: {', '.join(sorted(ACCELERATORS))})")
+    p.add_argument("--mfu", type=float, default=0.4, help="model FLOPs utilization for wall clock (default 0.4)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    chosen = [k for k in ("flops", "params", "config") if getattr(args, k)]
+    if len(chosen) != 1:
+        print("error: give exactly one of --flops, --params, --config", file=sys.stderr)
+        return 2
+    from jaxpt.config import ConfigError
+    try:
+        hw = parse_hardware(args.hardware) if args.hardware else None
+        if args.flops:
+            plan = plan_flops(args.flops)
+        elif args.params:
+            plan = plan_params(args.params)
+        else:
+            plan = config_plan(args, hw)
+        plan = add_hardware(plan, hw, args.mfu)
+    except (ValueError, ConfigError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(plan, indent=1) if args.json else format_plan(plan))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
