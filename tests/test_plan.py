@@ -1,0 +1,204 @@
+"""jaxpt.plan: compute-optimal allocations, hardware and wall clock, per-device memory estimates."""
+
+import json
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import optimize
+
+from jaxpt import config as config_lib
+from jaxpt import mesh as mesh_lib
+from jaxpt import optim, plan
+from jaxpt import state as state_lib
+from jaxpt import step as step_lib
+from jaxpt.model import count_params
+
+QUICKSTART = "configs/quickstart.gin"
+#: The bundled sample's tokenizer has 8192 pieces (artifacts/sample/prepare.json); bound here so these
+#: tests do not need the prepared sample.
+VOCAB = "ModelConfig.vocab_size = 8192"
+
+
+def test_gopher_budget_gives_chinchilla_70b_on_1_4t_tokens():
+    """Hoffmann et al. 2022: 5.76e23 FLOPs -> Chinchilla, 70B params on 1.4T tokens (within 15%)."""
+    p = plan.plan_flops(5.76e23)
+    assert abs(p["params"] / 70e9 - 1) < 0.15
+    assert abs(p["tokens"] / 1.4e12 - 1) < 0.15
+    assert p["tokens"] == pytest.approx(20 * p["params"])
+    assert 6 * p["params"] * p["tokens"] == pytest.approx(5.76e23)
+
+
+@pytest.mark.parametrize("flops", [1e19, 5.76e23, 1e26])
+def test_approach3_closed_form_is_the_numerical_minimum(flops):
+    """The closed form N_opt = G (C/6)^a minimises L(N, C/6N); checked by a 1-D numerical search."""
+    L = plan.CHINCHILLA
+
+    def loss_of_log_n(log_n):
+        n = math.exp(log_n)
+        return L.loss(n, flops / (6 * n))
+
+    res = optimize.minimize_scalar(loss_of_log_n, bounds=(math.log(1e3), math.log(1e16)), method="bounded",
+                                   options={"xatol": 1e-10})
+    n_opt, d_opt = L.optimal(flops)
+    assert n_opt == pytest.approx(math.exp(res.x), rel=1e-4)
+    assert 6 * n_opt * d_opt == pytest.approx(flops)
+    assert L.budget_for_params(n_opt) == pytest.approx(flops, rel=1e-9)
+
+
+def test_approach3_at_gopher_budget_differs_from_the_rule():
+    """With the published constants approach 3 picks a smaller model on more tokens (documented)."""
+    n3, d3 = plan.CHINCHILLA.optimal(5.76e23)
+    assert 25e9 < n3 < 40e9 and 2.5e12 < d3 < 3.5e12
+
+
+def test_kaplan_allocation_by_hand():
+    """N = 1.3e9 * (C / PF-day)^0.73: at 1000 PF-days, 1.3e9 * 10^2.19 = 2.0135e11."""
+    n, d = plan.kaplan_allocation(1000 * 8.64e19)
+    assert n == pytest.approx(2.0135e11, rel=1e-4)
+    assert d == pytest.approx(1000 * 8.64e19 / (6 * 2.0135e11), rel=1e-4)
+    assert plan.kaplan_budget_for_params(n) == pytest.approx(1000 * 8.64e19)
+
+
+@pytest.mark.parametrize("name,chips,peak", [("v5p-256", 128, 459e12), ("v4-128", 64, 275e12),
+                                             ("v5e-64", 64, 197e12), ("v6e-8", 8, 918e12),
+                                             ("h100-8", 8, 989e12)])
+def test_parse_hardware(name, chips, peak):
+    hw = plan.parse_hardware(name)
+    assert hw.num_chips == chips
+    assert hw.peak_flops == pytest.approx(chips * peak)
+
+
+@pytest.mark.parametrize("bad", ["tpu-8", "v5p-3", "v5p", "h100-0"])
+def test_parse_hardware_rejects_bad_names(bad):
+    with pytest.raises(ValueError, match="--hardware"):
+        plan.parse_hardware(bad)
+
+
+def test_training_days_by_hand():
+    """5.76e23 FLOPs / (128 chips * 459e12 * 0.45) = 2.17865e7 s = 252.16 days."""
+    assert plan.training_days(5.76e23, plan.parse_hardware("v5p-256"), 0.45) == pytest.approx(252.16, rel=1e-4)
+
+
+def test_cli_json_has_params_tokens_flops(capsys):
+    assert plan.main(["--flops", "5.76e23", "--hardware", "v5p-256", "--mfu", "0.45", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert abs(out["params"] / 70e9 - 1) < 0.15 and abs(out["tokens"] / 1.4e12 - 1) < 0.15
+    assert out["flops"] == 5.76e23
+    assert out["days"] == pytest.approx(252.16, rel=1e-4)
+    assert set(out["allocations"]) == {"chinchilla_rule", "chinchilla_approach3", "kaplan"}
+
+
+def test_cli_text_prints_all_three_allocations(capsys):
+    assert plan.main(["--params", "7e9"]) == 0
+    text = capsys.readouterr().out
+    assert "headline" in text and "approach 3" in text and "Kaplan" in text and "140B tokens" in text
+
+
+@pytest.mark.parametrize("argv", [["--flops", "1e20", "--params", "1e9"], [], ["--flops", "1e20", "--hardware", "x-1"],
+                                  ["--flops", "-5"]])
+def test_cli_rejects_bad_input(argv, capsys):
+    assert plan.main(argv) == 2
+    assert "error" in capsys.readouterr().err
+
+
+def _cfg(mesh, *bindings):
+    return config_lib.parse([QUICKSTART], [VOCAB, *bindings], mesh=mesh)
+
+
+@pytest.mark.parametrize("mesh", ["data=2,fsdp=2,tensor=2", "fsdp=8", "data=8", "fsdp=4,tensor=2"])
+def test_param_and_optimizer_bytes_match_the_state_shardings(mesh):
+    """Estimated per-device param and AdamW bytes equal the shard shapes of the real sharded state."""
+    cfg = _cfg(mesh)
+    sizes = config_lib.validate(cfg, 8)
+    spec = state_lib.make_state_spec(cfg.model, lambda p: optim.make_optimizer(cfg.optimizer, 100, p),
+                                     mesh_lib.make_mesh(sizes), cfg.logical_axis_rules)
+
+    def shard_bytes(tree):
+        return sum(math.prod(x.sharding.shard_shape(x.shape)) * np.dtype(x.dtype).itemsize
+                   for x in jax.tree.leaves(tree) if x.ndim > 0)
+
+    est = plan.estimate_memory(cfg, sizes)
+    assert est.params == shard_bytes(spec.abstract.params)
+    assert est.opt_state == shard_bytes(spec.abstract.opt_state)
+
+
+def test_activation_estimate_by_hand_for_full_remat():
+    """Quickstart, mesh data=2,fsdp=2,tensor=2, remat 'full': 512 tokens per device (16 rows / 4 x 128).
+    Kept per layer: the block input, 256 floats/token. The block being recomputed holds, per token:
+    x, norm, x_mid, norm 4 x 256; q 2 heads x 64; k, v 1 x 64 each; fp32 probs 2 heads x 128 keys;
+    attention out 128; gate, up, h 3 x 384 -> 2816 floats. Plus the final norm's input and output."""
+    sizes = mesh_lib.resolve_mesh_shape(mesh_lib.parse_mesh_spec("data=2,fsdp=2,tensor=2"), 8)
+    cfg = _cfg(None, "ModelConfig.remat_policy = 'full'")
+    tokens = 512
+    expected = 4 * (4 * tokens * 256) + 4 * tokens * 2816 + 2 * 4 * tokens * 256
+    assert plan.estimate_memory(cfg, sizes).activations == expected
+
+
+def test_activation_estimate_orders_remat_policies():
+    """Policies that save a subset save no more: full <= dots_no_batch <= dots, and full is well below
+    none. ('dots' may exceed 'none': it also keeps matmul outputs the backward pass never reads.)"""
+    sizes = mesh_lib.resolve_mesh_shape(mesh_lib.parse_mesh_spec("data=2,fsdp=2,tensor=2"), 8)
+    acts = {p: plan.estimate_memory(_cfg(None, f"ModelConfig.remat_policy = '{p}'"), sizes).activations
+            for p in ("none", "dots", "dots_no_batch", "full")}
+    assert acts["full"] <= acts["dots_no_batch"] <= acts["dots"]
+    assert acts["full"] < 0.5 * acts["none"]
+
+
+def test_config_plan_says_whether_it_fits(capsys):
+    """The quickstart fits a v5e chip; a 70B-class model on 8 v5e chips does not."""
+    base = ["--config", QUICKSTART, "--gin", VOCAB, "--hardware", "v5e-8", "--json"]
+    assert plan.main([*base, "--mesh", "fsdp=-1"]) == 0
+    small = json.loads(capsys.readouterr().out)
+    assert small["memory"]["fits"] is True
+    assert small["params"] == count_params(_cfg(None).model)["total"]
+    assert small["flops"] == pytest.approx(small["flops_per_token"] * small["tokens"])
+    big = ["--gin", "ModelConfig.d_model = 8192", "--gin", "ModelConfig.num_layers = 80",
+           "--gin", "ModelConfig.num_heads = 64", "--gin", "ModelConfig.num_kv_heads = 8",
+           "--gin", "ModelConfig.head_dim = 128", "--gin", "ModelConfig.mlp_dim = 28672",
+           "--gin", "ModelConfig.scan_layers = True", "--gin", "TrainConfig.global_batch_size = 8"]
+    assert plan.main([*base, "--mesh", "fsdp=-1", *big]) == 0
+    large = json.loads(capsys.readouterr().out)
+    assert 60e9 < large["params"] < 80e9
+    assert large["memory"]["fits"] is False
+
+
+def _compiled_step_bytes(cfg, sizes):
+    mesh = mesh_lib.make_mesh(sizes)
+    rules = cfg.logical_axis_rules
+    spec = state_lib.make_state_spec(cfg.model, lambda p: optim.make_optimizer(cfg.optimizer, cfg.steps, p),
+                                     mesh, rules)
+    fn = step_lib.jit_train_step(spec, mesh, rules, z_loss_weight=cfg.z_loss_weight,
+                                 lr_schedule=optim.learning_rate_schedule(cfg.optimizer, cfg.steps))
+    shardings = step_lib.batch_shardings(mesh, rules)
+    batch = {k: jax.ShapeDtypeStruct((cfg.global_batch_size, cfg.seq_len), jnp.int32, sharding=s)
+             for k, s in shardings.items()}
+    ma = fn.lower(spec.abstract, batch).compile().memory_analysis()
+    return ma.argument_size_in_bytes + ma.output_size_in_bytes - ma.alias_size_in_bytes + ma.temp_size_in_bytes
+
+
+def _check_against_compiled(mesh, *bindings):
+    cfg = _cfg(mesh, *bindings)
+    sizes = config_lib.validate(cfg, jax.device_count())
+    measured = _compiled_step_bytes(cfg, sizes)
+    est = plan.estimate_memory(cfg, sizes).total
+    assert abs(est / measured - 1) <= 0.25, (est, measured)
+
+
+def test_memory_estimate_matches_compiled_quickstart():
+    """The quickstart step (mesh data=2,fsdp=2,tensor=2, no remat) on 8 CPU devices: the estimate is within
+    25% of XLA's compiled per-device memory (argument + output - alias + temp)."""
+    _check_against_compiled("data=2,fsdp=2,tensor=2")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mesh,bindings", [
+    ("fsdp=8", ()), ("data=8", ()),
+    ("data=2,fsdp=2,tensor=2", ("ModelConfig.remat_policy = 'full'",)),
+    ("fsdp=8", ("ModelConfig.remat_policy = 'full'", "ModelConfig.scan_layers = True",
+                "ModelConfig.compute_dtype = 'bfloat16'")),
+])
+def test_memory_estimate_matches_compiled_other_layouts(mesh, bindings):
+    _check_against_compiled(mesh, *bindings)
