@@ -57,7 +57,10 @@ class Decoder(nnx.Module):
     def __call__(self, tokens_BxL: jax.Array, segment_ids_BxL: jax.Array, positions_BxL: jax.Array):
         cfg = self.cfg
         cd = cfg.jnp_compute_dtype
-        x_BxLxD = jnp.take(self.embedding[...], tokens_BxL, axis=0).astype(cd)
+        # The lookup gathers from the whole table (as ZeRO-3/FSDP gathers weights before use): a gather from
+        # a table split over vocab and embed into batch-sharded activations has no efficient SPMD lowering.
+        table_VxD = constrain(self.embedding[...], (None, None))
+        x_BxLxD = jnp.take(table_VxD, tokens_BxL, axis=0).astype(cd)
         x_BxLxD = constrain(x_BxLxD, ("batch", "length", "embed"))
 
         def run_block(block: Block, x):

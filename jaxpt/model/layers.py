@@ -102,14 +102,21 @@ class Attention(nnx.Module):
         q_BxLxHxHd = rope(q_BxLxHxHd, positions_BxL, cfg.rope_theta)
         k_BxMxKxHd = rope(k_BxMxKxHd, positions_BxL, cfg.rope_theta)
 
-        q_BxLxKxGxHd = q_BxLxHxHd.reshape(B, L, K, G, Hd) * jnp.asarray(Hd ** -0.5, cd)
-        logits_BxKxGxLxM = jnp.einsum(
-            "blkgd,bmkd->bkglm", q_BxLxKxGxHd, k_BxMxKxHd, preferred_element_type=jnp.float32)
+        q_BxLxHxHd = q_BxLxHxHd * jnp.asarray(Hd ** -0.5, cd)
         mask = attention_mask(segment_ids_BxL)
-        logits_BxKxGxLxM = jnp.where(mask, logits_BxKxGxLxM, jnp.finfo(jnp.float32).min)
-        probs = jax.nn.softmax(logits_BxKxGxLxM, axis=-1).astype(cd)
-        out_BxLxKxGxHd = jnp.einsum("bkglm,bmkd->blkgd", probs, v_BxMxKxHd)
-        out_BxLxHxHd = out_BxLxKxGxHd.reshape(B, L, H, Hd)
+        if G == 1:  # multi-head attention: plain 4-D einsums (cheaper on CPU than a size-1 group axis)
+            logits_BxHxLxM = jnp.einsum("blhd,bmhd->bhlm", q_BxLxHxHd, k_BxMxKxHd,
+                                        preferred_element_type=jnp.float32)
+            logits_BxHxLxM = jnp.where(mask[:, 0], logits_BxHxLxM, jnp.finfo(jnp.float32).min)
+            probs = jax.nn.softmax(logits_BxHxLxM, axis=-1).astype(cd)
+            out_BxLxHxHd = jnp.einsum("bhlm,bmhd->blhd", probs, v_BxMxKxHd)
+        else:  # grouped-query: each kv head serves G query heads, without materializing repeated k/v
+            q_BxLxKxGxHd = q_BxLxHxHd.reshape(B, L, K, G, Hd)
+            logits_BxKxGxLxM = jnp.einsum("blkgd,bmkd->bkglm", q_BxLxKxGxHd, k_BxMxKxHd,
+                                          preferred_element_type=jnp.float32)
+            logits_BxKxGxLxM = jnp.where(mask, logits_BxKxGxLxM, jnp.finfo(jnp.float32).min)
+            probs = jax.nn.softmax(logits_BxKxGxLxM, axis=-1).astype(cd)
+            out_BxLxHxHd = jnp.einsum("bkglm,bmkd->blkgd", probs, v_BxMxKxHd).reshape(B, L, H, Hd)
         out_BxLxHxHd = constrain(out_BxLxHxHd, ("batch", "length", "heads", "head_dim"))
         return jnp.einsum("blhk,hkd->bld", out_BxLxHxHd, self.wo[...].astype(cd))
 
