@@ -77,6 +77,8 @@ class TrainConfig:
       eval_batches: held-out batches per evaluation (0: the whole held-out set).
       workdir: run directory (metrics, TensorBoard, config.gin, checkpoints).
       progress_bar: show a tqdm bar on the terminal.
+      log_batch_documents: append, per step, the indices of the documents in this process's rows to
+        ``<workdir>/batches/process_<i>.jsonl`` (an audit trail for resumption and data debugging).
     """
 
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
@@ -95,6 +97,7 @@ class TrainConfig:
     eval_batches: int = 0
     workdir: str = "workdirs/default"
     progress_bar: bool = True
+    log_batch_documents: bool = False
 
 
 # Gin wrappers: the dataclasses stay plain Python (the model package knows nothing of gin).

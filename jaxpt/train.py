@@ -189,10 +189,14 @@ def train_loop(run: Run, writer: monitor.MetricWriter, batches: Iterator, ckpt: 
     cfg = run.cfg
     step = int(jax.device_get(run.state.step))
     timer, bar, pending, last = monitor.StepTimer(), _progress(cfg, step), None, {}
+    doc_log = _BatchDocumentLog(cfg) if cfg.log_batch_documents else None
     while step < cfg.steps:
         t0 = time.perf_counter()
-        batch = to_device(run, next(batches))
+        local = next(batches)
+        batch = to_device(run, local)
         data_wait = time.perf_counter() - t0
+        if doc_log is not None:
+            doc_log.write(step + 1, local["doc_index"])
         run.state, metrics = run.train_step(run.state, batch)
         step += 1
         if pending is not None:
@@ -213,6 +217,19 @@ def train_loop(run: Run, writer: monitor.MetricWriter, batches: Iterator, ckpt: 
     if bar is not None:
         bar.close()
     return last
+
+
+class _BatchDocumentLog:
+    """Per-process JSON Lines of ``{"step", "doc_index"}``: which documents fed each step."""
+
+    def __init__(self, cfg: TrainConfig):
+        os.makedirs(os.path.join(cfg.workdir, "batches"), exist_ok=True)
+        self._f = open(os.path.join(cfg.workdir, "batches", f"process_{jax.process_index()}.jsonl"), "a",
+                       buffering=1)
+
+    def write(self, step: int, doc_index: np.ndarray) -> None:
+        docs = sorted(int(d) for d in np.unique(doc_index) if d >= 0)
+        self._f.write(f'{{"step": {step}, "doc_index": {docs}}}\n')
 
 
 class Preempted(Exception):

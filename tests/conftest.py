@@ -19,3 +19,31 @@ def raw_v1_dir() -> pathlib.Path:
     if not (RAW_V1 / "MANIFEST.json").is_file():
         pytest.skip(f"raw-v1 corpus not found at {RAW_V1}")
     return RAW_V1
+
+
+@pytest.fixture(scope="session")
+def prepared_sample(tmp_path_factory) -> pathlib.Path:
+    """The bundled sample prepared as `make quickstart` does, with a small (2048-piece) tokenizer for speed."""
+    from jaxpt.data.prepare import PrepareSettings, prepare
+
+    out = tmp_path_factory.mktemp("prepared")
+    prepare(REPO_ROOT / "data" / "sample", out, PrepareSettings(vocab_size=2048))
+    return out
+
+
+def tiny_bindings(prepared: pathlib.Path, workdir: pathlib.Path, **overrides) -> list[str]:
+    """gin bindings for a fast run on the prepared sample: the quickstart config with a small model."""
+    b = {
+        "DataConfig.train_path": repr(str(prepared / "train.jsonl.gz")),
+        "DataConfig.heldout_path": repr(str(prepared / "heldout.jsonl.gz")),
+        "DataConfig.tokenizer_path": repr(str(prepared / "tokenizer.model")),
+        "ModelConfig.d_model": "64", "ModelConfig.num_layers": "2", "ModelConfig.num_heads": "4",
+        "ModelConfig.num_kv_heads": "2", "ModelConfig.head_dim": "16", "ModelConfig.mlp_dim": "128",
+        "ModelConfig.max_seq_len": "64", "TrainConfig.seq_len": "64", "TrainConfig.global_batch_size": "16",
+        "TrainConfig.log_every": "1", "TrainConfig.eval_batches": "2", "TrainConfig.eval_every": "0",
+        "TrainConfig.progress_bar": "False", "TrainConfig.workdir": repr(str(workdir)),
+        "OptimizerConfig.warmup_steps": "5", "OptimizerConfig.decay_steps": "100",
+        "CheckpointConfig.enabled": "False",
+    }
+    b.update({k: str(v) for k, v in overrides.items()})
+    return [f"{k} = {v}" for k, v in b.items()]
