@@ -1,0 +1,459 @@
+"""``python -m jaxpt.scaling``: train a grid of model sizes x token budgets, then fit a scaling law.
+
+    python -m jaxpt.scaling run --grid configs/scaling/grid.gin            # -> runs/scaling/runs.jsonl
+    python -m jaxpt.scaling fit runs/scaling --predict-params 1e7 --predict-tokens 2e8
+
+**run** reads one gin file holding a base training config (the usual ``ModelConfig``/``TrainConfig``/...
+bindings) and a ``ScalingGrid`` (model-size overrides x token budgets, see :class:`ScalingGrid`). Each grid
+point is an ordinary :func:`jaxpt.train.run_training` run on real text (``DataConfig`` of the grid file;
+the bundled sample needs ``python -m jaxpt.data.prepare --output artifacts/sample`` first) in its own
+workdir under ``ScalingGrid.output``, with its learning-rate schedule decaying over its own budget, as
+Hoffmann et al. 2022 (sec. 3.1) require for final losses to be comparable. Its final held-out loss is
+appended to ``<output>/runs.jsonl``; points already there are skipped, so an interrupted grid resumes.
+A persistent XLA compilation cache under the output directory lets runs of the same shape share compiles.
+
+**fit** fits ``L(N, D) = E + A / N^alpha + B / D^beta`` (Hoffmann et al. 2022, eq. 2) to the runs by
+nonlinear least squares (``scipy.optimize.least_squares``; ``--loss huber`` for Huber's robust loss, as
+the paper uses on log-loss), from a grid of starting points (the paper's approach), keeping the best.
+Uncertainties are the usual asymptotic ones: ``cov = s^2 (J^T J)^-1`` with ``s^2 = RSS / (n - 5)`` at
+the optimum, in the fitted parameterization ``(E, log A, log B, alpha, beta)``; ``A`` and ``B`` get
+``sigma_A = A * sigma_logA`` (delta method), and so does a predicted loss. ``N`` is the non-embedding
+parameter count by default (Kaplan et al. 2020 found it gives cleaner laws at small scale, where the
+embedding dominates); ``--n-kind total`` uses all parameters, as Hoffmann et al. do.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import math
+import os
+import sys
+import time
+from typing import Any, Sequence
+
+import gin
+import numpy as np
+
+from jaxpt import config as config_lib
+from jaxpt import flops as flops_lib
+from jaxpt import plan
+from jaxpt.config import ConfigError
+from jaxpt.model.config import ModelConfig
+from jaxpt.model.decoder import count_params
+
+log = logging.getLogger("jaxpt.scaling")
+
+#: Names of the fitted constants, in the order of :attr:`Fit.values`.
+PARAM_NAMES = ("E", "A", "B", "alpha", "beta")
+N_KINDS = ("non_embedding", "total", "matmul")
+
+
+@dataclasses.dataclass(frozen=True)
+class ScalingGrid:
+    """A grid of training runs (gin configurable ``ScalingGrid``).
+
+    Attributes:
+      models: model sizes, each a dict of ``ModelConfig`` overrides, e.g. ``{'d_model': 64, 'num_layers': 2}``.
+      tokens: training-token budgets; each run takes ``ceil(tokens / (global_batch_size * seq_len))`` steps.
+      output: directory for ``runs.jsonl`` and one workdir per run.
+      warmup_fraction: warmup steps as a fraction of each run's steps (at least 1), so that every run's
+        schedule has the same shape.
+    """
+
+    models: tuple = ()
+    tokens: tuple = ()
+    output: str = "runs/scaling"
+    warmup_fraction: float = 0.05
+
+
+_GIN_GRID = gin.external_configurable(ScalingGrid, name="ScalingGrid", module="jaxpt")
+
+
+# --------------------------------------------------------------------------------------------------
+# run
+
+
+@dataclasses.dataclass(frozen=True)
+class GridPoint:
+    name: str
+    model_overrides: dict
+    tokens: int
+    bindings: tuple[str, ...]
+
+
+def load_grid(grid_path: str, bindings: Sequence[str] = ()) -> tuple[ScalingGrid, config_lib.TrainConfig]:
+    """Parse the grid file (+ bindings) into the grid and the base train config.
+
+    Raises:
+      ConfigError: unparsable file, an empty grid, an unknown ``ModelConfig`` field in
+        ``ScalingGrid.models``, or a non-positive token budget (naming the grid file).
+    """
+    base = config_lib.parse([grid_path], bindings)
+    grid = _GIN_GRID()
+    if not grid.models or not grid.tokens:
+        raise ConfigError(f"{grid_path}: ScalingGrid.models and ScalingGrid.tokens must both be non-empty")
+    fields = {f.name for f in dataclasses.fields(ModelConfig)}
+    for i, m in enumerate(grid.models):
+        if not isinstance(m, dict):
+            raise ConfigError(f"{grid_path}: ScalingGrid.models[{i}] = {m!r} is not a dict of ModelConfig fields")
+        unknown = sorted(set(m) - fields)
+        if unknown:
+            raise ConfigError(f"{grid_path}: ScalingGrid.models[{i}] has unknown ModelConfig field(s) {unknown}")
+    for t in grid.tokens:
+        if not (isinstance(t, (int, float)) and t > 0):
+            raise ConfigError(f"{grid_path}: ScalingGrid.tokens entry {t!r} must be a positive number")
+    return grid, base
+
+
+def grid_points(grid: ScalingGrid, base: config_lib.TrainConfig) -> list[GridPoint]:
+    """Every (model, tokens) pair with the gin bindings that make its run."""
+    tokens_per_step = base.global_batch_size * base.seq_len
+    points = []
+    for m in grid.models:
+        tag = "_".join(f"{k}{v}" for k, v in sorted(m.items()))
+        for t in grid.tokens:
+            steps = max(1, math.ceil(t / tokens_per_step))
+            name = f"{tag}_tokens{steps * tokens_per_step}"
+            b = [f"ModelConfig.{k} = {v!r}" for k, v in m.items()]
+            b += [f"TrainConfig.steps = {steps}", f"TrainConfig.workdir = {os.path.join(grid.output, name)!r}",
+                  f"OptimizerConfig.warmup_steps = {max(1, round(grid.warmup_fraction * steps))}",
+                  "OptimizerConfig.decay_steps = 0", "TrainConfig.progress_bar = False"]
+            points.append(GridPoint(name, dict(m), steps * tokens_per_step, tuple(b)))
+    return points
+
+
+def check_points(grid_path: str, points: Sequence[GridPoint], bindings: Sequence[str] = ()) -> None:
+    """Validate every point's config before training any, so a bad size fails the grid in seconds.
+
+    Raises:
+      ConfigError: naming the grid point and the config key.
+    """
+    import jax
+    for pt in points:
+        try:
+            config_lib.validate(config_lib.parse([grid_path], [*pt.bindings, *bindings]), jax.device_count())
+        except ConfigError as e:
+            raise ConfigError(f"{grid_path}: grid point {pt.name}: {e}") from None
+
+
+def param_counts(cfg: config_lib.TrainConfig) -> dict[str, int]:
+    """``total``, ``non_embedding`` (no embedding table, no untied output projection) and ``matmul``
+    parameter counts of ``cfg.model`` (vocab resolved from the tokenizer if needed)."""
+    m = plan.resolve_vocab(cfg).model
+    c = count_params(m)
+    return {"total": c["total"], "non_embedding": c["total"] - c["embedding"] - c["output"], "matmul": c["matmul"]}
+
+
+def read_runs(paths: Sequence[str]) -> list[dict[str, Any]]:
+    """Records of ``runs.jsonl`` files (or directories holding one), in order.
+
+    Raises:
+      FileNotFoundError: a path with no runs.jsonl; ValueError: a malformed line (file and line named).
+    """
+    records = []
+    for p in paths:
+        f = os.path.join(p, "runs.jsonl") if os.path.isdir(p) else p
+        if not os.path.exists(f):
+            raise FileNotFoundError(f"{p}: no runs.jsonl")
+        with open(f) as fh:
+            for i, line in enumerate(fh, 1):
+                if line.strip():
+                    try:
+                        records.append(json.loads(line))
+                    except json.JSONDecodeError as e:
+                        raise ValueError(f"{f}:{i}: not JSON ({e})") from None
+    return records
+
+
+def enable_compile_cache(path: str) -> None:
+    """Persistent XLA compilation cache in ``path`` (every compile cached): grid runs of one shape reuse
+    the init and eval compiles. Takes effect only before this process's first compile."""
+    import jax
+    os.makedirs(path, exist_ok=True)
+    jax.config.update("jax_compilation_cache_dir", path)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+def run_grid(grid_path: str, bindings: Sequence[str] = (), compile_cache: bool = True) -> list[dict[str, Any]]:
+    """Train every grid point not yet in ``<output>/runs.jsonl``; returns all records of the grid."""
+    from jaxpt import train
+
+    grid, base = load_grid(grid_path, bindings)
+    os.makedirs(grid.output, exist_ok=True)
+    runs_file = os.path.join(grid.output, "runs.jsonl")
+    if compile_cache:
+        enable_compile_cache(os.path.join(grid.output, "jax_cache"))
+    done = {r["name"] for r in read_runs([runs_file])} if os.path.exists(runs_file) else set()
+    points = grid_points(grid, base)
+    check_points(grid_path, points, bindings)
+    for i, pt in enumerate(points):
+        if pt.name in done:
+            log.info("[%d/%d] %s: already in %s, skipped", i + 1, len(points), pt.name, runs_file)
+            continue
+        cfg = config_lib.parse([grid_path], [*pt.bindings, *bindings])
+        counts = param_counts(cfg)
+        log.info("[%d/%d] %s: %s non-embedding params, %d tokens", i + 1, len(points), pt.name,
+                 f"{counts['non_embedding']:,}", pt.tokens)
+        t0 = time.perf_counter()
+        final = train.run_training(cfg)
+        model = plan.resolve_vocab(cfg).model
+        record = {"name": pt.name, "model": pt.model_overrides, "params": counts, "tokens": pt.tokens,
+                  "steps": cfg.steps, "flops": flops_lib.flops_per_token(model, cfg.seq_len) * pt.tokens,
+                  "heldout_loss": final["heldout_loss"], "heldout_tokens": final["heldout_tokens"],
+                  "train_loss": final.get("train_loss"), "wall_s": time.perf_counter() - t0,
+                  "workdir": cfg.workdir}
+        with open(runs_file, "a") as f:
+            f.write(json.dumps(record) + "\n")
+    names = {p.name for p in points}
+    return [r for r in read_runs([runs_file]) if r["name"] in names]
+
+
+# --------------------------------------------------------------------------------------------------
+# fit
+
+
+@dataclasses.dataclass(frozen=True)
+class Fit:
+    """A fitted ``L(N, D)``. ``values``/``stderr`` follow :data:`PARAM_NAMES`; ``cov`` is the 5x5
+    covariance of ``(E, log A, log B, alpha, beta)``; ``rmse`` in nats; ``n_points`` fitted."""
+
+    values: tuple[float, ...]
+    stderr: tuple[float, ...]
+    cov: np.ndarray
+    rmse: float
+    n_points: int
+    loss_kind: str
+
+    @property
+    def law(self) -> plan.ParametricLoss:
+        """The fitted law as a :class:`jaxpt.plan.ParametricLoss` (loss, compute-optimal allocation)."""
+        return plan.ParametricLoss(*self.values)
+
+    def predict(self, n_params: float, n_tokens: float) -> tuple[float, float]:
+        """``(loss, stderr)`` at ``(N, D)``; stderr by the delta method through :attr:`cov`."""
+        E, A, B, a, b = self.values
+        na, db = A * n_params ** -a, B * n_tokens ** -b
+        grad = np.array([1.0, na, db, -na * math.log(n_params), -db * math.log(n_tokens)])
+        var = float(grad @ self.cov @ grad)
+        return E + na + db, math.sqrt(var) if var >= 0 else float("nan")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"values": dict(zip(PARAM_NAMES, self.values)), "stderr": dict(zip(PARAM_NAMES, self.stderr)),
+                "rmse": self.rmse, "n_points": self.n_points, "loss": self.loss_kind,
+                "cov_E_logA_logB_alpha_beta": self.cov.tolist()}
+
+
+def _model(x: np.ndarray, logn: np.ndarray, logd: np.ndarray) -> np.ndarray:
+    E, log_a, log_b, alpha, beta = x
+    return E + np.exp(log_a - alpha * logn) + np.exp(log_b - beta * logd)
+
+
+def fit_law(n_params: Sequence[float], n_tokens: Sequence[float], losses: Sequence[float], *,
+            loss: str = "linear", f_scale: float = 0.01,
+            initial: Sequence[plan.ParametricLoss] | None = None) -> Fit:
+    """Least-squares fit of ``L = E + A / N^alpha + B / D^beta`` to points ``(N_i, D_i, L_i)``.
+
+    Args:
+      n_params, n_tokens, losses: equal-length sequences (parameters, tokens, loss in nats/token).
+      loss: ``linear`` (ordinary least squares) or ``huber`` (robust; ``f_scale`` is Huber's delta in nats).
+      initial: starting laws (default: a grid of 54, see :func:`_starts`).
+
+    Fitted in ``(E, log A, log B, alpha, beta)`` from a grid of starting points; the best optimum wins.
+    Bounds keep ``0 <= E <= min(L)`` and exponents in ``[0.01, 3]``.
+
+    Raises:
+      ValueError: fewer than 5 points, lengths differ, or non-positive / non-finite inputs.
+    """
+    from scipy import optimize
+
+    n, d, y = (np.asarray(v, dtype=np.float64) for v in (n_params, n_tokens, losses))
+    if not (len(n) == len(d) == len(y)):
+        raise ValueError(f"fit: {len(n)} params, {len(d)} token counts and {len(y)} losses differ in length")
+    if len(y) < 5:
+        raise ValueError(f"fit: {len(y)} points cannot determine 5 constants (need at least 5, better 9+)")
+    if not (np.all(np.isfinite(y)) and np.all(n > 0) and np.all(d > 0)):
+        raise ValueError("fit: parameter and token counts must be positive and losses finite")
+    logn, logd = np.log(n), np.log(d)
+
+    def residuals(x):
+        return _model(x, logn, logd) - y
+
+    lo = np.array([0.0, -20.0, -20.0, 0.01, 0.01])
+    hi = np.array([float(y.min()), 60.0, 60.0, 3.0, 3.0])
+    best = None
+    starts = _starts(y) if initial is None else (
+        np.array([s.E, math.log(s.A), math.log(s.B), s.alpha, s.beta]) for s in initial)
+    for start in starts:
+        x0 = np.clip(start, lo + 1e-9, hi - 1e-9)
+        r = optimize.least_squares(residuals, x0, bounds=(lo, hi), loss=loss, f_scale=f_scale,
+                                   x_scale="jac", xtol=1e-12, ftol=1e-12, gtol=1e-12, max_nfev=2000)
+        if best is None or r.cost < best.cost:
+            best = r
+    return _finish(best, residuals, len(y), loss)
+
+
+def _starts(y: np.ndarray):
+    """Starting points: E below the smallest loss, a spread of exponents and scales (Hoffmann et al. 2022,
+    appendix D.2, also start L-BFGS from a grid)."""
+    for e_frac in (0.0, 0.5, 0.9):
+        for alpha in (0.1, 0.3, 0.6):
+            for beta in (0.1, 0.3, 0.6):
+                for log_scale in (0.0, 5.0):
+                    yield np.array([e_frac * y.min(), log_scale, log_scale, alpha, beta])
+
+
+def _finish(r, residuals, n_points: int, loss: str) -> Fit:
+    res = residuals(r.x)
+    dof = n_points - 5
+    J = r.jac
+    if dof > 0:
+        s2 = float(res @ res) / dof
+        cov = s2 * np.linalg.pinv(J.T @ J)
+    else:
+        cov = np.full((5, 5), np.nan)
+    se = np.sqrt(np.clip(np.diag(cov), 0, None)) if dof > 0 else np.full(5, np.nan)
+    E, log_a, log_b, alpha, beta = r.x
+    A, B = math.exp(log_a), math.exp(log_b)
+    values = (float(E), A, B, float(alpha), float(beta))
+    stderr = (float(se[0]), A * float(se[1]), B * float(se[2]), float(se[3]), float(se[4]))
+    return Fit(values, stderr, cov, float(np.sqrt(np.mean(res ** 2))), n_points, loss)
+
+
+def points_from_runs(records: Sequence[dict[str, Any]], n_kind: str = "non_embedding"):
+    """``(N, D, L, names)`` arrays from run records, with N of the chosen kind (:data:`N_KINDS`)."""
+    if n_kind not in N_KINDS:
+        raise ValueError(f"--n-kind {n_kind!r}: choose one of {N_KINDS}")
+    n = np.array([r["params"][n_kind] for r in records], dtype=np.float64)
+    d = np.array([r["tokens"] for r in records], dtype=np.float64)
+    y = np.array([r["heldout_loss"] for r in records], dtype=np.float64)
+    return n, d, y, [r["name"] for r in records]
+
+
+def plot_fit(fit: Fit, n: np.ndarray, d: np.ndarray, y: np.ndarray, path: str,
+             prediction: tuple[float, float, float] | None = None, n_kind: str = "non_embedding") -> None:
+    """Loss against tokens, one colour per model size: measured points and the fitted curves; the
+    prediction, if any, as a star."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    d_lo, d_hi = d.min() / 1.5, max(d.max(), prediction[1] if prediction else 0) * 1.5
+    grid_d = np.geomspace(d_lo, d_hi, 100)
+    sizes = sorted(set(n.tolist()))
+    colors = plt.cm.viridis(np.linspace(0, 0.9, len(sizes) + (1 if prediction else 0)))
+    for c, size in zip(colors, sizes):
+        m = n == size
+        ax.plot(d[m], y[m], "o", color=c, label=f"N={size:.3g}")
+        ax.plot(grid_d, [fit.law.loss(size, t) for t in grid_d], "-", color=c, alpha=0.7)
+    if prediction:
+        pn, pd_, pl = prediction
+        ax.plot(grid_d, [fit.law.loss(pn, t) for t in grid_d], "--", color=colors[-1])
+        ax.plot([pd_], [pl], "*", ms=14, color=colors[-1], label=f"predicted N={pn:.3g}")
+    ax.set_xscale("log")
+    ax.set_xlabel("training tokens D")
+    ax.set_ylabel("held-out loss (nats/token)")
+    E, A, B, a, b = fit.values
+    ax.set_title(f"L = {E:.2f} + {A:.3g}/N^{a:.2f} + {B:.3g}/D^{b:.2f}  (N: {n_kind})", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def format_fit(fit: Fit) -> str:
+    lines = [f"fit of L(N, D) = E + A/N^alpha + B/D^beta to {fit.n_points} runs ({fit.loss_kind} least squares), "
+             f"RMSE {fit.rmse:.4f} nats:"]
+    for name, v, s in zip(PARAM_NAMES, fit.values, fit.stderr):
+        lines.append(f"  {name:5s} = {v:.4g} +- {s:.2g}")
+    law = fit.law
+    lines.append(f"  compute-optimal under this fit: N_opt ~ C^{law.a:.3f}, D_opt ~ C^{law.b:.3f}")
+    return "\n".join(lines)
+
+
+def fit_runs(paths: Sequence[str], *, n_kind: str = "non_embedding", loss: str = "linear", f_scale: float = 0.01,
+             predict: tuple[float, float] | None = None, out_dir: str | None = None) -> dict[str, Any]:
+    """Fit the runs under ``paths``; write ``fit.json`` and ``scaling_fit.png`` to ``out_dir`` (default:
+    the first path's directory). Returns the JSON-able result."""
+    records = read_runs(paths)
+    n, d, y, _ = points_from_runs(records, n_kind)
+    fit = fit_law(n, d, y, loss=loss, f_scale=f_scale)
+    result = {"fit": fit.as_dict(), "n_kind": n_kind, "points": len(y)}
+    pred = None
+    if predict is not None:
+        pl, ps = fit.predict(*predict)
+        result["prediction"] = {"params": predict[0], "tokens": predict[1], "loss": pl, "stderr": ps}
+        pred = (predict[0], predict[1], pl)
+    out_dir = out_dir or (paths[0] if os.path.isdir(paths[0]) else os.path.dirname(paths[0]) or ".")
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "fit.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    plot_fit(fit, n, d, y, os.path.join(out_dir, "scaling_fit.png"), pred, n_kind)
+    result["text"] = format_fit(fit)
+    return result
+
+
+# --------------------------------------------------------------------------------------------------
+# CLI
+
+
+def _predict_target(args) -> tuple[float, float] | None:
+    if args.predict_config:
+        cfg = config_lib.parse(args.predict_config, args.gin)
+        n = param_counts(cfg)[args.n_kind]
+        d = args.predict_tokens or cfg.steps * cfg.global_batch_size * cfg.seq_len
+        return float(n), float(d)
+    if args.predict_params:
+        if not args.predict_tokens:
+            raise ValueError("--predict-params needs --predict-tokens")
+        return args.predict_params, args.predict_tokens
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m jaxpt.scaling", description=__doc__.splitlines()[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="train the grid")
+    r.add_argument("--grid", required=True, help="gin file with the base config and ScalingGrid bindings")
+    r.add_argument("--gin", action="append", default=[], help="extra binding for every run; may repeat")
+    r.add_argument("--no-compile-cache", action="store_true", help="do not use the persistent compile cache")
+    f = sub.add_parser("fit", help="fit L(N, D) to finished runs")
+    f.add_argument("runs", nargs="+", help="run directories (holding runs.jsonl) or runs.jsonl files")
+    f.add_argument("--n-kind", default="non_embedding", choices=N_KINDS, help="which parameter count is N")
+    f.add_argument("--loss", default="linear", choices=("linear", "huber"))
+    f.add_argument("--f-scale", type=float, default=0.01, help="Huber delta in nats (with --loss huber)")
+    f.add_argument("--predict-params", type=float, help="N of a larger model to predict")
+    f.add_argument("--predict-tokens", type=float, help="D for the prediction")
+    f.add_argument("--predict-config", action="append", default=[], help="gin file of a model to predict")
+    f.add_argument("--gin", action="append", default=[], help="bindings for --predict-config")
+    f.add_argument("--out", help="where to write fit.json and scaling_fit.png (default: first RUNS dir)")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="[%(asctime)s] %(message)s")
+    try:
+        if args.cmd == "run":
+            records = run_grid(args.grid, args.gin, compile_cache=not args.no_compile_cache)
+            print(f"{len(records)} runs in the grid:")
+            for rec in records:
+                print(f"  {rec['name']}: N={rec['params']['non_embedding']:,} (non-embedding), "
+                      f"D={rec['tokens']:,}, held-out loss {rec['heldout_loss']:.4f}")
+            return 0
+        result = fit_runs(args.runs, n_kind=args.n_kind, loss=args.loss, f_scale=args.f_scale,
+                          predict=_predict_target(args), out_dir=args.out)
+    except (ConfigError, ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(result["text"])
+    if "prediction" in result:
+        pr = result["prediction"]
+        print(f"predicted held-out loss at N={pr['params']:.4g}, D={pr['tokens']:.4g}: "
+              f"{pr['loss']:.4f} +- {pr['stderr']:.2g}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
