@@ -433,7 +433,9 @@ def main(argv: list[str] | None = None) -> int:
     f.add_argument("--gin", action="append", default=[], help="bindings for --predict-config")
     f.add_argument("--out", help="where to write fit.json and scaling_fit.png (default: first RUNS dir)")
     args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="[%(asctime)s] %(message)s")
+    # force: an imported library (grain/absl) already put a handler on the root logger, which would
+    # make basicConfig a no-op and leave INFO unprinted.
+    logging.basicConfig(level=logging.INFO, format="[%(asctime)s] %(message)s", force=True)
     try:
         if args.cmd == "run":
             records = run_grid(args.grid, args.gin, compile_cache=not args.no_compile_cache)

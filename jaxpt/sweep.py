@@ -425,7 +425,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--peak-flops", type=float, help="peak FLOP/s per device for MFU (default: as in training)")
     p.add_argument("--topology", help="also compile for this TPU topology without hardware, e.g. v5p:4x4x4")
     args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="[%(asctime)s] %(message)s")
+    # force: an imported library (grain/absl) already put a handler on the root logger, which would
+    # make basicConfig a no-op and leave INFO unprinted.
+    logging.basicConfig(level=logging.INFO, format="[%(asctime)s] %(message)s", force=True)
     if args.steps < 1:
         print("error: --steps must be >= 1", file=sys.stderr)
         return 2
