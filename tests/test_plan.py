@@ -195,7 +195,7 @@ def test_memory_estimate_matches_compiled_quickstart():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mesh,bindings", [
-    ("fsdp=8", ()), ("data=8", ()),
+    ("fsdp=8", ()),
     ("data=2,fsdp=2,tensor=2", ("ModelConfig.remat_policy = 'full'",)),
     ("fsdp=8", ("ModelConfig.remat_policy = 'full'", "ModelConfig.scan_layers = True",
                 "ModelConfig.compute_dtype = 'bfloat16'")),
