@@ -27,6 +27,7 @@ import gin
 
 from jaxpt import mesh as mesh_lib
 from jaxpt.checkpoint import CheckpointConfig
+from jaxpt.stability import StabilityConfig
 from jaxpt.model.config import DTYPES, REMAT_POLICIES, ModelConfig
 from jaxpt.optim import SCHEDULES, OptimizerConfig
 
@@ -64,10 +65,12 @@ class TrainConfig:
     """Everything a run needs. Nested configs are built from their own gin bindings.
 
     Attributes:
-      model, optimizer, data, checkpoint: sub-configs.
+      model, optimizer, data, checkpoint, stability: sub-configs.
       mesh: mesh sizes, e.g. ``'data=2,fsdp=2,tensor=2'``; one axis may be -1 (the remaining devices).
       logical_axis_rules: ``((logical_axis, mesh_axis or tuple or None), ...)``, first match wins.
       global_batch_size: rows per step over all processes.
+      grad_accum_steps: micro-batches per step (gradient accumulation); the loss is normalized by the
+        global batch's target tokens, so this changes memory, not math.
       seq_len: tokens per row.
       steps: the global step to train up to.
       seed: seeds params, data order and the RNG carried in the train state.
@@ -85,9 +88,11 @@ class TrainConfig:
     optimizer: OptimizerConfig = dataclasses.field(default_factory=OptimizerConfig)
     data: DataConfig = dataclasses.field(default_factory=DataConfig)
     checkpoint: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
+    stability: StabilityConfig = dataclasses.field(default_factory=StabilityConfig)
     mesh: str = "data=-1"
     logical_axis_rules: tuple = mesh_lib.DEFAULT_RULES
     global_batch_size: int = 16
+    grad_accum_steps: int = 1
     seq_len: int = 256
     steps: int = 300
     seed: int = 0
@@ -105,12 +110,14 @@ _GIN_MODEL = gin.external_configurable(ModelConfig, name="ModelConfig", module="
 _GIN_OPTIM = gin.external_configurable(OptimizerConfig, name="OptimizerConfig", module="jaxpt")
 _GIN_DATA = gin.external_configurable(DataConfig, name="DataConfig", module="jaxpt")
 _GIN_CKPT = gin.external_configurable(CheckpointConfig, name="CheckpointConfig", module="jaxpt")
+_GIN_STAB = gin.external_configurable(StabilityConfig, name="StabilityConfig", module="jaxpt")
 _GIN_TRAIN = gin.external_configurable(TrainConfig, name="TrainConfig", module="jaxpt")
 
 
 def build_config() -> TrainConfig:
     """Instantiate :class:`TrainConfig` from the gin bindings currently parsed."""
-    return _GIN_TRAIN(model=_GIN_MODEL(), optimizer=_GIN_OPTIM(), data=_GIN_DATA(), checkpoint=_GIN_CKPT())
+    return _GIN_TRAIN(model=_GIN_MODEL(), optimizer=_GIN_OPTIM(), data=_GIN_DATA(), checkpoint=_GIN_CKPT(),
+                      stability=_GIN_STAB())
 
 
 def parse(config_files: Sequence[str] = (), bindings: Sequence[str] = (), *,
@@ -206,6 +213,13 @@ def validate(cfg: TrainConfig, num_devices: int) -> dict[str, int]:
             raise ConfigError(f"{key} = {value}: must be positive")
 
     dp = mesh_lib.data_parallel_size(sizes, cfg.logical_axis_rules)
+    if cfg.grad_accum_steps < 1:
+        raise ConfigError(f"TrainConfig.grad_accum_steps = {cfg.grad_accum_steps}: must be >= 1")
+    if cfg.global_batch_size % (dp * cfg.grad_accum_steps):
+        raise ConfigError(
+            f"TrainConfig.global_batch_size = {cfg.global_batch_size} is not divisible by data-parallel size "
+            f"{dp} x TrainConfig.grad_accum_steps = {cfg.grad_accum_steps} (each micro-batch must split "
+            f"evenly over the data-parallel shards)")
     if cfg.global_batch_size % dp:
         raise ConfigError(
             f"TrainConfig.global_batch_size = {cfg.global_batch_size} is not divisible by the data-parallel "
@@ -238,6 +252,10 @@ def validate(cfg: TrainConfig, num_devices: int) -> dict[str, int]:
         learning_rate_schedule(o, cfg.steps)
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    st = cfg.stability
+    if st.spike_window < 1 or st.spike_k <= 0 or not 0 < st.lr_damping <= 1 or st.rollback_loss_ratio <= 1:
+        raise ConfigError("StabilityConfig: need spike_window >= 1, spike_k > 0, 0 < lr_damping <= 1, "
+                          "rollback_loss_ratio > 1")
     c = cfg.checkpoint
     if min(c.save_every_steps, c.keep_last, c.keep_every_steps) < 0 or c.save_every_minutes < 0:
         raise ConfigError("CheckpointConfig: save_every_steps, save_every_minutes, keep_last and "

@@ -18,22 +18,30 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxpt import mesh as mesh_lib
 from jaxpt.model import Decoder, ModelConfig
+from jaxpt.stability import StabilityConfig, init_history
 
 
 class TrainState(flax.struct.PyTreeNode):
     """Everything that changes during training.
 
     Attributes:
-      step: int32 scalar, optimizer updates applied so far (the global step).
+      step: int32 scalar, train steps taken (global batches consumed), skipped steps included.
       params: ``nnx.State`` of the model's ``nnx.Param`` leaves.
       opt_state: optax state for ``params``.
       rng: a ``jax.random`` key (uint32[2]) advanced each step, for stochastic parts of training.
+      num_updates: int32 scalar, optimizer updates applied (= step minus skipped steps); indexes the
+        learning-rate schedule.
+      lr_scale: float32 scalar multiplying every update (1.0; damped by divergence rollbacks).
+      stability: rolling loss / grad-norm history for spike detection (:mod:`jaxpt.stability`).
     """
 
     step: jax.Array
     params: Any
     opt_state: Any
     rng: jax.Array
+    num_updates: jax.Array
+    lr_scale: jax.Array
+    stability: Any
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,6 +52,7 @@ class StateSpec:
     tx: optax.GradientTransformation
     abstract: TrainState          # ShapeDtypeStructs with ``.sharding`` set
     shardings: TrainState         # NamedSharding per leaf
+    stability: StabilityConfig
 
 
 def _logical_axes_of(var: nnx.Variable) -> tuple:
@@ -69,14 +78,17 @@ def abstract_model(cfg: ModelConfig) -> tuple[Any, Any]:
     return graphdef, params
 
 
-def make_state_spec(model_cfg: ModelConfig, tx_factory, mesh: Mesh, rules) -> StateSpec:
+def make_state_spec(model_cfg: ModelConfig, tx_factory, mesh: Mesh, rules,
+                    stability_cfg: StabilityConfig | None = None) -> StateSpec:
     """Build the abstract train state and its shardings.
 
     Args:
       model_cfg: resolved model config (vocab size known).
       tx_factory: ``params -> optax.GradientTransformation`` (needs the params tree for the decay mask).
       mesh, rules: where and how to shard.
+      stability_cfg: sizes the spike-detection history (default :class:`StabilityConfig`).
     """
+    stability_cfg = stability_cfg or StabilityConfig()
     graphdef, abs_params = abstract_model(model_cfg)
     tx = tx_factory(abs_params)
     p_shard = param_shardings(abs_params, mesh, rules)
@@ -86,14 +98,20 @@ def make_state_spec(model_cfg: ModelConfig, tx_factory, mesh: Mesh, rules) -> St
     o_shard = optax.tree_map_params(
         tx, lambda _, s: s, abs_opt, p_shard,
         transform_non_params=lambda _: replicated, is_leaf=lambda x: isinstance(x, nnx.Variable))
-    shardings = TrainState(step=replicated, params=p_shard, opt_state=o_shard, rng=replicated)
+    abs_hist = jax.eval_shape(lambda: init_history(stability_cfg))
+    shardings = TrainState(step=replicated, params=p_shard, opt_state=o_shard, rng=replicated,
+                           num_updates=replicated, lr_scale=replicated,
+                           stability=jax.tree.map(lambda _: replicated, abs_hist))
     abs_state = TrainState(
         step=jax.ShapeDtypeStruct((), jnp.int32),
         params=abs_params, opt_state=abs_opt,
-        rng=jax.eval_shape(lambda: jax.random.key_data(jax.random.key(0))))
+        rng=jax.eval_shape(lambda: jax.random.key_data(jax.random.key(0))),
+        num_updates=jax.ShapeDtypeStruct((), jnp.int32), lr_scale=jax.ShapeDtypeStruct((), jnp.float32),
+        stability=abs_hist)
     abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                             abs_state, shardings)
-    return StateSpec(graphdef=graphdef, tx=tx, abstract=abstract, shardings=shardings)
+    return StateSpec(graphdef=graphdef, tx=tx, abstract=abstract, shardings=shardings,
+                     stability=stability_cfg)
 
 
 def init_state(spec: StateSpec, model_cfg: ModelConfig, seed: int) -> TrainState:
@@ -103,7 +121,9 @@ def init_state(spec: StateSpec, model_cfg: ModelConfig, seed: int) -> TrainState
         model = Decoder(model_cfg, rngs=nnx.Rngs(params=seed))
         _, params = nnx.split(model, nnx.Param)
         return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=spec.tx.init(params),
-                          rng=jax.random.key_data(jax.random.key(seed + 1)))
+                          rng=jax.random.key_data(jax.random.key(seed + 1)),
+                          num_updates=jnp.zeros((), jnp.int32), lr_scale=jnp.ones((), jnp.float32),
+                          stability=init_history(spec.stability))
 
     return jax.jit(init, out_shardings=spec.shardings)()
 

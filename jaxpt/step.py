@@ -12,6 +12,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxpt import mesh as mesh_lib
+from jaxpt.stability import decide_skip
 from jaxpt.state import StateSpec, TrainState
 
 #: Keys of a device batch; each is an int32 array [B, L].
@@ -48,15 +49,15 @@ def loss_fn(params, graphdef, batch: dict[str, jax.Array], z_loss_weight: float,
       params: ``nnx.State`` of params.
       graphdef: the model's graph definition.
       batch: ``tokens``, ``segment_ids``, ``positions`` int32 [B, L].
-      z_loss_weight: coefficient of ``mean(log(Z)^2)`` (PaLM, Chowdhery et al. 2022, sec. 5).
+      z_loss_weight: coefficient of ``mean(log(Z)^2)`` (PaLM, Chowdhery et al. 2022, sec. 5); 0 disables.
       num_target_tokens: normalizer; by default the number of target tokens in ``batch``. Gradient
-        accumulation passes the global batch's count so micro-batches sum to the same mean.
+        accumulation passes the global batch's count so micro-batch losses *sum* to the global mean.
 
-    Returns: ``(total_loss, aux)``; aux has ``loss`` (cross-entropy), ``z_loss``, ``num_target_tokens``
-    (float32 scalars) and ``max_logit``.
+    Returns: ``(total_loss, aux)``; aux holds float32 scalars ``loss`` (cross-entropy), ``z_loss``,
+    ``num_target_tokens`` (of this batch), ``max_logit`` (output) and ``max_attention_logit``.
     """
     model = nnx.merge(graphdef, params)
-    logits = model(batch["tokens"], batch["segment_ids"], batch["positions"])
+    logits, model_aux = model(batch["tokens"], batch["segment_ids"], batch["positions"], return_aux=True)
     targets, weights = targets_and_weights(batch["tokens"], batch["segment_ids"])
     ce, log_z = token_losses(logits, targets)
     n = jnp.sum(weights) if num_target_tokens is None else num_target_tokens
@@ -65,26 +66,110 @@ def loss_fn(params, graphdef, batch: dict[str, jax.Array], z_loss_weight: float,
     z_loss = jnp.sum(jnp.square(log_z) * weights) / denom
     total = loss + z_loss_weight * z_loss
     aux = {"loss": loss, "z_loss": z_loss, "num_target_tokens": jnp.sum(weights),
-           "max_logit": jnp.max(logits)}
+           "max_logit": jnp.max(logits), "max_attention_logit": model_aux["max_attention_logit"]}
     return total, aux
 
 
-def train_step(state: TrainState, batch: dict[str, jax.Array], *, spec: StateSpec, z_loss_weight: float,
-               lr_schedule) -> tuple[TrainState, dict[str, jax.Array]]:
-    """One optimizer update on one global batch. Pure: returns the new state and device metrics.
+def split_microbatches(batch: dict[str, jax.Array], num: int) -> dict[str, jax.Array]:
+    """[B, L] -> [num, B / num, L], micro-batch i holding rows i, i + num, i + 2 num, ...
 
-    Metrics (float32 scalars): ``loss`` (cross-entropy), ``z_loss``, ``grad_norm`` (global L2 norm
-    before clipping), ``learning_rate`` (the rate used by this update), ``num_target_tokens``, ``max_logit``.
+    Strided rows keep every micro-batch spread over all data-parallel shards (contiguous blocks would put
+    a whole micro-batch on a few devices).
+    """
+    out = {}
+    for k, v in batch.items():
+        B = v.shape[0]
+        out[k] = jnp.swapaxes(v.reshape(B // num, num, *v.shape[1:]), 0, 1)
+    return out
+
+
+def loss_and_grads(params, graphdef, batch, z_loss_weight: float, grad_accum: int = 1):
+    """Gradients of the global-batch mean loss, optionally accumulated over ``grad_accum`` micro-batches.
+
+    Every micro-batch's loss is normalized by the target-token count of the *whole* global batch, so the
+    sum over micro-batches equals the unaccumulated loss and gradients exactly (up to float rounding),
+    whatever the number of real tokens in each micro-batch. Accumulation changes memory, not math.
+
+    Returns: ``(aux, grads)`` with ``aux`` as in :func:`loss_fn` for the global batch.
     """
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
-    (_, aux), grads = grad_fn(state.params, spec.graphdef, batch, z_loss_weight)
+    if grad_accum == 1:
+        (_, aux), grads = grad_fn(params, graphdef, batch, z_loss_weight)
+        return aux, grads
+    _, weights = targets_and_weights(batch["tokens"], batch["segment_ids"])
+    n_total = jnp.sum(weights)
+    micro = split_microbatches(batch, grad_accum)
+
+    def body(carry, mb):
+        g_acc, a_acc = carry
+        mb = {k: mesh_lib.constrain(v, ("batch", "length")) for k, v in mb.items()}
+        (_, aux), g = grad_fn(params, graphdef, mb, z_loss_weight, n_total)
+        g_acc = jax.tree.map(jnp.add, g_acc, g)
+        a_acc = {"loss": a_acc["loss"] + aux["loss"], "z_loss": a_acc["z_loss"] + aux["z_loss"],
+                 "num_target_tokens": a_acc["num_target_tokens"] + aux["num_target_tokens"],
+                 "max_logit": jnp.maximum(a_acc["max_logit"], aux["max_logit"]),
+                 "max_attention_logit": jnp.maximum(a_acc["max_attention_logit"], aux["max_attention_logit"])}
+        return (g_acc, a_acc), None
+
+    zeros = jax.tree.map(jnp.zeros_like, params)
+    a0 = {"loss": jnp.float32(0), "z_loss": jnp.float32(0), "num_target_tokens": jnp.float32(0),
+          "max_logit": jnp.float32(-jnp.inf), "max_attention_logit": jnp.float32(-jnp.inf)}
+    (grads, aux), _ = jax.lax.scan(body, (zeros, a0), micro)
+    return aux, grads
+
+
+#: Parameter groups for per-group gradient norms, matched on path names (first match wins).
+PARAM_GROUPS = (("norms", "scale"), ("embeddings", "embedding"), ("embeddings", "output"),
+                ("attention", "attn"), ("mlp", "mlp"))
+
+
+def param_group(path) -> str:
+    """Group of a parameter from its tree path: ``embeddings``, ``attention``, ``mlp``, ``norms`` or ``other``."""
+    names = {str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path}
+    for group, needle in PARAM_GROUPS:
+        if needle in names:
+            return group
+    return "other"
+
+
+def group_norms(tree) -> dict[str, jax.Array]:
+    """L2 norm per :func:`param_group` of a params-shaped tree (float32 scalars)."""
+    sq: dict[str, jax.Array] = {}
+    for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
+        g = param_group(path)
+        sq[g] = sq.get(g, 0.0) + jnp.sum(jnp.square(leaf.astype(jnp.float32)))
+    return {g: jnp.sqrt(v) for g, v in sq.items()}
+
+
+def train_step(state: TrainState, batch: dict[str, jax.Array], *, spec: StateSpec, z_loss_weight: float,
+               lr_schedule, grad_clip_norm: float = 0.0, grad_accum: int = 1) -> tuple[TrainState, dict[str, jax.Array]]:
+    """One train step on one global batch. Pure: returns the new state and device metrics.
+
+    The update is skipped (params, optimizer state, RNG and ``num_updates`` kept bit for bit; only ``step``
+    advances, as the batch was consumed) when the step is non-finite or spikes (:func:`jaxpt.stability.decide_skip`). Updates are scaled by ``state.lr_scale``.
+
+    Metrics (float32 scalars): ``loss``, ``z_loss``, ``grad_norm`` (global L2, before clipping),
+    ``grad_norm/<group>``, ``update_param_ratio`` (||update|| / ||params||), ``learning_rate`` (the rate
+    this update used, damping included), ``num_target_tokens``, ``max_logit``, ``max_attention_logit``,
+    ``skipped``, ``nonfinite``, ``clipped``, ``clipped_fraction``, spike thresholds.
+    """
+    aux, grads = loss_and_grads(state.params, spec.graphdef, batch, z_loss_weight, grad_accum)
+    grad_norm = optax.global_norm(grads)
+    clipped = (grad_norm > grad_clip_norm) if grad_clip_norm > 0 else jnp.asarray(False)
     updates, opt_state = spec.tx.update(grads, state.opt_state, state.params)
+    updates = jax.tree.map(lambda u: u * state.lr_scale.astype(u.dtype), updates)
     params = optax.apply_updates(state.params, updates)
-    rng = jax.random.key_data(jax.random.split(jax.random.wrap_key_data(state.rng))[0])
-    metrics = dict(aux)
-    metrics["grad_norm"] = optax.global_norm(grads)
-    metrics["learning_rate"] = jnp.asarray(lr_schedule(state.step), jnp.float32)
-    new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state, rng=rng)
+    skip, history, stab_metrics = decide_skip(spec.stability, state.stability, aux["loss"], grad_norm, clipped)
+    keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(skip, o, n), new, old)  # noqa: E731
+    rng = keep(jax.random.key_data(jax.random.split(jax.random.wrap_key_data(state.rng))[0]), state.rng)
+    metrics = dict(aux, **stab_metrics)
+    metrics["grad_norm"] = grad_norm
+    metrics.update({f"grad_norm/{g}": v for g, v in group_norms(grads).items()})
+    metrics["update_param_ratio"] = optax.global_norm(updates) / jnp.maximum(optax.global_norm(state.params), 1e-12)
+    metrics["learning_rate"] = jnp.asarray(lr_schedule(state.num_updates), jnp.float32) * state.lr_scale
+    new_state = state.replace(
+        step=state.step + 1, params=keep(params, state.params), opt_state=keep(opt_state, state.opt_state),
+        rng=rng, num_updates=state.num_updates + (~skip).astype(jnp.int32), stability=history)
     return new_state, metrics
 
 
@@ -103,13 +188,15 @@ def batch_shardings(mesh: Mesh, rules) -> dict[str, NamedSharding]:
     return {k: s for k in BATCH_KEYS}
 
 
-def jit_train_step(spec: StateSpec, mesh: Mesh, rules, *, z_loss_weight: float, lr_schedule):
+def jit_train_step(spec: StateSpec, mesh: Mesh, rules, *, z_loss_weight: float, lr_schedule,
+                   grad_clip_norm: float = 0.0, grad_accum: int = 1):
     """``jax.jit`` of :func:`train_step` with explicit in/out shardings and the state donated.
 
     Activations are constrained by the logical rules (traced under :func:`jaxpt.mesh.activation_sharding`).
     """
     replicated = NamedSharding(mesh, PartitionSpec())
-    fn = functools.partial(train_step, spec=spec, z_loss_weight=z_loss_weight, lr_schedule=lr_schedule)
+    fn = functools.partial(train_step, spec=spec, z_loss_weight=z_loss_weight, lr_schedule=lr_schedule,
+                           grad_clip_norm=grad_clip_norm, grad_accum=grad_accum)
 
     def traced(state, batch):
         with mesh_lib.activation_sharding(mesh, rules):

@@ -28,6 +28,7 @@ from jaxpt import optim
 from jaxpt import state as state_lib
 from jaxpt import step as step_lib
 from jaxpt.config import ConfigError, TrainConfig
+from jaxpt.runs import RunRegistry
 
 log = logging.getLogger("jaxpt.train")
 
@@ -82,10 +83,11 @@ def setup(cfg: TrainConfig) -> Run:
     rules = cfg.logical_axis_rules
     lr_schedule = optim.learning_rate_schedule(cfg.optimizer, cfg.steps)
     spec = state_lib.make_state_spec(
-        cfg.model, lambda p: optim.make_optimizer(cfg.optimizer, cfg.steps, p), mesh, rules)
+        cfg.model, lambda p: optim.make_optimizer(cfg.optimizer, cfg.steps, p), mesh, rules, cfg.stability)
     state = state_lib.init_state(spec, cfg.model, cfg.seed)
     train_fn = step_lib.jit_train_step(spec, mesh, rules, z_loss_weight=cfg.z_loss_weight,
-                                       lr_schedule=lr_schedule)
+                                       lr_schedule=lr_schedule, grad_clip_norm=cfg.optimizer.grad_clip_norm,
+                                       grad_accum=cfg.grad_accum_steps)
     eval_fn = step_lib.jit_eval_step(spec, mesh, rules)
     peak, note = flops_lib.peak_flops_per_device(dtype=cfg.model.jnp_compute_dtype)
     throughput = monitor.Throughput(cfg.global_batch_size * cfg.seq_len,
@@ -177,46 +179,148 @@ class Preemption:
         return self.requested
 
 
-def train_loop(run: Run, writer: monitor.MetricWriter, batches: Iterator, ckpt: "Checkpointer | None" = None,
-               meta: dict | None = None, preemption: Preemption | None = None) -> dict[str, Any]:
+@dataclasses.dataclass
+class _Pending:
+    """A dispatched step whose metrics are not yet read."""
+
+    step: int
+    metrics: Any
+    data_wait: float
+    doc_index: np.ndarray
+
+
+class LoopContext:
+    """What the loop carries besides the state: writers, checkpointer, stability monitor, run events."""
+
+    def __init__(self, run: Run, writer: monitor.MetricWriter, batches: Iterator, ckpt=None,
+                 meta: dict | None = None, preemption: "Preemption | None" = None, registry=None,
+                 fault_injector=None):
+        from jaxpt.stability import DivergenceMonitor
+        self.run, self.writer, self.batches, self.ckpt, self.meta = run, writer, batches, ckpt, meta
+        self.preemption, self.registry = preemption, registry
+        # ``(step, state) -> state`` applied before dispatching ``step``: fault injection for drills and tests.
+        self.fault_injector = fault_injector
+        self.divergence = DivergenceMonitor(run.cfg.stability)
+        self.timer = monitor.StepTimer()
+        self.bar = _progress(run.cfg, int(jax.device_get(run.state.step)))
+        self.last: dict[str, Any] = {}
+        self.doc_log = _BatchDocumentLog(run.cfg) if run.cfg.log_batch_documents else None
+
+    def event(self, record: dict[str, Any]) -> None:
+        """Log an event to metrics.jsonl and the run registry."""
+        self.writer.write(record)
+        self.writer.flush()
+        if self.registry is not None:
+            self.registry.add_event(record)
+        log.warning("event: %s", record)
+
+
+def train_loop(ctx: LoopContext) -> dict[str, Any]:
     """Train from ``run.state.step`` up to ``cfg.steps``. Returns the last logged record.
 
-    The loop dispatches step t, then fetches the metrics of step t-1 (already finished or about to), so
-    the host never blocks the device. The first step's time (compile) is excluded from throughput.
-    Checkpoints are started after a step when the save policy says so; on preemption the loop saves,
-    waits for the save to commit and raises :class:`Preempted`.
+    The loop dispatches step t, then reads the metrics of step t-1 (already finished or about to), so the
+    host never blocks the device. The first step's time (compile) is excluded from throughput. After each
+    step: skip events are logged; divergence triggers :func:`rollback`; checkpoints start when the save
+    policy says so; on preemption the loop saves, waits for the commit and raises :class:`Preempted`.
     """
-    cfg = run.cfg
+    run = ctx.run
     step = int(jax.device_get(run.state.step))
-    timer, bar, pending, last = monitor.StepTimer(), _progress(cfg, step), None, {}
-    doc_log = _BatchDocumentLog(cfg) if cfg.log_batch_documents else None
-    while step < cfg.steps:
+    pending: _Pending | None = None
+    while step < run.cfg.steps:
         t0 = time.perf_counter()
-        local = next(batches)
+        local = next(ctx.batches)
         batch = to_device(run, local)
         data_wait = time.perf_counter() - t0
-        if doc_log is not None:
-            doc_log.write(step + 1, local["doc_index"])
+        if ctx.doc_log is not None:
+            ctx.doc_log.write(step + 1, local["doc_index"])
+        if ctx.fault_injector is not None:
+            run.state = ctx.fault_injector(step + 1, run.state)
         run.state, metrics = run.train_step(run.state, batch)
         step += 1
-        if pending is not None:
-            last = _report(run, writer, bar, timer, *pending) or last
-        pending = (step, metrics, data_wait)
-        if ckpt is not None and ckpt.should_save(step):
-            ckpt.save(step, run.state, batches, meta)
-        if preemption is not None and preemption.should_stop(step):
-            last = _report(run, writer, bar, timer, *pending) or last
-            if ckpt is not None:
-                ckpt.save(step, run.state, batches, meta, force=True)
-                ckpt.wait()
-            writer.write({"step": step, "event": "preempted"})
-            writer.flush()
+        trouble = _report(ctx, pending) if pending is not None else None
+        pending = _Pending(step, metrics, data_wait, local["doc_index"])
+        if trouble is not None:
+            step = rollback(ctx, *trouble)
+            pending = None  # the step dispatched from the bad state is discarded
+            continue
+        if ctx.ckpt is not None and ctx.ckpt.should_save(step):
+            ctx.ckpt.save(step, run.state, ctx.batches, ctx.meta)
+        if ctx.preemption is not None and ctx.preemption.should_stop(step):
+            _report(ctx, pending)
+            if ctx.ckpt is not None:
+                ctx.ckpt.save(step, run.state, ctx.batches, ctx.meta, force=True)
+                ctx.ckpt.wait()
+            ctx.event({"step": step, "event": "preempted"})
             raise Preempted(step)
     if pending is not None:
-        last = _report(run, writer, bar, timer, *pending) or last
-    if bar is not None:
-        bar.close()
-    return last
+        trouble = _report(ctx, pending)
+        if trouble is not None:  # trouble on the very last step: roll back and finish the run
+            rollback(ctx, *trouble)
+            return train_loop(ctx)
+    if ctx.bar is not None:
+        ctx.bar.close()
+    return ctx.last
+
+
+def _report(ctx: LoopContext, p: _Pending) -> tuple[int, str] | None:
+    """Read one step's metrics (blocks until that step is done), log skip events and every log_every
+    steps a record. Returns ``(step, reason)`` when the run must roll back."""
+    run, cfg = ctx.run, ctx.run.cfg
+    values = {k: float(v) for k, v in jax.device_get(p.metrics).items()}
+    ctx.timer.tick()
+    if ctx.bar is not None:
+        ctx.bar.update(1)
+        ctx.bar.set_postfix(loss=f"{values['loss']:.3f}")
+    if values.get("skipped"):
+        docs = sorted(int(d) for d in np.unique(p.doc_index) if d >= 0)
+        ctx.event({"step": p.step, "event": "nonfinite_skip" if values.get("nonfinite") else "spike_skip",
+                   "loss": values["loss"], "grad_norm": values["grad_norm"],
+                   "loss_threshold": values.get("spike_loss_threshold"),
+                   "grad_norm_threshold": values.get("spike_grad_norm_threshold"), "doc_index": docs})
+    reason = ctx.divergence.observe(p.step, values["loss"], bool(values.get("nonfinite")))
+    if p.step % cfg.log_every == 0 or p.step == cfg.steps or p.step == 1 or reason:
+        record = {"step": p.step, **values}
+        step_time = ctx.timer.pop_mean()
+        if step_time is not None:
+            record.update(run.throughput.figures(step_time))
+        record["data_wait_s"] = p.data_wait
+        record["host_peak_rss_gib"] = monitor.host_peak_rss_bytes() / 2 ** 30
+        if cfg.eval_every and p.step % cfg.eval_every == 0 and p.step != cfg.steps and not reason:
+            record.update(evaluate(run))
+        ctx.writer.write(record)
+        ctx.last = record
+    return (p.step, reason) if reason else None
+
+
+def rollback(ctx: LoopContext, step: int, reason: str) -> int:
+    """Roll back to the last good checkpoint (or the initial state), damp the learning rate, and keep the
+    data iterator where it is, so the window of batches since that checkpoint is skipped. Returns the
+    step the run continues from.
+
+    Raises:
+      DivergenceError: too many rollbacks within ``StabilityConfig.rollback_window_steps``.
+    """
+    run, st = ctx.run, ctx.run.cfg.stability
+    ctx.divergence.record_rollback(step, reason)
+    # The trouble began at `step` (non-finite) or up to `patience` steps earlier (slow divergence).
+    trouble_start = step if "non-finite" in reason else max(step - st.rollback_patience, 0)
+    lr_scale = float(jax.device_get(run.state.lr_scale)) * st.lr_damping
+    restored_step = 0
+    if ctx.ckpt is not None:
+        ctx.ckpt.wait()
+        good = [s for s in ctx.ckpt.all_steps() if s < trouble_start]
+        for s in ctx.ckpt.all_steps():
+            if s >= trouble_start:
+                ctx.ckpt.manager.delete(s)  # saved from a state already in trouble
+        if good:
+            restored_step = max(good)
+            run.state, _ = ctx.ckpt.restore(restored_step, run.spec.abstract, data_iterator=None)
+    if restored_step == 0:
+        run.state = state_lib.init_state(run.spec, run.cfg.model, run.cfg.seed)
+    run.state = run.state.replace(lr_scale=jnp.asarray(lr_scale, jnp.float32))
+    ctx.event({"step": step, "event": "rollback", "reason": reason, "restored_step": restored_step,
+               "lr_scale": lr_scale, "skipped_batches": [restored_step + 1, step + 1]})
+    return restored_step
 
 
 class _BatchDocumentLog:
@@ -239,28 +343,6 @@ class Preempted(Exception):
 
 #: Exit status after a clean preemption (EX_TEMPFAIL: "try again later"); schedulers can requeue on it.
 PREEMPTED_EXIT_CODE = 75
-
-
-def _report(run: Run, writer, bar, timer: monitor.StepTimer, step: int, metrics, data_wait: float):
-    """Fetch one step's metrics (blocks until that step is done), time it, and log every log_every steps."""
-    values = {k: float(v) for k, v in jax.device_get(metrics).items()}
-    timer.tick()
-    if bar is not None:
-        bar.update(1)
-        bar.set_postfix(loss=f"{values['loss']:.3f}")
-    cfg = run.cfg
-    if step % cfg.log_every and step != cfg.steps and step != 1:
-        return None
-    record = {"step": step, **values}
-    step_time = timer.pop_mean()
-    if step_time is not None:
-        record.update(run.throughput.figures(step_time))
-    record["data_wait_s"] = data_wait
-    record["host_peak_rss_gib"] = monitor.host_peak_rss_bytes() / 2 ** 30
-    if cfg.eval_every and step % cfg.eval_every == 0 and step != cfg.steps:
-        record.update(evaluate(run))
-    writer.write(record)
-    return record
 
 
 def write_operative_config(cfg: TrainConfig) -> str:
@@ -340,8 +422,11 @@ def restore_or_init(run: Run, ckpt, batches) -> int:
     return step
 
 
-def run_training(cfg: TrainConfig) -> dict[str, Any]:
-    """Set up, resume if the workdir has checkpoints, and train to ``cfg.steps``; returns the final record."""
+def run_training(cfg: TrainConfig, fault_injector=None) -> dict[str, Any]:
+    """Set up, resume if the workdir has checkpoints, and train to ``cfg.steps``; returns the final record.
+
+    ``fault_injector`` (``(step, state) -> state``, applied before each step) is for drills and tests.
+    """
     from jaxpt.checkpoint import Checkpointer
     config_text = write_operative_config(cfg)
     run = setup(cfg)
@@ -360,19 +445,29 @@ def run_training(cfg: TrainConfig) -> dict[str, Any]:
                   "num_params": state_lib.num_params(run.spec), "replicated_param_fraction": frac,
                   "mesh": mesh_lib.format_mesh(mesh_lib.mesh_shape(run.mesh)), "peak_flops_note": run.peak_note,
                   "peak_flops_per_device": run.throughput.peak})
+    registry = RunRegistry(cfg.workdir, enabled=is_main)
+    registry.start(cfg, config_text, run, data_version(cfg))
     try:
         with Preemption() as preemption:
-            last = train_loop(run, writer, batches, ckpt, meta, preemption)
+            ctx = LoopContext(run, writer, batches, ckpt, meta, preemption, registry, fault_injector)
+            last = train_loop(ctx)
         step = int(jax.device_get(run.state.step))
         if ckpt is not None:
             ckpt.save(step, run.state, batches, meta, force=True)
         final = {"step": step, "event": "final", **evaluate(run, max_batches=0),
                  "train_loss": last.get("loss")}
         writer.write(final)
+        registry.finish("completed", final)
         log.info("step %d: train loss %s, held-out loss %.4f (perplexity %.1f over %d tokens)",
                  final["step"], "n/a" if final["train_loss"] is None else f"{final['train_loss']:.4f}",
                  final["heldout_loss"], final["heldout_perplexity"], final["heldout_tokens"])
         return final
+    except Preempted:
+        registry.finish("preempted", {})
+        raise
+    except Exception as e:
+        registry.finish("failed", {"error": f"{type(e).__name__}: {e}"})
+        raise
     finally:
         if ckpt is not None:
             ckpt.close()
@@ -381,6 +476,7 @@ def run_training(cfg: TrainConfig) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     from jaxpt.checkpoint import CheckpointError
+    from jaxpt.stability import DivergenceError
     parser = argparse.ArgumentParser(prog="python -m jaxpt.train", description=__doc__.splitlines()[0])
     config_lib.add_arguments(parser)
     args = parser.parse_args(argv)
@@ -397,6 +493,9 @@ def main(argv: list[str] | None = None) -> int:
     except CheckpointError as e:
         print(f"checkpoint error: {e}", file=sys.stderr)
         return 3
+    except DivergenceError as e:
+        print(f"training stopped: {e}", file=sys.stderr)
+        return 4
     except Preempted as e:
         print(f"preempted at step {e.args[0]}: checkpoint committed; rerun the same command to resume",
               file=sys.stderr)

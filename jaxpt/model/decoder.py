@@ -54,7 +54,9 @@ class Decoder(nnx.Module):
             # A small std keeps the initial logits near 0, so the initial loss is about ln(V).
             self.output = _param(rngs, (cfg.d_model, cfg.vocab_size), ("embed", "vocab"), cfg.init_std, pd)
 
-    def __call__(self, tokens_BxL: jax.Array, segment_ids_BxL: jax.Array, positions_BxL: jax.Array):
+    def __call__(self, tokens_BxL: jax.Array, segment_ids_BxL: jax.Array, positions_BxL: jax.Array,
+                 *, return_aux: bool = False):
+        """Logits [B, L, V] float32; with ``return_aux``, ``(logits, {"max_attention_logit": scalar})``."""
         cfg = self.cfg
         cd = cfg.jnp_compute_dtype
         # The lookup gathers from the whole table (as ZeRO-3/FSDP gathers weights before use): a gather from
@@ -63,18 +65,22 @@ class Decoder(nnx.Module):
         x_BxLxD = jnp.take(table_VxD, tokens_BxL, axis=0).astype(cd)
         x_BxLxD = constrain(x_BxLxD, ("batch", "length", "embed"))
 
-        def run_block(block: Block, x):
-            return block(x, segment_ids_BxL, positions_BxL)
+        def run_block(block: Block, carry):
+            x, running_max = carry
+            x, block_max = block(x, segment_ids_BxL, positions_BxL)
+            return x, jnp.maximum(running_max, block_max)
 
         if cfg.remat_policy != "none":
             run_block = nnx.remat(run_block, policy=_remat_policy(cfg.remat_policy), prevent_cse=not cfg.scan_layers)
 
+        carry = (x_BxLxD, jnp.asarray(-jnp.inf, jnp.float32))
         if cfg.scan_layers:
-            x_BxLxD = nnx.scan(run_block, in_axes=(0, nnx.Carry), out_axes=nnx.Carry,
-                               transform_metadata=_LAYERS_AXIS)(self.blocks, x_BxLxD)
+            carry = nnx.scan(run_block, in_axes=(0, nnx.Carry), out_axes=nnx.Carry,
+                             transform_metadata=_LAYERS_AXIS)(self.blocks, carry)
         else:
             for block in self.blocks:
-                x_BxLxD = run_block(block, x_BxLxD)
+                carry = run_block(block, carry)
+        x_BxLxD, max_attention_logit = carry
 
         x_BxLxD = self.final_norm(x_BxLxD)
         if cfg.tie_embeddings:
@@ -83,7 +89,10 @@ class Decoder(nnx.Module):
             w_DxV = self.output[...]
         logits_BxLxV = jnp.einsum("bld,dv->blv", x_BxLxD, w_DxV.astype(cd),
                                   preferred_element_type=jnp.float32)
-        return constrain(logits_BxLxV, ("batch", "length", "vocab"))
+        logits_BxLxV = constrain(logits_BxLxV, ("batch", "length", "vocab"))
+        if return_aux:
+            return logits_BxLxV, {"max_attention_logit": max_attention_logit}
+        return logits_BxLxV
 
 
 def count_params(cfg: ModelConfig) -> dict[str, int]:

@@ -88,6 +88,8 @@ class Attention(nnx.Module):
         self.wo = _param(rngs, (H, Hd, D), ("heads", "head_dim", "embed"), out_std, pd)
 
     def __call__(self, x_BxLxD, segment_ids_BxL, positions_BxL):
+        """Returns ``(out [B, L, D], max_logit)``: the largest attention logit (after 1/sqrt(Hd) scaling)
+        among allowed query-key pairs, a float32 scalar for monitoring (Dehghani et al. 2023 on logit growth)."""
         cfg = self.cfg
         cd = cfg.jnp_compute_dtype
         B, L, _ = x_BxLxD.shape
@@ -108,6 +110,7 @@ class Attention(nnx.Module):
             logits_BxHxLxM = jnp.einsum("blhd,bmhd->bhlm", q_BxLxHxHd, k_BxMxKxHd,
                                         preferred_element_type=jnp.float32)
             logits_BxHxLxM = jnp.where(mask[:, 0], logits_BxHxLxM, jnp.finfo(jnp.float32).min)
+            max_logit = jnp.max(logits_BxHxLxM)
             probs = jax.nn.softmax(logits_BxHxLxM, axis=-1).astype(cd)
             out_BxLxHxHd = jnp.einsum("bhlm,bmhd->blhd", probs, v_BxMxKxHd)
         else:  # grouped-query: each kv head serves G query heads, without materializing repeated k/v
@@ -115,10 +118,11 @@ class Attention(nnx.Module):
             logits_BxKxGxLxM = jnp.einsum("blkgd,bmkd->bkglm", q_BxLxKxGxHd, k_BxMxKxHd,
                                           preferred_element_type=jnp.float32)
             logits_BxKxGxLxM = jnp.where(mask, logits_BxKxGxLxM, jnp.finfo(jnp.float32).min)
+            max_logit = jnp.max(logits_BxKxGxLxM)
             probs = jax.nn.softmax(logits_BxKxGxLxM, axis=-1).astype(cd)
             out_BxLxHxHd = jnp.einsum("bkglm,bmkd->blkgd", probs, v_BxMxKxHd).reshape(B, L, H, Hd)
         out_BxLxHxHd = constrain(out_BxLxHxHd, ("batch", "length", "heads", "head_dim"))
-        return jnp.einsum("blhk,hkd->bld", out_BxLxHxHd, self.wo[...].astype(cd))
+        return jnp.einsum("blhk,hkd->bld", out_BxLxHxHd, self.wo[...].astype(cd)), max_logit
 
 
 class SwiGLU(nnx.Module):
@@ -155,7 +159,8 @@ class Block(nnx.Module):
         self.mlp = SwiGLU(cfg, rngs=rngs)
 
     def __call__(self, x_BxLxD, segment_ids_BxL, positions_BxL):
-        x_BxLxD = x_BxLxD + self.attn(self.attn_norm(x_BxLxD), segment_ids_BxL, positions_BxL)
-        x_BxLxD = constrain(x_BxLxD, ("batch", "length", "embed"))
+        """Returns ``(x [B, L, D], max attention logit of this block)``."""
+        attn_out, max_logit = self.attn(self.attn_norm(x_BxLxD), segment_ids_BxL, positions_BxL)
+        x_BxLxD = constrain(x_BxLxD + attn_out, ("batch", "length", "embed"))
         x_BxLxD = x_BxLxD + self.mlp(self.mlp_norm(x_BxLxD))
-        return constrain(x_BxLxD, ("batch", "length", "embed"))
+        return constrain(x_BxLxD, ("batch", "length", "embed")), max_logit

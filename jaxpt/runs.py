@@ -1,0 +1,268 @@
+"""Run registry: ``<workdir>/run.json`` per run, and ``python -m jaxpt.runs list|show|compare|plot``.
+
+``run.json`` holds: ``run_id``, ``status`` (running, completed, preempted, failed), ``config_hash``
+(sha256 of the operative gin config), ``data_version``, ``tokenizer`` (path, sha256), ``git`` (commit,
+dirty), ``mesh``, ``devices`` (count, kind, processes), ``num_params``, ``started_at`` / ``ended_at``
+(UTC ISO 8601) and ``sessions`` (one per start or resume), ``final`` metrics, and ``events`` (spike skips,
+rollbacks, preemptions). Only process 0 writes it.
+
+    python -m jaxpt.runs list [ROOT]                # a table over every run.json under ROOT (default: workdirs)
+    python -m jaxpt.runs show RUN                   # RUN is a workdir or a run id under ROOT
+    python -m jaxpt.runs compare RUN RUN            # config and final-metric differences side by side
+    python -m jaxpt.runs plot RUN... --output loss.png   # loss, grad norm and learning rate curves
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import uuid
+from typing import Any
+
+RUN_FILE = "run.json"
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def git_state(path: str = ".") -> dict[str, Any]:
+    """``{"commit": sha or None, "dirty": bool or None}`` of the repository holding ``path``."""
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=path, capture_output=True, text=True,
+                                timeout=10).stdout.strip() or None
+        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=path,
+                                capture_output=True, text=True, timeout=10).stdout
+        return {"commit": commit, "dirty": bool(status.strip()) if commit else None}
+    except (OSError, subprocess.SubprocessError):
+        return {"commit": None, "dirty": None}
+
+
+class RunRegistry:
+    """Writes and updates ``<workdir>/run.json`` (a no-op unless ``enabled``)."""
+
+    def __init__(self, workdir: str, enabled: bool = True):
+        self.path = os.path.join(workdir, RUN_FILE)
+        self.enabled = enabled
+        self.record: dict[str, Any] = {}
+
+    def _write(self) -> None:
+        if not self.enabled:
+            return
+        tmp = self.path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(self.record, f, indent=2, default=str)
+        os.replace(tmp, self.path)  # atomic: a reader never sees half a file
+
+    def start(self, cfg, config_text: str, run, data_version: str) -> None:
+        """Create run.json, or add a session to an existing one (a resumed run keeps its id)."""
+        import jax
+        from jaxpt import mesh as mesh_lib, state as state_lib
+        if not self.enabled:
+            return
+        if os.path.exists(self.path):
+            with open(self.path) as f:
+                self.record = json.load(f)
+        else:
+            self.record = {"run_id": f"{os.path.basename(os.path.abspath(cfg.workdir))}-{uuid.uuid4().hex[:8]}",
+                           "workdir": os.path.abspath(cfg.workdir), "started_at": _now(), "events": [],
+                           "sessions": []}
+        self.record.update({
+            "status": "running",
+            "config_hash": hashlib.sha256(config_text.encode()).hexdigest(),
+            "data_version": data_version,
+            "tokenizer": {"path": os.path.abspath(cfg.data.tokenizer_path), "sha256": run.tokenizer.sha256},
+            "git": git_state(os.path.dirname(os.path.abspath(__file__))),
+            "mesh": mesh_lib.format_mesh(mesh_lib.mesh_shape(run.mesh)),
+            "devices": {"count": jax.device_count(), "kind": jax.devices()[0].device_kind,
+                        "processes": jax.process_count()},
+            "num_params": state_lib.num_params(run.spec),
+            "target_steps": cfg.steps,
+        })
+        self.record["sessions"].append({"started_at": _now(), "start_step": int(jax.device_get(run.state.step))})
+        self._write()
+
+    def add_event(self, event: dict[str, Any]) -> None:
+        if self.enabled:
+            self.record.setdefault("events", []).append({**event, "time": _now()})
+            self._write()
+
+    def finish(self, status: str, final: dict[str, Any]) -> None:
+        if not self.enabled or not self.record:
+            return
+        self.record["status"] = status
+        self.record["ended_at"] = _now()
+        if final:
+            self.record["final"] = final
+        if self.record.get("sessions"):
+            self.record["sessions"][-1]["ended_at"] = self.record["ended_at"]
+            self.record["sessions"][-1]["status"] = status
+        self._write()
+
+
+# ------------------------------------------------------------------------------------------- reading
+
+
+def load_run(path_or_id: str, root: str = "workdirs") -> dict[str, Any]:
+    """A run's record from its workdir, its run.json, or its run id under ``root``.
+
+    Raises:
+      FileNotFoundError: naming what was looked for.
+    """
+    candidates = [path_or_id, os.path.join(path_or_id, RUN_FILE)]
+    for c in candidates:
+        if os.path.isfile(c):
+            with open(c) as f:
+                rec = json.load(f)
+            rec.setdefault("workdir", os.path.dirname(os.path.abspath(c)))
+            return rec
+    for rec in find_runs(root):
+        if rec.get("run_id") == path_or_id:
+            return rec
+    raise FileNotFoundError(f"no run {path_or_id!r}: not a workdir with {RUN_FILE}, nor a run id under {root!r}")
+
+
+def find_runs(root: str) -> list[dict[str, Any]]:
+    """Every run.json under ``root`` (recursively), sorted by start time."""
+    out = []
+    for dirpath, _, files in os.walk(root):
+        if RUN_FILE in files:
+            try:
+                with open(os.path.join(dirpath, RUN_FILE)) as f:
+                    rec = json.load(f)
+            except (OSError, ValueError):
+                continue
+            rec.setdefault("workdir", dirpath)
+            out.append(rec)
+    return sorted(out, key=lambda r: r.get("started_at", ""))
+
+
+def read_curves(workdir: str) -> dict[str, list[tuple[int, float]]]:
+    """``{metric: [(step, value), ...]}`` for loss, grad_norm and learning_rate from metrics.jsonl."""
+    curves: dict[str, list[tuple[int, float]]] = {"loss": [], "grad_norm": [], "learning_rate": []}
+    path = os.path.join(workdir, "metrics.jsonl")
+    if not os.path.exists(path):
+        return curves
+    with open(path) as f:
+        for line in f:
+            rec = json.loads(line)
+            for k in curves:
+                if isinstance(rec.get(k), (int, float)):
+                    curves[k].append((int(rec["step"]), float(rec[k])))
+    return curves
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return "-" if v is None else str(v)
+
+
+def table(rows: list[list[Any]], header: list[str]) -> str:
+    """A plain-text table."""
+    cells = [header] + [[_fmt(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def cmd_list(root: str) -> str:
+    rows = []
+    for r in find_runs(root):
+        fin = r.get("final", {})
+        rows.append([r.get("run_id"), r.get("status"), fin.get("step"), fin.get("train_loss"),
+                     fin.get("heldout_loss"), r.get("mesh"), r.get("num_params"), len(r.get("events", [])),
+                     r.get("started_at"), r.get("workdir")])
+    return table(rows, ["run_id", "status", "step", "train_loss", "heldout_loss", "mesh", "params", "events",
+                        "started_at", "workdir"])
+
+
+def cmd_show(rec: dict[str, Any]) -> str:
+    return json.dumps(rec, indent=2, default=str)
+
+
+def cmd_compare(a: dict[str, Any], b: dict[str, Any]) -> str:
+    keys = ["run_id", "status", "config_hash", "data_version", "mesh", "num_params", "target_steps"]
+    rows = [[k, a.get(k), b.get(k), "" if a.get(k) == b.get(k) else "*"] for k in keys]
+    rows.append(["tokenizer.sha256", a.get("tokenizer", {}).get("sha256"), b.get("tokenizer", {}).get("sha256"),
+                 "" if a.get("tokenizer") == b.get("tokenizer") else "*"])
+    rows.append(["git.commit", a.get("git", {}).get("commit"), b.get("git", {}).get("commit"),
+                 "" if a.get("git") == b.get("git") else "*"])
+    fa, fb = a.get("final", {}), b.get("final", {})
+    for k in sorted(set(fa) | set(fb)):
+        if k == "event":
+            continue
+        va, vb = fa.get(k), fb.get(k)
+        delta = f"{vb - va:+.4g}" if isinstance(va, (int, float)) and isinstance(vb, (int, float)) else ""
+        rows.append([f"final.{k}", va, vb, delta])
+    rows.append(["events", len(a.get("events", [])), len(b.get("events", [])), ""])
+    return table(rows, ["field", "A", "B", "diff"])
+
+
+def cmd_plot(recs: list[dict[str, Any]], output: str) -> str:
+    """Draw loss, grad norm and learning rate against step for each run into ``output`` (PNG)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(3, 1, figsize=(8, 9), sharex=True)
+    for rec in recs:
+        curves = read_curves(rec["workdir"])
+        for ax, (name, pts) in zip(axes, curves.items()):
+            if pts:
+                xs, ys = zip(*pts)
+                ax.plot(xs, ys, label=rec.get("run_id", rec["workdir"]))
+        for ev in rec.get("events", []):
+            if ev.get("event") in ("rollback", "spike_skip", "nonfinite_skip"):
+                for ax in axes:
+                    ax.axvline(ev["step"], color="red", alpha=0.3, lw=0.8)
+    for ax, name in zip(axes, ["loss", "grad norm", "learning rate"]):
+        ax.set_ylabel(name)
+        ax.grid(alpha=0.3)
+    axes[0].set_yscale("log")
+    axes[-1].set_xlabel("step")
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(output, dpi=100)
+    plt.close(fig)
+    return output
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m jaxpt.runs", description="Inspect runs (run.json).")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("list")
+    p.add_argument("root", nargs="?", default="workdirs")
+    p = sub.add_parser("show")
+    p.add_argument("run")
+    p.add_argument("--root", default="workdirs")
+    p = sub.add_parser("compare")
+    p.add_argument("runs", nargs=2)
+    p.add_argument("--root", default="workdirs")
+    p = sub.add_parser("plot")
+    p.add_argument("runs", nargs="+")
+    p.add_argument("--root", default="workdirs")
+    p.add_argument("--output", default="loss.png")
+    args = ap.parse_args(argv)
+    try:
+        if args.cmd == "list":
+            print(cmd_list(args.root))
+        elif args.cmd == "show":
+            print(cmd_show(load_run(args.run, args.root)))
+        elif args.cmd == "compare":
+            print(cmd_compare(*(load_run(r, args.root) for r in args.runs)))
+        else:
+            print(cmd_plot([load_run(r, args.root) for r in args.runs], args.output))
+    except FileNotFoundError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

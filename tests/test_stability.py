@@ -1,0 +1,205 @@
+"""Spike skip, divergence rollback, gradient accumulation, and the run registry."""
+
+import dataclasses
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from conftest import tiny_bindings
+from jaxpt import config as C
+from jaxpt import mesh as M
+from jaxpt import monitor, optim, runs, state as S, step as step_lib, train
+from jaxpt.model import ModelConfig
+from jaxpt.stability import StabilityConfig
+
+CFG = ModelConfig(vocab_size=128, d_model=32, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8, mlp_dim=64,
+                  max_seq_len=32)
+OCFG = optim.OptimizerConfig(peak_learning_rate=3e-3, schedule="constant", warmup_steps=0, grad_clip_norm=1.0)
+
+
+def make_step(stab, mesh_spec="data=2,fsdp=2,tensor=2", grad_accum=1):
+    mesh = M.make_mesh(mesh_spec)
+    spec = S.make_state_spec(CFG, lambda p: optim.make_optimizer(OCFG, 100, p), mesh, M.DEFAULT_RULES, stab)
+    fn = step_lib.jit_train_step(spec, mesh, M.DEFAULT_RULES, z_loss_weight=1e-4,
+                                 lr_schedule=optim.learning_rate_schedule(OCFG, 100), grad_clip_norm=1.0,
+                                 grad_accum=grad_accum)
+    shard = M.batch_sharding(mesh, M.DEFAULT_RULES)
+    put = lambda b: {k: jax.device_put(v, shard) for k, v in b.items()}  # noqa: E731
+    return spec, fn, put
+
+
+def text_batches(n, seed=0):
+    """Learnable batches: a repeating pattern of a few tokens plus noise, so loss falls steadily."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        base = np.tile(np.arange(10, 26), 2)[None].repeat(16, 0)
+        noise = rng.integers(10, 26, base.shape)
+        tokens = np.where(rng.random(base.shape) < 0.1, noise, base).astype(np.int32)
+        out.append({"tokens": tokens, "segment_ids": np.ones_like(tokens),
+                    "positions": np.broadcast_to(np.arange(32, dtype=np.int32), tokens.shape).copy()})
+    return out
+
+
+def corrupted_batch():
+    """Every target is a token the model never saw (id 127), in every row: a huge loss and gradient."""
+    tokens = np.full((16, 32), 127, np.int32)
+    return {"tokens": tokens, "segment_ids": np.ones_like(tokens),
+            "positions": np.broadcast_to(np.arange(32, dtype=np.int32), tokens.shape).copy()}
+
+
+def leaves_equal(a, b):
+    return all(np.array_equal(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+
+
+def test_spike_skip_equals_run_without_the_batch():
+    stab = StabilityConfig(spike_window=8, spike_k=4.0, spike_min_history=6)
+    spec, fn, put = make_step(stab)
+    good = text_batches(14)
+    k = 10  # the corrupted batch is fed as step k+1 of run A
+    # Run A: good[0..k-1], corrupted, good[k..]. Run B: the same without the corrupted batch.
+    a = S.init_state(spec, CFG, 0)
+    b = S.init_state(spec, CFG, 0)
+    losses_a, losses_b = [], []
+    for i, batch in enumerate(good[:k]):
+        a, _ = fn(a, put(batch))
+        b, _ = fn(b, put(batch))
+    a, m = fn(a, put(corrupted_batch()))
+    assert float(m["skipped"]) == 1.0 and float(m["nonfinite"]) == 0.0
+    assert (float(m["loss"]) > float(m["spike_loss_threshold"])
+            or float(m["grad_norm"]) > float(m["spike_grad_norm_threshold"]))
+    # Skipped: optimizer state, params, RNG and update count are those of run B, which never saw it.
+    assert leaves_equal(a.params, b.params) and leaves_equal(a.opt_state, b.opt_state)
+    assert int(a.num_updates) == int(b.num_updates) == k
+    assert int(a.step) == k + 1 and int(b.step) == k
+    assert np.array_equal(a.rng, b.rng)
+    for batch in good[k:]:
+        a, ma = fn(a, put(batch))
+        b, mb = fn(b, put(batch))
+        assert float(ma["skipped"]) == 0.0
+        losses_a.append(float(ma["loss"]))
+        losses_b.append(float(mb["loss"]))
+    assert losses_a == losses_b
+    # Without spike skipping the corrupted batch changes the trajectory (the test can fail).
+    spec2, fn2, put2 = make_step(dataclasses.replace(stab, spike_skip=False))
+    c = S.init_state(spec2, CFG, 0)
+    for batch in good[:k]:
+        c, _ = fn2(c, put2(batch))
+    c, m = fn2(c, put2(corrupted_batch()))
+    assert float(m["skipped"]) == 0.0 and not leaves_equal(c.params, b.params)
+
+
+def test_nonfinite_step_is_skipped_on_device():
+    spec, fn, put = make_step(StabilityConfig())
+    s0 = S.init_state(spec, CFG, 0)
+    s1, _ = fn(s0, put(text_batches(1)[0]))
+    opt_before = jax.device_get(s1.opt_state)  # the step donates its input state
+    bad = s1.replace(params=jax.tree.map(lambda p: p * jnp.nan if p.ndim == 2 and p.shape[0] == 128 else p,
+                                         s1.params))
+    s2, m = fn(bad, put(text_batches(1)[0]))
+    assert float(m["nonfinite"]) == 1.0 and float(m["skipped"]) == 1.0
+    assert int(s2.num_updates) == 1 and leaves_equal(s2.opt_state, opt_before)
+
+
+@pytest.mark.parametrize("mesh_spec", ["data=2,fsdp=2,tensor=2", "data=8"])
+def test_grad_accumulation_matches_full_batch(mesh_spec):
+    """4 micro-batches == one global batch (rel 1e-5), with micro-batches holding different token counts."""
+    mesh = M.make_mesh(mesh_spec)
+    spec = S.make_state_spec(CFG, lambda p: optim.make_optimizer(OCFG, 100, p), mesh, M.DEFAULT_RULES)
+    state = S.init_state(spec, CFG, 0)
+    batch = text_batches(1)[0]
+    # Uneven real tokens: padding (segment 0) over varying tails of rows, several documents per row.
+    rng = np.random.default_rng(3)
+    seg = np.ones((16, 32), np.int32)
+    for r in range(16):
+        seg[r, 10:] = 2
+        seg[r, 32 - rng.integers(0, 30):] = 0
+    batch["segment_ids"] = seg
+    shard = M.batch_sharding(mesh, M.DEFAULT_RULES)
+    dev = {k: jax.device_put(v, shard) for k, v in batch.items()}
+    counts = [int(((seg[i::4][:, 1:] == seg[i::4][:, :-1]) & (seg[i::4][:, :-1] != 0)).sum()) for i in range(4)]
+    assert len(set(counts)) > 1  # the micro-batches really differ
+
+    def grads(accum):
+        with M.activation_sharding(mesh, M.DEFAULT_RULES):
+            return jax.jit(lambda p, b: step_lib.loss_and_grads(p, spec.graphdef, b, 1e-4, accum))(state.params, dev)
+
+    aux1, g1 = grads(1)
+    aux4, g4 = grads(4)
+    np.testing.assert_allclose(float(aux4["loss"]), float(aux1["loss"]), rtol=1e-5)
+    np.testing.assert_allclose(float(aux4["z_loss"]), float(aux1["z_loss"]), rtol=1e-5)
+    assert float(aux4["num_target_tokens"]) == float(aux1["num_target_tokens"]) == sum(counts)
+    for x, y in zip(jax.tree.leaves(g4), jax.tree.leaves(g1)):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-5, atol=1e-7)
+
+
+def run_with(prepared, workdir, steps, injector=None, **overrides):
+    cfg = C.parse(["configs/quickstart.gin"], tiny_bindings(prepared, workdir, **overrides), steps=steps,
+                  mesh="data=8")
+    return train.run_training(cfg, fault_injector=injector)
+
+
+def nan_params_at(steps, once=True):
+    """Poison every param with NaN before the given steps (each only the first time it is reached, like a
+    transient fault, unless ``once`` is False)."""
+    pending = set(steps)
+
+    def inject(step, state):
+        if step in pending:
+            if once:
+                pending.discard(step)
+            return state.replace(params=jax.tree.map(lambda p: p * jnp.nan, state.params))
+        return state
+    return inject
+
+
+@pytest.mark.slow
+def test_nan_rolls_back_damps_lr_and_continues(prepared_sample, tmp_path):
+    final = run_with(prepared_sample, tmp_path, 24, nan_params_at({14}),
+                     **{"CheckpointConfig.enabled": "True", "CheckpointConfig.save_every_steps": "5",
+                        "CheckpointConfig.async_save": "False", "StabilityConfig.lr_damping": "0.5"})
+    assert np.isfinite(final["heldout_loss"])
+    events = json.loads((tmp_path / "run.json").read_text())["events"]
+    kinds = [e["event"] for e in events]
+    assert kinds == ["nonfinite_skip", "rollback"], kinds
+    rb = events[1]
+    assert rb["step"] == 14 and rb["restored_step"] == 10 and rb["lr_scale"] == 0.5
+    recs = [r for r in monitor.read_metrics(str(tmp_path)) if "loss" in r and "event" not in r]
+    after = [r for r in recs if r["step"] > 10][-5:]
+    # Constant-after-warmup LR 3e-3 (decay horizon 100) damped by 0.5 after the rollback.
+    assert all(r["learning_rate"] < 3e-3 * 0.5 * 1.0001 for r in after)
+    assert recs[-1]["step"] == 24 and np.isfinite(recs[-1]["loss"])
+
+
+@pytest.mark.slow
+def test_repeated_nan_stops_with_a_clear_message(prepared_sample, tmp_path, capsys):
+    from jaxpt.stability import DivergenceError
+    with pytest.raises(DivergenceError, match="rollbacks within"):
+        run_with(prepared_sample, tmp_path, 30, nan_params_at(set(range(3, 31)), once=False),
+                 **{"StabilityConfig.max_rollbacks": "2"})
+    rec = json.loads((tmp_path / "run.json").read_text())
+    assert rec["status"] == "failed" and "rollbacks within" in rec["final"]["error"]
+    assert [e["event"] for e in rec["events"]].count("rollback") == 2
+
+
+def test_runs_cli_list_show_compare_plot(prepared_sample, tmp_path, capsys):
+    for name in ("a", "b"):
+        run_with(prepared_sample, tmp_path / name, 6)
+    assert runs.main(["list", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert out.count("completed") == 2 and "heldout_loss" in out
+    rec = runs.load_run(str(tmp_path / "a"))
+    assert rec["final"]["step"] == 6 and rec["git"]["commit"] and len(rec["config_hash"]) == 64
+    assert runs.main(["show", rec["run_id"], "--root", str(tmp_path)]) == 0
+    assert runs.main(["compare", str(tmp_path / "a"), str(tmp_path / "b")]) == 0
+    out = capsys.readouterr().out
+    assert "config_hash" in out and "final.heldout_loss" in out
+    png = tmp_path / "loss.png"
+    assert runs.main(["plot", str(tmp_path / "a"), str(tmp_path / "b"), "--output", str(png)]) == 0
+    data = png.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000
+    assert runs.main(["show", "nope", "--root", str(tmp_path)]) == 1
