@@ -279,27 +279,39 @@ def compute_rules(rules):
     return tuple(out)
 
 
-def param_elements(cfg: ModelConfig, rules, sizes) -> tuple[int, int]:
-    """``(stored, gathered)`` per-device parameter elements, from the real param tree's shapes and
-    logical axes (no arrays allocated). ``gathered`` counts the all-gathered copies of the params whose
-    compute layout (:func:`compute_rules`) differs from their stored one, 0 for the rest."""
+def param_elements(cfg: ModelConfig, rules, sizes) -> tuple[int, int, int]:
+    """``(stored, gathered_compute, gathered_lookup)`` per-device parameter elements, from the real param
+    tree's shapes and logical axes (no arrays allocated).
+
+    ``gathered_compute`` counts the all-gathered copies, in their compute layout (:func:`compute_rules`),
+    of the matmul weights whose stored layout differs from it. ``gathered_lookup`` is the embedding
+    table, which :class:`jaxpt.model.Decoder` replicates whole for the token lookup (in the param dtype)
+    unless it is already replicated.
+    """
     from jaxpt.state import abstract_model  # model building imports flax; keep `import jaxpt.plan` light
 
     _, params = abstract_model(cfg)
     c_rules = compute_rules(rules)
-    stored = gathered = 0
-    for var in _variables(params):
+    stored = gathered = lookup = 0
+    for path, var in _variables_with_paths(params):
         axes, shape = tuple(var.get_metadata()["logical_axes"]), tuple(var.shape)
-        s, g = local_elements(shape, axes, rules, sizes), local_elements(shape, axes, c_rules, sizes)
+        s = local_elements(shape, axes, rules, sizes)
         stored += s
-        gathered += g if g != s else 0
-    return stored, gathered
+        if "embedding" in path:
+            lookup += math.prod(shape) if s != math.prod(shape) else 0
+        else:
+            g = local_elements(shape, axes, c_rules, sizes)
+            gathered += g if g != s else 0
+    return stored, gathered, lookup
 
 
-def _variables(params):
+def _variables_with_paths(params):
+    """``[(path names, nnx.Variable)]`` of a params state."""
     import jax
     from flax import nnx
-    return jax.tree.leaves(params, is_leaf=lambda x: isinstance(x, nnx.Variable))
+    leaves = jax.tree_util.tree_leaves_with_path(params, is_leaf=lambda x: isinstance(x, nnx.Variable))
+    return [(tuple(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path), v)
+            for path, v in leaves]
 
 
 def _layer_activations(cfg: ModelConfig, batch: int, seq_len: int):
@@ -393,7 +405,8 @@ def estimate_memory(cfg, sizes: Mapping[str, int], device_bytes: float | None = 
     with ``mu_dtype=None``). Weights sharded over the batch's axes (FSDP) are all-gathered for compute;
     their gathered copies (in the compute dtype) are counted for every layer at once, because XLA keeps
     the forward pass's gathered weights for the backward pass unless a remat policy makes it re-gather,
-    which it does not reliably do. Activations: :func:`activation_bytes`; logits: :func:`logits_bytes`.
+    which it does not reliably do. The embedding table is gathered whole for the lookup (see
+    :func:`param_elements`). Activations: :func:`activation_bytes`; logits: :func:`logits_bytes`.
     Buffers XLA adds on its own (collective scratch, layout copies, fusion temporaries) are not
     modelled, so this is a floor; ``tests/test_plan.py`` checks it against ``memory_analysis()`` of the
     compiled quickstart step on 8 CPU devices.
@@ -411,10 +424,11 @@ def estimate_memory(cfg, sizes: Mapping[str, int], device_bytes: float | None = 
     if m.vocab_size <= 0:
         raise ValueError("ModelConfig.vocab_size = 0: resolve it from the tokenizer first")
     rules = cfg.logical_axis_rules
-    stored, gathered = param_elements(m, rules, sizes)
+    stored, gathered, lookup = param_elements(m, rules, sizes)
     p = stored * DTYPE_BYTES[m.param_dtype]
     return MemoryEstimate(
-        params=p, grads=p, opt_state=2 * p, gathered_params=gathered * DTYPE_BYTES[m.compute_dtype],
+        params=p, grads=p, opt_state=2 * p,
+        gathered_params=gathered * DTYPE_BYTES[m.compute_dtype] + lookup * DTYPE_BYTES[m.param_dtype],
         activations=activation_bytes(m, cfg.global_batch_size, cfg.seq_len, rules, sizes),
         logits=logits_bytes(m, cfg.global_batch_size, cfg.seq_len, rules, sizes),
         device_bytes=device_bytes, usable_fraction=usable_fraction)

@@ -125,6 +125,16 @@ def test_param_and_optimizer_bytes_match_the_state_shardings(mesh):
     assert est.opt_state == shard_bytes(spec.abstract.opt_state)
 
 
+@pytest.mark.parametrize("mesh,tensor", [("fsdp=8", 1), ("data=2,fsdp=2,tensor=2", 2), ("data=8", None)])
+def test_gathered_weights_by_hand(mesh, tensor):
+    """FSDP gathers every matmul weight over fsdp (still split over tensor) in the compute dtype (fp32
+    here), and the decoder gathers the whole embedding table for the lookup; pure data parallelism
+    gathers nothing. Quickstart: 5,242,880 matmul params, embedding 8192 x 256."""
+    sizes = mesh_lib.resolve_mesh_shape(mesh_lib.parse_mesh_spec(mesh), 8)
+    got = plan.estimate_memory(_cfg(None), sizes).gathered_params
+    assert got == (0 if tensor is None else 5_242_880 * 4 // tensor + 8192 * 256 * 4)
+
+
 def test_activation_estimate_by_hand_for_full_remat():
     """Quickstart, mesh data=2,fsdp=2,tensor=2, remat 'full': 512 tokens per device (16 rows / 4 x 128).
     Kept per layer: the block input, 256 floats/token. The block being recomputed holds, per token:
