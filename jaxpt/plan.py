@@ -221,6 +221,7 @@ class MemoryEstimate:
     params: int
     grads: int
     opt_state: int
+    update: int
     gathered_params: int
     activations: int
     logits: int
@@ -234,9 +235,9 @@ class MemoryEstimate:
 
     @property
     def total(self) -> int:
-        """Peak bytes: state + gradients + gathered weights + saved activations + logits buffers."""
-        return (self.params + self.grads + self.opt_state + self.gathered_params + self.activations
-                + self.logits)
+        """Peak bytes: state + gradients + update + gathered weights + saved activations + logits buffers."""
+        return (self.params + self.grads + self.opt_state + self.update + self.gathered_params
+                + self.activations + self.logits)
 
     @property
     def fits(self) -> bool | None:
@@ -246,7 +247,7 @@ class MemoryEstimate:
         return self.total <= self.usable_fraction * self.device_bytes
 
     def as_dict(self) -> dict[str, Any]:
-        return {"params": self.params, "grads": self.grads, "opt_state": self.opt_state,
+        return {"params": self.params, "grads": self.grads, "opt_state": self.opt_state, "update": self.update,
                 "gathered_params": self.gathered_params, "activations": self.activations, "logits": self.logits, "total": self.total,
                 "device_bytes": self.device_bytes, "usable_fraction": self.usable_fraction, "fits": self.fits}
 
@@ -402,7 +403,8 @@ def estimate_memory(cfg, sizes: Mapping[str, int], device_bytes: float | None = 
 
     Params are sharded by their logical axes and ``cfg.logical_axis_rules``; gradients have the params'
     shape, dtype and sharding; AdamW keeps two moments per param in the param dtype (optax ``adamw``
-    with ``mu_dtype=None``). Weights sharded over the batch's axes (FSDP) are all-gathered for compute;
+    with ``mu_dtype=None``); the optimizer's update is one more param-sized tree, alive with the old
+    params until the step commits (or skips) it. Weights sharded over the batch's axes (FSDP) are all-gathered for compute;
     their gathered copies (in the compute dtype) are counted for every layer at once, because XLA keeps
     the forward pass's gathered weights for the backward pass unless a remat policy makes it re-gather,
     which it does not reliably do. The embedding table is gathered whole for the lookup (see
@@ -427,7 +429,7 @@ def estimate_memory(cfg, sizes: Mapping[str, int], device_bytes: float | None = 
     stored, gathered, lookup = param_elements(m, rules, sizes)
     p = stored * DTYPE_BYTES[m.param_dtype]
     return MemoryEstimate(
-        params=p, grads=p, opt_state=2 * p,
+        params=p, grads=p, opt_state=2 * p, update=p,
         gathered_params=gathered * DTYPE_BYTES[m.compute_dtype] + lookup * DTYPE_BYTES[m.param_dtype],
         activations=activation_bytes(m, cfg.global_batch_size, cfg.seq_len, rules, sizes),
         logits=logits_bytes(m, cfg.global_batch_size, cfg.seq_len, rules, sizes),
@@ -540,7 +542,7 @@ def format_plan(plan: dict[str, Any]) -> str:
 
 
 def _format_memory(mem: dict[str, Any], mesh: str, policy: str) -> str:
-    parts = ", ".join(f"{k} {mem[k] / GIB:.3f}" for k in ("params", "grads", "opt_state", "gathered_params",
+    parts = ", ".join(f"{k} {mem[k] / GIB:.3f}" for k in ("params", "grads", "opt_state", "update", "gathered_params",
                                                            "activations", "logits"))
     line = f"memory per device (mesh {mesh}, remat {policy!r}), GiB: {parts}; total {mem['total'] / GIB:.3f}"
     if mem["fits"] is None:
