@@ -516,6 +516,14 @@ def _si(x: float, unit: str = "") -> str:
     return f"{x:.3g}{unit}"
 
 
+def _duration(days: float) -> str:
+    if days >= 1:
+        return f"{days:.1f} days"
+    if days * 24 >= 1:
+        return f"{days * 24:.1f} hours"
+    return f"{days * 1440:.1f} minutes"
+
+
 def format_plan(plan: dict[str, Any]) -> str:
     """Human-readable plan (the same numbers as ``--json``)."""
     lines = [f"headline (Chinchilla rule, ~{TOKENS_PER_PARAM:.0f} tokens/param, Hoffmann et al. 2022 Table 3): "
@@ -535,7 +543,7 @@ def format_plan(plan: dict[str, Any]) -> str:
     if "days" in plan:
         hw = plan["hardware"]
         lines.append(f"wall clock on {hw['name']} ({hw['chips']} x {hw['accelerator']}, "
-                     f"{hw['peak_flops']:.3g} FLOP/s peak) at MFU {plan['mfu']:.2f}: {plan['days']:.1f} days")
+                     f"{hw['peak_flops']:.3g} FLOP/s peak) at MFU {plan['mfu']:.2f}: {_duration(plan['days'])}")
     if "memory" in plan:
         lines.append(_format_memory(plan["memory"], plan["mesh"], plan["remat_policy"]))
     return "\n".join(lines)
