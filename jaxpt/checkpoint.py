@@ -23,6 +23,7 @@ import platform
 from typing import Any
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as ocm
 
@@ -70,18 +71,63 @@ def library_versions() -> dict[str, str]:
     return versions
 
 
+def _data_save_args(data_iterator):
+    from jaxpt.data.shards import DataShardsSave, ShardedBatches
+    if isinstance(data_iterator, ShardedBatches):
+        return DataShardsSave(data_iterator)
+    import grain
+    return grain.checkpoint.CheckpointSave(data_iterator)
+
+
+def _data_restore_args(data_iterator, meta: dict, where: str):
+    """Per-shard iterator states (any process count dividing the shard count), or Grain's per-process files
+    (same process count only).
+
+    Raises:
+      CheckpointError: the data layout of the checkpoint cannot feed this run.
+    """
+    from jaxpt.data.shards import DataShardsRestore, ShardedBatches
+    if isinstance(data_iterator, ShardedBatches):
+        saved = meta.get("data_shards")
+        if saved is not None and saved != data_iterator.num_shards:
+            raise CheckpointError(f"checkpoint {where} has {saved} data shards, this run {data_iterator.num_shards} "
+                                  "(DataConfig.num_shards must stay fixed for a run)")
+        return DataShardsRestore(data_iterator)
+    import grain
+    n_saved = meta.get("process_count", 1)
+    if n_saved != jax.process_count():
+        raise CheckpointError(f"checkpoint {where} was written by {n_saved} processes, this run has "
+                              f"{jax.process_count()}: per-process iterator states need the same count")
+    return grain.checkpoint.CheckpointRestore(data_iterator)
+
+
 class Checkpointer:
     """Saves and restores train state, data-iterator state and metadata under ``<workdir>/checkpoints``."""
 
-    def __init__(self, workdir: str, cfg: CheckpointConfig):
+    def __init__(self, workdir: str, cfg: CheckpointConfig, *, read_only: bool = False):
+        """``read_only``: only restore (never creates, saves to or prunes the directory), e.g. for notebooks."""
         self.cfg = cfg
         self.directory = os.path.abspath(os.path.join(workdir, "checkpoints"))
+        if read_only:
+            if not os.path.isdir(self.directory):
+                raise CheckpointError(f"{self.directory}: no such checkpoint directory")
+            absl_logger = logging.getLogger("absl")
+            level = absl_logger.level
+            absl_logger.setLevel(logging.ERROR)  # Orbax warns that a read-only manager is read-only
+            try:
+                self.manager = ocp.CheckpointManager(
+                    self.directory, item_names=("state", "data", "meta"),
+                    options=ocp.CheckpointManagerOptions(read_only=True, save_interval_steps=0, create=False))
+            finally:
+                absl_logger.setLevel(level)
+            return
         policies = []
         if cfg.save_every_steps:
             policies.append(ocm.FixedIntervalPolicy(cfg.save_every_steps))
         if cfg.save_every_minutes:
+            # timedelta takes fractional seconds; int() would turn 0.01 minutes into "every step".
             policies.append(ocm.ContinuousCheckpointingPolicy(
-                minimum_interval_secs=int(cfg.save_every_minutes * 60)))
+                minimum_interval_secs=cfg.save_every_minutes * 60))
         keep = [ocm.LatestN(cfg.keep_last)]
         if cfg.keep_every_steps:
             keep.append(ocm.EveryNSteps(cfg.keep_every_steps))
@@ -108,10 +154,9 @@ class Checkpointer:
             return False
         if step in self.manager.all_steps():
             return False
-        import grain
         args = ocp.args.Composite(
             state=ocp.args.StandardSave(state),
-            data=grain.checkpoint.CheckpointSave(data_iterator),
+            data=_data_save_args(data_iterator),
             meta=ocp.args.JsonSave(meta),
         )
         return bool(self.manager.save(step, args=args, force=force))
@@ -163,18 +208,32 @@ class Checkpointer:
         meta = self.read_meta(step)
         items = {"state": ocp.args.StandardRestore(abstract_state)}
         if data_iterator is not None:
-            n_saved = meta.get("process_count", 1)
-            if n_saved != jax.process_count():
-                raise CheckpointError(
-                    f"checkpoint {self.directory}/{step} was written by {n_saved} processes, this run has "
-                    f"{jax.process_count()}; see jaxpt.checkpoint.restore_data_position for the rule")
-            items["data"] = grain.checkpoint.CheckpointRestore(data_iterator)
+            items["data"] = _data_restore_args(data_iterator, meta, f"{self.directory}/{step}")
         try:
             restored = self.manager.restore(step, args=ocp.args.Composite(**items))
         except Exception as e:
             raise CheckpointError(f"checkpoint {self.directory}/{step} could not be restored: "
                                   f"{type(e).__name__}: {e}") from e
         return restored["state"], meta
+
+    def restore_params(self, step: int, abstract_params: Any) -> dict[str, Any]:
+        """Restore only ``params`` and ``step`` of ``step`` (an Orbax partial restore: optimizer state and
+        other train-state fields are not read), placed by ``abstract_params``' shardings.
+
+        Returns ``{"params": ..., "step": int32 array}``.
+
+        Raises:
+          CheckpointError: naming the checkpoint and what failed (e.g. params of another shape).
+        """
+        item = {"params": abstract_params, "step": jax.ShapeDtypeStruct((), jax.numpy.int32)}
+        restore_args = ocp.checkpoint_utils.construct_restore_args(item)
+        restore_args["step"] = ocp.RestoreArgs(restore_type=np.ndarray)
+        args = ocp.args.PyTreeRestore(item=item, restore_args=restore_args, partial_restore=True)
+        try:
+            return dict(self.manager.restore(step, args=ocp.args.Composite(state=args))["state"])
+        except Exception as e:  # Orbax raises many types; name the checkpoint instead.
+            raise CheckpointError(f"checkpoint {self.directory}/{step}: cannot restore its params: "
+                                  f"{type(e).__name__}: {e}") from e
 
 
 def check_compatible(meta: dict[str, Any], model_cfg: Any, where: str) -> None:
