@@ -1,0 +1,486 @@
+"""``python -m jaxpt.drill``: a recovery drill. Train, SIGKILL the trainer at random moments (some inside an
+asynchronous checkpoint save), restart it, and check that the resumed run *is* the uninterrupted run.
+
+    python -m jaxpt.drill --config configs/quickstart.gin --workdir workdirs/drill --steps 60 --kills 5
+
+Steps:
+
+1. ``<workdir>/reference``: an uninterrupted ``python -m jaxpt.train`` to ``--steps`` (or ``--reference DIR``,
+   an earlier such run with the same flags, checked by comparing the operative configs).
+2. ``<workdir>/interrupted``: the same command, killed with SIGKILL ``--kills`` times and restarted each
+   time. Each kill has a planned target step (distinct, increasing, drawn with ``--seed``) and a kind:
+   ``save`` (kill as soon as the asynchronous save of the target step has started, i.e. its Orbax
+   temporary directory exists, after a random delay up to ``--max-kill-delay-s``) or ``step`` (kill a
+   random delay after the target step's metrics were logged). ``--mode mixed`` draws the kind per kill.
+3. Compare, with ``--rtol`` (0: bitwise, the CPU default): every logged loss, grad norm, learning rate
+   and target-token count of every step, by every launch, against the reference; the document ids of
+   every batch (``TrainConfig.log_batch_documents``); the final checkpoint's RNG key, step and params;
+   the final held-out loss.
+
+Per restart it reports the recovery time (kill -> first new step logged, which includes process start,
+compilation and restore), the step resumed at and whether it was the newest *committed* step on disk
+when the trainer died (an interrupted save must never be picked up), and the steps lost (last step the
+killed trainer finished minus the step resumed at). The report is written to
+``<workdir>/drill_report.json``; the exit status is 0 when everything matches, 1 on any mismatch, 2 when
+the drill itself could not run (a trainer failed, a timeout).
+
+Restarts share a persistent JAX compilation cache (``<workdir>/jax_cache``), as a production restart
+would, so recovery time is dominated by restore rather than recompilation; ``--no-compilation-cache``
+turns it off.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+#: Per-step metrics that must be identical in a resumed run (timing figures are not).
+DETERMINISTIC_KEYS = ("loss", "z_loss", "grad_norm", "learning_rate", "num_target_tokens")
+TMP_MARKER = ".orbax-checkpoint-tmp"
+POLL_S = 0.005
+
+
+class DrillError(RuntimeError):
+    """The drill could not run (a trainer failed or hung); not a recovery mismatch."""
+
+
+@dataclasses.dataclass
+class Kill:
+    """One planned kill: ``kind`` is ``save`` or ``step``; ``target`` the step whose save/metrics trigger it."""
+
+    kind: str
+    target: int
+    delay_s: float
+
+
+def plan_kills(steps: int, kills: int, save_every: int, mode: str, seed: int, max_delay_s: float) -> list[Kill]:
+    """Distinct increasing target steps in ``[1, steps - 1]`` (save kills on multiples of ``save_every``).
+
+    Raises:
+      DrillError: too few candidate steps for ``kills``.
+    """
+    rng = random.Random(seed)
+    save_steps = [s for s in range(1, steps) if save_every and s % save_every == 0]
+    if mode == "save":
+        pool = save_steps
+    else:
+        pool = list(range(1, steps))
+    if len(pool) < kills:
+        raise DrillError(f"--kills {kills} needs more candidate steps than {len(pool)} "
+                         f"(--steps {steps}, save every {save_every} steps, mode {mode}); raise --steps")
+    targets = sorted(rng.sample(pool, kills))
+    plan = []
+    for i, t in enumerate(targets):
+        kind = mode if mode != "mixed" else rng.choice(("save", "step"))
+        if kind == "save" and t not in save_steps:  # snap up to a save step before the next target
+            upper = targets[i + 1] if i + 1 < len(targets) else steps
+            snapped = [s for s in save_steps if t <= s < upper]
+            t, kind = (snapped[0], "save") if snapped else (t, "step")
+        plan.append(Kill(kind, t, rng.uniform(0.0, max_delay_s)))
+    return plan
+
+
+# ------------------------------------------------------------------------------------------ the trainer
+
+
+def trainer_command(args: argparse.Namespace, workdir: str) -> list[str]:
+    cmd = [sys.executable, "-m", "jaxpt.train", "--workdir", workdir, "--steps", str(args.steps)]
+    for c in args.config:
+        cmd += ["--config", c]
+    if args.mesh:
+        cmd += ["--mesh", args.mesh]
+    forced = ["TrainConfig.log_every = 1", "TrainConfig.log_batch_documents = True",
+              "TrainConfig.progress_bar = False", "CheckpointConfig.enabled = True",
+              "CheckpointConfig.async_save = True"]
+    if args.save_every:
+        forced.append(f"CheckpointConfig.save_every_steps = {args.save_every}")
+    for b in [*args.gin, *forced]:
+        cmd += ["--gin", b]
+    return cmd
+
+
+def trainer_env(args: argparse.Namespace) -> dict[str, str]:
+    env = dict(os.environ)
+    if args.compilation_cache:
+        env.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.abspath(os.path.join(args.workdir, "jax_cache")))
+        env.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+        env.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
+    return env
+
+
+class MetricsTail:
+    """Reads the records appended to ``<workdir>/metrics.jsonl`` since construction."""
+
+    def __init__(self, workdir: str):
+        self.path = os.path.join(workdir, "metrics.jsonl")
+        self.offset = os.path.getsize(self.path) if os.path.exists(self.path) else 0
+        self._partial = ""
+
+    def poll(self) -> list[dict[str, Any]]:
+        if not os.path.exists(self.path):
+            return []
+        with open(self.path) as f:
+            f.seek(self.offset)
+            chunk = f.read()
+            self.offset = f.tell()
+        text = self._partial + chunk
+        lines = text.split("\n")
+        self._partial = lines.pop()  # an unfinished last line waits for the next poll
+        return [json.loads(line) for line in lines if line.strip()]
+
+
+def checkpoint_dirs(workdir: str) -> tuple[set[int], set[int]]:
+    """``(committed steps, steps with a temporary, unfinished save directory)`` under ``<workdir>/checkpoints``."""
+    committed, pending = set(), set()
+    d = os.path.join(workdir, "checkpoints")
+    if not os.path.isdir(d):
+        return committed, pending
+    for name in os.listdir(d):
+        head = name.split(".", 1)[0]
+        if not head.isdigit():
+            continue
+        (pending if TMP_MARKER in name else committed).add(int(head))
+    return committed, pending
+
+
+@dataclasses.dataclass
+class Launch:
+    """What one trainer process did."""
+
+    index: int
+    started_s: float                 # since the drill's start
+    resumed_step: int | None = None  # from the trainer's start/resume record
+    first_step_s: float | None = None  # since launch: first new step's metrics logged
+    last_step_done: int | None = None
+    kill: dict | None = None
+    returncode: int | None = None
+
+
+def run_launch(args, workdir: str, index: int, t0: float, kill: Kill | None, log_dir: str) -> Launch:
+    """Start the trainer; SIGKILL it at ``kill`` (or let it finish). Raises DrillError on failure/timeout."""
+    tail = MetricsTail(workdir)
+    if kill is not None:
+        kill = _retarget(kill, workdir, args.steps, args.save_every or 1)
+    launch = Launch(index, time.monotonic() - t0)
+    start = time.monotonic()
+    with open(os.path.join(log_dir, f"launch_{index:02d}.log"), "w") as log:
+        proc = subprocess.Popen(trainer_command(args, workdir), stdout=log, stderr=subprocess.STDOUT,
+                                env=trainer_env(args))
+        try:
+            fired_at = _watch(proc, tail, launch, kill, workdir, start, args.timeout_s)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+    launch.returncode = proc.returncode
+    for rec in tail.poll():  # records flushed just before the process died
+        _absorb(launch, rec, start)
+    if kill is not None:
+        committed, pending = checkpoint_dirs(workdir)
+        launch.kill = {"kind": kill.kind, "target_step": kill.target, "delay_s": round(kill.delay_s, 4),
+                       "fired_after_s": round(fired_at - start, 3),
+                       "inside_save": kill.target in pending and kill.target not in committed,
+                       "committed_steps_after_kill": sorted(committed),
+                       "newest_committed": max(committed) if committed else None}
+    elif proc.returncode != 0:
+        raise DrillError(f"trainer launch {index} exited with {proc.returncode}; see {log.name}")
+    return launch
+
+
+def _retarget(kill: Kill, workdir: str, steps: int, save_every: int) -> Kill:
+    """A target at or below the newest committed step (the previous trainer got further than planned
+    before it died) can never fire: move it to the next save step (``save``) or step (``step``) after it.
+
+    Raises:
+      DrillError: no such step remains before ``steps``.
+    """
+    committed, _ = checkpoint_dirs(workdir)
+    newest = max(committed, default=0)
+    if kill.target > newest:
+        return kill
+    target = newest + 1 if kill.kind == "step" else (newest // save_every + 1) * save_every
+    if target >= steps:
+        raise DrillError(f"planned kill at step {kill.target} is already behind the newest checkpoint "
+                         f"({newest}) and no later step remains; raise --steps")
+    return dataclasses.replace(kill, target=target)
+
+
+def _absorb(launch: Launch, rec: dict, start: float) -> None:
+    if rec.get("event") in ("start", "resume"):
+        launch.resumed_step = int(rec["step"])
+    elif "loss" in rec and "event" not in rec:
+        if launch.first_step_s is None:
+            launch.first_step_s = time.monotonic() - start
+        launch.last_step_done = max(launch.last_step_done or 0, int(rec["step"]))
+
+
+def _watch(proc, tail: MetricsTail, launch: Launch, kill: Kill | None, workdir: str, start: float,
+           timeout_s: float) -> float | None:
+    """Poll the trainer until it exits or the kill condition holds; returns when the kill was sent."""
+    while True:
+        for rec in tail.poll():
+            _absorb(launch, rec, start)
+        if kill is not None:
+            committed, pending = checkpoint_dirs(workdir)
+            if kill.kind == "save":
+                due = kill.target in pending or kill.target in committed
+            else:
+                due = (launch.last_step_done or 0) >= kill.target
+            if due:
+                time.sleep(kill.delay_s)
+                proc.send_signal(signal.SIGKILL)
+                return time.monotonic()
+        if proc.poll() is not None:
+            if kill is not None:
+                raise DrillError(f"trainer launch {launch.index} exited with {proc.returncode} before its "
+                                 f"planned kill at step {kill.target} ({kill.kind})")
+            return None
+        if time.monotonic() - start > timeout_s:
+            raise DrillError(f"trainer launch {launch.index} still running after {timeout_s:.0f} s")
+        time.sleep(POLL_S)
+
+
+# ------------------------------------------------------------------------------------------ comparison
+
+
+def step_records(workdir: str) -> dict[int, list[dict]]:
+    """Every per-step metrics record of a workdir, grouped by step (a resumed step appears more than once)."""
+    out: dict[int, list[dict]] = {}
+    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+        for line in f:
+            rec = json.loads(line)
+            if "loss" in rec and "event" not in rec:
+                out.setdefault(int(rec["step"]), []).append(rec)
+    return out
+
+
+def batch_documents(workdir: str) -> dict[int, list[list[int]]]:
+    """Per step, every logged list of document indices (process 0's rows)."""
+    out: dict[int, list[list[int]]] = {}
+    with open(os.path.join(workdir, "batches", "process_0.jsonl")) as f:
+        for line in f:
+            rec = json.loads(line)
+            out.setdefault(int(rec["step"]), []).append(rec["doc_index"])
+    return out
+
+
+def _close(a, b, rtol: float) -> bool:
+    if isinstance(a, str) or isinstance(b, str):  # "nan" written as a string
+        return a == b
+    return a == b if rtol == 0 else bool(np.isclose(a, b, rtol=rtol, atol=0.0))
+
+
+def compare_metrics(ref: dict[int, list[dict]], got: dict[int, list[dict]], steps: int, rtol: float) -> dict:
+    """Every record of every step vs the reference; ``continuous`` = each step 1..steps was logged."""
+    mismatches, lr_mismatches = [], []
+    for s in range(1, steps + 1):
+        if s not in ref:
+            raise DrillError(f"the reference run logged no metrics for step {s}")
+        r = ref[s][-1]
+        for rec in got.get(s, []):
+            for k in DETERMINISTIC_KEYS:
+                if k in r and not _close(rec.get(k), r[k], rtol):
+                    (lr_mismatches if k == "learning_rate" else mismatches).append(
+                        {"step": s, "key": k, "reference": r[k], "resumed": rec.get(k)})
+    missing = [s for s in range(1, steps + 1) if s not in got]
+    return {"loss_curve_continuous": not missing and not mismatches, "missing_steps": missing,
+            "learning_rate_match": not lr_mismatches, "metric_mismatches": (mismatches + lr_mismatches)[:20]}
+
+
+def compare_batches(ref: dict[int, list], got: dict[int, list], steps: int) -> dict:
+    bad = [s for s in range(1, steps + 1) if not got.get(s) or any(d != ref[s][-1] for d in got[s])]
+    return {"data_position_match": not bad, "batch_mismatch_steps": bad[:20]}
+
+
+def load_state_numpy(workdir: str, step: int) -> dict[str, Any]:
+    """A committed checkpoint's ``state`` item as host numpy arrays (no devices or mesh needed)."""
+    import logging
+
+    import jax
+    import orbax.checkpoint as ocp
+
+    path = os.path.join(workdir, "checkpoints", str(step), "state")
+    if not os.path.isdir(path):
+        raise DrillError(f"{path}: no such committed checkpoint")
+    ckptr = ocp.PyTreeCheckpointer()
+    absl_logger = logging.getLogger("absl")
+    level = absl_logger.level
+    absl_logger.setLevel(logging.ERROR)  # Orbax warns that an item directory has no step metadata
+    try:
+        tree = ckptr.metadata(path).item_metadata.tree
+        restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree)
+        return ckptr.restore(path, args=ocp.args.PyTreeRestore(restore_args=restore_args))
+    finally:
+        absl_logger.setLevel(level)
+
+
+def compare_final_state(ref_dir: str, got_dir: str, steps: int, rtol: float) -> dict:
+    import jax
+
+    ref, got = load_state_numpy(ref_dir, steps), load_state_numpy(got_dir, steps)
+    same = lambda a, b: (np.array_equal(a, b) if rtol == 0 else  # noqa: E731
+                         bool(np.allclose(a, b, rtol=rtol, atol=0.0)))
+    p_ref, p_got = jax.tree.leaves(ref["params"]), jax.tree.leaves(got["params"])
+    return {"rng_match": bool(np.array_equal(ref["rng"], got["rng"])) and int(ref["step"]) == int(got["step"]),
+            "final_params_match": len(p_ref) == len(p_got) and all(same(a, b) for a, b in zip(p_ref, p_got))}
+
+
+def final_heldout(workdir: str) -> float | None:
+    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+        finals = [json.loads(line) for line in f if '"final"' in line]
+    return finals[-1].get("heldout_loss") if finals else None
+
+
+# ------------------------------------------------------------------------------------------ the drill
+
+
+def summarize_restarts(launches: list[Launch], kill_times: list[float]) -> list[dict]:
+    """Per restart: step resumed at, whether it was the newest committed one, steps lost, recovery time."""
+    out = []
+    for killed, nxt, t_kill in zip(launches, launches[1:], kill_times):
+        expected = killed.kill["newest_committed"] or 0
+        lost = max(0, (killed.last_step_done or 0) - (nxt.resumed_step or 0))
+        recovery = None if nxt.first_step_s is None else nxt.started_s + nxt.first_step_s - t_kill
+        out.append({"after_launch": killed.index, **killed.kill, "last_step_done": killed.last_step_done,
+                    "resumed_step": nxt.resumed_step, "resumed_newest_committed": nxt.resumed_step == expected,
+                    "steps_lost": lost, "recovery_time_s": None if recovery is None else round(recovery, 2)})
+    return out
+
+
+def run_drill(args: argparse.Namespace) -> dict[str, Any]:
+    ref_dir = args.reference or os.path.join(args.workdir, "reference")
+    got_dir = os.path.join(args.workdir, "interrupted")
+    for d in ([got_dir] if args.reference else [ref_dir, got_dir]):
+        if os.path.isdir(d) and os.listdir(d):
+            raise DrillError(f"{d} is not empty; use a fresh --workdir")
+    log_dir = os.path.join(args.workdir, "logs")
+    os.makedirs(log_dir, exist_ok=True)
+    save_every = args.save_every = args.save_every or _configured_save_every(args)
+    plan = plan_kills(args.steps, args.kills, save_every, args.mode, args.seed, args.max_kill_delay_s)
+
+    t0 = time.monotonic()
+    if not args.reference:
+        run_launch(args, ref_dir, 0, t0, None, log_dir)
+    reference_s = time.monotonic() - t0
+    t_drill = time.monotonic()
+    launches, kill_times = [], []
+    for i, kill in enumerate(plan, 1):
+        launch = run_launch(args, got_dir, i, t0, kill, log_dir)
+        if i == 1:
+            check_same_config(ref_dir, got_dir)
+        kill_times.append(launch.started_s + launch.kill["fired_after_s"])
+        launches.append(launch)
+    launches.append(run_launch(args, got_dir, len(plan) + 1, t0, None, log_dir))
+    if not plan:
+        check_same_config(ref_dir, got_dir)
+    restarts = summarize_restarts(launches, kill_times)
+
+    report = {"command": trainer_command(args, got_dir), "steps": args.steps, "kills": args.kills,
+              "seed": args.seed, "mode": args.mode, "save_every_steps": save_every, "rtol": args.rtol,
+              "reference_wall_s": round(reference_s, 2),
+              "interrupted_wall_s": round(time.monotonic() - t_drill, 2), "restarts": restarts}
+    report.update(compare_metrics(step_records(ref_dir), step_records(got_dir), args.steps, args.rtol))
+    report.update(compare_batches(batch_documents(ref_dir), batch_documents(got_dir), args.steps))
+    report.update(compare_final_state(ref_dir, got_dir, args.steps, args.rtol))
+    h_ref, h_got = final_heldout(ref_dir), final_heldout(got_dir)
+    report["final_heldout_loss"] = {"reference": h_ref, "interrupted": h_got}
+    times = [r["recovery_time_s"] for r in restarts if r["recovery_time_s"] is not None]
+    report["summary"] = {
+        "kills_inside_save": sum(r["inside_save"] for r in restarts),
+        "every_restart_resumed_newest_committed": all(r["resumed_newest_committed"] for r in restarts),
+        "steps_lost_total": sum(r["steps_lost"] for r in restarts),
+        "steps_lost_max": max((r["steps_lost"] for r in restarts), default=0),
+        "recovery_time_s_mean": round(float(np.mean(times)), 2) if times else None,
+        "recovery_time_s_max": max(times) if times else None,
+    }
+    report["ok"] = bool(report["loss_curve_continuous"] and report["learning_rate_match"]
+                        and report["data_position_match"] and report["rng_match"]
+                        and report["final_params_match"] and h_ref is not None and h_got is not None
+                        and _close(h_got, h_ref, args.rtol)
+                        and report["summary"]["every_restart_resumed_newest_committed"])
+    return report
+
+
+def check_same_config(ref_dir: str, got_dir: str) -> None:
+    """The reference and the interrupted run must have the same operative config (workdir aside).
+
+    Raises:
+      DrillError: naming the first differing line.
+    """
+    def lines(d):
+        with open(os.path.join(d, "config.gin")) as f:
+            return [line for line in f.read().splitlines() if not line.startswith("TrainConfig.workdir")]
+    a, b = lines(ref_dir), lines(got_dir)
+    if a != b:
+        diff = next((f"{x!r} vs {y!r}" for x, y in zip(a, b) if x != y), "different lengths")
+        raise DrillError(f"{ref_dir}/config.gin differs from the drill's trainer config: {diff}")
+
+
+def _configured_save_every(args: argparse.Namespace) -> int:
+    from jaxpt import config as config_lib
+    return config_lib.parse(args.config, args.gin).checkpoint.save_every_steps
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m jaxpt.drill", description=__doc__.splitlines()[0])
+    p.add_argument("--config", action="append", default=[], metavar="FILE", help="gin file; may repeat")
+    p.add_argument("--gin", action="append", default=[], metavar="BINDING", help="gin binding; may repeat")
+    p.add_argument("--mesh", help="mesh sizes for the trainer, e.g. data=2,fsdp=2,tensor=2")
+    p.add_argument("--workdir", required=True, help="drill directory (reference/, interrupted/, logs/)")
+    p.add_argument("--steps", type=int, default=40, help="global step every run trains to")
+    p.add_argument("--kills", type=int, default=3, help="SIGKILLs of the interrupted run")
+    p.add_argument("--seed", type=int, default=0, help="seeds the kill plan (targets, kinds, delays)")
+    p.add_argument("--mode", choices=("mixed", "save", "step"), default="mixed",
+                   help="kill inside saves, after steps, or a random mix")
+    p.add_argument("--save-every", type=int, default=0,
+                   help="CheckpointConfig.save_every_steps for the drill (default: the config's)")
+    p.add_argument("--max-kill-delay-s", type=float, default=0.05,
+                   help="random delay before each kill, uniform in [0, this]")
+    p.add_argument("--reference", metavar="DIR",
+                   help="reuse this finished uninterrupted run (same flags; its config.gin is checked) "
+                        "instead of training a reference")
+    p.add_argument("--rtol", type=float, default=0.0, help="tolerance of the comparisons (0: bitwise)")
+    p.add_argument("--timeout-s", type=float, default=900.0, help="per trainer launch")
+    p.add_argument("--no-compilation-cache", dest="compilation_cache", action="store_false",
+                   help="do not share a persistent JAX compilation cache between launches")
+    args = p.parse_args(argv)
+    if args.steps < 2 or args.kills < 0:
+        p.error("need --steps >= 2 and --kills >= 0")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    os.makedirs(args.workdir, exist_ok=True)
+    try:
+        report = run_drill(args)
+    except DrillError as e:
+        print(f"drill error: {e}", file=sys.stderr)
+        return 2
+    path = os.path.join(args.workdir, "drill_report.json")
+    with open(path, "w") as f:
+        json.dump(report, f, indent=2)
+    s = report["summary"]
+    print(f"drill: {len(report['restarts'])} kills ({s['kills_inside_save']} inside an unfinished save); "
+          f"recovery {s['recovery_time_s_mean']} s mean, {s['recovery_time_s_max']} s max; "
+          f"steps lost {s['steps_lost_total']} in all, {s['steps_lost_max']} at most")
+    print(f"  resumed newest committed step every time: {s['every_restart_resumed_newest_committed']}; "
+          f"loss curve continuous: {report['loss_curve_continuous']}; learning rate: "
+          f"{report['learning_rate_match']}; data position: {report['data_position_match']}; RNG: "
+          f"{report['rng_match']}; final params: {report['final_params_match']}")
+    print(f"  {'OK' if report['ok'] else 'MISMATCH'}; report: {path}")
+    return 0 if report["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
