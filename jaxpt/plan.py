@@ -353,6 +353,9 @@ def _saved_by_policy(policy: str, name: str, kind: str, needed: bool) -> bool:
     """Whether a block tensor stays alive from the forward to the backward pass under ``policy``.
 
     Policies are those of :func:`jaxpt.model.decoder._remat_policy` (``jax.checkpoint_policies``).
+    ``save_qkv_proj`` is counted as documented (q, k, v kept); note the model does not yet tag any value
+    with ``checkpoint_name('qkv_proj')``, so XLA currently keeps nothing under it (compiled memory equal
+    to ``full`` on the quickstart) and this estimate is high by the q/k/v bytes.
     """
     if kind == "input":
         return True
