@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import hashlib
+import math
 import os
 import typing
 from typing import Any, Sequence
@@ -49,6 +50,10 @@ class DataConfig:
       corpus_dir: a corpus version directory (``source='corpus'``).
       shuffle: shuffle documents (seeded by ``TrainConfig.seed``; a new order each epoch).
       add_eos: append EOS to every document before packing.
+      num_shards: logical data shards (independent pipelines) the global batch is made of; each process
+        runs a contiguous block of them. 0: one per process at the run's start, then kept (recorded in
+        checkpoints). Fixed for a run, so a resume on another process count continues exactly (see
+        :mod:`jaxpt.data.shards`).
     """
 
     source: str = "sample"
@@ -58,6 +63,7 @@ class DataConfig:
     corpus_dir: str = ""
     shuffle: bool = True
     add_eos: bool = True
+    num_shards: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,6 +73,10 @@ class TrainConfig:
     Attributes:
       model, optimizer, data, checkpoint, stability: sub-configs.
       mesh: mesh sizes, e.g. ``'data=2,fsdp=2,tensor=2'``; one axis may be -1 (the remaining devices).
+        With ``dcn_mesh`` set, these are the sizes *within* a slice (ICI).
+      dcn_mesh: sizes *across* slices (data-center network), e.g. ``'data=4'`` for data parallelism over 4
+        slices; empty for a single slice. The full mesh is their product per axis, built with
+        ``mesh_utils.create_hybrid_device_mesh``.
       logical_axis_rules: ``((logical_axis, mesh_axis or tuple or None), ...)``, first match wins.
       global_batch_size: rows per step over all processes.
       grad_accum_steps: micro-batches per step (gradient accumulation); the loss is normalized by the
@@ -90,6 +100,7 @@ class TrainConfig:
     checkpoint: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
     stability: StabilityConfig = dataclasses.field(default_factory=StabilityConfig)
     mesh: str = "data=-1"
+    dcn_mesh: str = ""
     logical_axis_rules: tuple = mesh_lib.DEFAULT_RULES
     global_batch_size: int = 16
     grad_accum_steps: int = 1
@@ -195,9 +206,18 @@ def validate(cfg: TrainConfig, num_devices: int) -> dict[str, int]:
     _check_types(cfg, "TrainConfig")
     m, o = cfg.model, cfg.optimizer
     try:
-        sizes = mesh_lib.resolve_mesh_shape(mesh_lib.parse_mesh_spec(cfg.mesh), num_devices)
+        dcn = mesh_lib.parse_mesh_spec(cfg.dcn_mesh) if cfg.dcn_mesh else {a: 1 for a in mesh_lib.MESH_AXES}
+    except mesh_lib.MeshError as e:
+        raise ConfigError(f"TrainConfig.dcn_mesh = {cfg.dcn_mesh!r}: {e}") from None
+    num_slices = math.prod(dcn.values())
+    if num_slices < 1 or num_devices % num_slices:
+        raise ConfigError(f"TrainConfig.dcn_mesh = {cfg.dcn_mesh!r}: {num_slices} slices do not divide "
+                          f"{num_devices} devices")
+    try:
+        ici = mesh_lib.resolve_mesh_shape(mesh_lib.parse_mesh_spec(cfg.mesh), num_devices // num_slices)
     except mesh_lib.MeshError as e:
         raise ConfigError(f"TrainConfig.mesh = {cfg.mesh!r}: {e}") from None
+    sizes = {a: ici[a] * dcn[a] for a in mesh_lib.MESH_AXES}
     try:
         mesh_lib.validate_rules(cfg.logical_axis_rules)
     except ValueError as e:
@@ -262,6 +282,9 @@ def validate(cfg: TrainConfig, num_devices: int) -> dict[str, int]:
                           "keep_every_steps must be >= 0")
     if c.enabled and c.keep_last < 1:
         raise ConfigError("CheckpointConfig.keep_last must be >= 1 when checkpointing is enabled")
+    if cfg.data.num_shards < 0 or (cfg.data.num_shards and cfg.global_batch_size % cfg.data.num_shards):
+        raise ConfigError(f"DataConfig.num_shards = {cfg.data.num_shards} must be >= 0 and divide "
+                          f"TrainConfig.global_batch_size = {cfg.global_batch_size}")
     if cfg.data.source == "corpus" and not cfg.data.corpus_dir:
         raise ConfigError("DataConfig.corpus_dir must be set when DataConfig.source = 'corpus'")
     return sizes

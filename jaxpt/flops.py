@@ -15,6 +15,7 @@ is not counted, by definition of *model* FLOPs.
 
 from __future__ import annotations
 
+import functools
 import time
 
 import jax
@@ -53,11 +54,13 @@ def table_peak_flops(device_kind: str) -> float | None:
     return PEAK_FLOPS_BF16[max(matches, key=len)] if matches else None
 
 
+@functools.lru_cache(maxsize=None)
 def measure_matmul_peak(n: int = 2048, dtype=jnp.float32, repeats: int = 5,
                         device: jax.Device | None = None) -> float:
     """Measured FLOP/s of one device on an ``n x n @ n x n`` matmul (2 n^3 FLOPs), best of ``repeats``.
 
-    Used as the peak on hosts with no table entry (CPU). Units: FLOP/s.
+    Used as the peak on hosts with no table entry (CPU). Measured once per process and argument set
+    (cached). Units: FLOP/s.
     """
     device = device or jax.devices()[0]
     a = jax.device_put(jnp.ones((n, n), dtype), device)

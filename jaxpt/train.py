@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxpt import config as config_lib
+from jaxpt import distributed
 from jaxpt import flops as flops_lib
 from jaxpt import mesh as mesh_lib
 from jaxpt import monitor
@@ -79,7 +80,12 @@ def setup(cfg: TrainConfig) -> Run:
     sizes = config_lib.validate(cfg, jax.device_count())
     tokenizer = load_tokenizer(cfg)
     cfg = resolve_model_config(cfg, tokenizer)
-    mesh = mesh_lib.make_mesh(sizes)
+    if cfg.dcn_mesh:
+        ici = mesh_lib.resolve_mesh_shape(mesh_lib.parse_mesh_spec(cfg.mesh),
+                                          jax.device_count() // _num_slices(cfg))
+        mesh = mesh_lib.make_hybrid_mesh(ici, mesh_lib.parse_mesh_spec(cfg.dcn_mesh))
+    else:
+        mesh = mesh_lib.make_mesh(sizes)
     rules = cfg.logical_axis_rules
     lr_schedule = optim.learning_rate_schedule(cfg.optimizer, cfg.steps)
     spec = state_lib.make_state_spec(
@@ -95,20 +101,57 @@ def setup(cfg: TrainConfig) -> Run:
     return Run(cfg, mesh, spec, state, tokenizer, train_fn, eval_fn, lr_schedule, throughput, note)
 
 
+def _num_slices(cfg: TrainConfig) -> int:
+    import math
+    return math.prod(mesh_lib.parse_mesh_spec(cfg.dcn_mesh).values()) if cfg.dcn_mesh else 1
+
+
 def local_batch_size(cfg: TrainConfig) -> int:
     """Rows this process contributes to each global batch."""
     return cfg.global_batch_size // jax.process_count()
 
 
-def train_batches(run: Run, start_step: int = 0):
-    """This process's Grain iterator of local batches (packed rows), already advanced to ``start_step``."""
+def data_shard_count(cfg: TrainConfig, ckpt=None) -> int:
+    """The run's logical data shard count: the config's, else the one its checkpoints recorded, else one per
+    process (see :mod:`jaxpt.data.shards`)."""
+    if cfg.data.num_shards:
+        return cfg.data.num_shards
+    if ckpt is not None:
+        step = ckpt.latest_step()
+        if step is not None:
+            saved = ckpt.read_meta(step).get("data_shards")
+            if saved:
+                return int(saved)
+    return jax.process_count()
+
+
+def train_batches(run: Run, num_shards: int):
+    """This process's iterator of local batches: its block of logical data shards, rows concatenated.
+
+    Raises:
+      ConfigError: the process count does not divide the shard count, or the batch the shard count.
+    """
     from jaxpt.data import pipeline
+    from jaxpt.data.shards import ShardAssignmentError, ShardedBatches
     cfg = run.cfg
-    ds = pipeline.make_train_dataset(
-        cfg.data.train_path, run.tokenizer, seq_len=cfg.seq_len, local_batch_size=local_batch_size(cfg),
-        seed=cfg.seed, process_index=jax.process_index(), process_count=jax.process_count(),
-        shuffle=cfg.data.shuffle, add_eos=cfg.data.add_eos)
-    return iter(ds)
+    P, p = jax.process_count(), jax.process_index()
+    if num_shards % P:
+        raise ConfigError(str(ShardAssignmentError(
+            f"{P} processes cannot share {num_shards} data shards evenly (DataConfig.num_shards; a resumed run "
+            f"keeps its checkpoint's shard count): use a process count that divides {num_shards}")))
+    if cfg.global_batch_size % num_shards:
+        raise ConfigError(f"TrainConfig.global_batch_size = {cfg.global_batch_size} is not divisible by the "
+                          f"{num_shards} data shards")
+    per_process = num_shards // P
+    shard_ids = list(range(p * per_process, (p + 1) * per_process))  # contiguous: global row order is fixed
+
+    def make(k: int, n: int):
+        return iter(pipeline.make_train_dataset(
+            cfg.data.train_path, run.tokenizer, seq_len=cfg.seq_len,
+            local_batch_size=cfg.global_batch_size // n, seed=cfg.seed, process_index=k, process_count=n,
+            shuffle=cfg.data.shuffle, add_eos=cfg.data.add_eos))
+
+    return ShardedBatches(make, num_shards, shard_ids)
 
 
 def to_device(run: Run, local_batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
@@ -355,7 +398,7 @@ def write_operative_config(cfg: TrainConfig) -> str:
     return text
 
 
-def checkpoint_meta(run: Run, config_text: str) -> dict[str, Any]:
+def checkpoint_meta(run: Run, config_text: str, batches=None) -> dict[str, Any]:
     """What a checkpoint records besides arrays: enough to rebuild the run and to refuse a wrong one."""
     from jaxpt.checkpoint import library_versions
     cfg = run.cfg
@@ -367,6 +410,7 @@ def checkpoint_meta(run: Run, config_text: str) -> dict[str, Any]:
         "tokenizer": {"path": os.path.abspath(cfg.data.tokenizer_path), "sha256": run.tokenizer.sha256},
         "data_version": data_version(cfg),
         "process_count": jax.process_count(),
+        "data_shards": batches.num_shards if batches is not None else None,
         "global_batch_size": cfg.global_batch_size,
         "seq_len": cfg.seq_len,
         "libraries": library_versions(),
@@ -438,9 +482,10 @@ def run_training(cfg: TrainConfig, fault_injector=None) -> dict[str, Any]:
     log.info("MFU peak: %s", run.peak_note)
     writer = monitor.MetricWriter(cfg.workdir, enabled=is_main)
     ckpt = Checkpointer(cfg.workdir, cfg.checkpoint) if cfg.checkpoint.enabled else None
-    batches = train_batches(run)
+    num_shards = data_shard_count(cfg, ckpt)
+    batches = train_batches(run, num_shards)
     start = restore_or_init(run, ckpt, batches) if ckpt is not None else 0
-    meta = checkpoint_meta(run, config_text)
+    meta = checkpoint_meta(run, config_text, batches)
     writer.write({"step": start, "event": "resume" if start else "start",
                   "num_params": state_lib.num_params(run.spec), "replicated_param_fraction": frac,
                   "mesh": mesh_lib.format_mesh(mesh_lib.mesh_shape(run.mesh)), "peak_flops_note": run.peak_note,
@@ -479,10 +524,14 @@ def main(argv: list[str] | None = None) -> int:
     from jaxpt.stability import DivergenceError
     parser = argparse.ArgumentParser(prog="python -m jaxpt.train", description=__doc__.splitlines()[0])
     config_lib.add_arguments(parser)
+    distributed.add_arguments(parser)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format=f"[%(asctime)s p{jax.process_index()}] %(message)s")
     try:
-        cfg = config_lib.from_args(args)
+        cfg = config_lib.from_args(args)  # parse first: a config error needs no cluster
+        distributed.initialize(args)
+        logging.basicConfig(level=logging.WARNING, force=True,
+                            format=f"[%(asctime)s p{jax.process_index()}] %(name)s: %(message)s")
+        logging.getLogger("jaxpt").setLevel(logging.INFO)
         run_training(cfg)
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)

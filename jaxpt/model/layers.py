@@ -13,6 +13,7 @@ import math
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
 
 from jaxpt.mesh import constrain
 from jaxpt.model.config import ModelConfig
@@ -98,9 +99,10 @@ class Attention(nnx.Module):
         q_BxLxHxHd = jnp.einsum("bld,dhk->blhk", x_BxLxD, self.wq[...].astype(cd))
         k_BxMxKxHd = jnp.einsum("bld,dhk->blhk", x_BxLxD, self.wk[...].astype(cd))
         v_BxMxKxHd = jnp.einsum("bld,dhk->blhk", x_BxLxD, self.wv[...].astype(cd))
-        q_BxLxHxHd = constrain(q_BxLxHxHd, ("batch", "length", "heads", "head_dim"))
-        k_BxMxKxHd = constrain(k_BxMxKxHd, ("batch", "length", "kv_heads", "head_dim"))
-        v_BxMxKxHd = constrain(v_BxMxKxHd, ("batch", "length", "kv_heads", "head_dim"))
+        # Named for the ``save_qkv_proj`` remat policy (jax.checkpoint_policies.save_only_these_names).
+        q_BxLxHxHd = checkpoint_name(constrain(q_BxLxHxHd, ("batch", "length", "heads", "head_dim")), "qkv_proj")
+        k_BxMxKxHd = checkpoint_name(constrain(k_BxMxKxHd, ("batch", "length", "kv_heads", "head_dim")), "qkv_proj")
+        v_BxMxKxHd = checkpoint_name(constrain(v_BxMxKxHd, ("batch", "length", "kv_heads", "head_dim")), "qkv_proj")
         q_BxLxHxHd = rope(q_BxLxHxHd, positions_BxL, cfg.rope_theta)
         k_BxMxKxHd = rope(k_BxMxKxHd, positions_BxL, cfg.rope_theta)
 
