@@ -1,0 +1,240 @@
+"""Eval cards: versioned YAML that fixes what an evaluation is.
+
+A card lists the task-set version, each probe task (kind, template, parameters, chance level, primary metric,
+threshold, whether it is *core* and its regression tolerance), the perplexity breakdown, the decoding
+parameters, and a spot-check prompt file (by path and sha256) whose generations go to human review.
+
+Versioning: ``content_sha256`` is the sha256 of the card's content (everything except ``version`` and
+``content_sha256`` itself, as canonical JSON). :func:`load_card` refuses a card whose content no longer matches
+its hash, so a change cannot slip in under an old version: ``python -m jaxpt.evaluate card-stamp FILE`` raises
+``version`` by one and records the new hash (the only way to make a changed card loadable again). Reports carry
+name, version and hash, and :mod:`jaxpt.eval.regression` refuses to compare reports of different cards.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import re
+from typing import Any, Mapping
+
+import yaml
+
+from jaxpt.eval.heldout import GROUPINGS
+from jaxpt.eval.probes import KINDS, TaskSpec
+
+_UNHASHED = ("version", "content_sha256")
+
+
+class CardError(ValueError):
+    """A card that cannot be used; the message names the file and key."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SpotCheck:
+    """Spot-check set: ``prompts_path`` (JSON Lines of ``id``, ``prompt``, ``domain``, ``lang``), its sha256,
+    ``max_new_tokens`` and the review ``labels`` annotators choose from."""
+
+    prompts_path: str
+    prompts_sha256: str
+    max_new_tokens: int
+    labels: tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Card:
+    """A loaded, hash-checked card (see ``configs/eval/card_v1.yaml`` for the meaning of every field)."""
+
+    path: str
+    name: str
+    version: int
+    content_sha256: str
+    task_set_version: str
+    seed: int
+    ngram: int
+    min_words: int
+    heldout_source: str
+    train_source: str
+    group_by: tuple[str, ...]
+    stride: int
+    batch_size: int
+    core_grouping: str
+    perplexity_tolerance: float
+    decoding: Mapping[str, Any]
+    tasks: tuple[TaskSpec, ...]
+    spot_check: SpotCheck | None
+    raw: Mapping[str, Any]
+
+    @property
+    def ident(self) -> dict[str, Any]:
+        """What a report records about its card."""
+        return {"name": self.name, "version": self.version, "content_sha256": self.content_sha256,
+                "task_set_version": self.task_set_version, "path": self.path}
+
+
+def content_hash(raw: Mapping[str, Any]) -> str:
+    """sha256 (hex) of a card's content: canonical JSON of every key except ``version`` and ``content_sha256``."""
+    content = {k: v for k, v in raw.items() if k not in _UNHASHED}
+    return hashlib.sha256(json.dumps(content, sort_keys=True, ensure_ascii=False).encode("utf-8")).hexdigest()
+
+
+def file_sha256(path: str) -> str:
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def _read(path: str) -> dict[str, Any]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            raw = yaml.safe_load(f)
+    except FileNotFoundError:
+        raise CardError(f"{path}: no such card") from None
+    except yaml.YAMLError as e:
+        raise CardError(f"{path}: not valid YAML: {e}") from None
+    if not isinstance(raw, dict):
+        raise CardError(f"{path}: a card is a YAML mapping")
+    return raw
+
+
+def _get(raw: Mapping[str, Any], key: str, typ, where: str, default: Any = ...):
+    if key not in raw:
+        if default is ...:
+            raise CardError(f"{where}: missing key {key!r}")
+        return default
+    value = raw[key]
+    ok = isinstance(value, typ) and not (typ in (int, float, (int, float)) and isinstance(value, bool))
+    if not ok:
+        name = typ.__name__ if isinstance(typ, type) else "/".join(t.__name__ for t in typ)
+        raise CardError(f"{where}.{key} = {value!r}: expected {name}")
+    return value
+
+
+def _task(name: str, t: Mapping[str, Any], where: str) -> TaskSpec:
+    w = f"{where}.tasks.{name}"
+    if not isinstance(t, dict):
+        raise CardError(f"{w}: a task is a mapping")
+    kind = _get(t, "kind", str, w)
+    if kind not in KINDS:
+        raise CardError(f"{w}.kind = {kind!r}: choose one of {KINDS}")
+    template = _get(t, "template", dict, w)
+    needed = ("context", "choice") if kind != "next_line_greedy" else ("context",)
+    for k in needed:
+        if not isinstance(template.get(k), str):
+            raise CardError(f"{w}.template.{k}: missing (a format string)")
+    metric = _get(t, "primary_metric", str, w)
+    allowed = ("accuracy", "accuracy_norm") if kind != "next_line_greedy" else ("exact_match",)
+    if metric not in allowed:
+        raise CardError(f"{w}.primary_metric = {metric!r}: choose one of {allowed}")
+    threshold = t.get("threshold")
+    if threshold is not None and not isinstance(threshold, (int, float)):
+        raise CardError(f"{w}.threshold = {threshold!r}: expected a number or null")
+    params = _get(t, "params", dict, w, {})
+    if kind == "langid" and not params.get("languages"):
+        raise CardError(f"{w}.params.languages: a langid task lists its languages")
+    spec = TaskSpec(name=name, kind=kind, domain=_get(t, "domain", str, w),
+                    max_examples=_get(t, "max_examples", int, w), template=dict(template),
+                    chance=float(_get(t, "chance", (int, float), w)), primary_metric=metric,
+                    core=bool(_get(t, "core", bool, w, False)),
+                    regression_tolerance=float(_get(t, "regression_tolerance", (int, float), w, 0.0)),
+                    threshold=None if threshold is None else float(threshold), params=dict(params),
+                    description=str(t.get("description", "")).strip())
+    if kind == "langid" and abs(spec.chance - 1.0 / len(params["languages"])) > 1e-6:
+        raise CardError(f"{w}.chance = {spec.chance}: with {len(params['languages'])} languages chance is "
+                        f"1/{len(params['languages'])}")
+    if kind in ("cloze", "next_line") and abs(spec.chance - 1.0 / int(params.get("num_choices", 4))) > 1e-6:
+        raise CardError(f"{w}.chance = {spec.chance}: with {params.get('num_choices', 4)} choices chance is "
+                        f"1/{params.get('num_choices', 4)}")
+    return spec
+
+
+def load_card(path: str, *, check_files: bool = True) -> Card:
+    """Read, hash-check and validate a card.
+
+    Raises:
+      CardError: naming the file and key: unreadable YAML, a missing or mistyped key, an unknown task kind or
+        grouping, content that no longer matches ``content_sha256`` (bump the version with
+        ``python -m jaxpt.evaluate card-stamp FILE``), or a spot-check file whose sha256 differs from the card's.
+    """
+    raw = _read(path)
+    where = path
+    version = _get(raw, "version", int, where)
+    stamped = _get(raw, "content_sha256", str, where)
+    actual = content_hash(raw)
+    if actual != stamped:
+        raise CardError(f"{path}: content changed since version {version} was stamped (content sha256 "
+                        f"{actual[:12]}, card says {stamped[:12]}). A changed card is a new version: run "
+                        f"`python -m jaxpt.evaluate card-stamp {path}` to bump it to {version + 1}")
+    name = _get(raw, "name", str, where)
+    tsv = _get(raw, "task_set_version", str, where)
+    if not re.fullmatch(r"[\w.]+", tsv):
+        raise CardError(f"{where}.task_set_version = {tsv!r}: letters, digits, '_' and '.' only (seqio task names)")
+    dec = _get(raw, "decontamination", dict, where)
+    src = _get(raw, "sources", dict, where, {})
+    ppl = _get(raw, "perplexity", dict, where)
+    group_by = tuple(_get(ppl, "group_by", list, f"{where}.perplexity"))
+    for g in group_by:
+        if g not in GROUPINGS:
+            raise CardError(f"{where}.perplexity.group_by: unknown grouping {g!r}; choose from {GROUPINGS}")
+    core_grouping = _get(ppl, "core_grouping", str, f"{where}.perplexity")
+    if core_grouping not in group_by:
+        raise CardError(f"{where}.perplexity.core_grouping = {core_grouping!r} is not in group_by {group_by}")
+    decoding = _get(raw, "decoding", dict, where)
+    if decoding.get("strategy") != "greedy":
+        raise CardError(f"{where}.decoding.strategy = {decoding.get('strategy')!r}: only 'greedy' is implemented")
+    _get(decoding, "max_new_tokens", int, f"{where}.decoding")
+    tasks_raw = _get(raw, "tasks", dict, where)
+    tasks = tuple(_task(n, t, where) for n, t in tasks_raw.items())
+    spot = None
+    if "spot_check" in raw:
+        s = _get(raw, "spot_check", dict, where)
+        w = f"{where}.spot_check"
+        prompts = _get(s, "prompts", str, w)
+        prompts_path = prompts if os.path.isabs(prompts) else os.path.join(os.path.dirname(path), prompts)
+        spot = SpotCheck(prompts_path, _get(s, "prompts_sha256", str, w), _get(s, "max_new_tokens", int, w),
+                         tuple(_get(s, "labels", list, w)))
+        if check_files:
+            if not os.path.isfile(prompts_path):
+                raise CardError(f"{w}.prompts: {prompts_path}: no such file")
+            got = file_sha256(prompts_path)
+            if got != spot.prompts_sha256:
+                raise CardError(f"{w}.prompts: {prompts_path} has sha256 {got[:12]}, the card records "
+                                f"{spot.prompts_sha256[:12]}: the spot-check set changed, so update "
+                                f"prompts_sha256 and run `python -m jaxpt.evaluate card-stamp {path}`")
+    return Card(path=path, name=name, version=version, content_sha256=stamped, task_set_version=tsv,
+                seed=_get(raw, "seed", int, where, 0), ngram=_get(dec, "ngram", int, f"{where}.decontamination"),
+                min_words=_get(dec, "min_words", int, f"{where}.decontamination"),
+                heldout_source=str(src.get("heldout") or ""), train_source=str(src.get("train") or ""),
+                group_by=group_by, stride=_get(ppl, "stride", int, f"{where}.perplexity", 0),
+                batch_size=_get(ppl, "batch_size", int, f"{where}.perplexity", 16), core_grouping=core_grouping,
+                perplexity_tolerance=float(_get(ppl, "regression_tolerance", (int, float), f"{where}.perplexity")),
+                decoding=dict(decoding), tasks=tasks, spot_check=spot, raw=raw)
+
+
+_VERSION_LINE = re.compile(r"^version:.*$", re.M)
+_HASH_LINE = re.compile(r"^content_sha256:.*$", re.M)
+
+
+def stamp_card(path: str) -> tuple[int, str]:
+    """Bump a changed card's version by one and record its new content hash, editing only those two lines
+    (comments and layout stay). Returns ``(new version, new hash)``.
+
+    Raises:
+      CardError: the content did not change (nothing to stamp), or the file lacks top-level ``version:`` /
+        ``content_sha256:`` lines.
+    """
+    raw = _read(path)
+    actual = content_hash(raw)
+    if raw.get("content_sha256") == actual:
+        raise CardError(f"{path}: content unchanged since version {raw.get('version')}; nothing to stamp")
+    version = int(raw.get("version") or 0) + 1
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    if not _VERSION_LINE.search(text) or not _HASH_LINE.search(text):
+        raise CardError(f"{path}: needs top-level 'version:' and 'content_sha256:' lines to stamp")
+    text = _VERSION_LINE.sub(f"version: {version}", text, count=1)
+    text = _HASH_LINE.sub(f"content_sha256: {actual}", text, count=1)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+    return version, actual

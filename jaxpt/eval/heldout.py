@@ -1,0 +1,217 @@
+"""Held-out perplexity per domain and per language.
+
+Sources (:func:`load_documents`) are pluggable: a prepared JSON Lines file (``heldout.jsonl.gz`` of
+``python -m jaxpt.data.prepare``), or a corpus version directory holding ``heldout.jsonl.gz`` or
+``heldout/*.jsonl.gz`` (same schema: ``id``, ``text``, and ``domain``/``lang`` when known).
+
+Each document is tokenized as in training (EOS appended when ``add_eos``) and cut into rolling windows that
+start at the document's first token (:func:`jaxpt.eval.scorer.rolling_windows`), so the scored tokens are
+exactly the document's tokens after its first one: padding and the first token of each document never count,
+and neither the batch size nor packing changes which tokens are scored or what context they see. Per group we
+report the summed negative log-likelihood (nats), scored tokens, mean loss, perplexity ``exp(loss)`` and
+bits per UTF-8 byte (``nll / ln 2 / bytes``, comparable across tokenizers; Gao et al. 2020, "The Pile", sec. 3).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import gzip
+import json
+import math
+import os
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from jaxpt.eval.scorer import Scorer, Window, rolling_windows
+
+#: Group keys a report can break down by.
+GROUPINGS = ("domain", "lang", "domain_lang")
+#: Placeholder for a document without a domain or language (code has no language).
+UNKNOWN = "none"
+
+
+@dataclasses.dataclass(frozen=True)
+class Document:
+    """A held-out document: ``id``, ``text``, ``domain`` and ``lang`` (``UNKNOWN`` when missing)."""
+
+    id: str
+    text: str
+    domain: str = UNKNOWN
+    lang: str = UNKNOWN
+
+    def group(self, by: str) -> str:
+        if by == "domain":
+            return self.domain
+        if by == "lang":
+            return self.lang
+        if by == "domain_lang":
+            return f"{self.domain}/{self.lang}"
+        raise ValueError(f"unknown grouping {by!r}; choose from {GROUPINGS}")
+
+
+def _open_text(path: str):
+    return gzip.open(path, "rt", encoding="utf-8") if path.endswith(".gz") else open(path, encoding="utf-8")
+
+
+def read_jsonl(path: str) -> list[Document]:
+    """Documents of one JSON Lines file (.jsonl or .jsonl.gz), in file order.
+
+    Raises:
+      ValueError: naming ``file:line`` for a line that is not a JSON object with string ``id`` and ``text``.
+    """
+    docs = []
+    with _open_text(path) as f:
+        for line_no, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+                if not isinstance(rec, dict) or not isinstance(rec.get("id"), str) \
+                        or not isinstance(rec.get("text"), str):
+                    raise TypeError("need a JSON object with string 'id' and 'text'")
+            except (json.JSONDecodeError, TypeError) as e:
+                raise ValueError(f"{path}:{line_no}: bad held-out record ({e})") from e
+            docs.append(Document(rec["id"], rec["text"], rec.get("domain") or UNKNOWN, rec.get("lang") or UNKNOWN))
+    return docs
+
+
+def resolve_source(source: str, split: str = "heldout") -> list[str]:
+    """The JSON Lines files behind a source: a file, or a directory (a prepared sample or a corpus version) with
+    ``<split>.jsonl.gz``, ``<split>.jsonl`` or ``<split>/*.jsonl[.gz]``.
+
+    Raises:
+      FileNotFoundError: naming the source and what was looked for.
+    """
+    if os.path.isfile(source):
+        return [source]
+    if os.path.isdir(source):
+        for cand in (os.path.join(source, f"{split}.jsonl.gz"), os.path.join(source, f"{split}.jsonl")):
+            if os.path.isfile(cand):
+                return [cand]
+        files = sorted(glob.glob(os.path.join(source, split, "*.jsonl.gz"))
+                       + glob.glob(os.path.join(source, split, "*.jsonl")))
+        if files:
+            return files
+        raise FileNotFoundError(f"{split} source {source}: a directory without {split}.jsonl.gz or "
+                                f"{split}/*.jsonl.gz")
+    raise FileNotFoundError(f"{split} source {source}: no such file or directory")
+
+
+def load_documents(source: str, split: str = "heldout") -> list[Document]:
+    """All documents of ``source`` (see :func:`resolve_source`), files in sorted order."""
+    docs: list[Document] = []
+    for path in resolve_source(source, split):
+        docs += read_jsonl(path)
+    return docs
+
+
+@dataclasses.dataclass
+class HeldoutSet:
+    """Documents cut into scoring windows, ready for any number of evaluations.
+
+    Attributes:
+      docs: the documents.
+      windows: rolling windows over every document's tokens.
+      window_doc: int64 [num_windows], the document of each window.
+      doc_bytes: int64 [num_docs], UTF-8 bytes of each document's text.
+      subset: True when only some windows were kept (``max_windows``).
+    """
+
+    docs: list[Document]
+    windows: list[Window]
+    window_doc: np.ndarray
+    doc_bytes: np.ndarray
+    subset: bool = False
+
+    @classmethod
+    def build(cls, docs: Sequence[Document], tokenizer, *, seq_len: int, stride: int | None = None,
+              add_eos: bool = True, max_windows: int = 0, interleave_by: str = "domain_lang") -> "HeldoutSet":
+        """Tokenize (EOS appended when ``add_eos``, as in training) and cut into windows.
+
+        Args:
+          stride: new tokens per later window of a long document (default ``seq_len // 2``).
+          max_windows: 0 for all; else keep this many windows, taken round-robin over the groups of
+            ``interleave_by`` (so a bounded in-loop evaluation still covers every group), each group's windows
+            in document order.
+        """
+        stride = stride or seq_len // 2
+        ids = tokenizer.encode_batch([d.text for d in docs])
+        windows, owner = [], []
+        for i, t in enumerate(ids):
+            if add_eos:
+                t = np.append(t, np.int32(tokenizer.eos_id))
+            ws = rolling_windows(t, seq_len, stride)
+            windows += ws
+            owner += [i] * len(ws)
+        owner_arr = np.asarray(owner, np.int64)
+        subset = False
+        if max_windows and max_windows < len(windows):
+            by_group: dict[str, list[int]] = {}
+            for w, i in enumerate(owner):
+                by_group.setdefault(docs[i].group(interleave_by), []).append(w)
+            order = _round_robin([by_group[g] for g in sorted(by_group)])[:max_windows]
+            order.sort()
+            windows = [windows[w] for w in order]
+            owner_arr = owner_arr[order]
+            subset = True
+        doc_bytes = np.array([len(d.text.encode("utf-8")) for d in docs], np.int64)
+        return cls(list(docs), windows, owner_arr, doc_bytes, subset)
+
+
+def _round_robin(lists: Sequence[Sequence[int]]) -> list[int]:
+    out, k = [], 0
+    while any(k < len(x) for x in lists):
+        out += [x[k] for x in lists if k < len(x)]
+        k += 1
+    return out
+
+
+def _figures(nll: float, tokens: int, nbytes: int, documents: int) -> dict[str, float]:
+    loss = nll / tokens if tokens else float("nan")
+    return {"documents": documents, "tokens": int(tokens), "nll_sum": nll, "loss": loss,
+            "perplexity": math.exp(loss) if tokens else float("nan"),
+            "bytes": int(nbytes), "bits_per_byte": nll / math.log(2) / nbytes if nbytes else float("nan")}
+
+
+def perplexity_report(scorer: Scorer, hset: HeldoutSet, *, group_by: Iterable[str] = GROUPINGS,
+                      pack: bool = True) -> dict[str, Any]:
+    """Score every window and pool by document group.
+
+    Returns ``{"overall": figures, "by_<grouping>": {group: figures}, "subset": bool}`` where figures are
+    ``documents``, ``tokens`` (scored), ``nll_sum`` (nats), ``loss`` (nats per token), ``perplexity``,
+    ``bytes`` and ``bits_per_byte``. Bytes count whole documents, so ``bits_per_byte`` is only reported for
+    full (not subset) evaluations.
+    """
+    res = scorer.score(hset.windows, pack=pack)
+    nd = len(hset.docs)
+    doc_nll = np.zeros(nd, np.float64)
+    doc_tok = np.zeros(nd, np.int64)
+    # Per-document sums in window order, then per-group sums in document order: fixed summation order.
+    for w in range(len(hset.windows)):
+        doc_nll[hset.window_doc[w]] -= res.logp[w]
+        doc_tok[hset.window_doc[w]] += res.count[w]
+    seen = doc_tok > 0
+
+    def pool(mask: np.ndarray) -> dict[str, float]:
+        nbytes = int(hset.doc_bytes[mask].sum()) if not hset.subset else 0
+        return _figures(float(doc_nll[mask].sum()), int(doc_tok[mask].sum()), nbytes, int(mask.sum()))
+
+    report: dict[str, Any] = {"overall": pool(seen), "subset": hset.subset}
+    for by in group_by:
+        keys = np.array([d.group(by) for d in hset.docs])
+        report[f"by_{by}"] = {g: pool(seen & (keys == g)) for g in sorted(set(keys[seen].tolist()))}
+    return report
+
+
+def flat_figures(report: dict[str, Any], prefix: str = "heldout") -> dict[str, float]:
+    """``{"<prefix>/<grouping>/<group>/loss": ..., ".../perplexity": ...}`` scalars for metrics.jsonl."""
+    out = {f"{prefix}/overall/loss": report["overall"]["loss"],
+           f"{prefix}/overall/perplexity": report["overall"]["perplexity"]}
+    for key, groups in report.items():
+        if key.startswith("by_"):
+            for g, fig in groups.items():
+                out[f"{prefix}/{key[3:]}/{g}/loss"] = fig["loss"]
+                out[f"{prefix}/{key[3:]}/{g}/perplexity"] = fig["perplexity"]
+    return out

@@ -1,0 +1,88 @@
+"""Regression report: compare two evaluation reports made with the same card.
+
+Core probe tasks are compared on their primary metric: a drop larger than the task's ``regression_tolerance``
+(absolute, in metric units) is flagged. Perplexity is compared for each group of the card's ``core_grouping``
+(e.g. every domain): a rise larger than ``perplexity.regression_tolerance`` (relative) is flagged. Reports made
+with different cards (name, version or content hash), or on different example sets or held-out tokens, are
+refused rather than compared.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+
+class IncompatibleReports(ValueError):
+    """Two reports that cannot be compared (different card, examples or held-out text)."""
+
+
+def _check_same(base: Mapping[str, Any], new: Mapping[str, Any]) -> None:
+    cb, cn = base.get("card", {}), new.get("card", {})
+    for key in ("name", "version", "content_sha256"):
+        if cb.get(key) != cn.get(key):
+            hint = (" (same version, different content: a card changed without a version bump)"
+                    if key == "content_sha256" else "")
+            raise IncompatibleReports(f"reports use different cards: {key} {cb.get(key)!r} vs {cn.get(key)!r}{hint}")
+    for name, tb in base.get("tasks", {}).items():
+        tn = new.get("tasks", {}).get(name)
+        if tn is not None and tb.get("examples_sha256") != tn.get("examples_sha256"):
+            raise IncompatibleReports(f"task {name}: the reports were scored on different examples "
+                                      "(held-out or training source differ)")
+    hb, hn = base.get("heldout", {}).get("overall", {}), new.get("heldout", {}).get("overall", {})
+    if hb.get("tokens") != hn.get("tokens"):
+        raise IncompatibleReports(f"held-out perplexity over different text: {hb.get('tokens')} vs "
+                                  f"{hn.get('tokens')} scored tokens")
+
+
+def compare(base: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
+    """Compare ``new`` against ``base``.
+
+    Returns ``{"ok": bool, "card": ..., "rows": [...], "flagged": [...]}``; each row names the metric, both
+    values, the change and the tolerance, and ``flagged`` lists the rows whose drop exceeds it.
+
+    Raises:
+      IncompatibleReports: different cards, example sets or held-out text.
+    """
+    _check_same(base, new)
+    rows = []
+    for name, tb in base.get("tasks", {}).items():
+        tn = new.get("tasks", {}).get(name)
+        if tn is None:
+            raise IncompatibleReports(f"task {name} is missing from the new report")
+        metric = tb["primary_metric"]
+        b, n = tb["metrics"][metric], tn["metrics"][metric]
+        tol = float(tb.get("regression_tolerance", 0.0))
+        drop = b - n
+        rows.append({"kind": "task", "name": name, "metric": metric, "base": b, "new": n, "change": -drop,
+                     "tolerance": tol, "core": bool(tb.get("core")),
+                     "flagged": bool(tb.get("core")) and drop > tol + 1e-12})
+    ppl = base.get("heldout", {})
+    grouping = ppl.get("core_grouping")
+    tol = float(ppl.get("regression_tolerance", 0.0))
+    if grouping:
+        groups_b = ppl.get(f"by_{grouping}", {})
+        groups_n = new.get("heldout", {}).get(f"by_{grouping}", {})
+        for g, fb in groups_b.items():
+            fn = groups_n.get(g)
+            if fn is None:
+                raise IncompatibleReports(f"perplexity group {grouping}={g} is missing from the new report")
+            rise = fn["perplexity"] / fb["perplexity"] - 1.0
+            rows.append({"kind": "perplexity", "name": f"{grouping}={g}", "metric": "perplexity",
+                         "base": fb["perplexity"], "new": fn["perplexity"], "change": rise, "tolerance": tol,
+                         "core": True, "flagged": rise > tol + 1e-12})
+    flagged = [r for r in rows if r["flagged"]]
+    return {"ok": not flagged, "card": base.get("card"), "base_checkpoint": base.get("checkpoint"),
+            "new_checkpoint": new.get("checkpoint"), "rows": rows, "flagged": flagged}
+
+
+def format_comparison(result: Mapping[str, Any]) -> str:
+    """A plain-text table of :func:`compare`'s rows."""
+    lines = [f"card {result['card']['name']} v{result['card']['version']}: "
+             f"{'OK' if result['ok'] else 'REGRESSION'} ({len(result['flagged'])} flagged)"]
+    for r in result["rows"]:
+        change = (f"{100 * r['change']:+.2f}%" if r["kind"] == "perplexity" else f"{r['change']:+.4f}")
+        tol = f"{100 * r['tolerance']:.1f}%" if r["kind"] == "perplexity" else f"{r['tolerance']:.4f}"
+        lines.append(f"  {'!!' if r['flagged'] else '  '} {r['kind']:<10} {r['name']:<28} {r['metric']:<14} "
+                     f"{r['base']:>10.4f} -> {r['new']:>10.4f}  change {change:>9}  tolerance {tol}"
+                     f"{'' if r['core'] else '  (not core)'}")
+    return "\n".join(lines)

@@ -1,0 +1,320 @@
+"""Score token sequences with a model: per-token log-likelihoods, rolling windows, greedy continuations.
+
+Everything in :mod:`jaxpt.eval` goes through one compiled function, :func:`token_scores`, on fixed-shape
+``[B, L]`` batches sharded over the run's mesh, so an evaluation compiles once and reuses the program.
+
+A *window* is one segment of a row: at most ``L`` tokens ``w[0..n-1]`` and the index ``first`` of the first
+token that is scored. Token ``w[k]`` (``first <= k < n``, ``first >= 1``) is scored by the log-probability the
+model gives it at position ``k - 1``. Windows are laid into rows either packed (several whole windows per row,
+each its own segment with positions restarting at 0) or one per row; attention never crosses segments, so a
+window's scores do not depend on its neighbours, the row it lands in, or the batch size. The host sums the
+scored log-probabilities per window in float64, always in the window's token order.
+
+Long sequences are split into overlapping windows (:func:`rolling_windows`): each token after the first is
+scored exactly once, with at least ``L - stride`` tokens of context once the sequence is longer than ``L``
+(the "sliding window" evaluation of Press et al. 2021, sec. 4, and lm-evaluation-harness's rolling
+log-likelihood).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from jaxpt import mesh as mesh_lib
+
+
+@dataclasses.dataclass(frozen=True)
+class Window:
+    """One scored segment: ``tokens`` int32 [n] (1 <= n <= L) and ``first`` (1 <= first <= n): tokens
+    ``tokens[first:]`` are scored, each given everything before it in the window."""
+
+    tokens: np.ndarray
+    first: int
+
+    def __post_init__(self):
+        n = len(self.tokens)
+        if n < 1 or not 1 <= self.first <= n:
+            raise ValueError(f"Window needs 1 <= first <= len(tokens), got first={self.first}, len={n}")
+
+    @property
+    def num_scored(self) -> int:
+        return len(self.tokens) - self.first
+
+
+def rolling_windows(tokens: Sequence[int] | np.ndarray, seq_len: int, stride: int, start: int = 1) -> list[Window]:
+    """Windows that score ``tokens[start:]`` exactly once each, with as much left context as fits.
+
+    The first window is ``tokens[0:e]`` with ``e = min(n, max(seq_len, start + stride))``; every later window
+    ends ``stride`` tokens further and starts ``seq_len`` tokens before its end, so each of its scored tokens
+    has at least ``seq_len - stride`` tokens of context. A sequence of at most ``seq_len`` tokens is one window.
+
+    Args:
+      tokens: int ids, shape [n].
+      seq_len: the longest window (the row length L).
+      stride: new tokens scored per later window, in [1, seq_len - 1].
+      start: first scored index (>= 1: the first token has no context and is never scored).
+
+    Returns: windows in order; empty when ``start >= n``.
+
+    Raises:
+      ValueError: a bad ``stride``, ``seq_len`` or ``start``.
+    """
+    tokens = np.asarray(tokens, np.int32).reshape(-1)
+    n = len(tokens)
+    if seq_len < 2 or not 1 <= stride <= seq_len - 1:
+        raise ValueError(f"rolling_windows: need seq_len >= 2 and 1 <= stride <= seq_len - 1, "
+                         f"got seq_len={seq_len}, stride={stride}")
+    if start < 1:
+        raise ValueError(f"rolling_windows: start = {start}; the first token has no context and is never scored")
+    out = []
+    k0 = start
+    k1 = min(n, max(seq_len, k0 + stride))
+    while k0 < n:
+        s = max(0, k1 - seq_len)
+        out.append(Window(tokens[s:k1], k0 - s))
+        k0, k1 = k1, min(n, k1 + stride)
+    return out
+
+
+def token_scores(params, tokens_BxL, segment_ids_BxL, positions_BxL, *, graphdef):
+    """Log-probability of each next token, and the greedy (argmax) token, at every position.
+
+    Returns ``(logp_BxL float32, argmax_BxL int32)``: ``logp[b, t] = log p(tokens[b, t+1] | row up to t)``
+    (the last column is the log-probability of token 0, meaningless; the host reads only scored positions)
+    and ``argmax[b, t]`` the most likely next token. Log-softmax in float32.
+    """
+    model = nnx.merge(graphdef, params)
+    logits_BxLxV = model(tokens_BxL, segment_ids_BxL, positions_BxL).astype(jnp.float32)
+    next_BxL = jnp.concatenate([tokens_BxL[:, 1:], jnp.zeros_like(tokens_BxL[:, :1])], axis=1)
+    logp_BxLxV = jax.nn.log_softmax(logits_BxLxV, axis=-1)
+    logp_BxL = jnp.take_along_axis(logp_BxLxV, next_BxL[..., None], axis=-1)[..., 0]
+    return logp_BxL, jnp.argmax(logits_BxLxV, axis=-1).astype(jnp.int32)
+
+
+@dataclasses.dataclass
+class WindowScores:
+    """Per-window results of :meth:`Scorer.score`: float64 ``logp`` (sum over scored tokens), bool ``greedy``
+    (every scored token is the argmax), int ``count`` (scored tokens), each of shape [num_windows]; and, when
+    asked, ``token_logp``: one float32 array [num_scored] per window."""
+
+    logp: np.ndarray
+    greedy: np.ndarray
+    count: np.ndarray
+    token_logp: list[np.ndarray] | None = None
+
+
+class Scorer:
+    """Runs :func:`token_scores` on ``[batch_size, seq_len]`` batches over a mesh (compiled once).
+
+    Args:
+      graphdef: the model's graph definition (``nnx.split``).
+      params: the model's ``nnx.Param`` state, already placed on ``mesh``.
+      mesh, rules: where the batch is sharded (``batch`` over its mesh axes) and the activation rules.
+      seq_len: row length L (at most the model's ``max_seq_len``).
+      batch_size: rows per call; rounded up to a multiple of the data-parallel size (extra rows are padding).
+      pad_id: token id of padding slots.
+    """
+
+    def __init__(self, graphdef, params, mesh: Mesh, rules, *, seq_len: int, batch_size: int, pad_id: int = 0):
+        if seq_len < 2:
+            raise ValueError(f"Scorer: seq_len = {seq_len} must be >= 2")
+        dp = mesh_lib.data_parallel_size(mesh_lib.mesh_shape(mesh), rules)
+        self.batch_size = -(-max(batch_size, 1) // dp) * dp
+        self.seq_len, self.pad_id, self.mesh, self.rules = seq_len, pad_id, mesh, rules
+        self.params, self.graphdef = params, graphdef
+        replicated = NamedSharding(mesh, PartitionSpec())
+        batch_s = mesh_lib.batch_sharding(mesh, rules)
+        self._batch_sharding = batch_s
+        param_s = jax.tree.map(lambda x: x.sharding, params)
+
+        def traced(params, tokens, segment_ids, positions):
+            with mesh_lib.activation_sharding(mesh, rules):
+                return token_scores(params, tokens, segment_ids, positions, graphdef=graphdef)
+
+        self._fn = jax.jit(traced, in_shardings=(param_s, batch_s, batch_s, batch_s),
+                           out_shardings=(replicated, replicated))
+        self.calls = 0
+
+    @classmethod
+    def from_model(cls, model, mesh: Mesh, rules, *, seq_len: int, batch_size: int, pad_id: int = 0) -> "Scorer":
+        """A scorer over an ``nnx`` model whose params already live on ``mesh`` (e.g. ``jaxpt.restore(...).model``)."""
+        if seq_len > model.cfg.max_seq_len:
+            raise ValueError(f"Scorer: seq_len = {seq_len} exceeds the model's max_seq_len = {model.cfg.max_seq_len}")
+        graphdef, params = nnx.split(model, nnx.Param)
+        return cls(graphdef, params, mesh, rules, seq_len=seq_len, batch_size=batch_size, pad_id=pad_id)
+
+    # ------------------------------------------------------------------------------------------ device calls
+
+    def _run(self, tokens, segment_ids, positions) -> tuple[np.ndarray, np.ndarray]:
+        """One compiled call on host arrays [B, L]; returns host (logp, argmax)."""
+        put = lambda a: jax.device_put(a, self._batch_sharding)  # noqa: E731
+        self.calls += 1
+        logp, argmax = self._fn(self.params, put(tokens), put(segment_ids), put(positions))
+        return np.asarray(jax.device_get(logp)), np.asarray(jax.device_get(argmax))
+
+    def _empty_batch(self):
+        B, L = self.batch_size, self.seq_len
+        return (np.full((B, L), self.pad_id, np.int32), np.zeros((B, L), np.int32), np.zeros((B, L), np.int32))
+
+    # ------------------------------------------------------------------------------------------ scoring
+
+    def layout(self, windows: Sequence[Window], pack: bool = True) -> list[list[tuple[int, int]]]:
+        """Rows of ``(window index, offset in row)``: next-fit in order when ``pack``, else one window a row.
+
+        Raises:
+          ValueError: a window longer than ``seq_len``.
+        """
+        rows: list[list[tuple[int, int]]] = []
+        used = self.seq_len
+        for i, w in enumerate(windows):
+            n = len(w.tokens)
+            if n > self.seq_len:
+                raise ValueError(f"window {i} has {n} tokens, more than seq_len = {self.seq_len}")
+            if not pack or used + n > self.seq_len:
+                rows.append([])
+                used = 0
+            rows[-1].append((i, used))
+            used += n
+        return rows
+
+    def score(self, windows: Sequence[Window], *, pack: bool = True, keep_tokens: bool = False) -> WindowScores:
+        """Sum of scored log-probabilities per window (float64), whether each was greedy, and counts.
+
+        The result does not depend on ``pack`` or the batch size beyond float32 rounding of the model itself.
+        """
+        W = len(windows)
+        logp = np.zeros(W, np.float64)
+        greedy = np.ones(W, bool)
+        count = np.array([w.num_scored for w in windows], np.int64)
+        token_logp: list[np.ndarray | None] | None = [None] * W if keep_tokens else None
+        rows = self.layout(windows, pack)
+        for b0 in range(0, len(rows), self.batch_size):
+            tokens, seg, pos = self._empty_batch()
+            for r, row in enumerate(rows[b0:b0 + self.batch_size]):
+                for s, (i, off) in enumerate(row, 1):
+                    n = len(windows[i].tokens)
+                    tokens[r, off:off + n] = windows[i].tokens
+                    seg[r, off:off + n] = s
+                    pos[r, off:off + n] = np.arange(n)
+            out_logp, out_argmax = self._run(tokens, seg, pos)
+            for r, row in enumerate(rows[b0:b0 + self.batch_size]):
+                for i, off in row:
+                    w = windows[i]
+                    cols = np.arange(off + w.first - 1, off + len(w.tokens) - 1)
+                    lp = out_logp[r, cols]
+                    logp[i] = float(np.sum(lp.astype(np.float64)))  # numpy pairwise sum: fixed order per window
+                    greedy[i] = bool(np.all(out_argmax[r, cols] == w.tokens[w.first:]))
+                    if token_logp is not None:
+                        token_logp[i] = lp.copy()
+        return WindowScores(logp, greedy, count, token_logp)
+
+    def loglikelihood(self, requests: Sequence[tuple[Sequence[int], Sequence[int]]], *, stride: int | None = None,
+                      pack: bool = True) -> list[tuple[float, bool]]:
+        """``log p(continuation | context)`` (nats) and whether greedy decoding would produce the continuation.
+
+        Args:
+          requests: ``(context ids, continuation ids)`` pairs; the context must hold at least one token (callers
+            prefix EOS for an empty context) and the continuation at least one.
+          stride: for pairs longer than ``seq_len``: the context is cut from the left to fit; a continuation
+            longer than ``seq_len - 1`` is scored in rolling windows (default stride ``seq_len // 2``).
+
+        Raises:
+          ValueError: an empty context or continuation.
+        """
+        stride = stride or self.seq_len // 2
+        windows, owner = [], []
+        for j, (ctx, cont) in enumerate(requests):
+            if len(ctx) < 1 or len(cont) < 1:
+                raise ValueError(f"loglikelihood request {j}: context and continuation need >= 1 token each "
+                                 f"(got {len(ctx)}, {len(cont)})")
+            seq = np.concatenate([np.asarray(ctx, np.int32), np.asarray(cont, np.int32)])
+            ws = _tail_windows(seq, len(ctx), self.seq_len, stride)
+            windows += ws
+            owner += [j] * len(ws)
+        res = self.score(windows, pack=pack)
+        out_lp = np.zeros(len(requests))
+        out_greedy = np.ones(len(requests), bool)
+        for w, j in enumerate(owner):
+            out_lp[j] += res.logp[w]
+            out_greedy[j] &= res.greedy[w]
+        return [(float(a), bool(b)) for a, b in zip(out_lp, out_greedy)]
+
+    def greedy(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, *, eos_id: int | None = None,
+               stop: Callable[[list[int]], bool] | None = None) -> list[list[int]]:
+        """Greedy continuations, one prompt per row, ``batch_size`` prompts per compiled call.
+
+        No KV cache: each step reruns the fixed ``[B, L]`` forward pass and reads the argmax after each row's
+        last token (one compiled program for every prompt length). A prompt longer than
+        ``seq_len - max_new_tokens`` keeps its last tokens.
+
+        Args:
+          prompts: token ids, each with at least one token.
+          max_new_tokens: at most this many new tokens per prompt (1 <= it < seq_len).
+          eos_id: stop a row after it emits this id (included in the result).
+          stop: ``new_ids -> bool``; stop a row once it returns True (e.g. a newline was decoded).
+
+        Returns: the new ids per prompt.
+
+        Raises:
+          ValueError: an empty prompt or a bad ``max_new_tokens``.
+        """
+        if not 1 <= max_new_tokens < self.seq_len:
+            raise ValueError(f"greedy: max_new_tokens = {max_new_tokens} must be in [1, seq_len = {self.seq_len})")
+        keep = self.seq_len - max_new_tokens
+        results: list[list[int]] = []
+        for b0 in range(0, len(prompts), self.batch_size):
+            chunk = prompts[b0:b0 + self.batch_size]
+            ctx = []
+            for j, p in enumerate(chunk):
+                p = [int(t) for t in np.asarray(p).reshape(-1)]
+                if not p:
+                    raise ValueError(f"greedy: prompt {b0 + j} is empty")
+                ctx.append(p[-keep:])
+            new: list[list[int]] = [[] for _ in chunk]
+            done = [False] * len(chunk)
+            for _ in range(max_new_tokens):
+                tokens, seg, pos = self._empty_batch()
+                for r, c in enumerate(ctx):
+                    seq = c + new[r]
+                    tokens[r, :len(seq)] = seq
+                    seg[r, :len(seq)] = 1
+                    pos[r, :len(seq)] = np.arange(len(seq))
+                _, argmax = self._run(tokens, seg, pos)
+                for r, c in enumerate(ctx):
+                    if done[r]:
+                        continue
+                    t = int(argmax[r, len(c) + len(new[r]) - 1])
+                    new[r].append(t)
+                    if (eos_id is not None and t == eos_id) or (stop is not None and stop(new[r])):
+                        done[r] = True
+                if all(done):
+                    break
+            results += new
+        return results
+
+
+def _tail_windows(seq: np.ndarray, start: int, seq_len: int, stride: int) -> list[Window]:
+    """Windows scoring ``seq[start:]``: one window ``seq[max(0, n - seq_len):]`` when the scored part fits
+    (the context cut from the left), else :func:`rolling_windows` from the longest context that fits."""
+    n = len(seq)
+    if n - start <= seq_len - 1:
+        s = max(0, n - seq_len)
+        return [Window(seq[s:], start - s)]
+    s = max(0, start - (seq_len - stride))  # drop context that no window could see
+    return rolling_windows(seq[s:], seq_len, stride, start=start - s)
+
+
+def scorer_for_restored(restored: Any, *, seq_len: int | None = None, batch_size: int = 8) -> Scorer:
+    """A :class:`Scorer` over a :func:`jaxpt.restore` result (its mesh, rules and, by default, its ``seq_len``)."""
+    cfg = restored.config
+    return Scorer.from_model(restored.model, restored.mesh, cfg.logical_axis_rules,
+                             seq_len=seq_len or cfg.seq_len, batch_size=batch_size,
+                             pad_id=restored.tokenizer.pad_id)
+

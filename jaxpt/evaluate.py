@@ -1,0 +1,333 @@
+"""``python -m jaxpt.evaluate``: evaluate a checkpoint on an eval card, compare reports, review agreement.
+
+    python -m jaxpt.evaluate --workdir DIR [--step N] --card configs/eval/card_v1.yaml --output report.json
+        [--heldout SRC] [--train SRC] [--mesh data=8] [--no-seqio] [--review-sheet FILE]
+    python -m jaxpt.evaluate compare BASE NEW [--card CARD] [--output FILE]   # reports, or workdirs + --card
+    python -m jaxpt.evaluate agreement SHEET                                  # Cohen's kappa of a review sheet
+    python -m jaxpt.evaluate card-stamp CARD                                  # bump a changed card's version
+    python -m jaxpt.evaluate spot-check-build --heldout SRC --output FILE    # (re)build a spot-check prompt set
+    python -m jaxpt.evaluate export-probes --card CARD --heldout SRC --train SRC --output-dir DIR
+    python -m jaxpt.evaluate lm-eval --workdir DIR --tasks T1,T2 [--include-path DIR] [--limit N]
+
+The report (JSON) names the card (name, version, content hash, task-set version) and the checkpoint, and holds
+held-out perplexity per domain, per language and per (domain, language), each probe task's metrics beside its
+chance level and threshold, the decontamination counts, and where the spot-check review sheet went.
+
+Exit status: 0 ok; 1 a regression (``compare``) crossed a tolerance; 2 bad input (card, report, sheet, paths).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+from typing import Any, Sequence
+
+log = logging.getLogger("jaxpt.evaluate")
+
+SUBCOMMANDS = ("compare", "agreement", "card-stamp", "spot-check-build", "export-probes", "lm-eval")
+
+
+# ------------------------------------------------------------------------------------------ sources
+
+
+def default_sources(cfg) -> tuple[str, str]:
+    """Held-out and training sources of a run's config: the prepared sample's files, or the corpus directory."""
+    d = cfg.data
+    if d.source == "corpus":
+        return d.corpus_dir, d.corpus_dir
+    return d.heldout_path, d.train_path
+
+
+def build_probe_tasks(card, heldout_docs, train_texts) -> dict[str, Any]:
+    """Every card task's examples (held-out only, decontaminated against ``train_texts``), by task name."""
+    from jaxpt.eval import decontam, probes
+    index = decontam.NgramIndex(train_texts)
+    return {spec.name: probes.build_task(spec, heldout_docs, index, seed=card.seed, ngram=card.ngram,
+                                         min_words=card.min_words) for spec in card.tasks}
+
+
+# ------------------------------------------------------------------------------------------ one evaluation
+
+
+def run_card(restored, card, *, workdir: str = "", heldout: str | None = None, train: str | None = None,
+             use_seqio: bool = True, review_sheet: str | None = None, tasks=None) -> dict[str, Any]:
+    """Evaluate a restored checkpoint (:func:`jaxpt.restore`) on ``card``; returns the report dict.
+
+    Args:
+      heldout, train: sources (file or directory); default: the card's, else the run's own.
+      use_seqio: score probe tasks through their seqio Tasks and ``seqio.Evaluator`` (imports TensorFlow);
+        False scores the same rows directly (same metric functions).
+      review_sheet: where to write the spot-check generations for human review (skipped when None).
+      tasks: prebuilt probe tasks (:func:`build_probe_tasks`), to reuse them across checkpoints.
+    """
+    from jaxpt.eval import heldout as heldout_lib
+    from jaxpt.eval import probes
+    from jaxpt.eval.scorer import scorer_for_restored
+    t0 = time.perf_counter()
+    cfg = restored.config
+    run_heldout, run_train = default_sources(cfg)
+    heldout = heldout or card.heldout_source or run_heldout
+    train = train or card.train_source or run_train
+    docs = heldout_lib.load_documents(heldout, "heldout")
+    scorer = scorer_for_restored(restored, batch_size=card.batch_size)
+    hset = heldout_lib.HeldoutSet.build(docs, restored.tokenizer, seq_len=scorer.seq_len,
+                                        stride=card.stride or None, add_eos=cfg.data.add_eos)
+    ppl = heldout_lib.perplexity_report(scorer, hset, group_by=card.group_by)
+    gen_scorer = scorer_for_restored(restored, batch_size=int(card.decoding.get("batch_size", 64)))
+    ppl.update(core_grouping=card.core_grouping, regression_tolerance=card.perplexity_tolerance,
+               source=heldout, stride=card.stride or scorer.seq_len // 2, seq_len=scorer.seq_len)
+    t_ppl = time.perf_counter()
+    if tasks is None:
+        tasks = build_probe_tasks(card, docs, (d.text for d in heldout_lib.load_documents(train, "train")))
+    max_new = int(card.decoding["max_new_tokens"])
+    if use_seqio:
+        from jaxpt.eval import seqio_tasks
+        metrics = seqio_tasks.evaluate_with_seqio(card.task_set_version, tasks, scorer, restored.tokenizer,
+                                                  max_new_tokens=max_new, generator=gen_scorer)
+    else:
+        metrics = {n: probes.evaluate_task(scorer, restored.tokenizer, te, max_new_tokens=max_new,
+                                           generator=gen_scorer) for n, te in tasks.items()}
+    t_tasks = time.perf_counter()
+    report = {
+        "card": card.ident,
+        "checkpoint": {"workdir": os.path.abspath(workdir) if workdir else None, "step": restored.step,
+                       "data_version": restored.meta.get("data_version"),
+                       "tokenizer_sha256": restored.tokenizer.sha256, "num_params": restored.num_params},
+        "heldout": ppl,
+        "tasks": {n: _task_entry(card, te, metrics[n], use_seqio) for n, te in tasks.items()},
+        "train_source": train,
+    }
+    if review_sheet and card.spot_check is not None:
+        report["spot_check"] = write_review_sheet(restored, card, gen_scorer, review_sheet, workdir)
+    report["timing_s"] = {"perplexity": t_ppl - t0, "tasks": t_tasks - t_ppl, "total": time.perf_counter() - t0}
+    return report
+
+
+def _task_entry(card, te, metrics: dict[str, float], use_seqio: bool) -> dict[str, Any]:
+    spec = te.spec
+    score = metrics[spec.primary_metric]
+    return {
+        "seqio_task": f"jaxpt.{card.task_set_version}.{spec.name}", "scored_with": "seqio" if use_seqio else "direct",
+        "kind": spec.kind, "domain": spec.domain, "description": spec.description, "metrics": metrics,
+        "primary_metric": spec.primary_metric, "score": score, "chance": spec.chance,
+        "chance_measured": te.chance, "above_chance": score - spec.chance, "threshold": spec.threshold,
+        "passes_threshold": None if spec.threshold is None else score >= spec.threshold, "core": spec.core,
+        "regression_tolerance": spec.regression_tolerance, "num_examples": len(te.examples),
+        "examples_sha256": te.sha256, "decontamination": te.counts, **({"info": te.info} if te.info else {}),
+    }
+
+
+def write_review_sheet(restored, card, scorer, path: str, workdir: str) -> dict[str, Any]:
+    """Generate greedily from every spot-check prompt and write the review sheet; returns its summary."""
+    from jaxpt.eval import probes, review
+    spot = card.spot_check
+    with open(spot.prompts_path, encoding="utf-8") as f:
+        prompts = [json.loads(line) for line in f if line.strip()]
+    tok = restored.tokenizer
+    ids = [probes.with_prefix(tok, tok.encode(p["prompt"])) for p in prompts]
+    outs = scorer.greedy(ids, spot.max_new_tokens, eos_id=tok.eos_id)
+    gens = [tok.decode(o) for o in outs]
+    rows = review.review_rows(prompts, gens, card=card, checkpoint=os.path.abspath(workdir) if workdir else "",
+                              step=restored.step, labels=spot.labels)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        for r in rows:
+            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+    return {"sheet": os.path.abspath(path), "prompts": len(rows), "max_new_tokens": spot.max_new_tokens,
+            "labels": list(spot.labels)}
+
+
+def format_report(report: dict[str, Any]) -> str:
+    """Plain-text summary: perplexity per group and each task's score beside its chance level."""
+    c = report["card"]
+    h = report["heldout"]
+    lines = [f"card {c['name']} v{c['version']} ({c['task_set_version']}), step {report['checkpoint']['step']}",
+             f"held-out perplexity {h['overall']['perplexity']:.2f} over {h['overall']['tokens']} tokens "
+             f"({h['overall']['bits_per_byte']:.3f} bits/byte)"]
+    for key in ("by_domain", "by_lang"):
+        for g, f in h.get(key, {}).items():
+            lines.append(f"  {key[3:]:<7} {g:<14} ppl {f['perplexity']:>10.2f}  tokens {f['tokens']:>7}  "
+                         f"bits/byte {f['bits_per_byte']:.3f}")
+    for n, t in report["tasks"].items():
+        thr = "" if t["threshold"] is None else f"  threshold {t['threshold']:.3f} ({'pass' if t['passes_threshold'] else 'FAIL'})"
+        lines.append(f"  task {n:<24} {t['primary_metric']:<14} {t['score']:.3f}  chance {t['chance']:.3f}  "
+                     f"n={t['num_examples']}{thr}")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------ CLI
+
+
+def _restore(workdir: str, step: int | None, mesh: str | None):
+    import jaxpt
+    return jaxpt.restore(workdir, step=step, mesh=mesh)
+
+
+def cmd_run(args) -> int:
+    from jaxpt.eval.card import load_card
+    card = load_card(args.card)
+    restored = _restore(args.workdir, args.step, args.mesh)
+    sheet = args.review_sheet
+    if sheet is None and args.output:
+        sheet = os.path.splitext(args.output)[0] + ".review.jsonl"
+    report = run_card(restored, card, workdir=args.workdir, heldout=args.heldout, train=args.train,
+                      use_seqio=not args.no_seqio, review_sheet=sheet)
+    _write_json(args.output, report)
+    print(format_report(report))
+    return 0
+
+
+def _write_json(path: str | None, obj: Any) -> None:
+    if not path:
+        return
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=1, ensure_ascii=False, allow_nan=True)
+
+
+def _report_of(arg: str, args) -> dict[str, Any]:
+    if os.path.isdir(arg):
+        if not args.card:
+            raise ValueError(f"{arg} is a workdir: pass --card to evaluate it")
+        from jaxpt.eval.card import load_card
+        return run_card(_restore(arg, None, args.mesh), load_card(args.card), workdir=arg,
+                        use_seqio=not args.no_seqio)
+    with open(arg, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def cmd_compare(args) -> int:
+    from jaxpt.eval import regression
+    base, new = _report_of(args.base, args), _report_of(args.new, args)
+    result = regression.compare(base, new)
+    _write_json(args.output, result)
+    print(regression.format_comparison(result))
+    return 0 if result["ok"] else 1
+
+
+def cmd_agreement(args) -> int:
+    from jaxpt.eval import review
+    out = review.agreement(review.read_sheet(args.sheet), args.sheet)
+    print(json.dumps(out, indent=1))
+    return 0
+
+
+def cmd_card_stamp(args) -> int:
+    from jaxpt.eval.card import load_card, stamp_card
+    version, digest = stamp_card(args.card)
+    load_card(args.card)
+    print(f"{args.card}: now version {version} (content sha256 {digest})")
+    return 0
+
+
+def cmd_spot_check_build(args) -> int:
+    from jaxpt.eval import heldout, review
+    rows = review.build_spot_check(heldout.load_documents(args.heldout, "heldout"), seed=args.seed)
+    with open(args.output, "w", encoding="utf-8") as f:
+        for r in rows:
+            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+    from jaxpt.eval.card import file_sha256
+    print(f"{args.output}: {len(rows)} prompts, sha256 {file_sha256(args.output)}")
+    return 0
+
+
+def cmd_export_probes(args) -> int:
+    """Write each task's examples as JSON Lines (lm-eval data files; eval sets for corpus decontamination)."""
+    from jaxpt.eval import heldout
+    from jaxpt.eval.card import load_card
+    card = load_card(args.card)
+    tasks = build_probe_tasks(card, heldout.load_documents(args.heldout, "heldout"),
+                              (d.text for d in heldout.load_documents(args.train, "train")))
+    os.makedirs(args.output_dir, exist_ok=True)
+    for name, te in tasks.items():
+        path = os.path.join(args.output_dir, f"{name}.jsonl")
+        with open(path, "w", encoding="utf-8") as f:
+            for ex in te.examples:
+                text = (ex["contexts"][ex["label"]] + ex["continuations"][ex["label"]] if te.spec.is_choice
+                        else ex["prompt"] + ex["target"])
+                f.write(json.dumps({**ex, "text": text}, ensure_ascii=False) + "\n")
+        print(f"{path}: {len(te.examples)} examples ({te.counts})")
+    return 0
+
+
+def cmd_lm_eval(args) -> int:
+    from jaxpt.eval import harness
+    results = harness.run_lm_eval(args.workdir, args.tasks.split(","), step=args.step, mesh=args.mesh,
+                                  include_path=args.include_path, limit=args.limit, batch_size=args.batch_size)
+    _write_json(args.output, results)
+    print(json.dumps(results, indent=1))
+    return 0
+
+
+def _parser(sub: str | None) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=f"python -m jaxpt.evaluate{' ' + sub if sub else ''}",
+                                description=__doc__.splitlines()[0])
+    if sub is None:
+        p.add_argument("--workdir", required=True)
+        p.add_argument("--step", type=int)
+        p.add_argument("--card", required=True)
+        p.add_argument("--output", help="report JSON")
+        p.add_argument("--heldout", help="held-out source (file or corpus dir); default: card, then run config")
+        p.add_argument("--train", help="training source for decontamination; default: card, then run config")
+        p.add_argument("--mesh", help="mesh to restore onto, e.g. data=8 (default: the saved one)")
+        p.add_argument("--no-seqio", action="store_true", help="score probe rows directly, without seqio")
+        p.add_argument("--review-sheet", help="spot-check sheet (default: <output>.review.jsonl)")
+    elif sub == "compare":
+        p.add_argument("base")
+        p.add_argument("new")
+        p.add_argument("--card", help="needed when BASE/NEW are workdirs")
+        p.add_argument("--mesh")
+        p.add_argument("--no-seqio", action="store_true")
+        p.add_argument("--output")
+    elif sub == "agreement":
+        p.add_argument("sheet")
+    elif sub == "card-stamp":
+        p.add_argument("card")
+    elif sub == "spot-check-build":
+        p.add_argument("--heldout", required=True)
+        p.add_argument("--output", required=True)
+        p.add_argument("--seed", type=int, default=0)
+    elif sub == "export-probes":
+        p.add_argument("--card", required=True)
+        p.add_argument("--heldout", required=True)
+        p.add_argument("--train", required=True)
+        p.add_argument("--output-dir", required=True)
+    elif sub == "lm-eval":
+        p.add_argument("--workdir", required=True)
+        p.add_argument("--tasks", required=True, help="comma-separated lm-eval task names")
+        p.add_argument("--step", type=int)
+        p.add_argument("--mesh")
+        p.add_argument("--include-path", default=os.path.join("configs", "eval", "lm_eval"))
+        p.add_argument("--limit", type=float)
+        p.add_argument("--batch-size", type=int, default=16)
+        p.add_argument("--output")
+    return p
+
+
+_COMMANDS = {None: cmd_run, "compare": cmd_compare, "agreement": cmd_agreement, "card-stamp": cmd_card_stamp,
+             "spot-check-build": cmd_spot_check_build, "export-probes": cmd_export_probes, "lm-eval": cmd_lm_eval}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    sub = argv[0] if argv and argv[0] in SUBCOMMANDS else None
+    args = _parser(sub).parse_args(argv[1:] if sub else argv)
+    logging.basicConfig(level=logging.INFO, format="[%(asctime)s] %(message)s", force=True)
+    for noisy in ("absl", "orbax", "jax"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    from jaxpt.checkpoint import CheckpointError
+    from jaxpt.eval.card import CardError
+    from jaxpt.eval.regression import IncompatibleReports
+    try:
+        return _COMMANDS[sub](args)
+    except (CardError, CheckpointError, IncompatibleReports, ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
