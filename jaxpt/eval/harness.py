@@ -1,0 +1,141 @@
+"""lm-evaluation-harness adapter: a jaxpt checkpoint as an lm-eval model (``--model jaxpt``).
+
+    python -m jaxpt.evaluate lm-eval --workdir workdirs/quickstart \\
+        --tasks jaxpt_cloze_reference,jaxpt_heldout_rolling,jaxpt_code_next_line_greedy
+
+or, from Python, ``lm_eval.simple_evaluate(model=JaxptLM(workdir=...), tasks=[...], task_manager=...)``; the
+standard suites work the same way where their data is available locally.
+
+The three request types of lm-eval's ``LM`` interface (lm-eval 0.4, ``lm_eval/api/model.py``):
+
+``loglikelihood((context, continuation))``
+  ``(log p(continuation | context), is_greedy)`` with the pair tokenized as
+  :func:`jaxpt.eval.probes.encode_pair` does (the continuation's ids come from the joined text's encoding);
+  an empty context is the EOS token. Scored by :meth:`jaxpt.eval.scorer.Scorer.loglikelihood`, the same call
+  jaxpt's own probe tasks use, so both give the same numbers for the same text.
+``loglikelihood_rolling((text,))``
+  log-likelihood of every token of ``text`` after an EOS prefix (lm-eval's convention), in rolling windows of
+  the run's ``seq_len`` with ``seq_len // 2`` tokens of context at least.
+``generate_until((context, gen_kwargs))``
+  greedy continuation (no sampling: ``do_sample`` must be false and ``temperature`` 0), stopped at EOS, at the
+  first of ``until``'s strings (cut there), or after ``max_gen_toks`` tokens.
+
+Importing this module registers the model name ``jaxpt`` with lm-eval's registry.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Sequence
+
+import numpy as np
+from lm_eval.api.model import LM
+from lm_eval.api.registry import register_model
+
+from jaxpt.eval import probes
+from jaxpt.eval.scorer import scorer_for_restored
+
+
+@register_model("jaxpt")
+class JaxptLM(LM):
+    """A restored jaxpt checkpoint behind lm-eval's ``LM`` interface.
+
+    Args:
+      workdir: the run directory (restored with :func:`jaxpt.restore`); or pass ``restored``.
+      step: checkpoint step (default: newest committed).
+      mesh: mesh spec to restore onto (default: the saved one if it fits, else data=<devices>).
+      batch_size: rows per compiled call.
+      max_gen_toks: default generation budget when a request does not give one.
+      restored: an already restored checkpoint (:class:`jaxpt.inference.Restored`).
+    """
+
+    def __init__(self, workdir: str | None = None, step: int | None = None, mesh: str | None = None,
+                 batch_size: int = 16, max_gen_toks: int = 64, restored=None, **unused):
+        super().__init__()
+        if restored is None:
+            if not workdir:
+                raise ValueError("JaxptLM: pass workdir=DIR (model_args 'workdir=DIR') or restored=")
+            import jaxpt
+            restored = jaxpt.restore(workdir, step=None if step in (None, "") else int(step), mesh=mesh or None)
+        self.restored = restored
+        self.tokenizer = restored.tokenizer
+        self.scorer = scorer_for_restored(restored, batch_size=int(batch_size))
+        self.max_gen_toks = int(max_gen_toks)
+
+    @property
+    def max_length(self) -> int:
+        return self.scorer.seq_len
+
+    def loglikelihood(self, requests) -> list[tuple[float, bool]]:
+        reqs, empty = [], set()
+        for i, r in enumerate(requests):
+            context, continuation = r.args
+            if not continuation:
+                empty.add(i)  # log p("") = 0 and it is trivially greedy
+                continue
+            ctx, cont = probes.encode_pair(self.tokenizer, context, continuation)
+            reqs.append((probes.with_prefix(self.tokenizer, ctx), cont))
+        scored = iter(self.scorer.loglikelihood(reqs))
+        return [(0.0, True) if i in empty else next(scored) for i in range(len(requests))]
+
+    def loglikelihood_rolling(self, requests) -> list[float]:
+        eos = np.asarray([self.tokenizer.eos_id], np.int32)
+        reqs = [(eos, self.tokenizer.encode(r.args[0])) for r in requests]
+        keep = [i for i, (_, ids) in enumerate(reqs) if len(ids)]
+        scored = dict(zip(keep, (lp for lp, _ in self.scorer.loglikelihood([reqs[i] for i in keep]))))
+        return [scored.get(i, 0.0) for i in range(len(reqs))]
+
+    def generate_until(self, requests) -> list[str]:
+        groups: dict[int, list[int]] = {}
+        stops: list[list[str]] = []
+        for i, r in enumerate(requests):
+            _, kwargs = r.args
+            kwargs = dict(kwargs or {})
+            if kwargs.get("do_sample") or float(kwargs.get("temperature", 0.0) or 0.0) > 0:
+                raise ValueError(f"JaxptLM decodes greedily only; request {i} asks for sampling ({kwargs})")
+            until = kwargs.get("until") or []
+            stops.append([until] if isinstance(until, str) else list(until))
+            n = int(kwargs.get("max_gen_toks", self.max_gen_toks))
+            groups.setdefault(min(n, self.scorer.seq_len - 1), []).append(i)
+        out: list[str] = [""] * len(requests)
+        for n, idx in groups.items():
+            prompts = [probes.with_prefix(self.tokenizer, self.tokenizer.encode(requests[i].args[0])) for i in idx]
+            for i, ids in zip(idx, self._greedy(prompts, n, [stops[i] for i in idx])):
+                out[i] = _cut_at(self.tokenizer.decode(ids), stops[i])
+        return out
+
+    def _greedy(self, prompts, n: int, stops: Sequence[Sequence[str]]) -> list[list[int]]:
+        # One stop test for the whole batch is enough: a row that already stopped is ignored by the scorer.
+        res: list[list[int]] = []
+        for b0 in range(0, len(prompts), self.scorer.batch_size):
+            chunk_stops = stops[b0:b0 + self.scorer.batch_size]
+            every = sorted({s for ss in chunk_stops for s in ss if s})
+            stop = (lambda ids: any(s in self.tokenizer.decode(ids) for s in every)) if every else None
+            res += self.scorer.greedy(prompts[b0:b0 + self.scorer.batch_size], n, eos_id=self.tokenizer.eos_id,
+                                      stop=stop)
+        return res
+
+
+def _cut_at(text: str, stops: Sequence[str]) -> str:
+    cut = min((text.find(s) for s in stops if s and s in text), default=-1)
+    return text if cut < 0 else text[:cut]
+
+
+def run_lm_eval(workdir: str, tasks: Sequence[str], *, step: int | None = None, mesh: str | None = None,
+                include_path: str | None = None, limit: float | None = None, batch_size: int = 16,
+                restored=None) -> dict[str, Any]:
+    """Run ``lm_eval.simple_evaluate`` on a checkpoint with local task files; returns lm-eval's ``results``.
+
+    The Hugging Face hub is never contacted (offline flags set; local tasks load their data themselves).
+    """
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+    lm = JaxptLM(workdir=workdir, step=step, mesh=mesh, batch_size=batch_size, restored=restored)
+    tm = TaskManager(include_path=include_path) if include_path else TaskManager()
+    out = lm_eval.simple_evaluate(model=lm, tasks=list(tasks), task_manager=tm, limit=limit, log_samples=False,
+                                  bootstrap_iters=0)
+    return {"results": out["results"], "configs": {k: {"num_fewshot": v.get("num_fewshot")}
+                                                   for k, v in out.get("configs", {}).items()},
+            "checkpoint": {"workdir": os.path.abspath(workdir) if workdir else None, "step": lm.restored.step}}
