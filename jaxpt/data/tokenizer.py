@@ -8,18 +8,38 @@ our models as they are:
     UNK_ID = 2   never produced in practice: byte fallback covers every character
     BOS_ID = 3   reserved; never added unless asked
 
-Training settings keep text exactly: identity normalization (no NFKC), no whitespace collapsing,
-whitespace-only pieces allowed (code indentation becomes a few tokens, not one per space), digits
-split one per token, and byte fallback, so `decode(encode(s)) == s` for any UTF-8 string. The
-trainer runs on one thread over the input in the order given, and the model is serialized without
-its file name, so the same texts and settings give byte-identical model files.
-Reference: Kudo & Richardson 2018, "SentencePiece" (arXiv:1808.06226); trainer options are those of
-sentencepiece 0.2.0 (`trainer_spec` in sentencepiece_model.proto).
+Training settings keep text exactly (`TrainerSettings`): identity normalization (no NFKC), no
+whitespace collapsing or stripping, no dummy space prefix (so the first word of a text and a text
+cut anywhere decode to exactly their characters), whitespace-only pieces allowed (code indentation
+becomes a few tokens, not one per space), digits split one per token, and byte fallback (a
+character the model never saw becomes its UTF-8 bytes, one `<0xNN>` piece each, and decodes back
+to those bytes). The trainer runs on one thread over the input in the order given, and the model
+is serialized without its file name, so the same texts and settings give byte-identical files.
+
+Exact round trip, `decode(encode(s)) == s` for every str without surrogates (any text that is
+valid UTF-8), holds with one escape. SentencePiece writes a space as U+2581 (LOWER ONE EIGHTH
+BLOCK, `SPACE_SYMBOL`) inside pieces, so a literal U+2581 in the input would come back as a space.
+`Tokenizer.encode` therefore cuts the text at each U+2581, encodes the parts, and puts the three
+byte-fallback ids of U+2581's UTF-8 bytes (E2 96 81) between them; SentencePiece decodes byte
+pieces to the bytes themselves, so the plain `decode` returns U+2581. Text without U+2581 (nearly
+all text) gets exactly SentencePiece's ids. The trainer cuts its input at U+2581 the same way.
+The seqio vocabulary from `Tokenizer.as_seqio_vocabulary` applies the same escape in both its
+Python and TensorFlow encoders; decoding needs nothing special anywhere.
+
+Older models trained with SentencePiece's dummy prefix (`add_dummy_prefix`, the quickstart's
+tokenizer before this change) still round-trip: the parts after an escaped U+2581 are encoded
+without the prefix, which the decoder only strips from the first piece. Their seqio TensorFlow
+encoder is SentencePiece's own (U+2581 there becomes a space); the Python encoder is escaped.
+
+Reference: Kudo & Richardson 2018, "SentencePiece" (arXiv:1808.06226); trainer and normalizer
+options are those of sentencepiece 0.2.0 (`TrainerSpec`, `NormalizerSpec` in
+sentencepiece_model.proto).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import io
 import os
@@ -28,11 +48,15 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 import sentencepiece as spm
+from sentencepiece import sentencepiece_model_pb2
 
 PAD_ID = 0
 EOS_ID = 1
 UNK_ID = 2
 BOS_ID = 3
+
+#: SentencePiece's whitespace meta symbol; a literal one in the input is escaped (module docstring).
+SPACE_SYMBOL = "\u2581"
 
 #: SentencePiece's trainer drops "sentences" longer than this (bytes). Documents are fed in chunks
 #: of at most this many characters, cut at line ends where possible.
@@ -52,6 +76,21 @@ class Tokenizer:
         self._sp = spm.SentencePieceProcessor()
         self._sp.LoadFromSerializedProto(self._proto)
         self._sha256 = hashlib.sha256(self._proto).hexdigest()
+        self._spec = sentencepiece_model_pb2.ModelProto.FromString(self._proto)
+        self._space_ids, self._sp_inner = self._space_escape()
+
+    def _space_escape(self) -> tuple[list[int] | None, spm.SentencePieceProcessor]:
+        """(byte ids of U+2581 or None without byte fallback, processor for the parts after one)."""
+        ids = [self._sp.piece_to_id(f"<0x{b:02X}>") for b in SPACE_SYMBOL.encode("utf-8")]
+        if not all(self._sp.is_byte(i) for i in ids):
+            return None, self._sp
+        if not self._spec.normalizer_spec.add_dummy_prefix:
+            return ids, self._sp
+        inner = sentencepiece_model_pb2.ModelProto.FromString(self._proto)
+        inner.normalizer_spec.add_dummy_prefix = False
+        sp_inner = spm.SentencePieceProcessor()
+        sp_inner.LoadFromSerializedProto(inner.SerializeToString())
+        return ids, sp_inner
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "Tokenizer":
@@ -60,7 +99,7 @@ class Tokenizer:
         proto = path.read_bytes()
         try:
             return cls(proto, path)
-        except (RuntimeError, OSError) as e:
+        except (RuntimeError, OSError, ValueError) as e:
             raise ValueError(f"{path}: not a SentencePiece model ({e})") from e
 
     def __reduce__(self):
@@ -101,19 +140,87 @@ class Tokenizer:
         """UNK_ID (2): unused in practice (byte fallback)."""
         return self._sp.unk_id()
 
+    @property
+    def space_symbol_ids(self) -> list[int] | None:
+        """The ids a literal U+2581 encodes to (its three UTF-8 byte pieces); None without byte fallback."""
+        return None if self._space_ids is None else list(self._space_ids)
+
+    def settings(self) -> dict[str, Any]:
+        """The model's own record of how it was trained and how it normalizes (from its proto).
+
+        Keys: the `TrainerSettings` fields except `seed` (which the model does not store), plus
+        ``pad_id``, ``eos_id``, ``unk_id``, ``bos_id``, ``num_byte_pieces``. Model type is lower case.
+        """
+        t, n = self._spec.trainer_spec, self._spec.normalizer_spec
+        names = [f.name for f in dataclasses.fields(TrainerSettings) if f.name in t.DESCRIPTOR.fields_by_name]
+        out = {name: getattr(t, name) for name in names}
+        out.update(
+            model_type=sentencepiece_model_pb2.TrainerSpec.ModelType.Name(t.model_type).lower(),
+            vocab_size=self.vocab_size,
+            character_coverage=round(t.character_coverage, 6),
+            normalization_rule_name=n.name,
+            remove_extra_whitespaces=n.remove_extra_whitespaces,
+            add_dummy_prefix=n.add_dummy_prefix,
+            pad_id=self.pad_id, eos_id=self.eos_id, unk_id=self.unk_id, bos_id=self.bos_id,
+            num_byte_pieces=sum(self._sp.is_byte(i) for i in range(self.vocab_size)),
+        )
+        return out
+
+    def lossless_problems(self) -> list[str]:
+        """Reasons `decode(encode(s)) == s` can fail for this model; [] for models trained here.
+
+        A model is lossless when it normalizes nothing (identity rule, no whitespace removal) and has
+        all 256 byte-fallback pieces (so every character has ids and U+2581 can be escaped).
+        """
+        s = self.settings()
+        problems = []
+        if s["normalization_rule_name"] != "identity" or self._spec.normalizer_spec.precompiled_charsmap:
+            problems.append(f"normalization rule {s['normalization_rule_name']!r} rewrites characters")
+        if s["remove_extra_whitespaces"]:
+            problems.append("remove_extra_whitespaces collapses and strips whitespace")
+        if s["num_byte_pieces"] != 256 or self._space_ids is None:
+            problems.append(f"byte fallback needs 256 byte pieces, the model has {s['num_byte_pieces']}")
+        return problems
+
     def encode(self, text: str, *, add_bos: bool = False, add_eos: bool = False) -> np.ndarray:
-        """Token ids of `text`: int32 array of shape [num_tokens]; BOS/EOS only if asked."""
-        ids = self._sp.encode(text, add_bos=add_bos, add_eos=add_eos)
+        """Token ids of `text`: int32 array of shape [num_tokens]; BOS/EOS only if asked.
+
+        A literal U+2581 becomes its three byte ids (module docstring); other text gets exactly
+        SentencePiece's ids.
+        """
+        if self._space_ids is None or SPACE_SYMBOL not in text:
+            ids = self._sp.encode(text, add_bos=add_bos, add_eos=add_eos)
+        else:
+            ids = [self.bos_id] * add_bos + self._encode_escaped(text) + [self.eos_id] * add_eos
         return np.asarray(ids, dtype=np.int32)
+
+    def _encode_escaped(self, text: str) -> list[int]:
+        first, *rest = text.split(SPACE_SYMBOL)
+        ids = self._sp.encode(first)
+        for part in rest:
+            ids += self._space_ids
+            ids += self._sp_inner.encode(part)
+        return ids
 
     def encode_batch(self, texts: Sequence[str], *, num_threads: int = 1) -> list[np.ndarray]:
         """`encode` over many texts, using `num_threads` SentencePiece threads. Same ids as `encode`."""
-        ids = self._sp.encode(list(texts), num_threads=num_threads)
+        texts = list(texts)
+        ids = self._sp.encode(texts, num_threads=num_threads)
+        if self._space_ids is not None:
+            for i, text in enumerate(texts):
+                if SPACE_SYMBOL in text:
+                    ids[i] = self._encode_escaped(text)
         return [np.asarray(x, dtype=np.int32) for x in ids]
 
     def decode(self, ids: Sequence[int] | np.ndarray) -> str:
         """Text of `ids` (any int array or sequence, shape [n]). Special ids decode to ''."""
         return self._sp.decode([int(i) for i in np.asarray(ids).reshape(-1)])
+
+    def learned_ids(self) -> np.ndarray:
+        """Ids of the trained pieces: int32 [n], every id that is neither special nor a byte piece."""
+        sp = self._sp
+        return np.asarray([i for i in range(self.vocab_size)
+                           if not (sp.is_control(i) or sp.is_unknown(i) or sp.is_byte(i))], dtype=np.int32)
 
     def id_to_piece(self, i: int) -> str:
         """The piece string of id `i` (spaces shown as U+2581, bytes as `<0xNN>`)."""
@@ -122,18 +229,66 @@ class Tokenizer:
     def as_seqio_vocabulary(self) -> Any:
         """A `seqio.SentencePieceVocabulary` over the same file (imports seqio, hence TensorFlow, lazily).
 
+        It is a subclass whose encoders apply this wrapper's U+2581 escape (Python: `encode` itself;
+        TensorFlow: the same cut-and-insert with ragged ops), so both give `encode`'s ids for any
+        text. Decoding is seqio's own (it stops at the first EOS, as seqio always does). For a legacy
+        dummy-prefix model the TensorFlow encoder is seqio's unchanged (module docstring).
+
         Raises ValueError if this tokenizer was not loaded from a file.
         """
         if self._path is None:
             raise ValueError("as_seqio_vocabulary needs a tokenizer loaded from a file (Tokenizer.load)")
-        import seqio  # pylint: disable=g-import-not-at-top
+        return _seqio_vocabulary_class()(str(self._path), self)
 
-        return seqio.SentencePieceVocabulary(str(self._path))
+
+@functools.cache
+def _seqio_vocabulary_class() -> type:
+    import seqio  # pylint: disable=g-import-not-at-top
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+    class EscapedSentencePieceVocabulary(seqio.SentencePieceVocabulary):
+        """seqio's SentencePiece vocabulary with `Tokenizer`'s U+2581 escape in both encoders."""
+
+        def __init__(self, sentencepiece_model_file: str, tokenizer: Tokenizer):
+            super().__init__(sentencepiece_model_file)
+            self._jaxpt_tokenizer = tokenizer
+
+        def _encode(self, s: str) -> Sequence[int]:
+            return self._jaxpt_tokenizer.encode(s).tolist()
+
+        def _encode_tf(self, s):
+            """Scalar string -> int32 [n]; string [batch] -> ragged int32 [batch, (n)]."""
+            tok = self._jaxpt_tokenizer
+            if tok.space_symbol_ids is None or tok._sp_inner is not tok._sp:  # pylint: disable=protected-access
+                return super()._encode_tf(s)
+            space = tf.constant(tok.space_symbol_ids, tf.int32)
+            s = tf.convert_to_tensor(s, tf.string)
+
+            def with_space_after(parts):  # ragged [rows, (ids)] -> each row followed by U+2581's ids
+                tail = tf.RaggedTensor.from_tensor(tf.tile(space[None], [parts.nrows(), 1]))
+                return tf.concat([tf.cast(parts, tf.int32), tail], axis=1)
+
+            parts = tf.strings.split(s, SPACE_SYMBOL)  # [parts] or ragged [batch, (parts)]
+            if s.shape.rank == 0:
+                ids = with_space_after(self.tf_tokenizer.tokenize(parts)).flat_values
+                return ids[:-len(tok.space_symbol_ids)]
+            if s.shape.rank != 1:
+                raise ValueError(f"encode_tf takes a scalar or 1-D string tensor, got shape {s.shape}")
+            ids = self.tf_tokenizer.tokenize(parts.values)  # ragged [all parts, (ids)]
+            ids = parts.with_values(with_space_after(ids)).merge_dims(1, 2)
+            return ids[:, :-len(tok.space_symbol_ids)]
+
+    return EscapedSentencePieceVocabulary
 
 
 @dataclasses.dataclass(frozen=True)
 class TrainerSettings:
-    """SentencePiece trainer options we set (all others are sentencepiece 0.2.0 defaults)."""
+    """SentencePiece trainer options we set (all others are sentencepiece 0.2.0 defaults).
+
+    The defaults keep text exactly (module docstring). `vocab_size` counts every piece: the four
+    specials, the 256 byte pieces and the learned ones. `character_coverage` is the share of training
+    characters that get their own piece; the rarer rest is left to byte fallback.
+    """
 
     vocab_size: int = 8192
     model_type: str = "bpe"
@@ -141,10 +296,20 @@ class TrainerSettings:
     byte_fallback: bool = True
     split_digits: bool = True
     remove_extra_whitespaces: bool = False
+    add_dummy_prefix: bool = False
     normalization_rule_name: str = "identity"
     allow_whitespace_only_pieces: bool = True
     max_sentencepiece_length: int = 16
     seed: int = 0
+
+    def validate(self) -> None:
+        """Raises ValueError naming the field on a setting SentencePiece would reject or misuse."""
+        if self.model_type not in ("bpe", "unigram"):
+            raise ValueError(f"model_type must be 'bpe' or 'unigram', got {self.model_type!r}")
+        if self.vocab_size < 4 + 256 * self.byte_fallback + 1:
+            raise ValueError(f"vocab_size {self.vocab_size} leaves no room beside 4 specials and 256 bytes")
+        if not 0.0 < self.character_coverage <= 1.0:
+            raise ValueError(f"character_coverage must be in (0, 1], got {self.character_coverage}")
 
     def trainer_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for `spm.SentencePieceTrainer.train`, special ids and determinism included."""
@@ -167,61 +332,43 @@ class TrainerSettings:
 
 
 def _sentences(texts: Iterable[str]) -> Iterator[str]:
-    """Cuts each text into pieces of at most MAX_SENTENCE_CHARS characters, at line ends when possible."""
-    for text in texts:
-        start = 0
-        while len(text) - start > MAX_SENTENCE_CHARS:
-            cut = text.rfind("\n", start, start + MAX_SENTENCE_CHARS)
-            cut = start + MAX_SENTENCE_CHARS if cut <= start else cut + 1
-            yield text[start:cut]
-            start = cut
-        if start < len(text):
-            yield text[start:]
+    """Cuts each text at U+2581 (as `Tokenizer.encode` does), then into pieces of at most
+    MAX_SENTENCE_CHARS characters, at line ends when possible."""
+    for document in texts:
+        for text in document.split(SPACE_SYMBOL):
+            start = 0
+            while len(text) - start > MAX_SENTENCE_CHARS:
+                cut = text.rfind("\n", start, start + MAX_SENTENCE_CHARS)
+                cut = start + MAX_SENTENCE_CHARS if cut <= start else cut + 1
+                yield text[start:cut]
+                start = cut
+            if start < len(text):
+                yield text[start:]
 
 
-def train_sentencepiece(
-    texts: Iterable[str],
-    model_path: str | os.PathLike,
-    vocab_size: int = 8192,
-    *,
-    model_type: str = "bpe",
-    seed: int = 0,
-    character_coverage: float = 0.9995,
-    byte_fallback: bool = True,
-    split_digits: bool = True,
-) -> pathlib.Path:
-    """Trains a SentencePiece model on `texts` and writes it to `model_path` (the `.model` file).
+def train(texts: Iterable[str], model_path: str | os.PathLike, settings: TrainerSettings) -> pathlib.Path:
+    """Trains a SentencePiece model on `texts` with `settings` and writes it to `model_path`.
 
     Deterministic: the same texts in the same order with the same settings give the same file bytes.
-    Whitespace is kept exactly (see the module docstring for all settings and the special ids).
 
     Args:
-      texts: training documents, used in the order given; each is cut into pieces of at most
-        MAX_SENTENCE_CHARS characters (the trainer's sentence limit) at line ends where possible.
-      model_path: output file; its parent folder is created.
-      vocab_size: exact size of the vocabulary, special and byte-fallback pieces included.
-      model_type: 'bpe' or 'unigram'.
-      seed: seeds SentencePiece's random generator (only used by options we leave off; recorded).
-      character_coverage, byte_fallback, split_digits: sentencepiece trainer options.
+      texts: training documents, used in the order given; each is cut at U+2581 and into pieces of
+        at most MAX_SENTENCE_CHARS characters (the trainer's sentence limit) at line ends where possible.
+      model_path: output `.model` file; its parent folder is created.
+      settings: trainer options; `settings.seed` seeds SentencePiece's random generator (used only
+        by sampling options we leave off; recorded for completeness).
 
     Returns:
       `model_path` as a Path.
 
     Raises:
-      ValueError: the texts cannot support `vocab_size` pieces, or an option is invalid (the message
-        is SentencePiece's).
+      ValueError: a bad setting, or the texts cannot support `vocab_size` pieces (the message is
+        SentencePiece's, prefixed with `model_path`).
     """
-    settings = TrainerSettings(
-        vocab_size=vocab_size,
-        model_type=model_type,
-        seed=seed,
-        character_coverage=character_coverage,
-        byte_fallback=byte_fallback,
-        split_digits=split_digits,
-    )
+    settings.validate()
     model_path = pathlib.Path(model_path)
     model_path.parent.mkdir(parents=True, exist_ok=True)
-    spm.set_random_generator_seed(seed)
+    spm.set_random_generator_seed(settings.seed)
     buf = io.BytesIO()
     try:
         # model_writer instead of model_prefix: the prefix would be recorded inside the model, making
@@ -235,3 +382,29 @@ def train_sentencepiece(
     tmp.write_bytes(buf.getvalue())
     tmp.replace(model_path)
     return model_path
+
+
+def train_sentencepiece(
+    texts: Iterable[str],
+    model_path: str | os.PathLike,
+    vocab_size: int = 8192,
+    *,
+    model_type: str = "bpe",
+    seed: int = 0,
+    character_coverage: float = 0.9995,
+    byte_fallback: bool = True,
+    split_digits: bool = True,
+) -> pathlib.Path:
+    """`train` with `TrainerSettings` built from these arguments (the others at their defaults).
+
+    Raises ValueError as `train` does.
+    """
+    settings = TrainerSettings(
+        vocab_size=vocab_size,
+        model_type=model_type,
+        seed=seed,
+        character_coverage=character_coverage,
+        byte_fallback=byte_fallback,
+        split_digits=split_digits,
+    )
+    return train(texts, model_path, settings)
