@@ -115,7 +115,7 @@ class Scorer:
 
     Args:
       graphdef: the model's graph definition (``nnx.split``).
-      params: the model's ``nnx.Param`` state, already placed on ``mesh``.
+      params: the model's ``nnx.Param`` state; leaves not already sharded over ``mesh`` are replicated onto it.
       mesh, rules: where the batch is sharded (``batch`` over its mesh axes) and the activation rules.
       seq_len: row length L (at most the model's ``max_seq_len``).
       batch_size: rows per call; rounded up to a multiple of the data-parallel size (extra rows are padding).
@@ -128,11 +128,14 @@ class Scorer:
         dp = mesh_lib.data_parallel_size(mesh_lib.mesh_shape(mesh), rules)
         self.batch_size = -(-max(batch_size, 1) // dp) * dp
         self.seq_len, self.pad_id, self.mesh, self.rules = seq_len, pad_id, mesh, rules
-        self.params, self.graphdef = params, graphdef
+        self.graphdef = graphdef
         replicated = NamedSharding(mesh, PartitionSpec())
         batch_s = mesh_lib.batch_sharding(mesh, rules)
         self._batch_sharding = batch_s
-        param_s = jax.tree.map(lambda x: x.sharding, params)
+        # Params keep their sharding when they already live on this mesh; others are replicated onto it.
+        param_s = jax.tree.map(lambda x: x.sharding if isinstance(getattr(x, "sharding", None), NamedSharding)
+                               and x.sharding.mesh == mesh else replicated, params)
+        self.params = jax.device_put(params, param_s)
 
         def traced(params, tokens, segment_ids, positions):
             with mesh_lib.activation_sharding(mesh, rules):
@@ -144,7 +147,7 @@ class Scorer:
 
     @classmethod
     def from_model(cls, model, mesh: Mesh, rules, *, seq_len: int, batch_size: int, pad_id: int = 0) -> "Scorer":
-        """A scorer over an ``nnx`` model whose params already live on ``mesh`` (e.g. ``jaxpt.restore(...).model``)."""
+        """A scorer over an ``nnx`` model (e.g. ``jaxpt.restore(...).model``, whose params live on ``mesh``)."""
         if seq_len > model.cfg.max_seq_len:
             raise ValueError(f"Scorer: seq_len = {seq_len} exceeds the model's max_seq_len = {model.cfg.max_seq_len}")
         graphdef, params = nnx.split(model, nnx.Param)
