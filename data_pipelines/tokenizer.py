@@ -1,0 +1,813 @@
+"""`python -m data_pipelines.tokenizer`: the corpus tokenizer, and the report that sizes its vocabulary.
+
+    python -m data_pipelines.tokenizer --config configs/data/tokenizer.gin --corpus DIR --output TOKDIR
+    python -m data_pipelines.tokenizer report --corpus DIR --sizes 4096,8192,16384,32768 \\
+        --model-config configs/quickstart.gin [--config configs/data/tokenizer.gin] [--output REPORTDIR]
+
+`--corpus` is either a corpus version built by `python -m data_pipelines.build` (``mixture.json``
+lists its ArrayRecord shards of ``tf.train.Example`` records with ``id``, ``domain``, ``lang`` and
+``text``; see `data_pipelines.writer`) or a prepared sample from `python -m jaxpt.data.prepare`
+(``train.jsonl.gz`` and ``heldout.jsonl.gz``).
+
+Held-out text. The tokenizer never sees it; the report measures on it. In a corpus version a
+document is held out by `jaxpt.data.prepare.is_heldout` (a hash of its id alone, share
+`TokenizerConfig.heldout_fraction`); in a prepared sample it is ``heldout.jsonl.gz``.
+
+Training sample (`balanced_sample`). `TokenizerConfig.sample_chars` characters of training text,
+shared between domains by `TokenizerConfig.domain_weights` (equal when empty). A domain with less
+text than its share gives all it has and the rest is shared again among the others by weight
+(water filling), so the sample is as balanced as the corpus allows. Inside a domain documents are
+taken in the order of sha256(f"{seed}:{id}"), each cut to `max_doc_chars`, the last one cut to
+fill the share exactly. The sample depends on the corpus, the config and the seed only.
+
+Training writes ``TOKDIR/tokenizer.model`` (`jaxpt.data.tokenizer.train`: BPE by default, byte
+fallback, digits split, whitespace exact, no dummy prefix, PAD=0 EOS=1 UNK=2 BOS=3) and then
+``TOKDIR/tokenizer.json``: the operative settings, the model's own settings, the corpus it came
+from (data version and content id when recorded), the sample's composition per domain and per
+language, held-out bytes per token, and the model's sha256 (the identity that the corpus manifest
+and every run's ``run.json`` record).
+
+The report trains one tokenizer per size on the same sample (kept in ``REPORTDIR/tokenizers/``) and
+writes ``vocab_report.md``, ``vocab_report.csv`` (one row per size), ``bytes_per_token.csv`` (one
+row per size and slice of held-out text), ``vocab_report.png`` and ``vocab_report.json``. See
+`measure` for the slices and `recommend` for the rule behind the recommendation. Same corpus,
+config and seed give the same numbers and the same files (timings are only printed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import csv
+import dataclasses
+import gzip
+import hashlib
+import io
+import json
+import os
+import pathlib
+import sys
+import time
+from importlib import metadata
+from typing import Any, Iterable, Sequence
+
+import gin
+import numpy as np
+
+from jaxpt.data import tokenizer as tokenizer_lib
+from jaxpt.data.prepare import is_heldout
+
+FORMAT_VERSION = 1
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
+DEFAULT_CONFIG = REPO_ROOT / "configs" / "data" / "tokenizer.gin"
+#: Language label of documents without one (code, or text language ID could not place).
+NO_LANG = "und"
+CODE_DOMAIN = "code"
+
+
+class ConfigError(ValueError):
+    """A bad setting or input; the message names the config key, flag or file."""
+
+
+@dataclasses.dataclass
+class TokenizerConfig:
+    """Tokenizer training settings (gin: ``TokenizerConfig.<field>``).
+
+    Attributes:
+      vocab_size: pieces in the vocabulary, the 4 specials and 256 byte pieces included.
+      model_type: ``bpe`` (default) or ``unigram``.
+      character_coverage: share of sample characters that get their own piece; rarer ones are
+        left to byte fallback (SentencePiece's `character_coverage`).
+      max_sentencepiece_length: longest piece, in characters.
+      sample_chars: characters of training text in the sample (all domains).
+      domain_weights: domain -> share of `sample_chars`; empty = equal shares. Domains of the
+        corpus left out get none; a listed domain missing from the corpus is an error.
+      max_doc_chars: longest prefix of one document taken into the sample (keeps one huge file
+        from standing for its domain).
+      heldout_fraction: share of a corpus version's documents held out (by id hash).
+      seed: orders documents for the sample; also seeds SentencePiece.
+    """
+
+    vocab_size: int = 4096
+    model_type: str = "bpe"
+    character_coverage: float = 0.9995
+    max_sentencepiece_length: int = 16
+    sample_chars: int = 8_000_000
+    domain_weights: dict = dataclasses.field(default_factory=dict)
+    max_doc_chars: int = 20_000
+    heldout_fraction: float = 0.05
+    seed: int = 0
+
+    def validate(self) -> None:
+        """Raises ConfigError naming the `TokenizerConfig.<field>` that is out of range."""
+        checks = {
+            "sample_chars": self.sample_chars > 0,
+            "max_doc_chars": self.max_doc_chars > 0,
+            "heldout_fraction": 0.0 < self.heldout_fraction < 1.0,
+            "domain_weights": all(isinstance(w, (int, float)) and w >= 0 for w in self.domain_weights.values())
+            and (not self.domain_weights or sum(self.domain_weights.values()) > 0),
+        }
+        for key, ok in checks.items():
+            if not ok:
+                raise ConfigError(f"TokenizerConfig.{key} = {getattr(self, key)!r} is out of range")
+        try:
+            self.trainer_settings().validate()
+        except ValueError as e:
+            raise ConfigError(f"TokenizerConfig: {e}") from None
+
+    def trainer_settings(self, vocab_size: int | None = None) -> tokenizer_lib.TrainerSettings:
+        """SentencePiece settings: these fields over `TrainerSettings`' exact-text defaults."""
+        return tokenizer_lib.TrainerSettings(
+            vocab_size=vocab_size or self.vocab_size, model_type=self.model_type,
+            character_coverage=self.character_coverage,
+            max_sentencepiece_length=self.max_sentencepiece_length, seed=self.seed)
+
+
+_GIN_CONFIG = None
+
+
+def load_config(config_files: Sequence[str | os.PathLike], bindings: Sequence[str] = ()) -> TokenizerConfig:
+    """Parses gin files and bindings into a validated TokenizerConfig.
+
+    Raises ConfigError naming the file or binding that does not parse or validate.
+    """
+    global _GIN_CONFIG
+    if _GIN_CONFIG is None:  # registered on first use, so `python -m` (module run as __main__) registers once
+        _GIN_CONFIG = gin.external_configurable(TokenizerConfig, name="TokenizerConfig", module="data_pipelines")
+    gin.clear_config()
+    for path in config_files:
+        if not os.path.exists(path):
+            raise ConfigError(f"--config {path}: no such file")
+        try:
+            gin.parse_config_file(str(path))
+        except (ValueError, SyntaxError) as e:
+            raise ConfigError(f"in config file {path}: {e}") from None
+    for binding in bindings:
+        try:
+            gin.parse_config(binding)
+        except (ValueError, SyntaxError) as e:
+            raise ConfigError(f"binding {binding!r}: {e}") from None
+    cfg = _GIN_CONFIG()
+    cfg.validate()
+    return cfg
+
+
+# ----------------------------------------------------------------------------------------- reading
+
+
+@dataclasses.dataclass(frozen=True)
+class Document:
+    """One document's text and labels (`lang` is an ISO 639-1 code or NO_LANG)."""
+
+    id: str
+    domain: str
+    lang: str
+    text: str
+
+
+@dataclasses.dataclass
+class Corpus:
+    """Training and held-out documents of a corpus, and where they came from."""
+
+    train: list[Document]
+    heldout: list[Document]
+    info: dict[str, Any]
+
+
+def _document(id_: str, domain: str, lang: str | None, text: str) -> Document:
+    return Document(id_, domain, lang or NO_LANG, text)
+
+
+def _read_corpus_version(corpus_dir: pathlib.Path, heldout_fraction: float) -> Corpus:
+    """Documents of every shard listed in ``mixture.json``, split by `is_heldout`."""
+    from array_record.python import array_record_data_source  # pylint: disable=g-import-not-at-top
+    from tensorflow_datasets.proto import tf_example_pb2  # pylint: disable=g-import-not-at-top  (no TF import)
+
+    mixture = json.loads((corpus_dir / "mixture.json").read_text())
+    train, heldout = [], []
+    no_text = collections.Counter()
+    for domain, shards in sorted(mixture.get("shards", {}).items()):
+        for shard in shards:
+            path = corpus_dir / shard
+            if not path.is_file():
+                raise FileNotFoundError(f"{corpus_dir}/mixture.json lists shard {shard}, which does not exist")
+            source = array_record_data_source.ArrayRecordDataSource([str(path)])
+            for i in range(len(source)):
+                feature = tf_example_pb2.Example.FromString(source[i]).features.feature
+
+                def text(key):
+                    values = feature[key].bytes_list.value if key in feature else []
+                    return values[0].decode("utf-8") if values else ""
+
+                doc = _document(text("id"), text("domain") or domain, text("lang"), text("text"))
+                if not doc.text:
+                    no_text[domain] += 1
+                    continue
+                (heldout if is_heldout(doc.id, heldout_fraction) else train).append(doc)
+    if no_text and not (train or heldout):
+        raise ConfigError(f"{corpus_dir}: records carry no text (built with OutputConfig.store_text = False?); "
+                          "tokenizer training needs the text")
+    manifest_path = corpus_dir / "manifest.json"
+    manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {}
+    info = {
+        "kind": "corpus_version",
+        "data_version": manifest.get("data_version"),
+        "content_id": manifest.get("content_id"),
+        "heldout_rule": f"jaxpt.data.prepare.is_heldout(id, {heldout_fraction})",
+        "documents_without_text": dict(sorted(no_text.items())),
+    }
+    return Corpus(train, heldout, info)
+
+
+def _read_jsonl_gz(path: pathlib.Path) -> list[Document]:
+    docs = []
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        for line_no, line in enumerate(f, 1):
+            try:
+                d = json.loads(line)
+                docs.append(_document(d["id"], d["domain"], d.get("lang"), d["text"]))
+            except (json.JSONDecodeError, KeyError, TypeError) as e:
+                raise ConfigError(f"{path}:{line_no}: not a document with id, domain and text ({e!r})") from None
+    return docs
+
+
+def _read_prepared(corpus_dir: pathlib.Path) -> Corpus:
+    heldout_path = corpus_dir / "heldout.jsonl.gz"
+    if not heldout_path.is_file():
+        raise FileNotFoundError(f"{corpus_dir}: has train.jsonl.gz but no heldout.jsonl.gz")
+    record_path = corpus_dir / "prepare.json"
+    record = json.loads(record_path.read_text()) if record_path.is_file() else {}
+    info = {
+        "kind": "prepared_sample",
+        "data_version": None,
+        "content_id": hashlib.sha256(json.dumps(record.get("outputs", {}), sort_keys=True).encode()).hexdigest()
+        if record else None,
+        "heldout_rule": "heldout.jsonl.gz",
+    }
+    return Corpus(_read_jsonl_gz(corpus_dir / "train.jsonl.gz"), _read_jsonl_gz(heldout_path), info)
+
+
+def read_corpus(corpus_dir: str | os.PathLike, heldout_fraction: float) -> Corpus:
+    """Reads a corpus version or a prepared sample (module docstring).
+
+    Raises:
+      FileNotFoundError: `corpus_dir` is neither (the message says what was looked for), or a listed
+        shard is missing.
+      ConfigError: a malformed record (file and line), or shards without text.
+    """
+    corpus_dir = pathlib.Path(corpus_dir)
+    if (corpus_dir / "mixture.json").is_file():
+        corpus = _read_corpus_version(corpus_dir, heldout_fraction)
+    elif (corpus_dir / "train.jsonl.gz").is_file():
+        corpus = _read_prepared(corpus_dir)
+    else:
+        raise FileNotFoundError(f"--corpus {corpus_dir}: neither a corpus version (mixture.json) nor a prepared "
+                                "sample (train.jsonl.gz)")
+    if not corpus.train:
+        raise ConfigError(f"--corpus {corpus_dir}: no training documents")
+    corpus.info.update(path=str(corpus_dir.resolve()), documents_train=len(corpus.train),
+                       documents_heldout=len(corpus.heldout))
+    return corpus
+
+
+# ---------------------------------------------------------------------------------------- sampling
+
+
+def water_fill(available: dict[str, int], weights: dict[str, float], total: int) -> dict[str, int]:
+    """Characters per domain: `total` shared by weight, no domain above what it has.
+
+    A domain whose weighted share exceeds `available` gives all of it, and what it leaves is shared
+    again among the rest by weight, until every share fits. Shares are floored to integers.
+    """
+    budgets: dict[str, int] = {d: 0 for d in available}
+    active = {d: float(weights.get(d, 0.0)) for d in available if weights.get(d, 0.0) > 0}
+    remaining = float(total)
+    while active:
+        weight_sum = sum(active.values())
+        share = {d: remaining * w / weight_sum for d, w in active.items()}
+        short = sorted(d for d in active if available[d] <= share[d])
+        if not short:
+            budgets.update({d: int(s) for d, s in share.items()})
+            break
+        for d in short:
+            budgets[d] = available[d]
+            remaining -= available[d]
+            del active[d]
+    return budgets
+
+
+def _sample_key(seed: int, doc_id: str) -> bytes:
+    return hashlib.sha256(f"{seed}:{doc_id}".encode("utf-8")).digest()
+
+
+def balanced_sample(docs: Sequence[Document], cfg: TokenizerConfig) -> tuple[list[str], dict[str, Any]]:
+    """The domain-balanced, seeded training sample (module docstring) and its composition.
+
+    Returns:
+      (texts in domain then key order, composition): ``composition["domains"][d]`` has documents and
+      characters available and sampled, documents cut, and the share of the sample;
+      ``composition["languages"]["d/lang"]`` has the sampled documents and characters.
+
+    Raises:
+      ConfigError: `domain_weights` names a domain the corpus does not have.
+    """
+    by_domain: dict[str, list[Document]] = collections.defaultdict(list)
+    for doc in docs:
+        by_domain[doc.domain].append(doc)
+    unknown = sorted(set(cfg.domain_weights) - set(by_domain))
+    if unknown:
+        raise ConfigError(f"TokenizerConfig.domain_weights: domains {unknown} are not in the corpus "
+                          f"(it has {sorted(by_domain)})")
+    weights = cfg.domain_weights or {d: 1.0 for d in by_domain}
+    available = {d: sum(min(len(x.text), cfg.max_doc_chars) for x in ds) for d, ds in by_domain.items()}
+    budgets = water_fill(available, weights, cfg.sample_chars)
+    texts, domains, languages = [], {}, collections.defaultdict(collections.Counter)
+    for domain in sorted(by_domain):
+        used = cut = taken = 0
+        for doc in sorted(by_domain[domain], key=lambda x: _sample_key(cfg.seed, x.id)):
+            if used >= budgets[domain]:
+                break
+            text = doc.text[:min(cfg.max_doc_chars, budgets[domain] - used)]
+            cut += len(text) < len(doc.text)
+            texts.append(text)
+            used, taken = used + len(text), taken + 1
+            languages[f"{domain}/{doc.lang}"].update(documents=1, chars=len(text))
+        domains[domain] = {"documents_available": len(by_domain[domain]), "chars_available": available[domain],
+                           "weight": float(weights.get(domain, 0.0)), "documents_sampled": taken,
+                           "documents_cut": cut, "chars_sampled": used}
+    total = sum(d["chars_sampled"] for d in domains.values())
+    for d in domains.values():
+        d["share"] = round(d["chars_sampled"] / total, 6) if total else 0.0
+    composition = {"chars": total, "documents": len(texts), "domains": domains,
+                   "languages": {k: dict(v) for k, v in sorted(languages.items())}}
+    return texts, composition
+
+
+# ---------------------------------------------------------------------------------------- measuring
+
+
+def slice_names(doc: Document) -> list[str]:
+    """The held-out slices a document counts in.
+
+    ``all``; ``english prose`` (not code, lang en); ``code``; ``other-language prose`` (not code,
+    a language other than en or und); ``domain=<d>``; ``lang=<l>`` (not code).
+    """
+    names = ["all", f"domain={doc.domain}"]
+    if doc.domain == CODE_DOMAIN:
+        names.append("code")
+    else:
+        names.append(f"lang={doc.lang}")
+        if doc.lang == "en":
+            names.append("english prose")
+        elif doc.lang != NO_LANG:
+            names.append("other-language prose")
+    return names
+
+
+def measure(tok: tokenizer_lib.Tokenizer, docs: Sequence[Document]) -> dict[str, dict[str, float]]:
+    """Bytes per token and tokens per document per slice (`slice_names`) of `docs`.
+
+    Returns ``{slice: {"documents", "bytes", "tokens", "bytes_per_token", "tokens_per_document"}}``;
+    bytes are UTF-8 bytes of the text, tokens exclude BOS/EOS, and ratios are of the slice totals.
+    Also ``{"pieces": {"unused_share": ...}}``: the share of non-special, non-byte pieces no held-out
+    document uses.
+    """
+    totals: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    used = np.zeros(tok.vocab_size, dtype=bool)
+    for doc, ids in zip(docs, tok.encode_batch([d.text for d in docs], num_threads=2)):
+        used[ids] = True
+        n_bytes = len(doc.text.encode("utf-8"))
+        for name in slice_names(doc):
+            totals[name].update(documents=1, bytes=n_bytes, tokens=len(ids))
+    out = {}
+    for name, t in sorted(totals.items()):
+        out[name] = {"documents": t["documents"], "bytes": t["bytes"], "tokens": t["tokens"],
+                     "bytes_per_token": t["bytes"] / max(t["tokens"], 1),
+                     "tokens_per_document": t["tokens"] / t["documents"]}
+    learned = tok.learned_ids()
+    out["pieces"] = {"unused_share": float(np.mean(~used[learned])) if learned.size else 0.0}
+    return out
+
+
+def _heldout_summary(figures: dict[str, dict[str, float]]) -> dict[str, Any]:
+    return {name: {"documents": f["documents"], "bytes_per_token": round(f["bytes_per_token"], 4),
+                   "tokens_per_document": round(f["tokens_per_document"], 2)}
+            for name, f in figures.items() if name != "pieces"}
+
+
+# ---------------------------------------------------------------------------------------- training
+
+
+def _write_json(path: pathlib.Path, record: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(record, indent=1, ensure_ascii=False, sort_keys=True) + "\n")
+    tmp.replace(path)
+
+
+def train_tokenizer(cfg: TokenizerConfig, corpus_dir: str | os.PathLike,
+                    output: str | os.PathLike) -> dict[str, Any]:
+    """Trains ``output/tokenizer.model`` on the sample of `corpus_dir` and writes ``tokenizer.json``.
+
+    ``tokenizer.json`` is written last (and removed first), so its presence means the pair is whole.
+    Returns its record.
+
+    Raises:
+      ConfigError, FileNotFoundError: as `read_corpus` and `balanced_sample`; ValueError from
+        SentencePiece when the sample cannot support `vocab_size` pieces (needs more text or a
+        smaller vocabulary).
+    """
+    start = time.perf_counter()
+    cfg.validate()
+    output = pathlib.Path(output)
+    output.mkdir(parents=True, exist_ok=True)
+    (output / "tokenizer.json").unlink(missing_ok=True)
+    corpus = read_corpus(corpus_dir, cfg.heldout_fraction)
+    texts, composition = balanced_sample(corpus.train, cfg)
+    model_path = tokenizer_lib.train(texts, output / "tokenizer.model", cfg.trainer_settings())
+    tok = tokenizer_lib.Tokenizer.load(model_path)
+    problems = tok.lossless_problems()
+    if problems:  # cannot happen with TrainerSettings' defaults; guards edits to them
+        raise AssertionError(f"{model_path} would not round-trip text: {problems}")
+    record = {
+        "format_version": FORMAT_VERSION,
+        "tokenizer": {"file": "tokenizer.model", "sha256": tok.sha256, "vocab_size": tok.vocab_size,
+                      "pad_id": tok.pad_id, "eos_id": tok.eos_id, "unk_id": tok.unk_id, "bos_id": tok.bos_id,
+                      "space_symbol_ids": tok.space_symbol_ids},
+        "config": dataclasses.asdict(cfg),
+        "model_settings": tok.settings(),
+        "corpus": corpus.info,
+        "sample": composition,
+        "heldout": _heldout_summary(measure(tok, corpus.heldout)),
+        "libraries": {name: metadata.version(name) for name in ("sentencepiece",)},
+    }
+    _write_json(output / "tokenizer.json", record)
+    record["seconds"] = round(time.perf_counter() - start, 1)
+    return record
+
+
+# ------------------------------------------------------------------------------------------ report
+
+
+def model_costs(train_cfg: Any, vocab_size: int, bytes_per_token: float) -> dict[str, float]:
+    """Vocabulary-dependent costs of `train_cfg`'s model (a `jaxpt.config.TrainConfig`) at `vocab_size`.
+
+    Params from `jaxpt.model.decoder.count_params` with ``vocab_size`` replaced: ``embedding_params``
+    (input table, V x d_model), ``output_params`` (d_model x V unless tied), their sum
+    ``vocab_params``, its bytes in fp32 and bf16, and its share of all params. Training FLOPs per
+    token from `jaxpt.flops.flops_per_token` (6 N_matmul + attention at ``TrainConfig.seq_len``;
+    Kaplan et al. 2020, PaLM app. B), and per byte of text: FLOPs per token / `bytes_per_token`.
+    """
+    from jaxpt.flops import flops_per_token  # pylint: disable=g-import-not-at-top  (imports jax)
+    from jaxpt.model.decoder import count_params  # pylint: disable=g-import-not-at-top
+
+    model = dataclasses.replace(train_cfg.model, vocab_size=vocab_size)
+    params = count_params(model)
+    vocab_params = params["embedding"] + params["output"]
+    flops = flops_per_token(model, train_cfg.seq_len)
+    return {
+        "total_params": params["total"], "embedding_params": params["embedding"],
+        "output_params": params["output"], "vocab_params": vocab_params,
+        "vocab_bytes_fp32": 4 * vocab_params, "vocab_bytes_bf16": 2 * vocab_params,
+        "vocab_share": vocab_params / params["total"],
+        "flops_per_token": flops, "flops_per_byte": flops / bytes_per_token,
+    }
+
+
+def parse_model_config(path: str | os.PathLike) -> Any:
+    """The `jaxpt.config.TrainConfig` of a training gin file. Raises ConfigError naming the file.
+
+    Clears gin's bindings (jaxpt.config.parse does); parse it after `load_config`.
+    """
+    from jaxpt import config as config_lib  # pylint: disable=g-import-not-at-top
+
+    if not os.path.exists(path):
+        raise ConfigError(f"--model-config {path}: no such file")
+    try:
+        return config_lib.parse([str(path)])
+    except config_lib.ConfigError as e:
+        raise ConfigError(f"--model-config {path}: {e}") from None
+
+
+SUMMARY_SLICES = ("all", "english prose", "code", "other-language prose")
+
+
+NEAR_TIE = 0.05  # FLOPs per byte within this share of the pick are named in the reasons as near ties
+
+
+def recommend(rows: list[dict[str, Any]], flops_tolerance: float = 0.0) -> tuple[int, list[str]]:
+    """The recommended vocabulary size among `rows` (one per size, as in ``vocab_report.csv``) and why.
+
+    Rule: the size with the lowest training FLOPs per byte of held-out text wins: for a fixed amount
+    of text it is the cheapest to train on (a larger vocabulary costs d_model FLOPs-parameters per
+    piece in the output projection and pays back in fewer tokens per byte). With `flops_tolerance`
+    > 0, every size within that share of the lowest counts as tied and the one packing the most
+    bytes into a token wins. The rule weighs cost only; how loss per byte changes with the vocabulary
+    at a fixed budget needs training runs (`jaxpt.scaling`). The reasons give each group's
+    compression against the smallest size, the next size's trade, near ties, and warnings when the
+    vocabulary holds most of the parameters or many pieces go unused on held-out text.
+    """
+    rows = sorted(rows, key=lambda r: r["vocab_size"])
+    best = min(r["flops_per_byte"] for r in rows)
+    candidates = [r for r in rows if r["flops_per_byte"] <= best * (1 + flops_tolerance)]
+    pick = max(candidates, key=lambda r: (r["bpt_all"], -r["vocab_size"]))
+    reasons = ["Training FLOPs per byte of text (lower is cheaper): "
+               + ", ".join(f"{r['vocab_size']}: {r['flops_per_byte']:.3g}" for r in rows)
+               + f". {pick['vocab_size']} is the lowest" + (f" within {flops_tolerance:.0%}, with the most bytes "
+                                                            "per token" if len(candidates) > 1 else "") + "."]
+    near = [r for r in rows if r is not pick and r["flops_per_byte"] <= pick["flops_per_byte"] * (1 + NEAR_TIE)]
+    if near:
+        reasons.append("Near ties (FLOPs per byte within 5%): " + ", ".join(
+            f"{r['vocab_size']} ({100 * (r['flops_per_byte'] / pick['flops_per_byte'] - 1):+.1f}% FLOPs/byte, "
+            f"{100 * (r['bpt_all'] / pick['bpt_all'] - 1):+.1f}% bytes/token)" for r in near) + ".")
+    small = rows[0]
+    if pick is not small:
+        gains = ", ".join(f"{name} {100 * (pick[key] / small[key] - 1):+.1f}%"
+                          for name, key in (("English prose", "bpt_english_prose"), ("code", "bpt_code"),
+                                            ("other-language prose", "bpt_other_language_prose"))
+                          if pick.get(key) and small.get(key))
+        reasons.append(f"Bytes per token against {small['vocab_size']}: {gains}.")
+    bigger = [r for r in rows if r["vocab_size"] > pick["vocab_size"]]
+    if bigger:
+        nxt = bigger[0]
+        gains = ", ".join(f"{name} {100 * (nxt[key] / pick[key] - 1):+.1f}%"
+                          for name, key in (("all", "bpt_all"), ("English prose", "bpt_english_prose"),
+                                            ("code", "bpt_code"), ("other-language prose", "bpt_other_language_prose"))
+                          if nxt.get(key) and pick.get(key))
+        reasons.append(
+            f"The next size, {nxt['vocab_size']}, would gain bytes/token ({gains}) for "
+            f"{100 * (nxt['flops_per_byte'] / pick['flops_per_byte'] - 1):+.1f}% FLOPs per byte and "
+            f"{nxt['vocab_params'] - pick['vocab_params']:,} more vocabulary parameters.")
+    reasons.append(f"Vocabulary parameters (embedding + output): {pick['vocab_params']:,} = "
+                   f"{pick['vocab_share']:.0%} of the model; {pick['vocab_bytes_bf16'] / 2**20:.1f} MiB in bf16.")
+    if pick["vocab_share"] > 0.5:
+        reasons.append("Warning: the vocabulary holds most of this model's parameters, so the choice is driven by "
+                       "model size; rerun the report with the target model config before a large run.")
+    if pick["unused_piece_share"] > 0.1:
+        reasons.append(f"Warning: {pick['unused_piece_share']:.0%} of the learned pieces never occur in held-out "
+                       "text; the sample (or the held-out set) may be too small for this vocabulary.")
+    reasons.append("This weighs cost only; the loss per byte at each size needs training runs (jaxpt.scaling).")
+    return int(pick["vocab_size"]), reasons
+
+
+def _slice_key(name: str) -> str:
+    return "bpt_" + name.replace(" ", "_").replace("-", "_")
+
+
+def vocab_report(cfg: TokenizerConfig, corpus_dir: str | os.PathLike, sizes: Sequence[int],
+                 model_config: str | os.PathLike, output: str | os.PathLike, *,
+                 flops_tolerance: float = 0.0) -> dict[str, Any]:
+    """Trains one tokenizer per size on the sample, measures held-out text, writes the report files.
+
+    Returns the ``vocab_report.json`` record: ``rows`` (one per size: bytes per token of the
+    `SUMMARY_SLICES`, tokens per document, `model_costs`, unused piece share, model sha256),
+    ``slices`` (one per size and `slice_names` slice, from `measure`), ``recommendation`` and
+    ``reasons`` (`recommend`), and the corpus, sample and model-config records.
+
+    Raises:
+      ConfigError: no sizes, a size SentencePiece cannot fill from the sample, or as `read_corpus`,
+        `balanced_sample`, `parse_model_config`.
+    """
+    sizes = sorted(set(int(v) for v in sizes))
+    if not sizes:
+        raise ConfigError("--sizes: give at least one vocabulary size")
+    cfg.validate()
+    output = pathlib.Path(output)
+    corpus = read_corpus(corpus_dir, cfg.heldout_fraction)
+    if not corpus.heldout:
+        raise ConfigError(f"--corpus {corpus_dir}: no held-out documents to measure")
+    texts, composition = balanced_sample(corpus.train, cfg)
+    train_cfg = parse_model_config(model_config)
+    rows, slices = [], []
+    for vocab_size in sizes:
+        try:
+            model_path = tokenizer_lib.train(texts, output / "tokenizers" / f"sp{vocab_size}.model",
+                                             cfg.trainer_settings(vocab_size))
+        except ValueError as e:
+            raise ConfigError(f"--sizes {vocab_size}: {e}") from None
+        tok = tokenizer_lib.Tokenizer.load(model_path)
+        figures = measure(tok, corpus.heldout)
+        slices += [{"vocab_size": vocab_size, "slice": name, **f} for name, f in figures.items() if name != "pieces"]
+        row = {"vocab_size": vocab_size}
+        row.update({_slice_key(name): figures[name]["bytes_per_token"] if name in figures else None
+                    for name in SUMMARY_SLICES})
+        row["tokens_per_document"] = figures["all"]["tokens_per_document"]
+        row["unused_piece_share"] = figures["pieces"]["unused_share"]
+        row.update(model_costs(train_cfg, vocab_size, figures["all"]["bytes_per_token"]))
+        row["sha256"] = tok.sha256
+        rows.append(row)
+    pick, reasons = recommend(rows, flops_tolerance)
+    record = {
+        "format_version": FORMAT_VERSION,
+        "config": dataclasses.asdict(cfg),
+        "corpus": corpus.info,
+        "sample": composition,
+        "model_config": {"path": str(model_config), "seq_len": train_cfg.seq_len,
+                         **dataclasses.asdict(train_cfg.model)},
+        "flops_tolerance": flops_tolerance,
+        "rows": rows,
+        "slices": slices,
+        "recommendation": pick,
+        "reasons": reasons,
+    }
+    _write_report(record, output)
+    return record
+
+
+ROW_COLUMNS = ("vocab_size", "bpt_all", "bpt_english_prose", "bpt_code", "bpt_other_language_prose",
+               "tokens_per_document", "embedding_params", "output_params", "vocab_params", "vocab_bytes_fp32",
+               "vocab_bytes_bf16", "vocab_share", "total_params", "flops_per_token", "flops_per_byte",
+               "unused_piece_share", "sha256")
+SLICE_COLUMNS = ("vocab_size", "slice", "documents", "bytes", "tokens", "bytes_per_token", "tokens_per_document")
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return str(value)
+
+
+def _write_csv(path: pathlib.Path, columns: Sequence[str], rows: Iterable[dict]) -> None:
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(columns)
+    for r in rows:
+        w.writerow([_fmt(r.get(c)) for c in columns])
+    path.write_text(buf.getvalue())
+
+
+def _slice_order(name: str) -> tuple[int, str]:
+    rank = {n: i for i, n in enumerate(SUMMARY_SLICES)}
+    if name in rank:
+        return (rank[name], "")
+    return (len(rank) + (name.startswith("lang=")), name)
+
+
+def _markdown(record: dict[str, Any]) -> str:
+    rows, sizes = record["rows"], [r["vocab_size"] for r in record["rows"]]
+    c, m, s = record["corpus"], record["model_config"], record["sample"]
+    lines = [
+        "# Vocabulary-size report", "",
+        f"Corpus `{c['path']}` ({c['kind']}, data version {c['data_version'] or '-'}, content id "
+        f"{(c['content_id'] or '-')[:16]}): {c['documents_train']} training and {c['documents_heldout']} held-out "
+        f"documents (held out by {c['heldout_rule']}). Tokenizers: {record['config']['model_type']}, trained on a "
+        f"{s['chars']:,}-character domain-balanced sample (seed {record['config']['seed']}); all figures are on "
+        "held-out text the tokenizers never saw.",
+        f"Model config `{m['path']}`: d_model {m['d_model']}, {m['num_layers']} layers, "
+        f"{'tied' if m['tie_embeddings'] else 'untied'} embeddings, seq_len {m['seq_len']}.", "",
+        f"## Recommendation: {record['recommendation']}", "",
+        *[f"- {r}" for r in record["reasons"]], "",
+        "## Cost and compression per size", "",
+        "| vocab | bytes/token all | English prose | code | other-language prose | tokens/doc | embedding params "
+        "| output params | vocab MiB fp32 | vocab MiB bf16 | vocab share | FLOPs/token | FLOPs/byte | unused pieces |",
+        "|" + "---:|" * 14,
+    ]
+    for r in rows:
+        bpt = [f"{r[k]:.3f}" if r[k] is not None else "-" for k in ROW_COLUMNS[1:5]]
+        lines.append(
+            f"| {r['vocab_size']} | {' | '.join(bpt)} | {r['tokens_per_document']:.1f} | {r['embedding_params']:,} "
+            f"| {r['output_params']:,} | {r['vocab_bytes_fp32'] / 2**20:.1f} | {r['vocab_bytes_bf16'] / 2**20:.1f} "
+            f"| {r['vocab_share']:.1%} | {r['flops_per_token']:.4g} | {r['flops_per_byte']:.4g} "
+            f"| {r['unused_piece_share']:.1%} |")
+    by_slice = collections.defaultdict(dict)
+    for x in record["slices"]:
+        by_slice[x["slice"]][x["vocab_size"]] = x
+    for title, key, fmt in (("Bytes per token", "bytes_per_token", "{:.3f}"),
+                            ("Mean tokens per document", "tokens_per_document", "{:.1f}")):
+        lines += ["", f"## {title}, held-out text, by slice", "",
+                  "| slice | documents | " + " | ".join(str(v) for v in sizes) + " |",
+                  "|---|---:|" + "---:|" * len(sizes)]
+        for name in sorted(by_slice, key=_slice_order):
+            cells = [fmt.format(by_slice[name][v][key]) if v in by_slice[name] else "-" for v in sizes]
+            lines.append(f"| {name} | {by_slice[name][sizes[0]]['documents']} | " + " | ".join(cells) + " |")
+    lines += ["", "## Training sample", "",
+              "| domain | weight | documents available | characters available | documents sampled | cut "
+              "| characters sampled | share |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for name, d in s["domains"].items():
+        lines.append(f"| {name} | {d['weight']:g} | {d['documents_available']:,} | {d['chars_available']:,} "
+                     f"| {d['documents_sampled']:,} | {d['documents_cut']:,} | {d['chars_sampled']:,} "
+                     f"| {d['share']:.1%} |")
+    lines += ["", "Slices: `english prose` = non-code documents labelled en; `other-language prose` = non-code "
+              "documents in any other identified language; `code` = the code domain; `lang=und` = no language "
+              "label. Bytes are UTF-8 bytes; ratios are of slice totals. Vocabulary params = input embedding + "
+              "output projection (untied). FLOPs per byte = training FLOPs per token (6N + attention) / overall "
+              "bytes per token. Unused pieces: learned pieces that no held-out document uses.",
+              "", "Tokenizers: " + ", ".join(f"`tokenizers/sp{r['vocab_size']}.model` ({r['sha256'][:12]})"
+                                              for r in rows), ""]
+    return "\n".join(lines)
+
+
+def _plot(record: dict[str, Any], path: pathlib.Path) -> None:
+    import matplotlib  # pylint: disable=g-import-not-at-top
+    import matplotlib.ticker  # pylint: disable=g-import-not-at-top
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+
+    rows = record["rows"]
+    sizes = [r["vocab_size"] for r in rows]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for name in SUMMARY_SLICES:
+        ys = [r[_slice_key(name)] for r in rows]
+        if all(y is not None for y in ys):
+            ax1.plot(sizes, ys, marker="o", label=name)
+    ax1.set(ylabel="bytes per token (held-out text)", title="Compression")
+    ax1.legend(fontsize="small")
+    flops = ax2.plot(sizes, [r["flops_per_byte"] for r in rows], marker="o", color="k", label="FLOPs per byte")
+    ax2.set(ylabel="training FLOPs per byte of text",
+            title=f"Cost for {pathlib.Path(record['model_config']['path']).name}")
+    share_ax = ax2.twinx()
+    share = share_ax.plot(sizes, [100 * r["vocab_share"] for r in rows], marker="s", color="C7",
+                          label="vocabulary share of params")
+    share_ax.set_ylabel("vocabulary params, % of model")
+    ax2.axvline(record["recommendation"], color="k", linestyle=":", linewidth=1)
+    ax2.legend(handles=flops + share, fontsize="small", loc="upper center")
+    for ax in (ax1, ax2):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sizes, [str(v) for v in sizes])
+        ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+        ax.set_xlabel("vocabulary size")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110, metadata={"Software": None})
+    plt.close(fig)
+
+
+def _write_report(record: dict[str, Any], output: pathlib.Path) -> None:
+    output.mkdir(parents=True, exist_ok=True)
+    _write_csv(output / "vocab_report.csv", ROW_COLUMNS, record["rows"])
+    _write_csv(output / "bytes_per_token.csv", SLICE_COLUMNS,
+               sorted(record["slices"], key=lambda x: (x["vocab_size"], _slice_order(x["slice"]))))
+    (output / "vocab_report.md").write_text(_markdown(record))
+    _plot(record, output / "vocab_report.png")
+    _write_json(output / "vocab_report.json", record)
+
+
+# --------------------------------------------------------------------------------------------- CLI
+
+
+def _common_flags(parser: argparse.ArgumentParser, config_required: bool) -> None:
+    parser.add_argument("--config", action="append", required=config_required, default=None,
+                        help=f"gin file (repeatable){'' if config_required else f'; default {DEFAULT_CONFIG}'}")
+    parser.add_argument("--gin", action="append", default=[], help="gin binding, e.g. 'TokenizerConfig.seed = 1'")
+    parser.add_argument("--corpus", required=True, type=pathlib.Path,
+                        help="corpus version (mixture.json) or prepared sample (train.jsonl.gz)")
+
+
+def _parse_sizes(text: str) -> list[int]:
+    try:
+        sizes = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--sizes {text!r}: expected comma-separated integers") from None
+    if not sizes:
+        raise argparse.ArgumentTypeError("--sizes: give at least one vocabulary size")
+    return sizes
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command line (module docstring). Returns the exit status: 0, or 2 with the error on stderr."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    report_mode = bool(argv) and argv[0] == "report"
+    parser = argparse.ArgumentParser(
+        prog="python -m data_pipelines.tokenizer" + " report" * report_mode,
+        description=("Train one tokenizer per vocabulary size and report compression and cost." if report_mode
+                     else "Train the corpus tokenizer (add 'report' first for the vocabulary-size report)."))
+    _common_flags(parser, config_required=not report_mode)
+    if report_mode:
+        parser.add_argument("--sizes", required=True, type=_parse_sizes, help="e.g. 4096,8192,16384,32768")
+        parser.add_argument("--model-config", required=True, help="training gin file, e.g. configs/quickstart.gin")
+        parser.add_argument("--output", type=pathlib.Path, default=pathlib.Path("artifacts/vocab_report"),
+                            help="report folder (default artifacts/vocab_report)")
+        parser.add_argument("--flops-tolerance", type=float, default=0.0,
+                            help="sizes within this share of the lowest FLOPs/byte tie; the most bytes/token "
+                                 "among them wins (default 0: the lowest FLOPs/byte)")
+    else:
+        parser.add_argument("--output", required=True, type=pathlib.Path, help="TOKDIR for tokenizer.model/.json")
+    args = parser.parse_args(argv[1:] if report_mode else argv)
+    start = time.perf_counter()
+    try:
+        cfg = load_config(args.config or [DEFAULT_CONFIG], args.gin)
+        if report_mode:
+            record = vocab_report(cfg, args.corpus, args.sizes, args.model_config, args.output,
+                                  flops_tolerance=args.flops_tolerance)
+        else:
+            record = train_tokenizer(cfg, args.corpus, args.output)
+    except (ConfigError, FileNotFoundError, ValueError) as e:
+        print(f"{parser.prog}: error: {e}", file=sys.stderr)
+        return 2
+    seconds = time.perf_counter() - start
+    if report_mode:
+        print(f"{args.output}/vocab_report.md: recommendation {record['recommendation']} "
+              f"({len(record['rows'])} sizes in {seconds:.0f} s)")
+        for reason in record["reasons"]:
+            print(f"  - {reason}")
+    else:
+        h = record["heldout"]["all"]
+        print(f"{args.output}/tokenizer.model: {record['tokenizer']['vocab_size']} pieces, sha256 "
+              f"{record['tokenizer']['sha256'][:12]}, sample {record['sample']['chars']:,} characters, held-out "
+              f"{h['bytes_per_token']:.3f} bytes/token; {seconds:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
