@@ -41,6 +41,13 @@ def tok(training_texts, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def unigram_tok(training_texts, tmp_path_factory):
+    path = tmp_path_factory.mktemp("tok") / "u.model"
+    settings_ = tokenizer_lib.TrainerSettings(vocab_size=600, model_type="unigram")
+    return Tokenizer.load(tokenizer_lib.train(training_texts, path, settings_))
+
+
+@pytest.fixture(scope="module")
 def legacy_tok(tok):
     """The same model with SentencePiece's dummy prefix switched on, as tokenizers trained before had it."""
     proto = sentencepiece_model_pb2.ModelProto.FromString(tok.path.read_bytes())
@@ -109,6 +116,17 @@ def test_batch_encoding_matches_single(tok, seen_words):
     def check(texts):
         batch = tok.encode_batch(texts, num_threads=2)
         assert [b.tolist() for b in batch] == [tok.encode(t).tolist() for t in texts]
+
+    check()
+
+
+def test_unigram_models_round_trip_too(unigram_tok, seen_words):
+    assert unigram_tok.settings()["model_type"] == "unigram" and unigram_tok.lossless_problems() == []
+
+    @settings(max_examples=120, deadline=None)
+    @given(mixed_text(seen_words))
+    def check(text):
+        assert unigram_tok.decode(unigram_tok.encode(text)) == text
 
     check()
 
