@@ -23,7 +23,9 @@ fill the share exactly. The sample depends on the corpus, the config and the see
 Training writes ``TOKDIR/tokenizer.model`` (`jaxpt.data.tokenizer.train`: BPE by default, byte
 fallback, digits split, whitespace exact, no dummy prefix, PAD=0 EOS=1 UNK=2 BOS=3) and then
 ``TOKDIR/tokenizer.json``: the operative settings, the model's own settings, the corpus it came
-from (data version and content id when recorded), the sample's composition per domain and per
+from (a corpus version's data version and content id from its manifest; for a prepared sample the
+sha256 of its two files), the documents read (records without text, from a corpus built with
+``OutputConfig.store_text = False``, are counted and skipped), the sample's composition per domain and per
 language, held-out bytes per token, and the model's sha256 (the identity that the corpus manifest
 and every run's ``run.json`` record).
 
@@ -178,6 +180,12 @@ def _document(id_: str, domain: str, lang: str | None, text: str) -> Document:
     return Document(id_, domain, lang or NO_LANG, text)
 
 
+def _text(feature, key: str) -> str:
+    """The first value of bytes feature `key` of a tf.Example, decoded; '' when absent."""
+    values = feature[key].bytes_list.value if key in feature else []
+    return values[0].decode("utf-8") if values else ""
+
+
 def _read_corpus_version(corpus_dir: pathlib.Path, heldout_fraction: float) -> Corpus:
     """Documents of every shard listed in ``mixture.json``, split by `is_heldout`."""
     from array_record.python import array_record_data_source  # pylint: disable=g-import-not-at-top
@@ -193,13 +201,8 @@ def _read_corpus_version(corpus_dir: pathlib.Path, heldout_fraction: float) -> C
                 raise FileNotFoundError(f"{corpus_dir}/mixture.json lists shard {shard}, which does not exist")
             source = array_record_data_source.ArrayRecordDataSource([str(path)])
             for i in range(len(source)):
-                feature = tf_example_pb2.Example.FromString(source[i]).features.feature
-
-                def text(key):
-                    values = feature[key].bytes_list.value if key in feature else []
-                    return values[0].decode("utf-8") if values else ""
-
-                doc = _document(text("id"), text("domain") or domain, text("lang"), text("text"))
+                f = tf_example_pb2.Example.FromString(source[i]).features.feature
+                doc = _document(_text(f, "id"), _text(f, "domain") or domain, _text(f, "lang"), _text(f, "text"))
                 if not doc.text:
                     no_text[domain] += 1
                     continue
@@ -235,13 +238,13 @@ def _read_prepared(corpus_dir: pathlib.Path) -> Corpus:
     heldout_path = corpus_dir / "heldout.jsonl.gz"
     if not heldout_path.is_file():
         raise FileNotFoundError(f"{corpus_dir}: has train.jsonl.gz but no heldout.jsonl.gz")
-    record_path = corpus_dir / "prepare.json"
-    record = json.loads(record_path.read_text()) if record_path.is_file() else {}
+    files = {name: hashlib.sha256((corpus_dir / name).read_bytes()).hexdigest()
+             for name in ("train.jsonl.gz", "heldout.jsonl.gz")}
     info = {
         "kind": "prepared_sample",
         "data_version": None,
-        "content_id": hashlib.sha256(json.dumps(record.get("outputs", {}), sort_keys=True).encode()).hexdigest()
-        if record else None,
+        "content_id": hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest(),
+        "files_sha256": files,
         "heldout_rule": "heldout.jsonl.gz",
     }
     return Corpus(_read_jsonl_gz(corpus_dir / "train.jsonl.gz"), _read_jsonl_gz(heldout_path), info)

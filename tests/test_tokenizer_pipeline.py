@@ -54,7 +54,8 @@ def _example(doc) -> bytes:
     return ex.SerializeToString(deterministic=True)
 
 
-def write_corpus_version(root: pathlib.Path, docs, store_text=True) -> pathlib.Path:
+def write_corpus_version(root: pathlib.Path, docs, store_text=True, blank=()) -> pathlib.Path:
+    """The corpus layout; documents whose id is in `blank` (or all, without `store_text`) lose their text."""
     shards = {}
     for domain in sorted({d["domain"] for d in docs}):
         mine = [d for d in docs if d["domain"] == domain]
@@ -64,7 +65,7 @@ def write_corpus_version(root: pathlib.Path, docs, store_text=True) -> pathlib.P
             (root / name).parent.mkdir(parents=True, exist_ok=True)
             w = ArrayRecordWriter(str(root / name), "group_size:1")
             for d in mine[i::2]:
-                w.write(_example(d if store_text else dict(d, text="")))
+                w.write(_example(d if store_text and d["id"] not in blank else dict(d, text="")))
             w.close()
             names.append(name)
         shards[domain] = names
@@ -168,6 +169,12 @@ def test_bad_corpus_directories_are_named(docs, tmp_path):
     write_corpus_version(tmp_path / "notext", docs[:20], store_text=False)
     with pytest.raises(dt.ConfigError, match="store_text"):
         dt.read_corpus(tmp_path / "notext", HELDOUT)
+    # Some records without text: counted per domain and skipped, the rest read (in = read + skipped).
+    blank = {d["id"] for d in docs[::7]}
+    corpus = dt.read_corpus(write_corpus_version(tmp_path / "some", docs, blank=blank), HELDOUT)
+    skipped = corpus.info["documents_without_text"]
+    assert skipped == {dom: sum(d["domain"] == dom for d in docs[::7]) for dom in ("code", "multilingual", "reference")}
+    assert {d.id for d in corpus.train + corpus.heldout} == {d["id"] for d in docs} - blank
 
 
 @pytest.fixture(scope="module")
