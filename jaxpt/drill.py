@@ -418,8 +418,14 @@ def check_same_config(ref_dir: str, got_dir: str) -> None:
       DrillError: naming the first differing line.
     """
     def lines(d):
+        out, skipping = [], False
         with open(os.path.join(d, "config.gin")) as f:
-            return [line for line in f.read().splitlines() if not line.startswith("TrainConfig.workdir")]
+            for line in f.read().splitlines():
+                # gin wraps long values onto indented continuation lines
+                skipping = line.startswith("TrainConfig.workdir") or (skipping and line[:1].isspace())
+                if not skipping:
+                    out.append(line)
+        return out
     a, b = lines(ref_dir), lines(got_dir)
     if a != b:
         diff = next((f"{x!r} vs {y!r}" for x, y in zip(a, b) if x != y), "different lengths")
