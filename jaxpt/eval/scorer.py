@@ -157,7 +157,9 @@ class Scorer:
 
     def _run(self, tokens, segment_ids, positions) -> tuple[np.ndarray, np.ndarray]:
         """One compiled call on host arrays [B, L]; returns host (logp, argmax)."""
-        put = lambda a: jax.device_put(a, self._batch_sharding)  # noqa: E731
+        # Every process holds the whole (identical) host batch; each device takes its slice, so this also runs
+        # multi-host, where a global sharding spans devices this process cannot address.
+        put = lambda a: jax.make_array_from_callback(a.shape, self._batch_sharding, lambda i: a[i])  # noqa: E731
         self.calls += 1
         logp, argmax = self._fn(self.params, put(tokens), put(segment_ids), put(positions))
         return np.asarray(jax.device_get(logp)), np.asarray(jax.device_get(argmax))
