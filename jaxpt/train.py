@@ -29,6 +29,7 @@ from jaxpt import optim
 from jaxpt import state as state_lib
 from jaxpt import step as step_lib
 from jaxpt.config import ConfigError, TrainConfig
+from jaxpt.eval import inloop  # registers HeldoutEvalConfig with gin (per-domain held-out eval in the loop)
 from jaxpt.runs import RunRegistry
 
 log = logging.getLogger("jaxpt.train")
@@ -180,7 +181,9 @@ def evaluate(run: Run, max_batches: int | None = None) -> dict[str, float]:
         loss_sum += float(out["loss_sum"])
         tokens += float(out["num_target_tokens"])
     loss = loss_sum / max(tokens, 1.0)
-    return {"heldout_loss": loss, "heldout_perplexity": float(np.exp(loss)), "heldout_tokens": tokens}
+    out = {"heldout_loss": loss, "heldout_perplexity": float(np.exp(loss)), "heldout_tokens": tokens}
+    out.update(inloop.heldout_figures(run, limit))  # per domain/language when HeldoutEvalConfig.enabled
+    return out
 
 
 def _progress(cfg: TrainConfig, start: int):
