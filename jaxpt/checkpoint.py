@@ -136,6 +136,9 @@ class Checkpointer:
             preservation_policy=ocm.AnyPreservationPolicy(keep),
             enable_async_checkpointing=cfg.async_save,
             create=True,
+            # A trainer killed inside a save leaves a partial temporary directory (never picked up as a
+            # step); delete such leftovers when the next trainer starts, or a big model's disk fills up.
+            cleanup_tmp_directories=True,
         )
         self.manager = ocp.CheckpointManager(self.directory, options=options,
                                              item_names=("state", "data", "meta"))
