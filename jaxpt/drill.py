@@ -392,6 +392,7 @@ def run_drill(args: argparse.Namespace) -> dict[str, Any]:
     report.update(compare_metrics(step_records(ref_dir), step_records(got_dir), args.steps, args.rtol))
     report.update(compare_batches(batch_documents(ref_dir), batch_documents(got_dir), args.steps))
     report.update(compare_final_state(ref_dir, got_dir, args.steps, args.rtol))
+    report["leftover_tmp_dirs"] = sorted(checkpoint_dirs(got_dir)[1])
     h_ref, h_got = final_heldout(ref_dir), final_heldout(got_dir)
     report["final_heldout_loss"] = {"reference": h_ref, "interrupted": h_got}
     times = [r["recovery_time_s"] for r in restarts if r["recovery_time_s"] is not None]
@@ -448,8 +449,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0, help="seeds the kill plan (targets, kinds, delays)")
     p.add_argument("--mode", choices=("mixed", "save", "step"), default="mixed",
                    help="kill inside saves, after steps, or a random mix")
-    p.add_argument("--save-every", type=int, default=0,
-                   help="CheckpointConfig.save_every_steps for the drill (default: the config's)")
+    p.add_argument("--save-every", type=int, default=5,
+                   help="CheckpointConfig.save_every_steps for the drill (0: the config's own)")
     p.add_argument("--max-kill-delay-s", type=float, default=0.05,
                    help="random delay before each kill, uniform in [0, this]")
     p.add_argument("--reference", metavar="DIR",

@@ -229,6 +229,7 @@ def test_sigkill_inside_async_saves_ten_times(ckpt_env, reference30, tmp_path):
             assert r["resumed_step"] < r["target_step"]
     assert report["loss_curve_continuous"] and report["learning_rate_match"]
     assert report["data_position_match"] and report["rng_match"] and report["final_params_match"]
+    assert report["leftover_tmp_dirs"] == []  # each restart deleted the partial save it found
 
 
 @pytest.mark.slow
@@ -281,14 +282,23 @@ def test_other_shape_or_corrupt_state_raise_checkpoint_error(ckpt_env, trained10
 
 
 def test_incomplete_saves_are_ignored_and_junk_is_an_error(trained10, tmp_path):
-    """A temporary (uncommitted) save directory is never the latest step; a step directory that cannot be
-    read, or unrecognized entries, are errors naming them; only incomplete saves means a fresh start."""
+    """A temporary (uncommitted) save directory is never the latest step, and a trainer's checkpointer
+    deletes it on start; a step directory that cannot be read, or unrecognized entries, are errors naming
+    them; only incomplete saves means a fresh start."""
     from jaxpt.train import restore_or_init
     run = copy_run(trained10, tmp_path / "run")
-    shutil.copytree(run / "checkpoints" / "10", run / "checkpoints" / "12.orbax-checkpoint-tmp-1795960289")
+    tmp_save = run / "checkpoints" / "12.orbax-checkpoint-tmp-1795960289"
+    shutil.copytree(run / "checkpoints" / "10", tmp_save)
+    reader = Checkpointer(str(run), CheckpointConfig(enabled=False), read_only=True)
+    assert reader.latest_step() == 10 and reader.all_steps() == [6, 8, 10] and tmp_save.exists()
+    reader.close()
     ckpt = Checkpointer(str(run), CheckpointConfig())
     try:
         assert ckpt.latest_step() == 10 and ckpt.all_steps() == [6, 8, 10]
+        deadline = time.monotonic() + 30
+        while tmp_save.exists() and time.monotonic() < deadline:  # Orbax cleans up in the background
+            time.sleep(0.05)
+        assert not tmp_save.exists() and (run / "checkpoints" / "10").is_dir()
     finally:
         ckpt.close()
 
