@@ -82,7 +82,7 @@ def run_card(restored, card, *, workdir: str = "", heldout: str | None = None, t
                source=heldout, stride=card.stride or scorer.seq_len // 2, seq_len=scorer.seq_len)
     t_ppl = time.perf_counter()
     if tasks is None:
-        tasks = build_probe_tasks(card, docs, (d.text for d in heldout_lib.load_documents(train, "train")))
+        tasks = build_probe_tasks(card, docs, heldout_lib.training_texts(train))
     max_new = int(card.decoding["max_new_tokens"])
     if use_seqio:
         from jaxpt.eval import seqio_tasks
@@ -241,7 +241,7 @@ def cmd_export_probes(args) -> int:
     from jaxpt.eval.card import load_card
     card = load_card(args.card)
     tasks = build_probe_tasks(card, heldout.load_documents(args.heldout, "heldout"),
-                              (d.text for d in heldout.load_documents(args.train, "train")))
+                              heldout.training_texts(args.train))
     os.makedirs(args.output_dir, exist_ok=True)
     for name, te in tasks.items():
         path = os.path.join(args.output_dir, f"{name}.jsonl")

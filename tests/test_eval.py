@@ -299,3 +299,24 @@ def test_regression_flags_only_core_drops_beyond_tolerance(tmp_path):
     assert evaluate.main(["compare", str(paths["base"]), str(paths["same"])]) == 0
     assert evaluate.main(["compare", str(paths["base"]), str(paths["bad"])]) == 1
     assert evaluate.main(["compare", str(paths["base"]), str(paths["other"])]) == 2
+
+
+@pytest.mark.slow
+def test_training_texts_from_corpus_shards(tmp_path):
+    """A corpus version without JSON Lines: the decontamination reference is read from its ArrayRecord shards
+    (serialized tf.train.Example with a ``text`` feature, as data_pipelines writes them)."""
+    from array_record.python.array_record_module import ArrayRecordWriter
+    from tensorflow.core.example import example_pb2
+    from jaxpt.eval import heldout
+    shard = tmp_path / "tfds" / "corpus" / "1.0.0" / "corpus-code.array_record-00000-of-00001"
+    shard.parent.mkdir(parents=True)
+    w = ArrayRecordWriter(str(shard), "group_size:1")
+    for text in ("def f():\n    return 1\n", "Zwölf Boxkämpfer jagen Viktor"):
+        ex = example_pb2.Example()
+        ex.features.feature["text"].bytes_list.value.append(text.encode("utf-8"))
+        ex.features.feature["id"].bytes_list.value.append(b"x")
+        w.write(ex.SerializeToString())
+    w.close()
+    assert list(heldout.training_texts(str(tmp_path))) == ["def f():\n    return 1\n", "Zwölf Boxkämpfer jagen Viktor"]
+    with pytest.raises(FileNotFoundError, match="train source"):
+        list(heldout.training_texts(str(tmp_path / "tfds")))

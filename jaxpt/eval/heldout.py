@@ -20,7 +20,7 @@ import gzip
 import json
 import math
 import os
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -105,6 +105,37 @@ def load_documents(source: str, split: str = "heldout") -> list[Document]:
     for path in resolve_source(source, split):
         docs += read_jsonl(path)
     return docs
+
+
+def corpus_shards(corpus_dir: str) -> list[str]:
+    """ArrayRecord shards of a ``data_pipelines.build`` corpus version (``<dir>/tfds/<name>/<version>/``)."""
+    return sorted(glob.glob(os.path.join(corpus_dir, "tfds", "*", "*", "*.array_record-*")))
+
+
+def training_texts(source: str) -> Iterator[str]:
+    """Texts of a training split for decontamination, streamed: JSON Lines as in :func:`resolve_source` (split
+    ``train``), or else the ``text`` field of every record of a corpus version's ArrayRecord shards (each record a
+    serialized ``tf.train.Example``, as ``data_pipelines`` writes them; parsing imports TensorFlow).
+
+    Raises:
+      FileNotFoundError: neither JSON Lines nor corpus shards are found.
+    """
+    try:
+        paths = resolve_source(source, "train")
+    except FileNotFoundError:
+        shards = corpus_shards(source) if os.path.isdir(source) else []
+        if not shards:
+            raise
+        from array_record.python.array_record_data_source import ArrayRecordDataSource
+        from tensorflow.core.example import example_pb2
+        ds = ArrayRecordDataSource(shards)
+        for i in range(len(ds)):
+            ex = example_pb2.Example.FromString(ds[i])
+            yield ex.features.feature["text"].bytes_list.value[0].decode("utf-8")
+        return
+    for path in paths:
+        for d in read_jsonl(path):
+            yield d.text
 
 
 @dataclasses.dataclass
