@@ -164,6 +164,6 @@ def test_cli_on_the_bundled_sample(tmp_path, capsys):
     assert record["counts"]["documents_in"] == manifest["num_documents"]
     for domain, c in record["counts"]["per_domain"].items():
         assert c["train"] > 0 and c["heldout"] > 0, domain
-    assert record["tokenizer"]["vocab_size"] == 8192
+    assert record["tokenizer"]["vocab_size"] == prepare_lib.PrepareSettings().vocab_size == 4096
     prepare_lib.main(["--output", str(tmp_path / "sample"), "--source", str(SAMPLE)])
     assert "up to date" in capsys.readouterr().out

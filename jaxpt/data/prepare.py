@@ -1,7 +1,7 @@
 """`python -m jaxpt.data.prepare`: raw sample -> cleaned train/held-out documents + tokenizer.
 
     python -m jaxpt.data.prepare --output artifacts/sample [--source data/sample]
-        [--vocab-size 8192] [--heldout-fraction 0.05] [--seed 0] [--force]
+        [--vocab-size 4096] [--heldout-fraction 0.05] [--seed 0] [--force]
 
 Reads every `*.jsonl.gz` under `--source` (raw-v1 schema), in file-name then line order, and:
 
@@ -50,7 +50,7 @@ SPLIT_RULE = "heldout iff int.from_bytes(sha256(id.encode('utf-8'))[:8], 'big') 
 class PrepareSettings:
     """Everything besides the source files that decides the outputs."""
 
-    vocab_size: int = 8192
+    vocab_size: int = 4096  # the vocabulary report on raw-v1 recommends 4096 for the quickstart model
     heldout_fraction: float = 0.05
     seed: int = 0
 
