@@ -8,6 +8,7 @@ on the device; :func:`evaluate` reports the held-out loss with the same mesh and
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
 import logging
 import os
@@ -250,6 +251,8 @@ class LoopContext:
         self.timer = monitor.StepTimer()
         self.bar = _progress(run.cfg, int(jax.device_get(run.state.step)))
         self.last: dict[str, Any] = {}
+        # Per-batch losses vary a lot on mixed-domain data; the final report also gives a windowed mean.
+        self.recent_losses: collections.deque = collections.deque(maxlen=20)
         self.doc_log = _BatchDocumentLog(run.cfg) if run.cfg.log_batch_documents else None
 
     def event(self, record: dict[str, Any]) -> None:
@@ -323,6 +326,8 @@ def _report(ctx: LoopContext, p: _Pending) -> tuple[int, str] | None:
                    "loss": values["loss"], "grad_norm": values["grad_norm"],
                    "loss_threshold": values.get("spike_loss_threshold"),
                    "grad_norm_threshold": values.get("spike_grad_norm_threshold"), "doc_index": docs})
+    if not values.get("skipped"):
+        ctx.recent_losses.append(values["loss"])
     reason = ctx.divergence.observe(p.step, values["loss"], bool(values.get("nonfinite")))
     if p.step % cfg.log_every == 0 or p.step == cfg.steps or p.step == 1 or reason:
         record = {"step": p.step, **values}
@@ -503,11 +508,14 @@ def run_training(cfg: TrainConfig, fault_injector=None) -> dict[str, Any]:
         if ckpt is not None:
             ckpt.save(step, run.state, batches, meta, force=True)
         final = {"step": step, "event": "final", **evaluate(run, max_batches=0),
-                 "train_loss": last.get("loss")}
+                 "train_loss": last.get("loss"),
+                 "train_loss_mean_last20": float(np.mean(ctx.recent_losses)) if ctx.recent_losses else None}
         writer.write(final)
         registry.finish("completed", final)
-        log.info("step %d: train loss %s, held-out loss %.4f (perplexity %.1f over %d tokens)",
+        log.info("step %d: train loss %s (mean of the last 20 steps %s), held-out loss %.4f "
+                 "(perplexity %.1f over %d tokens)",
                  final["step"], "n/a" if final["train_loss"] is None else f"{final['train_loss']:.4f}",
+                 "n/a" if final["train_loss_mean_last20"] is None else f"{final['train_loss_mean_last20']:.4f}",
                  final["heldout_loss"], final["heldout_perplexity"], final["heldout_tokens"])
         return final
     except Preempted:
