@@ -284,6 +284,9 @@ class Tokenize(beam.DoFn):
     def setup(self):
         self.enc = writer.SentencePieceEncoder(self.cfg.tokenizer_path)
         self.features = writer.corpus_features()
+        from tensorflow.core.example import example_pb2
+
+        self._example = example_pb2.Example
 
     def process(self, doc):
         tokens = self.enc.encode(doc["text"])
@@ -291,6 +294,8 @@ class Tokenize(beam.DoFn):
             "id": doc["id"], "source": doc["source"], "domain": doc["domain"], "lang": doc["lang"],
             "tokens": tokens, "text": doc["text"] if self.cfg.store_text else "",
         })
+        # tf.Example holds a protobuf map, whose default wire order varies between processes.
+        ex = self._example.FromString(ex).SerializeToString(deterministic=True)
         shard = int(stages.uniform(1, doc["id"]) * self.cfg.shards_per_domain)
         yield (doc["domain"], shard), (doc["id"], ex)
         yield beam.pvalue.TaggedOutput(DROPS, {
