@@ -71,7 +71,10 @@ def jaccard(a: set, b: set) -> float:
     """Exact Jaccard similarity |a & b| / |a | b| (0.0 when both are empty)."""
     if not a and not b:
         return 0.0
-    return len(a & b) / len(a | b)
+    if len(a) > len(b):
+        a, b = b, a
+    inter = sum(1 for x in a if x in b)
+    return inter / (len(a) + len(b) - inter)
 
 
 def _mix64(x: np.ndarray) -> np.ndarray:
