@@ -11,8 +11,10 @@ Evaluated pairs are the union of
     chained ones included, are all checked against exact Jaccard), and
   * every LSH candidate pair (a shared band bucket before verification): the hard negatives on
     which plain banding over-merges.
-Exact Jaccard is computed with Python sets of word tuples (`minhash.word_shingles`), independently
-of the hashing used by MinHash.
+Exact Jaccard is computed on the sets of word tuples of `minhash.word_shingles`, independently of
+the hashing used by MinHash. For speed each tuple is represented by Python's 64-bit ``hash`` (stable
+within one process) and sets are intersected as sorted numpy arrays; a collision between two distinct
+5-grams has probability about 2**-64 per pair of shingles.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ import itertools
 import json
 from pathlib import Path
 from typing import Iterable, Mapping
+
+import numpy as np
 
 from data_pipelines import minhash
 
@@ -81,14 +85,18 @@ def score(
 
     def sh(doc_id):
         if doc_id not in shingles:
-            shingles[doc_id] = {" ".join(s) for s in minhash.word_shingles(text[doc_id], shingle_size)}
+            shingles[doc_id] = np.unique(np.fromiter(
+                (hash(s) for s in minhash.word_shingles(text[doc_id], shingle_size)), dtype=np.int64))
         return shingles[doc_id]
 
     high_pairs, low_pairs = [], []
     for a, b in sorted(pairs):
         if text[a] == text[b]:
             continue
-        j = minhash.jaccard(sh(a), sh(b))
+        sa, sb = sh(a), sh(b)
+        inter = np.intersect1d(sa, sb, assume_unique=True).size
+        union = sa.size + sb.size - inter
+        j = inter / union if union else 0.0
         if j >= high:
             high_pairs.append((a, b, j))
         elif j <= low:
