@@ -65,12 +65,29 @@ class LanguageIdentifier:
 
 # ---------------------------------------------------------------- stage 4: rule filters
 
-_PUNCT = set(string.punctuation)
 _ALPHA_RE = re.compile(r"[^\W\d_]")
+_TABLES: dict[str, dict[int, None]] = {}
 
 
-def _is_punct(ch: str) -> bool:
-    return ch in _PUNCT or unicodedata.category(ch)[0] in "PS"
+def _deletion_table(kind: str) -> dict[int, None]:
+    """str.translate table deleting one class of code points, so counting runs in C.
+
+    ``punct``: Unicode categories P* and S* plus ASCII punctuation; ``nonprint``: Cc, Cf, Co, Cn
+    except tab, newline and carriage return.
+    """
+    if kind not in _TABLES:
+        if kind == "punct":
+            keep = lambda c: unicodedata.category(c)[0] in "PS" or c in string.punctuation  # noqa: E731
+        else:
+            keep = lambda c: unicodedata.category(c) in ("Cc", "Cf", "Co", "Cn") and c not in "\n\t\r"  # noqa: E731
+        # Planes 0-2 hold every assigned letter, punctuation and symbol in practice; Co/Cn beyond
+        # them are rare enough to ignore for a ratio.
+        _TABLES[kind] = {i: None for i in range(0x30000) if keep(chr(i))}
+    return _TABLES[kind]
+
+
+def _count_in(text: str, kind: str) -> int:
+    return len(text) - len(text.translate(_deletion_table(kind)))
 
 
 def rule_stats(text: str) -> dict[str, float]:
@@ -85,10 +102,9 @@ def rule_stats(text: str) -> dict[str, float]:
     n_words = len(toks)
     st = {"n_chars": n_chars, "n_words": n_words}
     sample = text[:200_000]
-    np_count = sum(1 for ch in sample if (unicodedata.category(ch) in ("Cc", "Cf", "Co", "Cn")) and ch not in "\n\t\r")
-    st["non_printable_ratio"] = np_count / max(1, len(sample))
+    st["non_printable_ratio"] = _count_in(sample, "nonprint") / max(1, len(sample))
     st["replacement_ratio"] = sample.count("\ufffd") / max(1, len(sample))
-    st["punct_ratio"] = sum(1 for ch in sample if _is_punct(ch)) / max(1, len(sample))
+    st["punct_ratio"] = _count_in(sample, "punct") / max(1, len(sample))
     st["symbol_ratio"] = (text.count("#") + text.count("...") + text.count("\u2026")) / max(1, len(ws_words))
     st["mean_word_length"] = sum(map(len, toks)) / max(1, n_words)
     st["alpha_word_fraction"] = sum(1 for w in ws_words if _ALPHA_RE.search(w)) / max(1, len(ws_words))
@@ -202,13 +218,24 @@ class HashedNgramLM:
 # ---------------------------------------------------------------- stage 8: decontamination
 
 
+_NGRAM_MULT = np.array([0x9E3779B97F4A7C15 * (2 * j + 1) % (1 << 64) for j in range(64)], dtype=np.uint64)
+
+
 def ngram_hashes(text: str, n: int) -> set[int]:
-    """64-bit blake2b hashes of the lower-cased word n-grams of `text` (`minhash.words`)."""
+    """64-bit hashes of the lower-cased word n-grams of `text` (`minhash.words`, n <= 64).
+
+    Each word is hashed once (crc32); an n-gram's hash is the position-weighted sum of its word
+    hashes (wrapping uint64) passed through the splitmix64 finalizer, vectorized over the text.
+    """
     toks = minhash.words(text)
-    return {
-        int.from_bytes(hashlib.blake2b(" ".join(toks[i : i + n]).encode("utf-8"), digest_size=8).digest(), "little")
-        for i in range(len(toks) - n + 1)
-    }
+    if len(toks) < n:
+        return set()
+    wh = np.fromiter(map(minhash._word_hash, toks), dtype=np.uint64, count=len(toks))
+    m = len(toks) - n + 1
+    acc = np.zeros(m, dtype=np.uint64)
+    for j in range(n):
+        acc += wh[j : j + m] * _NGRAM_MULT[j]
+    return set(minhash._mix64(acc).tolist())
 
 
 # ---------------------------------------------------------------- stage 9: quotas
