@@ -18,10 +18,19 @@ from data_pipelines.config import LangIdConfig, NormalizeConfig, QuotaConfig, Ru
 # ---------------------------------------------------------------- stage 2: normalization
 
 
+# ASCII text without these characters is a fixed point of ftfy.fix_text: mojibake, curly quotes,
+# ligatures, width and normalization fixes all need non-ASCII input, and the remaining fixers act
+# on '&' entities, ESC sequences, CR line breaks and control characters.
+_FTFY_ASCII_TRIGGERS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f&]")
+
+
 def normalize(text: str, cfg: NormalizeConfig) -> str:
     """ftfy repair (mojibake, terminal escapes, HTML entities left in text) then Unicode
-    `cfg.normalization` (NFC by default)."""
+    `cfg.normalization` (NFC by default). Plain ASCII without control characters or '&' is
+    returned as is (ftfy would return it unchanged; about 60% of raw-v1's characters)."""
     if not cfg.enabled:
+        return text
+    if text.isascii() and not _FTFY_ASCII_TRIGGERS.search(text):
         return text
     import ftfy
 

@@ -89,3 +89,18 @@ def test_rule_stats_by_hand():
     assert st["n_words"] == 8
     assert st["dup_line_fraction"] == pytest.approx(2 / 3)
     assert st["mean_word_length"] == pytest.approx(sum(map(len, "one two one two three four five six".split())) / 8)
+
+
+def test_normalize_ascii_fast_path_equals_ftfy():
+    import ftfy
+
+    from data_pipelines.config import NormalizeConfig
+
+    rng = random.Random(9)
+    alphabet = "abc XYZ 019 .,;:!?'\"()[]{}<>#@*+-=/\\|_~`$%^\n\t"
+    specials = ["&amp;", "&lt;b&gt;", "\x1b[31m", "\r\n", "_\x08n", "\x00", "\x7f", "a\x0bb"]
+    for _ in range(300):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 80)))
+        if rng.random() < 0.4:
+            text += rng.choice(specials) + text
+        assert stages.normalize(text, NormalizeConfig()) == ftfy.fix_text(text, normalization="NFC"), repr(text)
