@@ -97,11 +97,12 @@ class Source:
 @dataclasses.dataclass
 class AdmissionConfig:
     """Stage 1. Records above `max_record_bytes` of UTF-8 are dropped as ``oversized``; records
-    whose share of control bytes (other than tab/newline/CR) exceeds `max_binary_fraction` are
-    dropped as ``binary``."""
+    holding a NUL byte, or whose share of control bytes that text does not use (all C0 controls but
+    tab, LF, VT, FF, CR, backspace and ESC, plus DEL) exceeds `max_binary_fraction`, are dropped as
+    ``binary``. (IRC colour codes put a few percent of STX/ETX bytes into real fortune cookies.)"""
 
     max_record_bytes: int = 4 << 20
-    max_binary_fraction: float = 0.01
+    max_binary_fraction: float = 0.1
     samples_per_reason: int = 5
 
 

@@ -50,9 +50,13 @@ def evaluation_pairs(
             by_path.setdefault(d["url_or_path"], []).append(d["id"])
     source = {d["id"]: d.get("source") for d in docs}
     for ids in by_path.values():
-        pairs.update(
-            tuple(sorted(p)) for p in itertools.combinations(ids, 2) if source[p[0]] != source[p[1]]
-        )
+        per_source: dict[str, list[str]] = {}
+        for i in ids:
+            per_source.setdefault(source[i], []).append(i)
+        if len(per_source) < 2:
+            continue  # one source's records often share a path (a dictionary file, a fortune file)
+        for s1, s2 in itertools.combinations(sorted(per_source), 2):
+            pairs.update(tuple(sorted((a, b))) for a in per_source[s1] for b in per_source[s2])
     for cmap in cluster_maps:
         groups: dict[str, list[str]] = {}
         for doc_id, rep in cmap.items():

@@ -20,7 +20,9 @@ from typing import Iterator
 from data_pipelines.config import AdmissionConfig, Source
 
 SAMPLE_CHARS = 500
-_CONTROL = bytes(b for b in range(32) if b not in (9, 10, 13)) + b"\x7f"
+# Control bytes that do not occur in text. Tab, LF, VT, FF, CR, backspace (nroff overstrike) and
+# ESC (ANSI colour codes, e.g. in fortune cookies) do occur in real text; ftfy removes the escapes.
+_CONTROL = bytes(b for b in range(32) if b not in (8, 9, 10, 11, 12, 13, 27)) + b"\x7f"
 _CONTROL_TABLE = bytes.maketrans(b"", b"")
 
 
@@ -41,8 +43,11 @@ def drop(doc_id: str, source: Source | dict, stage: str, reason: str, sample: st
 
 
 def _binary_fraction(raw: bytes) -> float:
+    """Share of non-text control bytes; 1.0 if there is any NUL byte."""
     if not raw:
         return 0.0
+    if b"\x00" in raw:
+        return 1.0
     return (len(raw) - len(raw.translate(_CONTROL_TABLE, _CONTROL))) / len(raw)
 
 
