@@ -40,14 +40,27 @@ def _timed(name, fn, texts, rows):
 
 
 def _dedup_input(root):
-    """raw-v1 documents after exact dedup on raw text (ids sorted), as the near-dedup stage sees them."""
-    docs = neardup_eval.read_raw_docs(root)
+    """raw-v1 (id, text) after exact dedup on raw text, sorted by id: what near dedup sees.
+
+    Streams the shards and keeps only ids and texts, so the child's peak RSS is the stage's."""
+    import glob
+    import gzip
+    import hashlib
+    import json
+
     seen, uniq = set(), []
-    for d in sorted(docs, key=lambda d: d["id"]):
-        if d["text"] not in seen:
-            seen.add(d["text"])
-            uniq.append((d["id"], d["text"]))
-    return docs, uniq
+    recs = []
+    for path in sorted(glob.glob(os.path.join(root, "*", "*.jsonl.gz"))):
+        with gzip.open(path, "rt", encoding="utf-8") as f:
+            for line in f:
+                d = json.loads(line)
+                recs.append((d["id"], d["text"]))
+    for doc_id, text in sorted(recs):
+        h = hashlib.sha1(text.encode("utf-8")).digest()
+        if h not in seen:
+            seen.add(h)
+            uniq.append((doc_id, text))
+    return None, uniq
 
 
 def _child(method, root, queue):

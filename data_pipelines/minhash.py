@@ -107,9 +107,10 @@ class MinHasher:
         self._b = rng.integers(0, 1 << 64, size=(1, num_perm), dtype=np.uint64, endpoint=False)
         # Position multipliers that combine k word hashes into one shingle hash (order-sensitive).
         self._pos = rng.integers(1, 1 << 63, size=shingle_size, dtype=np.uint64) | np.uint64(1)
+        self._buf = None
 
     def shingle_hashes(self, text: str) -> np.ndarray | None:
-        """Unique 32-bit shingle hashes, ``uint64[n]``, or None when the text has no words."""
+        """32-bit shingle hashes, ``uint64[n]`` (deduplicated when n > 64), or None without words."""
         w = words(text)
         if not w:
             return None
@@ -125,13 +126,19 @@ class MinHasher:
             for j in range(k):
                 acc += wh[j : j + n] * self._pos[j]
         h = _mix64(acc + _GOLDEN) >> np.uint64(32)
-        return np.unique(h)
+        # Repeated shingles cannot change a minimum; dropping them pays off only on longer texts.
+        return np.unique(h) if h.size > 64 else h
 
     def signature_from_hashes(self, h: np.ndarray) -> np.ndarray:
         """MinHash signature ``uint32[num_perm]`` of 32-bit shingle hashes ``h`` (``uint64[n]``, n>0)."""
         sig = np.full(self.num_perm, np.iinfo(np.uint64).max, dtype=np.uint64)
+        if self._buf is None:
+            # Reused scratch block: fresh multi-MiB temporaries per document cost page faults.
+            self._buf = np.empty((_CHUNK_ROWS, self.num_perm), dtype=np.uint64)
         for start in range(0, len(h), _CHUNK_ROWS):
-            x = h[start : start + _CHUNK_ROWS, None] * self._a  # wraps mod 2**64 by design
+            chunk = h[start : start + _CHUNK_ROWS, None]
+            x = self._buf[: chunk.shape[0]]
+            np.multiply(chunk, self._a, out=x)  # wraps mod 2**64 by design
             x += self._b
             np.minimum(sig, x.min(axis=0), out=sig)
         # The minimum of the full 64-bit values orders by their top 32 bits first, so shifting after
@@ -247,25 +254,63 @@ def near_dedup_in_memory(
     singletons).
     """
     hasher = MinHasher(num_perm, shingle_size, seed)
-    sigs: dict[str, np.ndarray] = {}
+    ids: list[str] = []
+    sig_rows: list[np.ndarray] = []
     n_chars: dict[str, int] = {}
-    buckets: dict[tuple[int, int], list[str]] = {}
     for doc_id, text in docs:
         sig = hasher.signature(text)
         if sig is None:
             continue
-        sigs[doc_id] = sig
+        ids.append(doc_id)
+        sig_rows.append(sig)
         n_chars[doc_id] = len(text)
-        for b, key in enumerate(band_keys(sig, bands, rows).tolist()):
-            buckets.setdefault((b, key), []).append(doc_id)
+    if not ids:
+        return {}
+    sigs = np.stack(sig_rows)
+    del sig_rows
+    # Buckets without per-entry Python objects: sort the (band, key) table and cut it into runs.
+    keys = band_keys_batch(sigs, bands, rows)  # uint64[n, bands]
+    band = np.broadcast_to(np.arange(bands, dtype=np.int64), keys.shape).ravel()
+    keys = keys.ravel()
+    doc = np.repeat(np.arange(len(ids), dtype=np.int64), bands)
+    order = np.lexsort((doc, keys, band))
+    band, keys, doc = band[order], keys[order], doc[order]
+    new_run = np.ones(len(keys), dtype=bool)
+    new_run[1:] = (band[1:] != band[:-1]) | (keys[1:] != keys[:-1])
+    starts = np.flatnonzero(new_run)
+    ends = np.append(starts[1:], len(keys))
     edges = set()
-    for members in buckets.values():
-        if len(members) > 1:
-            edges.update(bucket_edges(members, sigs, threshold, max_bucket))
-            if candidates is not None and len(members) <= max_bucket:
-                m = sorted(members)
-                candidates.update((a, b) for i, a in enumerate(m) for b in m[i + 1 :])
+    sig_of = _RowView(ids, sigs)
+    for a, b in zip(starts[ends - starts > 1].tolist(), ends[ends - starts > 1].tolist()):
+        members = [ids[i] for i in doc[a:b].tolist()]
+        edges.update(bucket_edges(members, sig_of, threshold, max_bucket))
+        if candidates is not None and len(members) <= max_bucket:
+            m = sorted(members)
+            candidates.update((x, y) for i, x in enumerate(m) for y in m[i + 1 :])
     return connected_components(sorted(edges), n_chars)
+
+
+class _RowView:
+    """Read-only ``{doc_id: signature}`` view over a signature matrix (no per-document arrays)."""
+
+    def __init__(self, ids: list[str], sigs: np.ndarray):
+        self._index = {d: i for i, d in enumerate(ids)}
+        self._sigs = sigs
+
+    def __getitem__(self, doc_id: str) -> np.ndarray:
+        return self._sigs[self._index[doc_id]]
+
+
+def band_keys_batch(sigs: np.ndarray, bands: int, rows: int) -> np.ndarray:
+    """`band_keys` for a matrix of signatures: ``uint32[n, num_perm]`` -> ``uint64[n, bands]``."""
+    if bands * rows > sigs.shape[1]:
+        raise ValueError(f"bands*rows = {bands * rows} exceeds num_perm = {sigs.shape[1]}")
+    weights = _mix64(np.arange(1, rows + 1, dtype=np.uint64)) | np.uint64(1)
+    out = np.empty((sigs.shape[0], bands), dtype=np.uint64)
+    for start in range(0, sigs.shape[0], 8192):
+        block = sigs[start : start + 8192, : bands * rows].reshape(-1, bands, rows).astype(np.uint64)
+        out[start : start + 8192] = _mix64(np.sum(block * weights, axis=2, dtype=np.uint64))
+    return out
 
 
 def bucket_edges(

@@ -104,3 +104,11 @@ def test_normalize_ascii_fast_path_equals_ftfy():
         if rng.random() < 0.4:
             text += rng.choice(specials) + text
         assert stages.normalize(text, NormalizeConfig()) == ftfy.fix_text(text, normalization="NFC"), repr(text)
+
+
+def test_band_keys_batch_matches_single():
+    rng = np.random.default_rng(0)
+    sigs = rng.integers(0, 1 << 32, size=(5, 64), dtype=np.uint64).astype(np.uint32)
+    batch = minhash.band_keys_batch(sigs, 10, 6)
+    for i in range(5):
+        np.testing.assert_array_equal(batch[i], minhash.band_keys(sigs[i], 10, 6))
