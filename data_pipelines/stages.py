@@ -75,6 +75,7 @@ class LanguageIdentifier:
 # ---------------------------------------------------------------- stage 4: rule filters
 
 _ALPHA_RE = re.compile(r"[^\W\d_]")
+_CJK_RE = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
 _TABLES: dict[str, dict[int, None]] = {}
 
 
@@ -115,7 +116,12 @@ def rule_stats(text: str) -> dict[str, float]:
     st["replacement_ratio"] = sample.count("\ufffd") / max(1, len(sample))
     st["punct_ratio"] = _count_in(sample, "punct") / max(1, len(sample))
     st["symbol_ratio"] = (text.count("#") + text.count("...") + text.count("\u2026")) / max(1, len(ws_words))
-    st["mean_word_length"] = sum(map(len, toks)) / max(1, n_words)
+    # Gopher's word-length bounds assume space-separated words. In CJK text every character is a
+    # token, so the bounds apply to the other tokens only, and not at all to mostly-CJK text
+    # (NaN compares false, so the rule passes).
+    spaced = [t for t in toks if not _CJK_RE.fullmatch(t)]
+    mostly_cjk = len(spaced) * 2 < n_words
+    st["mean_word_length"] = float("nan") if mostly_cjk or not spaced else sum(map(len, spaced)) / len(spaced)
     st["alpha_word_fraction"] = sum(1 for w in ws_words if _ALPHA_RE.search(w)) / max(1, len(ws_words))
     lines = [ln.strip() for ln in text.split("\n") if ln.strip()]
     counts = collections.Counter(lines)
@@ -123,6 +129,12 @@ def rule_stats(text: str) -> dict[str, float]:
     st["dup_line_fraction"] = dup_lines / max(1, len(lines))
     st["dup_line_char_fraction"] = sum(len(ln) * c for ln, c in counts.items() if c > 1) / max(1, n_chars)
     total_chars = sum(map(len, toks)) or 1
+    if mostly_cjk:
+        # Character n-grams of CJK text repeat by nature (common two- and three-character words);
+        # the Gopher repetition bounds are calibrated on word n-grams, so they are not applied.
+        for key in ("top_2gram_fraction", "top_3gram_fraction", "top_4gram_fraction", "dup_5gram_fraction"):
+            st[key] = float("nan")
+        return st
     for n in (2, 3, 4):
         if n_words < n:
             st[f"top_{n}gram_fraction"] = 0.0

@@ -112,3 +112,13 @@ def test_band_keys_batch_matches_single():
     batch = minhash.band_keys_batch(sigs, 10, 6)
     for i in range(5):
         np.testing.assert_array_equal(batch[i], minhash.band_keys(sigs[i], 10, 6))
+
+
+def test_word_length_rule_skips_cjk_text():
+    from data_pipelines.config import RuleConfig
+
+    zh = "我们今天去公园散步，天气很好，大家都很高兴。" * 3
+    assert np.isnan(stages.rule_stats(zh)["mean_word_length"])
+    assert stages.rule_reason(zh, RuleConfig(min_words=5)) is None
+    mixed = "The quick brown fox 跳 jumps over"
+    assert stages.rule_stats(mixed)["mean_word_length"] == pytest.approx(len("Thequickbrownfoxjumpsover") / 6)
