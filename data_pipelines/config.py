@@ -1,0 +1,304 @@
+"""Typed, gin-configurable settings for every stage of the corpus build.
+
+Each stage has one dataclass; gin binds its fields (``RuleConfig.min_words = 5``). `BuildConfig`
+gathers them and validates the source registry. `BuildConfig.to_json()` is the operative config
+written into the manifest.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import glob
+import os
+from typing import Any
+
+import gin
+
+FORMATS = ("jsonl", "parquet", "warc", "tfds")
+
+
+class ConfigError(ValueError):
+    """A configuration value is missing or invalid; the message names the config key."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+    """One entry of the source registry.
+
+    Attributes:
+      name: unique short name; recorded on every document.
+      domain: mixture domain (``web``, ``code``, ...).
+      path: file path or glob (relative paths resolve against `BuildConfig.source_root`); for
+        ``tfds`` the dataset name (``c4/en:3.1.0``).
+      format: one of ``jsonl`` (.jsonl, .jsonl.gz, .jsonl.zst), ``parquet``, ``warc``, ``tfds``.
+      license: license identifier (required).
+      acquired: acquisition date, ISO ``YYYY-MM-DD`` (required).
+      languages: allowed ISO 639-1 codes after language ID; None admits any (language ID skipped).
+      text_field / id_field: record fields holding the text and the id (id defaults to
+        ``<name>/<file>:<line>``).
+      extract_html: run main-text extraction on the text field (always on for WARC).
+      split / data_dir: TFDS split and data directory (``tfds`` only).
+    """
+
+    name: str
+    domain: str
+    path: str
+    format: str
+    license: str
+    acquired: str
+    languages: tuple[str, ...] | None = None
+    text_field: str = "text"
+    id_field: str | None = "id"
+    extract_html: bool = False
+    split: str = "train"
+    data_dir: str | None = None
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], index: int) -> "Source":
+        key = f"BuildConfig.sources[{index}]"
+        if not isinstance(d, dict):
+            raise ConfigError(f"{key}: expected a dict, got {type(d).__name__}")
+        for req in ("name", "domain", "path", "format"):
+            if not d.get(req):
+                raise ConfigError(f"{key}: missing required field '{req}'")
+        name = d["name"]
+        for req in ("license", "acquired"):
+            if not d.get(req):
+                raise ConfigError(
+                    f"{key} (source '{name}'): missing '{req}'; every source needs a license and an "
+                    "acquisition date before it is admitted"
+                )
+        try:
+            datetime.date.fromisoformat(str(d["acquired"]))
+        except ValueError as e:
+            raise ConfigError(f"{key} (source '{name}'): 'acquired' must be YYYY-MM-DD: {e}") from None
+        if d["format"] not in FORMATS:
+            raise ConfigError(f"{key} (source '{name}'): format '{d['format']}' not in {FORMATS}")
+        unknown = set(d) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            raise ConfigError(f"{key} (source '{name}'): unknown fields {sorted(unknown)}")
+        d = dict(d)
+        if d.get("languages") is not None:
+            d["languages"] = tuple(d["languages"])
+        d["acquired"] = str(d["acquired"])
+        return cls(**d)
+
+    def files(self, root: str) -> list[str]:
+        """Sorted input files of this source (not for ``tfds``). Raises ConfigError if none match."""
+        pattern = self.path if os.path.isabs(self.path) else os.path.join(root, self.path)
+        found = sorted(glob.glob(pattern))
+        if not found:
+            raise ConfigError(f"source '{self.name}': path '{pattern}' matches no file")
+        return found
+
+
+@gin.configurable
+@dataclasses.dataclass
+class AdmissionConfig:
+    """Stage 1. Records above `max_record_bytes` of UTF-8 are dropped as ``oversized``; records
+    holding a NUL byte, or whose share of control bytes that text does not use (all C0 controls but
+    tab, LF, VT, FF, CR, backspace and ESC, plus DEL) exceeds `max_binary_fraction`, are dropped as
+    ``binary``. (IRC colour codes put a few percent of STX/ETX bytes into real fortune cookies.)"""
+
+    max_record_bytes: int = 4 << 20
+    max_binary_fraction: float = 0.1
+    samples_per_reason: int = 5
+
+
+@gin.configurable
+@dataclasses.dataclass
+class NormalizeConfig:
+    """Stage 2. ftfy repairs mojibake, strips terminal escapes and applies Unicode `normalization`."""
+
+    normalization: str = "NFC"
+    enabled: bool = True
+
+
+@gin.configurable
+@dataclasses.dataclass
+class LangIdConfig:
+    """Stage 3. Lingua (its models ship inside the wheel) restricted to `languages` (ISO 639-1);
+    only the first `max_chars` characters are read. A document whose most likely language has
+    confidence below `min_confidence` is labelled ``und`` and dropped where a source restricts
+    languages."""
+
+    languages: tuple[str, ...] = ("en", "de", "fr", "es", "it", "pl", "ru", "ja", "zh", "pt", "cs")
+    max_chars: int = 600
+    min_confidence: float = 0.0
+    enabled: bool = True
+
+
+@gin.configurable
+@dataclasses.dataclass
+class RuleConfig:
+    """Stage 4. Gopher (Rae et al. 2021, app. A) and C4 (Raffel et al. 2020) style thresholds.
+
+    `per_domain` overrides any field for one domain, e.g. ``{"code": {"max_symbol_ratio": 1.0}}``.
+    """
+
+    min_words: int = 5
+    max_words: int = 200_000
+    min_chars: int = 20
+    max_chars: int = 2_000_000
+    max_non_printable_ratio: float = 0.02
+    max_replacement_ratio: float = 0.001
+    max_symbol_ratio: float = 0.1  # Gopher: '#' and '...' per word
+    max_punct_ratio: float = 0.35  # share of characters that are punctuation or symbols
+    max_dup_line_fraction: float = 0.3
+    max_dup_line_char_fraction: float = 0.2
+    max_top_2gram_fraction: float = 0.2
+    max_top_3gram_fraction: float = 0.18
+    max_top_4gram_fraction: float = 0.16
+    max_dup_5gram_fraction: float = 0.15
+    min_mean_word_length: float = 2.0
+    max_mean_word_length: float = 12.0
+    min_alpha_word_fraction: float = 0.6
+    per_domain: dict = dataclasses.field(default_factory=dict)
+    enabled: bool = True
+    version: str = "rules-v1"
+
+    def for_domain(self, domain: str) -> "RuleConfig":
+        """This config with `per_domain[domain]` applied. Raises ConfigError on an unknown field."""
+        over = self.per_domain.get(domain, {})
+        names = {f.name for f in dataclasses.fields(self)}
+        bad = set(over) - names
+        if bad:
+            raise ConfigError(f"RuleConfig.per_domain['{domain}']: unknown thresholds {sorted(bad)}")
+        return dataclasses.replace(self, **over, per_domain={})
+
+
+@gin.configurable
+@dataclasses.dataclass
+class ExactDedupConfig:
+    """Stage 5. Documents with equal `key` (sha256 of text with whitespace runs collapsed and
+    case folded) are duplicates; the smallest id is kept."""
+
+    enabled: bool = True
+
+
+@gin.configurable
+@dataclasses.dataclass
+class NearDedupConfig:
+    """Stage 6. See `data_pipelines.minhash` for the method."""
+
+    shingle_size: int = 5
+    num_perm: int = 256
+    bands: int = 42
+    rows: int = 6
+    threshold: float = 0.75
+    seed: int = 1
+    max_bucket: int = 64
+    enabled: bool = True
+
+    def validate(self):
+        if self.bands * self.rows > self.num_perm:
+            raise ConfigError(
+                f"NearDedupConfig: bands*rows = {self.bands * self.rows} > num_perm = {self.num_perm}"
+            )
+        if not 0.0 < self.threshold <= 1.0:
+            raise ConfigError(f"NearDedupConfig.threshold = {self.threshold} must be in (0, 1]")
+
+
+@gin.configurable
+@dataclasses.dataclass
+class QualityConfig:
+    """Stage 7. A hashed word uni+bigram language model trained on `reference_sources`; the score
+    is the mean log-probability per word. Per source, documents below the `drop_quantile` of
+    that source's scores are dropped (`per_source_drop_quantile` overrides)."""
+
+    reference_sources: tuple[str, ...] = ()
+    num_buckets: int = 1 << 20
+    drop_quantile: float = 0.05
+    per_source_drop_quantile: dict = dataclasses.field(default_factory=dict)
+    enabled: bool = True
+    version: str = "hashed-bigram-lm-v1"
+
+
+@gin.configurable
+@dataclasses.dataclass
+class DecontamConfig:
+    """Stage 8. `eval_sets` maps a name to a JSONL path/glob (field ``text``); documents sharing a
+    word `ngram` (lower-cased `minhash.words`) with any eval example are dropped."""
+
+    eval_sets: dict = dataclasses.field(default_factory=dict)
+    ngram: int = 13
+    enabled: bool = True
+
+
+@gin.configurable
+@dataclasses.dataclass
+class QuotaConfig:
+    """Stage 9. `targets`: share of output characters per domain (sums to 1). The largest total
+    that no domain must upsample to reach is chosen, and each domain is downsampled to its share.
+    A (domain, language) group holding less than `long_tail_share` of its domain keeps at least
+    `long_tail_floor` of its documents. Sampling is a seeded hash of the document id."""
+
+    targets: dict = dataclasses.field(default_factory=dict)
+    long_tail_share: float = 0.05
+    long_tail_floor: float = 1.0
+    seed: int = 0
+    enabled: bool = True
+
+
+@gin.configurable
+@dataclasses.dataclass
+class OutputConfig:
+    """Stage 10-12. `tokenizer_path` is a SentencePiece model."""
+
+    tokenizer_path: str = ""
+    dataset_name: str = "jaxpt_corpus"
+    shards_per_domain: int = 2
+    decision_shards: int = 4
+    review_samples_per_rule: int = 20
+    review_seed: int = 0
+    owner: str = ""
+    store_text: bool = True
+
+
+@gin.configurable
+@dataclasses.dataclass
+class BuildConfig:
+    """The whole build: registry plus stage configs."""
+
+    data_version: str = ""
+    source_root: str = "."
+    sources: list = dataclasses.field(default_factory=list)
+    admission: AdmissionConfig = dataclasses.field(default_factory=AdmissionConfig)
+    normalize: NormalizeConfig = dataclasses.field(default_factory=NormalizeConfig)
+    langid: LangIdConfig = dataclasses.field(default_factory=LangIdConfig)
+    rules: RuleConfig = dataclasses.field(default_factory=RuleConfig)
+    exact: ExactDedupConfig = dataclasses.field(default_factory=ExactDedupConfig)
+    near: NearDedupConfig = dataclasses.field(default_factory=NearDedupConfig)
+    quality: QualityConfig = dataclasses.field(default_factory=QualityConfig)
+    decontam: DecontamConfig = dataclasses.field(default_factory=DecontamConfig)
+    quotas: QuotaConfig = dataclasses.field(default_factory=QuotaConfig)
+    output: OutputConfig = dataclasses.field(default_factory=OutputConfig)
+
+    def registry(self) -> list[Source]:
+        """Validated sources. Raises ConfigError naming the offending entry."""
+        if not self.sources:
+            raise ConfigError("BuildConfig.sources: the source registry is empty")
+        out = [Source.from_dict(d if isinstance(d, dict) else d, i) for i, d in enumerate(self.sources)]
+        names = [s.name for s in out]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ConfigError(f"BuildConfig.sources: duplicate source names {dup}")
+        for q in self.quality.reference_sources:
+            if q not in names:
+                raise ConfigError(f"QualityConfig.reference_sources: '{q}' is not a registered source")
+        if self.quotas.enabled and self.quotas.targets:
+            domains = {s.domain for s in out}
+            missing = domains - set(self.quotas.targets)
+            if missing:
+                raise ConfigError(f"QuotaConfig.targets: no target for domains {sorted(missing)}")
+        if not self.output.tokenizer_path:
+            raise ConfigError("OutputConfig.tokenizer_path: a SentencePiece model path is required")
+        if not self.output.owner:
+            raise ConfigError("OutputConfig.owner: name the team or person who owns this data version")
+        self.near.validate()
+        return out
+
+    def to_json(self) -> dict:
+        """Plain-JSON view of every setting (the operative config)."""
+        return dataclasses.asdict(self)

@@ -1,0 +1,78 @@
+"""Stage 11: the data version record ``DIR/manifest.json``, recomputed from the decision log.
+
+Every count in the manifest is a function of the decision rows (`figures_from_decisions`), so a
+test can rebuild them from ``DIR/decisions/`` alone. Shard hashes are sha256 of the files.
+"""
+
+from __future__ import annotations
+
+import collections
+import glob
+import hashlib
+import json
+import os
+
+from data_pipelines import writer
+
+STAGES = ("admission", "normalize", "langid", "rules", "exact_dedup", "near_dedup", "quality",
+          "decontamination", "quota")
+
+
+def read_decisions(out_dir: str) -> list[dict]:
+    """All decision rows of a built corpus, sorted by id."""
+    rows = []
+    for path in sorted(glob.glob(os.path.join(out_dir, "decisions", "*.jsonl.gz"))):
+        rows.extend(writer.read_jsonl_gz(path))
+    return sorted(rows, key=lambda r: r["id"])
+
+
+def figures_from_decisions(rows: list[dict]) -> dict:
+    """Counts, tokens, proportions and language coverage derived from decision rows only."""
+    dropped = collections.defaultdict(lambda: collections.defaultdict(int))
+    kept = [r for r in rows if r["verdict"] == "kept"]
+    for r in rows:
+        if r["verdict"] != "kept":
+            dropped[r["stage"]][r["reason"]] += 1
+    tokens_by_domain = collections.Counter()
+    docs_by_domain = collections.Counter()
+    for r in kept:
+        tokens_by_domain[r["domain"]] += r["n_tokens"]
+        docs_by_domain[r["domain"]] += 1
+    total_tokens = sum(tokens_by_domain.values())
+    # Language coverage: among documents that passed language ID, the share kept per language.
+    lang_in = collections.Counter(r["lang"] for r in rows if r.get("lang"))
+    lang_kept = collections.Counter(r["lang"] for r in kept if r.get("lang"))
+    clusters = collections.Counter(r["cluster_id"] for r in rows)
+    return {
+        "documents_in": len(rows),
+        "documents_out": len(kept),
+        "documents_dropped": {s: dict(sorted(dropped[s].items())) for s in STAGES if s in dropped},
+        "documents_dropped_total": len(rows) - len(kept),
+        "tokens_out": total_tokens,
+        "tokens_by_domain": dict(sorted(tokens_by_domain.items())),
+        "documents_by_domain": dict(sorted(docs_by_domain.items())),
+        "actual_token_proportions": {d: t / total_tokens for d, t in sorted(tokens_by_domain.items())}
+        if total_tokens else {},
+        "language_coverage": {
+            lang: {"documents_labelled": lang_in[lang], "documents_kept": lang_kept[lang],
+                   "share_kept": lang_kept[lang] / lang_in[lang]}
+            for lang in sorted(lang_in)
+        },
+        "duplicate_clusters": sum(1 for c in clusters.values() if c > 1),
+        "documents_in_duplicate_clusters": sum(c for c in clusters.values() if c > 1),
+    }
+
+
+def shard_hashes(out_dir: str) -> dict[str, str]:
+    """sha256 of every output file under tfds/ and decisions/ (relative path -> hex)."""
+    out = {}
+    for sub in ("tfds", "decisions"):
+        for path in sorted(glob.glob(os.path.join(out_dir, sub, "**", "*"), recursive=True)):
+            if os.path.isfile(path):
+                out[os.path.relpath(path, out_dir)] = writer.file_sha256(path)
+    return out
+
+
+def config_hash(operative: dict, input_hashes: dict) -> str:
+    blob = json.dumps({"config": operative, "inputs": input_hashes}, sort_keys=True).encode()
+    return hashlib.sha256(blob).hexdigest()

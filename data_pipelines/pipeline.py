@@ -1,0 +1,509 @@
+"""The Apache Beam graph of the corpus build (stages 1-12).
+
+Elements are plain dicts. A document dict flows through the stages; a stage that removes it emits a
+*decision* dict on its ``drops`` output instead (``verdict = "<stage>:<reason>"``). Every input
+record therefore ends as exactly one decision row: kept (written by stage 10) or dropped once.
+
+Determinism: no step depends on bundle order. Grouped values are sorted by id before use,
+combiners are integer sums, sampling uses `stages.uniform(seed, id)`, and every file is written
+from a sorted list, so two runs on the same inputs give byte-identical files.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+
+import apache_beam as beam
+import numpy as np
+
+from data_pipelines import minhash, readers, stages, writer
+from data_pipelines.config import BuildConfig, Source
+
+DROPS = "drops"
+
+
+def _decision(doc: dict, stage: str, reason: str, **extra) -> dict:
+    return readers.drop(doc["id"], {"name": doc["source"], "domain": doc["domain"]}, stage, reason,
+                        doc.get("text", ""), lang=doc.get("lang"), n_chars=len(doc.get("text", "")),
+                        **extra)
+
+
+# ---------------------------------------------------------------- stage 1
+
+
+class ReadSource(beam.DoFn):
+    """(source name, file path or None for TFDS) -> documents and admission drops."""
+
+    def __init__(self, sources: dict[str, Source], cfg):
+        self.sources, self.cfg = sources, cfg
+
+    def process(self, item):
+        name, path = item
+        src = self.sources[name]
+        it = readers.read_tfds(src, self.cfg) if src.format == "tfds" else readers.read_file(path, src, self.cfg)
+        for rec in it:
+            if "verdict" in rec:
+                yield beam.pvalue.TaggedOutput(DROPS, rec)
+            else:
+                yield rec
+
+
+# ---------------------------------------------------------------- stages 2-4
+
+
+class CleanBatch(beam.DoFn):
+    """Main-text extraction, normalization (2), language ID (3) and rule filters (4) on a batch."""
+
+    def __init__(self, cfg: BuildConfig, sources: dict[str, Source]):
+        self.cfg, self.sources = cfg, sources
+
+    def setup(self):
+        self.lid = stages.LanguageIdentifier(self.cfg.langid) if self.cfg.langid.enabled else None
+        self.rules = {}
+
+    def process(self, batch):
+        docs = []
+        for doc in batch:
+            doc = readers.extract_main_text(doc)
+            if "verdict" in doc:
+                yield beam.pvalue.TaggedOutput(DROPS, doc)
+                continue
+            text = stages.normalize(doc["text"], self.cfg.normalize)
+            if not text.strip():
+                yield beam.pvalue.TaggedOutput(DROPS, _decision(doc, "normalize", "empty_after_normalization"))
+                continue
+            docs.append(dict(doc, text=text))
+        need = [d for d in docs if self.lid and self.sources[d["source"]].languages is not None]
+        langs = dict(zip((d["id"] for d in need), self.lid.detect([d["text"] for d in need]) if need else []))
+        for doc in docs:
+            allowed = self.sources[doc["source"]].languages
+            if doc["id"] in langs:
+                doc["lang"] = langs[doc["id"]][0]
+                if doc["lang"] not in allowed:
+                    yield beam.pvalue.TaggedOutput(
+                        DROPS, _decision(doc, "langid", "language_not_allowed", detail=doc["lang"]))
+                    continue
+            else:
+                doc["lang"] = doc.get("lang_hint") or "und"
+            if self.cfg.rules.enabled:
+                rc = self.rules.get(doc["domain"])
+                if rc is None:
+                    rc = self.rules[doc["domain"]] = self.cfg.rules.for_domain(doc["domain"])
+                reason = stages.rule_reason(doc["text"], rc)
+                if reason:
+                    yield beam.pvalue.TaggedOutput(DROPS, _decision(doc, "rules", reason))
+                    continue
+            yield doc
+
+
+# ---------------------------------------------------------------- stage 5
+
+
+def pick_exact(kv):
+    """Keeps the smallest id of an exact-duplicate group; the others drop with cluster_id = it."""
+    _, group = kv
+    group = sorted(group, key=lambda d: d["id"])
+    yield group[0]
+    for d in group[1:]:
+        yield beam.pvalue.TaggedOutput(
+            DROPS, _decision(d, "exact_dedup", "duplicate", cluster_id=group[0]["id"], dup_of=group[0]["id"]))
+
+
+# ---------------------------------------------------------------- stage 6
+
+
+class Signature(beam.DoFn):
+    def __init__(self, cfg):
+        self.cfg = cfg
+
+    def setup(self):
+        self.hasher = minhash.MinHasher(self.cfg.num_perm, self.cfg.shingle_size, self.cfg.seed)
+
+    def process(self, doc):
+        sig = self.hasher.signature(doc["text"])
+        if sig is not None:
+            yield doc["id"], (sig, len(doc["text"]))
+
+
+def _bucket_members(kv):
+    ids = sorted(set(kv[1]))
+    if len(ids) > 1:
+        for i in ids:
+            yield i, kv[0]
+
+
+def _to_buckets(kv):
+    doc_id, grouped = kv
+    sigs = grouped["sig"]
+    if not sigs:
+        return
+    sig, n = sigs[0]
+    for bucket in grouped["bucket"]:
+        yield bucket, (doc_id, sig, n)
+
+
+def _verify_bucket(kv, cfg):
+    members = {m[0]: m for m in kv[1]}
+    sigs = {k: v[1] for k, v in members.items()}
+    for a, b in minhash.bucket_edges(list(members), sigs, cfg.threshold, cfg.max_bucket):
+        yield (a, b, members[a][2], members[b][2])
+
+
+def _components(edges):
+    edges = sorted(set(edges))
+    n_chars = {}
+    for a, b, na, nb in edges:
+        n_chars[a], n_chars[b] = na, nb
+    return sorted(minhash.connected_components([(a, b) for a, b, _, _ in edges], n_chars).items())
+
+
+def near_dedup(docs, cfg):
+    """PCollection of (id, representative id) for every member of a near-duplicate cluster."""
+    sigs = docs | "MinHash" >> beam.ParDo(Signature(cfg))
+    bands = (
+        sigs
+        | "BandKeys" >> beam.FlatMap(
+            lambda kv, b, r: (((i, int(k)), kv[0]) for i, k in enumerate(minhash.band_keys(kv[1][0], b, r))),
+            cfg.bands, cfg.rows)
+        | "GroupBands" >> beam.GroupByKey()
+        | "BucketMembers" >> beam.FlatMap(_bucket_members)
+    )
+    edges = (
+        {"sig": sigs, "bucket": bands}
+        | "JoinSigs" >> beam.CoGroupByKey()
+        | "ToBuckets" >> beam.FlatMap(_to_buckets)
+        | "GroupBuckets" >> beam.GroupByKey()
+        | "Verify" >> beam.FlatMap(_verify_bucket, cfg)
+    )
+    return (
+        edges
+        | "AllEdges" >> beam.combiners.ToList()
+        | "Components" >> beam.FlatMap(_components)
+    )
+
+
+def apply_near(doc, near_map):
+    rep = near_map.get(doc["id"])
+    if rep is None or rep == doc["id"]:
+        yield doc
+    else:
+        yield beam.pvalue.TaggedOutput(DROPS, _decision(doc, "near_dedup", "near_duplicate", cluster_id=rep, dup_of=rep))
+
+
+# ---------------------------------------------------------------- stage 7
+
+
+class FeatureCounts(beam.CombineFn):
+    """Integer bucket counts of hashed n-grams over reference documents (``int64[num_buckets]``)."""
+
+    def __init__(self, num_buckets):
+        self.num_buckets = num_buckets
+
+    def create_accumulator(self):
+        return np.zeros(self.num_buckets, dtype=np.int64)
+
+    def add_input(self, acc, text):
+        np.add.at(acc, stages._feature_ids(text, self.num_buckets), 1)
+        return acc
+
+    def merge_accumulators(self, accs):
+        accs = list(accs)
+        out = accs[0].copy()
+        for a in accs[1:]:
+            out += a
+        return out
+
+    def extract_output(self, acc):
+        return acc
+
+
+class Score(beam.DoFn):
+    def process(self, doc, counts):
+        model = getattr(self, "_model", None)
+        if model is None or model.counts is not counts:
+            model = self._model = stages.HashedNgramLM(counts)
+        yield dict(doc, quality=model.score(doc["text"]))
+
+
+def _thresholds(kv, cfg):
+    source, scores = kv
+    q = cfg.per_source_drop_quantile.get(source, cfg.drop_quantile)
+    scores = np.sort(np.asarray(list(scores), dtype=np.float64))
+    return source, float(np.quantile(scores, q, method="lower")) if q > 0 else float("-inf")
+
+
+def apply_quality(doc, thresholds):
+    t = thresholds[doc["source"]]
+    if doc["quality"] < t:
+        yield beam.pvalue.TaggedOutput(DROPS, _decision(doc, "quality", "below_source_quantile",
+                                                        quality_score=doc["quality"], threshold=t))
+    else:
+        yield doc
+
+
+# ---------------------------------------------------------------- stage 8
+
+
+class Decontaminate(beam.DoFn):
+    def __init__(self, eval_hashes: dict[str, set[int]], n: int):
+        self.eval_hashes, self.n = eval_hashes, n
+
+    def process(self, doc):
+        grams = stages.ngram_hashes(doc["text"], self.n)
+        hits = sorted(name for name, hs in self.eval_hashes.items() if not grams.isdisjoint(hs))
+        if hits:
+            yield beam.pvalue.TaggedOutput(DROPS, _decision(doc, "decontamination", "eval_ngram_overlap",
+                                                            detail=",".join(hits), quality_score=doc.get("quality")))
+        else:
+            yield doc
+
+
+# ---------------------------------------------------------------- stage 9
+
+
+def apply_quota(doc, fractions, seed):
+    p = fractions[f"{doc['domain']}/{doc['lang']}"]
+    if stages.uniform(seed, doc["id"]) < p:
+        yield doc
+    else:
+        yield beam.pvalue.TaggedOutput(DROPS, _decision(doc, "quota", "downsampled", keep_fraction=p,
+                                                        quality_score=doc.get("quality")))
+
+
+# ---------------------------------------------------------------- stage 10
+
+
+class Tokenize(beam.DoFn):
+    """Document -> ((domain, shard), (id, serialized example)) plus its kept decision row."""
+
+    def __init__(self, out_cfg):
+        self.cfg = out_cfg
+
+    def setup(self):
+        self.enc = writer.SentencePieceEncoder(self.cfg.tokenizer_path)
+        self.features = writer.corpus_features()
+        from tensorflow.core.example import example_pb2
+
+        self._example = example_pb2.Example
+
+    def process(self, doc):
+        tokens = self.enc.encode(doc["text"])
+        ex = self.features.serialize_example({
+            "id": doc["id"], "source": doc["source"], "domain": doc["domain"], "lang": doc["lang"],
+            "tokens": tokens, "text": doc["text"] if self.cfg.store_text else "",
+        })
+        # tf.Example holds a protobuf map, whose default wire order varies between processes.
+        ex = self._example.FromString(ex).SerializeToString(deterministic=True)
+        shard = int(stages.uniform(1, doc["id"]) * self.cfg.shards_per_domain)
+        yield (doc["domain"], shard), (doc["id"], ex)
+        yield beam.pvalue.TaggedOutput(DROPS, {
+            "id": doc["id"], "source": doc["source"], "domain": doc["domain"], "lang": doc["lang"],
+            "verdict": "kept", "stage": None, "reason": None, "n_chars": len(doc["text"]),
+            "n_tokens": int(tokens.size), "quality_score": doc.get("quality"), "sample": "",
+        })
+
+
+def write_shard(kv, out_dir, out_cfg):
+    (domain, shard), items = kv
+    items = sorted(items)
+    name = writer.shard_filename(out_cfg.dataset_name, domain, shard, out_cfg.shards_per_domain)
+    writer.write_array_record(os.path.join(writer.tfds_dir(out_dir, out_cfg.dataset_name), name),
+                              [ex for _, ex in items])
+    yield name
+
+
+# ---------------------------------------------------------------- stages 11-12
+
+
+def finalize_decision(row, near_map):
+    row = dict(row)
+    cid = row.get("cluster_id") or row["id"]
+    row["cluster_id"] = near_map.get(cid, cid)
+    row.setdefault("quality_score", None)
+    row.setdefault("n_tokens", 0)
+    row.setdefault("lang", None)
+    return row
+
+
+def write_decisions(kv, out_dir, n):
+    shard, rows = kv
+    rows = sorted(rows, key=lambda r: r["id"])
+    for r in rows:
+        r.pop("sample", None)
+    path = os.path.join(out_dir, "decisions", f"decisions-{shard:05d}-of-{n:05d}.jsonl.gz")
+    writer.write_jsonl_gz(path, rows)
+    yield path
+
+
+def write_review(kv, out_dir):
+    (stage, reason), items = kv
+    rows = [dict(r, review_priority=u) for u, r in sorted(items, key=lambda x: (x[0], x[1]["id"]))]
+    path = os.path.join(out_dir, "review", f"{stage}__{reason}.jsonl")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        for r in rows:
+            f.write(json.dumps(r, sort_keys=True, ensure_ascii=False) + "\n")
+    os.replace(path + ".tmp", path)
+    yield path
+
+
+class TermDF(beam.CombineFn):
+    """Saturating (at 255) document frequencies of hashed word types, ``uint8[num_buckets]``."""
+
+    def __init__(self, num_buckets=1 << 22):
+        self.num_buckets = num_buckets
+
+    def create_accumulator(self):
+        return np.zeros(self.num_buckets, dtype=np.uint8)
+
+    def add_input(self, acc, text):
+        ids = np.unique(np.fromiter(map(minhash._word_hash, minhash.words(text)), dtype=np.int64) % self.num_buckets)
+        acc[ids] = np.minimum(acc[ids], 254) + 1
+        return acc
+
+    def merge_accumulators(self, accs):
+        accs = list(accs)
+        out = accs[0].astype(np.uint16)
+        for a in accs[1:]:
+            out += a
+        return np.minimum(out, 255).astype(np.uint8)
+
+    def extract_output(self, acc):
+        return acc
+
+
+def write_longtail(df_all, df_kept, out_dir, max_df):
+    rare = (df_all >= 1) & (df_all <= max_df)
+    stats = {
+        "rare_term_definition": f"hashed word types (2^{int(np.log2(df_all.size))} buckets) in 1..{max_df} admitted documents",
+        "rare_terms_in": int(rare.sum()),
+        "rare_terms_kept": int((rare & (df_kept > 0)).sum()),
+        "all_terms_in": int((df_all > 0).sum()),
+        "all_terms_kept": int((df_kept > 0).sum()),
+    }
+    os.makedirs(os.path.join(out_dir, "_stats"), exist_ok=True)
+    with open(os.path.join(out_dir, "_stats", "longtail.json"), "w") as f:
+        json.dump(stats, f, sort_keys=True, indent=1)
+    return stats
+
+
+# ---------------------------------------------------------------- the graph
+
+
+def build_graph(p: beam.Pipeline, cfg: BuildConfig, sources: list[Source], out_dir: str,
+                eval_hashes: dict[str, set[int]]) -> None:
+    """Adds every stage to pipeline `p`; outputs land in `out_dir` (manifest written afterwards)."""
+    by_name = {s.name: s for s in sources}
+    inputs = []
+    for s in sources:
+        inputs += [(s.name, None)] if s.format == "tfds" else [(s.name, f) for f in s.files(cfg.source_root)]
+
+    read = (
+        p | "Inputs" >> beam.Create(inputs)
+        | "Read" >> beam.ParDo(ReadSource(by_name, cfg.admission)).with_outputs(DROPS, main="docs")
+    )
+    drops = [read[DROPS]]
+    docs = read.docs | "SpreadDocs" >> beam.Reshuffle()
+
+    clean = (
+        docs | "Batch" >> beam.BatchElements(min_batch_size=32, max_batch_size=256)
+        | "Clean" >> beam.ParDo(CleanBatch(cfg, by_name)).with_outputs(DROPS, main="docs")
+    )
+    drops.append(clean[DROPS])
+    docs = clean.docs
+
+    df_all = docs | "TextsAll" >> beam.Map(lambda d: d["text"]) | "DFAll" >> beam.CombineGlobally(TermDF())
+
+    if cfg.exact.enabled:
+        ex = (
+            docs | "ExactKey" >> beam.Map(lambda d: (stages.exact_key(d["text"]), d))
+            | "GroupExact" >> beam.GroupByKey()
+            | "PickExact" >> beam.FlatMap(pick_exact).with_outputs(DROPS, main="docs")
+        )
+        drops.append(ex[DROPS])
+        docs = ex.docs
+
+    if cfg.near.enabled:
+        near_map = near_dedup(docs, cfg.near)
+    else:
+        near_map = p | "NoNear" >> beam.Create([])
+    near_side = beam.pvalue.AsDict(near_map)
+    nd = docs | "ApplyNear" >> beam.FlatMap(apply_near, near_side).with_outputs(DROPS, main="docs")
+    drops.append(nd[DROPS])
+    docs = nd.docs
+
+    if cfg.quality.enabled and cfg.quality.reference_sources:
+        refs = set(cfg.quality.reference_sources)
+        counts = (
+            docs | "RefDocs" >> beam.Filter(lambda d: d["source"] in refs)
+            | "RefTexts" >> beam.Map(lambda d: d["text"])
+            | "TrainLM" >> beam.CombineGlobally(FeatureCounts(cfg.quality.num_buckets))
+        )
+        docs = docs | "Score" >> beam.ParDo(Score(), beam.pvalue.AsSingleton(counts))
+        thresholds = (
+            docs | "SourceScores" >> beam.Map(lambda d: (d["source"], d["quality"]))
+            | "GroupScores" >> beam.GroupByKey()
+            | "Thresholds" >> beam.Map(_thresholds, cfg.quality)
+        )
+        q = docs | "ApplyQuality" >> beam.FlatMap(apply_quality, beam.pvalue.AsDict(thresholds)).with_outputs(
+            DROPS, main="docs")
+        drops.append(q[DROPS])
+        docs = q.docs
+        p_thresholds = thresholds
+    else:
+        p_thresholds = p | "NoThresholds" >> beam.Create([])
+
+    if cfg.decontam.enabled and eval_hashes:
+        dc = docs | "Decontaminate" >> beam.ParDo(Decontaminate(eval_hashes, cfg.decontam.ngram)).with_outputs(
+            DROPS, main="docs")
+        drops.append(dc[DROPS])
+        docs = dc.docs
+
+    chars = (
+        docs | "GroupChars" >> beam.Map(lambda d: ((d["domain"], d["lang"]), len(d["text"])))
+        | "SumChars" >> beam.CombinePerKey(sum)
+        | "CharsDict" >> beam.combiners.ToDict()
+    )
+    fractions = chars | "QuotaFractions" >> beam.Map(stages.quota_keep_fractions, cfg.quotas)
+    qt = docs | "ApplyQuota" >> beam.FlatMap(apply_quota, beam.pvalue.AsSingleton(fractions),
+                                             cfg.quotas.seed).with_outputs(DROPS, main="docs")
+    drops.append(qt[DROPS])
+    docs = qt.docs
+
+    df_kept = docs | "TextsKept" >> beam.Map(lambda d: d["text"]) | "DFKept" >> beam.CombineGlobally(TermDF())
+    _ = df_all | "LongTail" >> beam.Map(lambda a, k: write_longtail(a, k, out_dir, 3), beam.pvalue.AsSingleton(df_kept))
+
+    tok = docs | "Tokenize" >> beam.ParDo(Tokenize(cfg.output)).with_outputs(DROPS, main="records")
+    drops.append(tok[DROPS])
+    _ = (tok.records | "GroupShards" >> beam.GroupByKey()
+         | "WriteShards" >> beam.FlatMap(write_shard, out_dir, cfg.output))
+
+    decisions = (
+        tuple(drops) | "AllDecisions" >> beam.Flatten()
+        | "ClusterIds" >> beam.Map(finalize_decision, near_side)
+    )
+    n_dec = cfg.output.decision_shards
+    _ = (
+        decisions | "DecisionShard" >> beam.Map(lambda r: (int(stages.uniform(2, r["id"]) * n_dec), r))
+        | "GroupDecisions" >> beam.GroupByKey()
+        | "WriteDecisions" >> beam.FlatMap(write_decisions, out_dir, n_dec)
+    )
+    seed, n_rev = cfg.output.review_seed, cfg.output.review_samples_per_rule
+    _ = (
+        decisions | "Dropped" >> beam.Filter(lambda r: r["verdict"] != "kept")
+        | "ReviewKey" >> beam.Map(lambda r: ((r["stage"], r["reason"]), (stages.uniform(seed, r["id"]), r)))
+        | "ReviewSample" >> beam.combiners.Top.PerKey(n_rev, key=lambda x: (-x[0], x[1]["id"]))
+        | "WriteReview" >> beam.FlatMap(write_review, out_dir)
+    )
+    _ = (p_thresholds | "ThresholdDict" >> beam.combiners.ToDict()
+         | "WriteThresholds" >> beam.Map(_write_json, os.path.join(out_dir, "_stats", "quality_thresholds.json")))
+    _ = (fractions | "WriteFractions" >> beam.Map(_write_json, os.path.join(out_dir, "_stats", "quota_fractions.json")))
+
+
+def _write_json(obj, path):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(obj, f, sort_keys=True, indent=1)
+    return path

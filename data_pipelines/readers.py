@@ -1,0 +1,207 @@
+"""Stage 1, admission: read raw records from registered sources into documents or counted drops.
+
+Every record a reader meets becomes exactly one element: a document dict
+
+    {"id", "source", "domain", "text", "lang_hint", "html": bool}
+
+or a drop dict (see `drop`) with ``stage="admission"`` and one of the reasons below. Nothing is
+skipped silently. Reasons: ``oversized``, ``binary``, ``invalid_utf8``, ``bad_json``,
+``not_an_object``, ``missing_text``, ``empty``, ``extraction_empty`` (HTML with no main text).
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import os
+from typing import Iterator
+
+from data_pipelines.config import AdmissionConfig, Source
+
+SAMPLE_CHARS = 500
+# Control bytes that do not occur in text. Tab, LF, VT, FF, CR, backspace (nroff overstrike) and
+# ESC (ANSI colour codes, e.g. in fortune cookies) do occur in real text; ftfy removes the escapes.
+_CONTROL = bytes(b for b in range(32) if b not in (8, 9, 10, 11, 12, 13, 27)) + b"\x7f"
+_CONTROL_TABLE = bytes.maketrans(b"", b"")
+
+
+def drop(doc_id: str, source: Source | dict, stage: str, reason: str, sample: str = "", **extra) -> dict:
+    """A decision record for a dropped document (`sample`: text kept for the review sample)."""
+    src = source if isinstance(source, dict) else {"name": source.name, "domain": source.domain}
+    out = {
+        "id": doc_id,
+        "source": src["name"],
+        "domain": src["domain"],
+        "verdict": f"{stage}:{reason}",
+        "stage": stage,
+        "reason": reason,
+        "sample": sample[:SAMPLE_CHARS],
+    }
+    out.update(extra)
+    return out
+
+
+def _binary_fraction(raw: bytes) -> float:
+    """Share of non-text control bytes; 1.0 if there is any NUL byte."""
+    if not raw:
+        return 0.0
+    if b"\x00" in raw:
+        return 1.0
+    return (len(raw) - len(raw.translate(_CONTROL_TABLE, _CONTROL))) / len(raw)
+
+
+def _open_binary(path: str) -> io.BufferedIOBase:
+    if path.endswith(".gz"):
+        return gzip.open(path, "rb")
+    if path.endswith(".zst"):
+        import zstandard
+
+        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(open(path, "rb")))
+    return open(path, "rb")
+
+
+def _admit_text(text, doc_id: str, source: Source, cfg: AdmissionConfig, extra: dict) -> dict:
+    """Document or drop for a decoded record value `text`."""
+    if text is None:
+        return drop(doc_id, source, "admission", "missing_text", json.dumps(extra)[:SAMPLE_CHARS])
+    if isinstance(text, bytes):
+        if _binary_fraction(text) > cfg.max_binary_fraction:
+            return drop(doc_id, source, "admission", "binary", repr(text[:200]))
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError:
+            return drop(doc_id, source, "admission", "invalid_utf8", repr(text[:200]))
+    if not isinstance(text, str):
+        return drop(doc_id, source, "admission", "missing_text", repr(text)[:SAMPLE_CHARS])
+    if len(text.encode("utf-8", "surrogatepass")) > cfg.max_record_bytes:
+        return drop(doc_id, source, "admission", "oversized", text[:200])
+    if not text.strip():
+        return drop(doc_id, source, "admission", "empty", repr(text[:200]))
+    if _binary_fraction(text[:100_000].encode("utf-8", "surrogatepass")) > cfg.max_binary_fraction:
+        return drop(doc_id, source, "admission", "binary", repr(text[:200]))
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # lone surrogates from JSON \ud800 escapes
+        return drop(doc_id, source, "admission", "invalid_utf8", repr(text[:200]))
+    return {
+        "id": doc_id,
+        "source": source.name,
+        "domain": source.domain,
+        "text": text,
+        "lang_hint": extra.get("lang"),
+        "html": source.extract_html,
+    }
+
+
+def read_jsonl(path: str, source: Source, cfg: AdmissionConfig) -> Iterator[dict]:
+    """Records of a JSON Lines file (.jsonl, .jsonl.gz, .jsonl.zst), one element per line."""
+    base = os.path.basename(path)
+    with _open_binary(path) as f:
+        for lineno, raw in enumerate(f, start=1):
+            fallback_id = f"{source.name}/{base}:{lineno}"
+            raw = raw.rstrip(b"\r\n")
+            if len(raw) > cfg.max_record_bytes:
+                yield drop(fallback_id, source, "admission", "oversized", repr(raw[:200]))
+                continue
+            if not raw.strip():
+                yield drop(fallback_id, source, "admission", "empty", "")
+                continue
+            if _binary_fraction(raw) > cfg.max_binary_fraction:
+                yield drop(fallback_id, source, "admission", "binary", repr(raw[:200]))
+                continue
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                yield drop(fallback_id, source, "admission", "invalid_utf8", repr(raw[:200]))
+                continue
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                yield drop(fallback_id, source, "admission", "bad_json", line)
+                continue
+            if not isinstance(rec, dict):
+                yield drop(fallback_id, source, "admission", "not_an_object", line)
+                continue
+            doc_id = str(rec.get(source.id_field) or fallback_id) if source.id_field else fallback_id
+            yield _admit_text(rec.get(source.text_field), doc_id, source, cfg, rec)
+
+
+def read_parquet(path: str, source: Source, cfg: AdmissionConfig) -> Iterator[dict]:
+    """Rows of a Parquet file, one element per row."""
+    import pyarrow.parquet as pq
+
+    base = os.path.basename(path)
+    pf = pq.ParquetFile(path)
+    row = 0
+    for batch in pf.iter_batches(batch_size=1024):
+        for rec in batch.to_pylist():
+            fallback_id = f"{source.name}/{base}:{row}"
+            row += 1
+            doc_id = str(rec.get(source.id_field) or fallback_id) if source.id_field else fallback_id
+            yield _admit_text(rec.get(source.text_field), doc_id, source, cfg, rec)
+
+
+def read_warc(path: str, source: Source, cfg: AdmissionConfig) -> Iterator[dict]:
+    """WARC ``response`` records (HTML marked for main-text extraction); other record types
+    (warcinfo, request, metadata) are not documents and are not counted."""
+    from warcio.archiveiterator import ArchiveIterator
+
+    with open(path, "rb") as f:
+        for rec in ArchiveIterator(f):
+            if rec.rec_type != "response":
+                continue
+            uri = rec.rec_headers.get_header("WARC-Target-URI") or rec.rec_headers.get_header("WARC-Record-ID")
+            doc_id = f"{source.name}/{uri}"
+            body = rec.content_stream().read()
+            if len(body) > cfg.max_record_bytes:
+                yield drop(doc_id, source, "admission", "oversized", repr(body[:200]))
+                continue
+            doc = _admit_text(body, doc_id, source, cfg, {})
+            if "text" in doc:
+                doc["html"] = True
+            yield doc
+
+
+def read_tfds(source: Source, cfg: AdmissionConfig) -> Iterator[dict]:
+    """Examples of a locally prepared TFDS dataset (`path` = name[:version], `data_dir`)."""
+    import tensorflow_datasets as tfds
+
+    if source.data_dir and os.path.exists(os.path.join(source.data_dir, "dataset_info.json")):
+        builder = tfds.builder_from_directory(source.data_dir)
+    else:
+        builder = tfds.builder(source.path, data_dir=source.data_dir)
+    ds = builder.as_data_source(split=source.split)
+    for i in range(len(ds)):
+        ex = ds[i]
+        fallback_id = f"{source.name}/{source.split}:{i}"
+        raw_id = ex.get(source.id_field) if source.id_field else None
+        if isinstance(raw_id, bytes):
+            raw_id = raw_id.decode("utf-8", "replace")
+        yield _admit_text(ex.get(source.text_field), str(raw_id or fallback_id), source, cfg, {})
+
+
+def read_file(path: str, source: Source, cfg: AdmissionConfig) -> Iterator[dict]:
+    """Dispatches on `source.format`."""
+    if source.format == "jsonl":
+        return read_jsonl(path, source, cfg)
+    if source.format == "parquet":
+        return read_parquet(path, source, cfg)
+    if source.format == "warc":
+        return read_warc(path, source, cfg)
+    raise ValueError(f"source '{source.name}': no file reader for format '{source.format}'")
+
+
+def extract_main_text(doc: dict) -> dict:
+    """Replaces HTML by its main text (trafilatura: navigation, headers, footers removed); an
+    empty result becomes an ``extraction_empty`` drop."""
+    if not doc.get("html"):
+        return doc
+    import trafilatura
+
+    text = trafilatura.extract(doc["text"], include_comments=False, include_tables=True, deduplicate=False)
+    if not text or not text.strip():
+        return drop(doc["id"], {"name": doc["source"], "domain": doc["domain"]}, "admission",
+                    "extraction_empty", doc["text"])
+    out = dict(doc, text=text, html=False)
+    return out

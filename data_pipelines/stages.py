@@ -1,0 +1,299 @@
+"""Per-document logic of stages 2-9, free of Beam so tests and benchmarks call it directly."""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import math
+import re
+import string
+import unicodedata
+import zlib
+
+import numpy as np
+
+from data_pipelines import minhash
+from data_pipelines.config import LangIdConfig, NormalizeConfig, QuotaConfig, RuleConfig
+
+# ---------------------------------------------------------------- stage 2: normalization
+
+
+# ASCII text without these characters is a fixed point of ftfy.fix_text: mojibake, curly quotes,
+# ligatures, width and normalization fixes all need non-ASCII input, and the remaining fixers act
+# on '&' entities, ESC sequences, CR line breaks and control characters.
+_FTFY_ASCII_TRIGGERS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f&]")
+
+
+def normalize(text: str, cfg: NormalizeConfig) -> str:
+    """ftfy repair (mojibake, terminal escapes, HTML entities left in text) then Unicode
+    `cfg.normalization` (NFC by default). Plain ASCII without control characters or '&' is
+    returned as is (ftfy would return it unchanged; about 60% of raw-v1's characters)."""
+    if not cfg.enabled:
+        return text
+    if text.isascii() and not _FTFY_ASCII_TRIGGERS.search(text):
+        return text
+    import ftfy
+
+    return ftfy.fix_text(text, normalization=cfg.normalization)
+
+
+# ---------------------------------------------------------------- stage 3: language ID
+
+
+class LanguageIdentifier:
+    """Lingua detector over `cfg.languages`; the model ships inside the lingua wheel."""
+
+    def __init__(self, cfg: LangIdConfig):
+        from lingua import IsoCode639_1, Language, LanguageDetectorBuilder
+
+        langs = []
+        for code in cfg.languages:
+            try:
+                langs.append(Language.from_iso_code_639_1(getattr(IsoCode639_1, code.upper())))
+            except AttributeError:
+                raise ValueError(f"LangIdConfig.languages: unknown ISO 639-1 code '{code}'") from None
+        self.cfg = cfg
+        self._detector = LanguageDetectorBuilder.from_languages(*langs).build()
+
+    def detect(self, texts: list[str]) -> list[tuple[str, float]]:
+        """(ISO 639-1 code or ``und``, confidence in [0, 1]) for each text."""
+        snippets = [t[: self.cfg.max_chars] for t in texts]
+        langs = self._detector.detect_languages_in_parallel_of(snippets)
+        out = []
+        for snip, lang in zip(snippets, langs):
+            if lang is None:
+                out.append(("und", 0.0))
+                continue
+            conf = 1.0
+            if self.cfg.min_confidence > 0:
+                conf = self._detector.compute_language_confidence(snip, lang)
+            code = lang.iso_code_639_1.name.lower()
+            out.append((code if conf >= self.cfg.min_confidence else "und", conf))
+        return out
+
+
+# ---------------------------------------------------------------- stage 4: rule filters
+
+_ALPHA_RE = re.compile(r"[^\W\d_]")
+_CJK_RE = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
+_TABLES: dict[str, dict[int, None]] = {}
+
+
+def _deletion_table(kind: str) -> dict[int, None]:
+    """str.translate table deleting one class of code points, so counting runs in C.
+
+    ``punct``: Unicode categories P* and S* plus ASCII punctuation; ``nonprint``: Cc, Cf, Co, Cn
+    except tab, newline and carriage return.
+    """
+    if kind not in _TABLES:
+        if kind == "punct":
+            keep = lambda c: unicodedata.category(c)[0] in "PS" or c in string.punctuation  # noqa: E731
+        else:
+            keep = lambda c: unicodedata.category(c) in ("Cc", "Cf", "Co", "Cn") and c not in "\n\t\r"  # noqa: E731
+        # Planes 0-2 hold every assigned letter, punctuation and symbol in practice; Co/Cn beyond
+        # them are rare enough to ignore for a ratio.
+        _TABLES[kind] = {i: None for i in range(0x30000) if keep(chr(i))}
+    return _TABLES[kind]
+
+
+def _count_in(text: str, kind: str) -> int:
+    return len(text) - len(text.translate(_deletion_table(kind)))
+
+
+def rule_stats(text: str) -> dict[str, float]:
+    """Quality signals of Gopher (Rae et al. 2021, table A1) and C4 used by `rule_reason`.
+
+    Words are whitespace-separated tokens, except that the word count and n-gram statistics use
+    `minhash.words` so CJK text (no spaces) is measured per character.
+    """
+    n_chars = len(text)
+    ws_words = text.split()
+    toks = minhash.words(text)
+    n_words = len(toks)
+    st = {"n_chars": n_chars, "n_words": n_words}
+    sample = text[:200_000]
+    st["non_printable_ratio"] = _count_in(sample, "nonprint") / max(1, len(sample))
+    st["replacement_ratio"] = sample.count("\ufffd") / max(1, len(sample))
+    st["punct_ratio"] = _count_in(sample, "punct") / max(1, len(sample))
+    st["symbol_ratio"] = (text.count("#") + text.count("...") + text.count("\u2026")) / max(1, len(ws_words))
+    # Gopher's word-length bounds assume space-separated words. In CJK text every character is a
+    # token, so the bounds apply to the other tokens only, and not at all to mostly-CJK text
+    # (NaN compares false, so the rule passes).
+    spaced = [t for t in toks if not _CJK_RE.fullmatch(t)]
+    mostly_cjk = len(spaced) * 2 < n_words
+    st["mean_word_length"] = float("nan") if mostly_cjk or not spaced else sum(map(len, spaced)) / len(spaced)
+    st["alpha_word_fraction"] = sum(1 for w in ws_words if _ALPHA_RE.search(w)) / max(1, len(ws_words))
+    lines = [ln.strip() for ln in text.split("\n") if ln.strip()]
+    counts = collections.Counter(lines)
+    dup_lines = sum(c for c in counts.values() if c > 1)
+    st["dup_line_fraction"] = dup_lines / max(1, len(lines))
+    st["dup_line_char_fraction"] = sum(len(ln) * c for ln, c in counts.items() if c > 1) / max(1, n_chars)
+    total_chars = sum(map(len, toks)) or 1
+    if mostly_cjk:
+        # Character n-grams of CJK text repeat by nature (common two- and three-character words);
+        # the Gopher repetition bounds are calibrated on word n-grams, so they are not applied.
+        for key in ("top_2gram_fraction", "top_3gram_fraction", "top_4gram_fraction", "dup_5gram_fraction"):
+            st[key] = float("nan")
+        return st
+    for n in (2, 3, 4):
+        if n_words < n:
+            st[f"top_{n}gram_fraction"] = 0.0
+            continue
+        grams = collections.Counter(zip(*(toks[i:] for i in range(n))))
+        gram, c = grams.most_common(1)[0]
+        st[f"top_{n}gram_fraction"] = (c * sum(map(len, gram)) / total_chars) if c > 1 else 0.0
+    if n_words >= 5:
+        grams = list(zip(*(toks[i:] for i in range(5))))
+        counts5 = collections.Counter(grams)
+        covered = np.zeros(n_words, dtype=bool)
+        for i, g in enumerate(grams):
+            if counts5[g] > 1:
+                covered[i : i + 5] = True
+        lens = np.fromiter(map(len, toks), dtype=np.int64, count=n_words)
+        st["dup_5gram_fraction"] = float(lens[covered].sum()) / total_chars
+    else:
+        st["dup_5gram_fraction"] = 0.0
+    return st
+
+
+# (reason, statistic, comparison, config field) in evaluation order; the first failure is the reason.
+RULES = (
+    ("too_few_words", "n_words", "<", "min_words"),
+    ("too_many_words", "n_words", ">", "max_words"),
+    ("too_short", "n_chars", "<", "min_chars"),
+    ("too_long", "n_chars", ">", "max_chars"),
+    ("non_printable", "non_printable_ratio", ">", "max_non_printable_ratio"),
+    ("garbled", "replacement_ratio", ">", "max_replacement_ratio"),
+    ("symbol_ratio", "symbol_ratio", ">", "max_symbol_ratio"),
+    ("punctuation_density", "punct_ratio", ">", "max_punct_ratio"),
+    ("repeated_lines", "dup_line_fraction", ">", "max_dup_line_fraction"),
+    ("repeated_line_chars", "dup_line_char_fraction", ">", "max_dup_line_char_fraction"),
+    ("top_2gram", "top_2gram_fraction", ">", "max_top_2gram_fraction"),
+    ("top_3gram", "top_3gram_fraction", ">", "max_top_3gram_fraction"),
+    ("top_4gram", "top_4gram_fraction", ">", "max_top_4gram_fraction"),
+    ("repeated_5grams", "dup_5gram_fraction", ">", "max_dup_5gram_fraction"),
+    ("short_words", "mean_word_length", "<", "min_mean_word_length"),
+    ("long_words", "mean_word_length", ">", "max_mean_word_length"),
+    ("few_alpha_words", "alpha_word_fraction", "<", "min_alpha_word_fraction"),
+)
+
+
+def rule_reason(text: str, cfg: RuleConfig) -> str | None:
+    """Name of the first rule `text` fails under `cfg` (already resolved per domain), else None."""
+    st = rule_stats(text)
+    for reason, stat, op, field in RULES:
+        limit = getattr(cfg, field)
+        if (op == "<" and st[stat] < limit) or (op == ">" and st[stat] > limit):
+            return reason
+    return None
+
+
+# ---------------------------------------------------------------- stage 5: exact dedup
+
+_WS_RE = re.compile(r"\s+")
+
+
+def exact_key(text: str) -> str:
+    """sha256 hex of the text with whitespace runs collapsed to one space and case folded."""
+    return hashlib.sha256(_WS_RE.sub(" ", text).strip().casefold().encode("utf-8")).hexdigest()
+
+
+# ---------------------------------------------------------------- stage 7: quality model
+
+
+def _feature_ids(text: str, num_buckets: int) -> np.ndarray:
+    """Hashed unigram and bigram ids (``int64[2n-1]``) of a text's words, crc32 mod buckets."""
+    toks = minhash.words(text[:100_000])
+    if not toks:
+        return np.zeros(0, dtype=np.int64)
+    uni = [zlib.crc32(t.encode("utf-8")) for t in toks]
+    bi = [zlib.crc32(f"{a}\x00{b}".encode("utf-8")) for a, b in zip(toks, toks[1:])]
+    return np.asarray(uni + bi, dtype=np.int64) % num_buckets
+
+
+class HashedNgramLM:
+    """Add-one-smoothed hashed unigram+bigram model; score = mean log-probability per feature.
+
+    Like CCNet's perplexity filter (Wenzek et al. 2020) with a feature-hashed count table in place
+    of KenLM, so it trains in one Beam combine. Scores are negative; higher means closer to the
+    reference set. `counts`: ``int64[num_buckets]``.
+    """
+
+    def __init__(self, counts: np.ndarray):
+        self.counts = counts
+        total = float(counts.sum()) + counts.shape[0]
+        self._logp = np.log((counts + 1.0) / total)
+
+    @staticmethod
+    def count(text: str, num_buckets: int) -> np.ndarray:
+        """Bucket counts (``int64[num_buckets]``) of one training text."""
+        return np.bincount(_feature_ids(text, num_buckets), minlength=num_buckets).astype(np.int64)
+
+    def score(self, text: str) -> float:
+        ids = _feature_ids(text, self.counts.shape[0])
+        if ids.size == 0:
+            return float(np.log(1.0 / (float(self.counts.sum()) + self.counts.shape[0])))
+        return float(self._logp[ids].mean())
+
+
+# ---------------------------------------------------------------- stage 8: decontamination
+
+
+_NGRAM_MULT = np.array([0x9E3779B97F4A7C15 * (2 * j + 1) % (1 << 64) for j in range(64)], dtype=np.uint64)
+
+
+def ngram_hashes(text: str, n: int) -> set[int]:
+    """64-bit hashes of the lower-cased word n-grams of `text` (`minhash.words`, n <= 64).
+
+    Each word is hashed once (crc32); an n-gram's hash is the position-weighted sum of its word
+    hashes (wrapping uint64) passed through the splitmix64 finalizer, vectorized over the text.
+    """
+    toks = minhash.words(text)
+    if len(toks) < n:
+        return set()
+    wh = np.fromiter(map(minhash._word_hash, toks), dtype=np.uint64, count=len(toks))
+    m = len(toks) - n + 1
+    acc = np.zeros(m, dtype=np.uint64)
+    for j in range(n):
+        acc += wh[j : j + m] * _NGRAM_MULT[j]
+    return set(minhash._mix64(acc).tolist())
+
+
+# ---------------------------------------------------------------- stage 9: quotas
+
+
+def uniform(seed: int, doc_id: str) -> float:
+    """Deterministic U[0, 1) draw from (seed, id): the first 8 bytes of sha256, over 2**64."""
+    h = hashlib.sha256(f"{seed}\x00{doc_id}".encode("utf-8")).digest()
+    return int.from_bytes(h[:8], "big") / 2.0**64
+
+
+def quota_keep_fractions(chars: dict[tuple[str, str], int], cfg: QuotaConfig) -> dict[str, float]:
+    """Keep fraction per ``"domain/lang"`` group.
+
+    Args:
+      chars: characters available per (domain, language) after stages 2-8.
+    With A_d the characters of domain d and w_d its target share, the output total is
+    T = min_d A_d / w_d (the largest total no domain must upsample for), so domain d keeps
+    p_d = w_d * T / A_d <= 1. A group holding less than `long_tail_share` of its domain keeps
+    max(p_d, long_tail_floor).
+    """
+    per_domain: dict[str, int] = collections.defaultdict(int)
+    for (d, _), c in chars.items():
+        per_domain[d] += c
+    out = {}
+    if not cfg.enabled or not cfg.targets:
+        return {f"{d}/{l}": 1.0 for d, l in chars}
+    live = {d: a for d, a in per_domain.items() if a > 0 and cfg.targets.get(d, 0) > 0}
+    total = min(a / cfg.targets[d] for d, a in live.items()) if live else 0.0
+    for (d, lang), c in sorted(chars.items()):
+        p = min(1.0, cfg.targets.get(d, 0) * total / per_domain[d]) if d in live else 0.0
+        if per_domain[d] and c / per_domain[d] < cfg.long_tail_share:
+            p = max(p, cfg.long_tail_floor)
+        out[f"{d}/{lang}"] = p
+    return out
+
+
+def entropy_bits(p: list[float]) -> float:
+    """Shannon entropy in bits of a distribution (helper for reports)."""
+    return -sum(x * math.log2(x) for x in p if x > 0)

@@ -1,0 +1,134 @@
+"""Stage 10-12 output formats: tokenizer, ArrayRecord/TFDS shards, decision log, review samples.
+
+Record format of the corpus shards (one ArrayRecord record per document, ``group_size:1`` for
+random access, as TFDS writes them): a serialized ``tf.train.Example`` with the TFDS features of
+`corpus_features()`:
+
+  ``id`` (text), ``source`` (text), ``domain`` (text), ``lang`` (text, ISO 639-1 or ``und``),
+  ``tokens`` (``int32[n]``, SentencePiece ids, no BOS/EOS), ``text`` (text, empty when
+  `OutputConfig.store_text` is False).
+
+Files live in ``DIR/tfds/<dataset_name>/1.0.0/<dataset_name>-<domain>.array_record-NNNNN-of-MMMMM``:
+one TFDS split per domain, so ``tfds.data_sources(<dataset_name>, data_dir=DIR/tfds)`` opens it and
+`jaxpt.data.corpus` reads it for training.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import json
+import os
+
+import numpy as np
+
+DATASET_VERSION = "1.0.0"
+
+
+def file_sha256(path: str) -> str:
+    """sha256 hex digest of a file's bytes."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+class SentencePieceEncoder:
+    """Tokenizer named by `OutputConfig.tokenizer_path` (swap point for `jaxpt.data.tokenizer`).
+
+    `encode(text)` returns ``int32[n]`` ids. Raises FileNotFoundError naming the path.
+    """
+
+    def __init__(self, path: str):
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"OutputConfig.tokenizer_path: no SentencePiece model at '{path}'")
+        import sentencepiece as spm
+
+        self.path = path
+        self.sha256 = file_sha256(path)
+        self._sp = spm.SentencePieceProcessor(model_file=path)
+        self.vocab_size = self._sp.get_piece_size()
+
+    def encode(self, text: str) -> np.ndarray:
+        return np.asarray(self._sp.encode(text), dtype=np.int32)
+
+
+def corpus_features():
+    """TFDS FeaturesDict of one corpus record (see module docstring)."""
+    import tensorflow_datasets as tfds
+
+    return tfds.features.FeaturesDict(
+        {
+            "id": tfds.features.Text(),
+            "source": tfds.features.Text(),
+            "domain": tfds.features.Text(),
+            "lang": tfds.features.Text(),
+            "tokens": tfds.features.Tensor(shape=(None,), dtype=np.int32),
+            "text": tfds.features.Text(),
+        }
+    )
+
+
+def tfds_dir(out_dir: str, dataset_name: str) -> str:
+    return os.path.join(out_dir, "tfds", dataset_name, DATASET_VERSION)
+
+
+def shard_filename(dataset_name: str, domain: str, index: int, count: int) -> str:
+    """TFDS default template ``{DATASET}-{SPLIT}.{FILEFORMAT}-{SHARD_X_OF_Y}``."""
+    return f"{dataset_name}-{domain}.array_record-{index:05d}-of-{count:05d}"
+
+
+def write_array_record(path: str, records: list[bytes]) -> None:
+    """Writes `records` in order (``group_size:1``, the TFDS setting) via a temp file + rename."""
+    from array_record.python.array_record_module import ArrayRecordWriter
+
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = path + ".tmp"
+    w = ArrayRecordWriter(tmp, "group_size:1")
+    for r in records:
+        w.write(r)
+    w.close()
+    os.replace(tmp, path)
+
+
+def write_jsonl_gz(path: str, rows: list[dict]) -> None:
+    """Deterministic gzip JSON Lines (no file name or mtime in the gzip header; sorted keys)."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    buf = io.BytesIO()
+    with gzip.GzipFile(filename="", mode="wb", fileobj=buf, mtime=0, compresslevel=6) as gz:
+        for r in rows:
+            gz.write(json.dumps(r, sort_keys=True, ensure_ascii=False).encode("utf-8") + b"\n")
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        f.write(buf.getvalue())
+    os.replace(tmp, path)
+
+
+def read_jsonl_gz(path: str) -> list[dict]:
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        return [json.loads(line) for line in f]
+
+
+def write_tfds_metadata(out_dir: str, dataset_name: str, split_lengths: dict[str, list[int]],
+                        description: str) -> None:
+    """dataset_info.json + features.json for the written shards (one split per domain)."""
+    import tensorflow_datasets as tfds
+
+    data_dir = tfds_dir(out_dir, dataset_name)
+    splits = []
+    for split, lengths in sorted(split_lengths.items()):
+        nbytes = sum(
+            os.path.getsize(os.path.join(data_dir, shard_filename(dataset_name, split, i, len(lengths))))
+            for i in range(len(lengths))
+        )
+        splits.append(tfds.core.SplitInfo(name=split, shard_lengths=list(lengths), num_bytes=nbytes))
+    tfds.folder_dataset.write_metadata(
+        data_dir=data_dir,
+        features=corpus_features(),
+        split_infos=splits,
+        filename_template=None,
+        check_data=False,
+        description=description,
+    )
