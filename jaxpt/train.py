@@ -148,6 +148,12 @@ def train_batches(run: Run, num_shards: int):
     shard_ids = list(range(p * per_process, (p + 1) * per_process))  # contiguous: global row order is fixed
 
     def make(k: int, n: int):
+        if cfg.data.source == "corpus":  # a corpus version built by data_pipelines.build
+            from jaxpt.data.corpus import packed_corpus_dataset
+            return iter(packed_corpus_dataset(
+                cfg.data.corpus_dir, run.tokenizer, seq_len=cfg.seq_len,
+                local_batch_size=cfg.global_batch_size // n, seed=cfg.seed, process_index=k, process_count=n,
+                add_eos=cfg.data.add_eos))
         return iter(pipeline.make_train_dataset(
             cfg.data.train_path, run.tokenizer, seq_len=cfg.seq_len,
             local_batch_size=cfg.global_batch_size // n, seed=cfg.seed, process_index=k, process_count=n,

@@ -45,6 +45,31 @@ def _tokens(example) -> np.ndarray:
     return np.asarray(example["tokens"], dtype=np.int32)
 
 
+class _ForPacking:
+    """Record -> ``{"tokens": int32[n], "doc_index": int}`` for :class:`jaxpt.data.packing.PackedIterDataset`.
+
+    ``doc_index`` is a stable 31-bit number derived from the record's ``id`` (crc32), so a batch's documents
+    can be listed and compared across runs."""
+
+    def __call__(self, example) -> dict:
+        import zlib
+        doc_id = example["id"]
+        doc_id = doc_id.decode() if isinstance(doc_id, bytes) else str(doc_id)
+        return {"tokens": _tokens(example), "doc_index": zlib.crc32(doc_id.encode()) & 0x7FFFFFFF}
+
+
+def packed_corpus_dataset(corpus_dir: str, tokenizer, *, seq_len: int, local_batch_size: int, seed: int,
+                          process_index: int = 0, process_count: int = 1, add_eos: bool = True):
+    """The training stream of a corpus version: mixed by the corpus weights, packed like the sample path
+    (:mod:`jaxpt.data.packing`), batched to ``[local_batch_size, seq_len]`` dicts. Checkpointable."""
+    from jaxpt.data import packing
+    ds = _mixed(corpus_dir, seed=seed, process_index=process_index, process_count=process_count,
+                record_fn=_ForPacking())
+    ds = packing.PackedIterDataset(ds, seq_len, pad_id=tokenizer.pad_id,
+                                   eos_id=tokenizer.eos_id if add_eos else None)
+    return ds.batch(local_batch_size, drop_remainder=True)
+
+
 def corpus_dataset(
     corpus_dir: str,
     *,
@@ -53,6 +78,12 @@ def corpus_dataset(
     process_count: int = 1,
     weights: Mapping[str, float] | None = None,
 ) -> grain.IterDataset:
+    return _mixed(corpus_dir, seed=seed, process_index=process_index, process_count=process_count,
+                  weights=weights, record_fn=_tokens)
+
+
+def _mixed(corpus_dir: str, *, seed: int, process_index: int = 0, process_count: int = 1,
+           weights: Mapping[str, float] | None = None, record_fn=_tokens) -> grain.IterDataset:
     """Infinite, mixed, per-process stream of token arrays (``int32[n]``).
 
     Args:
@@ -79,7 +110,7 @@ def corpus_dataset(
         ds = grain.MapDataset.source(domain_source(corpus_dir, domain))[process_index::process_count]
         if len(ds) == 0:
             continue
-        parts.append(ds.shuffle(seed=seed + i).repeat().map(_tokens))
+        parts.append(ds.shuffle(seed=seed + i).repeat().map(record_fn))
         part_weights.append(float(weights[domain]))
     if not parts:
         raise ValueError(f"{corpus_dir}: no records for process {process_index} of {process_count}")
