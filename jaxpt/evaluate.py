@@ -129,6 +129,11 @@ def write_review_sheet(restored, card, scorer, path: str, workdir: str) -> dict[
         prompts = [json.loads(line) for line in f if line.strip()]
     tok = restored.tokenizer
     ids = [probes.with_prefix(tok, tok.encode(p["prompt"])) for p in prompts]
+    # Decoding reruns the whole row each step (no KV cache): a row just long enough for the prompts is cheaper.
+    need = -(-(max(len(i) for i in ids) + spot.max_new_tokens) // 8) * 8
+    if need < scorer.seq_len:
+        from jaxpt.eval.scorer import scorer_for_restored
+        scorer = scorer_for_restored(restored, seq_len=need, batch_size=scorer.batch_size)
     outs = scorer.greedy(ids, spot.max_new_tokens, eos_id=tok.eos_id)
     gens = [tok.decode(o) for o in outs]
     rows = review.review_rows(prompts, gens, card=card, checkpoint=os.path.abspath(workdir) if workdir else "",

@@ -33,7 +33,7 @@ import json
 import math
 import random
 import re
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -113,10 +113,6 @@ def _cloze_candidates(docs: Sequence[Document], spec: TaskSpec, seed: int) -> li
     return out
 
 
-def _code_lines(text: str) -> list[str]:
-    return text.split("\n")
-
-
 def _line_ok(line: str, p: Mapping[str, Any]) -> bool:
     s = line.strip()
     return int(p.get("min_line_chars", 10)) <= len(s) <= int(p.get("max_line_chars", 100))
@@ -127,7 +123,7 @@ def _next_line_candidates(docs: Sequence[Document], spec: TaskSpec, seed: int, p
     n_ctx, k = int(p.get("context_lines", 8)), int(p.get("num_choices", 4))
     out = []
     for d in docs:
-        lines = _code_lines(d.text)
+        lines = d.text.split("\n")
         ok = [i for i in range(len(lines)) if _line_ok(lines[i], p)]
         eligible = [i for i in ok if i >= 3 and lines[i].strip() not in {x.strip() for x in lines[max(0, i - n_ctx):i]}]
         rng = _rng(seed, spec.name, d.id)
@@ -412,8 +408,3 @@ def evaluate_task(scorer, tokenizer, task: TaskExamples, *, max_new_tokens: int 
     rows = generate_rows(task.examples)
     outs = generate_rows_greedy(generator or scorer, tokenizer, rows, max_new_tokens)
     return exact_match([first_line(r["targets"]) for r in rows], [first_line(tokenizer.decode(o)) for o in outs])
-
-
-def iter_texts(docs: Iterable[Document]) -> Iterable[str]:
-    for d in docs:
-        yield d.text
