@@ -7,7 +7,8 @@ on a seeded sample (`--sample`) of raw-v1 documents; the MinHash stage runs on e
 ours (`data_pipelines.minhash`: signatures + LSH bands + verification + components) and for
 datasketch 2.0 (MinHash(num_perm=128) + MinHashLSH(threshold=0.8) + components), each in its own
 child process so its peak RSS is its own. Then recall at Jaccard >= 0.8 and false-merge rate at
-Jaccard <= 0.5 of both, on the same evaluated pairs (`data_pipelines.neardup_eval`). Figures only:
+Jaccard <= 0.5 of both, on the same evaluated pairs (`data_pipelines.neardup_eval`; our LSH
+candidate pairs are included as hard negatives). Figures only:
 nothing here passes or fails.
 """
 
@@ -67,13 +68,14 @@ def _child(method, root, queue):
     _, uniq = _dedup_input(root)
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     t = time.perf_counter()
+    candidates = set()
     if method == "ours":
-        cmap = minhash.near_dedup_in_memory(uniq)
+        cmap = minhash.near_dedup_in_memory(uniq, candidates=candidates)
     else:
         cmap = neardup_eval.datasketch_clusters(uniq)
     dt = time.perf_counter() - t
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    queue.put({"cmap": cmap, "seconds": dt, "docs": len(uniq), "mb": _mb([t for _, t in uniq]),
+    queue.put({"cmap": cmap, "candidates": candidates, "seconds": dt, "docs": len(uniq), "mb": _mb([t for _, t in uniq]),
                "peak_rss_mib": peak / 1024, "rss_before_mib": rss0 / 1024})
 
 
@@ -146,11 +148,12 @@ def main():
     if args.skip_quality:
         return
     t = time.perf_counter()
-    scores = neardup_eval.score(docs, {"ours": res["ours"]["cmap"], "datasketch": res["datasketch"]["cmap"]})
+    scores = neardup_eval.score(docs, {"ours": res["ours"]["cmap"], "datasketch": res["datasketch"]["cmap"]},
+                                extra_pairs=res["ours"]["candidates"])
     print(f"\nnear-dedup quality vs exact word-5-gram Jaccard ({time.perf_counter() - t:.0f} s to evaluate):")
     for name, s in scores.items():
-        print(f"  {name:11s} recall@J>=0.8 {s['recall']:.4f} ({s['n_high'] - len(s['missed']) if len(s['missed']) < 20 else '?'}"
-              f"/{s['n_high']} pairs)  false-merge@J<=0.5 {s['false_merge_rate']:.4f} (of {s['n_low']} pairs)")
+        print(f"  {name:11s} recall@J>=0.8 {s['recall']:.4f} (of {s['n_high']} pairs)  "
+              f"false-merge@J<=0.5 {s['false_merge_rate']:.4f} (of {s['n_low']} pairs)")
 
 
 if __name__ == "__main__":
