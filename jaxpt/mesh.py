@@ -148,8 +148,9 @@ def make_hybrid_mesh(ici: Mapping[str, int], dcn: Mapping[str, int],
     if len(devices) % num_slices:
         raise MeshError(f"dcn mesh {format_mesh(dcn_s)} needs {num_slices} slices; {len(devices)} devices")
     ici_s = resolve_mesh_shape(ici_s, len(devices) // num_slices)
-    # Real slices expose ``slice_index``; elsewhere (CPU, single-slice GPU hosts) each process is a granule.
-    by_process = getattr(devices[0], "slice_index", None) is None
+    # Multi-slice TPUs number their slices (``slice_index``); where devices report fewer slices than the DCN
+    # mesh needs (CPU, GPU hosts), each process is a granule.
+    by_process = len({getattr(d, "slice_index", 0) for d in devices}) < num_slices
     dev = mesh_utils.create_hybrid_device_mesh(
         [ici_s[a] for a in MESH_AXES], [dcn_s[a] for a in MESH_AXES], devices=devices,
         process_is_granule=by_process)

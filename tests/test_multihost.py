@@ -46,16 +46,16 @@ def run_single(prepared, workdir, steps):
     assert r.returncode == 0, r.stderr[-3000:]
 
 
-def start_pair(prepared, workdir, steps, port):
+def start_pair(prepared, workdir, steps, port, extra=()):
     return [subprocess.Popen(cmd(prepared, workdir, steps, ["--coordinator_address", f"127.0.0.1:{port}",
                                                             "--num_processes", "2", "--process_id", str(i),
-                                                            "--distributed_timeout_s", "30"]),
+                                                            "--distributed_timeout_s", "30", *extra]),
                              cwd=REPO_ROOT, env=env(4), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             for i in range(2)]
 
 
-def run_pair(prepared, workdir, steps):
-    procs = start_pair(prepared, workdir, steps, free_port())
+def run_pair(prepared, workdir, steps, extra=()):
+    procs = start_pair(prepared, workdir, steps, free_port(), extra)
     outs = [p.communicate(timeout=600) for p in procs]
     for p, (_, err) in zip(procs, outs):
         assert p.returncode == 0, err[-3000:]
@@ -84,8 +84,11 @@ def test_two_processes_equal_one_and_checkpoints_cross_process_counts(prepared_s
     assert sorted(f for f in os.listdir(two / "checkpoints" / "10" / "data") if f.startswith("shard")) == [
         "shard_00000-of-00002.json", "shard_00001-of-00002.json"]
 
-    # The two-process checkpoint at step 10 resumes in one process and in a new pair of processes.
-    for name, resume in (("one", run_single), ("pair", run_pair)):
+    # The two-process checkpoint at step 10 resumes in one process and in a new pair of processes; the new
+    # pair builds its mesh over two "slices" (each process a granule): data=2 across (DCN), fsdp x tensor
+    # within (ICI), with create_hybrid_device_mesh. The same math, so the same losses.
+    hybrid = ["--mesh", "fsdp=2,tensor=2", "--gin", "TrainConfig.dcn_mesh = 'data=2'"]
+    for name, resume in (("one", run_single), ("pair", lambda p, w, s: run_pair(p, w, s, hybrid))):
         wd = tmp_path / f"resume_{name}"
         shutil.copytree(two, wd)
         shutil.rmtree(wd / "checkpoints" / "20")
@@ -94,6 +97,7 @@ def test_two_processes_equal_one_and_checkpoints_cross_process_counts(prepared_s
         l_res, s_res = losses(wd)
         assert s_res == list(range(11, 21)), name
         np.testing.assert_allclose(l_res, l_ref[10:], rtol=1e-4, err_msg=name)
+    assert json.loads((tmp_path / "resume_pair" / "run.json").read_text())["mesh"] == "data=2,fsdp=2,tensor=2"
 
 
 def test_killing_one_process_ends_the_other_quickly(prepared_sample, tmp_path):
