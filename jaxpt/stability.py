@@ -27,7 +27,11 @@ class StabilityConfig:
       spike_skip: skip spiking steps on device.
       spike_window: accepted steps in the rolling history (mean and std).
       spike_k: a step spikes when loss or grad norm > mean + spike_k * std of the history.
-      spike_min_history: judge spikes only once this many steps are in the history.
+      spike_min_history: judge spikes only once this many steps are in the history (early training moves
+        too fast for a rolling mean to mean much).
+      spike_max_consecutive: after this many spike skips in a row the next step is accepted and enters the
+        history: a lasting change of level (or a state already bad before the first skip) must not freeze
+        training. Non-finite steps are always skipped; rollback handles those.
       rollback: enable divergence rollback (needs checkpoints).
       rollback_loss_ratio: smoothed loss above this x the best smoothed loss counts as diverging.
       rollback_patience: consecutive diverging steps before a rollback.
@@ -40,7 +44,8 @@ class StabilityConfig:
     spike_skip: bool = True
     spike_window: int = 64
     spike_k: float = 6.0
-    spike_min_history: int = 16
+    spike_min_history: int = 50
+    spike_max_consecutive: int = 5
     rollback: bool = True
     rollback_loss_ratio: float = 1.5
     rollback_patience: int = 20
@@ -52,11 +57,11 @@ class StabilityConfig:
 
 def init_history(cfg: StabilityConfig) -> dict[str, jax.Array]:
     """Device-side rolling history: ``loss`` and ``grad_norm`` float32 [window], ``count`` int32 (accepted
-    steps so far), ``num_skipped`` and ``num_clipped`` int32 counters."""
+    steps so far), ``num_skipped``, ``num_clipped`` and ``consecutive`` (spike skips in a row) int32."""
     w = max(cfg.spike_window, 1)
     return {"loss": jnp.zeros((w,), jnp.float32), "grad_norm": jnp.zeros((w,), jnp.float32),
             "count": jnp.zeros((), jnp.int32), "num_skipped": jnp.zeros((), jnp.int32),
-            "num_clipped": jnp.zeros((), jnp.int32)}
+            "num_clipped": jnp.zeros((), jnp.int32), "consecutive": jnp.zeros((), jnp.int32)}
 
 
 def _mean_std(values: jax.Array, count: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -82,6 +87,7 @@ def decide_skip(cfg: StabilityConfig, history: dict, loss: jax.Array, grad_norm:
     gn_thr = gn_mean + cfg.spike_k * gn_std
     judged = history["count"] >= cfg.spike_min_history
     spike = judged & ((loss > loss_thr) | (grad_norm > gn_thr)) if cfg.spike_skip else jnp.asarray(False)
+    spike = spike & (history["consecutive"] < cfg.spike_max_consecutive)
     skip = nonfinite | spike
     idx = history["count"] % history["loss"].shape[0]
     accept = ~skip
@@ -91,6 +97,7 @@ def decide_skip(cfg: StabilityConfig, history: dict, loss: jax.Array, grad_norm:
         "count": history["count"] + accept.astype(jnp.int32),
         "num_skipped": history["num_skipped"] + skip.astype(jnp.int32),
         "num_clipped": history["num_clipped"] + clipped.astype(jnp.int32),
+        "consecutive": jnp.where(spike, history["consecutive"] + 1, 0).astype(jnp.int32),
     }
     total = new["count"] + new["num_skipped"]
     metrics = {"skipped": skip.astype(jnp.float32), "nonfinite": nonfinite.astype(jnp.float32),

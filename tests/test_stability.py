@@ -203,3 +203,23 @@ def test_runs_cli_list_show_compare_plot(prepared_sample, tmp_path, capsys):
     data = png.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000
     assert runs.main(["show", "nope", "--root", str(tmp_path)]) == 1
+
+
+def test_spike_skips_in_a_row_are_capped():
+    """A lasting jump is skipped at most spike_max_consecutive times, then accepted (no frozen training)."""
+    from jaxpt.stability import decide_skip, init_history
+    cfg = StabilityConfig(spike_window=8, spike_k=3.0, spike_min_history=4, spike_max_consecutive=3)
+    h = init_history(cfg)
+    for v in (1.0, 1.1, 0.9, 1.0, 1.05):
+        skip, h, _ = decide_skip(cfg, h, jnp.float32(v), jnp.float32(v), jnp.asarray(False))
+        assert not bool(skip)
+    decisions = []
+    for _ in range(6):  # the level jumps to 5 and stays
+        skip, h, _ = decide_skip(cfg, h, jnp.float32(5.0), jnp.float32(5.0), jnp.asarray(False))
+        decisions.append(bool(skip))
+    assert decisions[:4] == [True, True, True, False]
+    assert int(h["num_skipped"]) == 3
+    # Non-finite steps are always skipped, cap or not.
+    for _ in range(5):
+        skip, h, m = decide_skip(cfg, h, jnp.float32(jnp.nan), jnp.float32(1.0), jnp.asarray(False))
+        assert bool(skip) and float(m["nonfinite"]) == 1.0
