@@ -50,6 +50,7 @@ class Run:
     lr_schedule: Any
     throughput: monitor.Throughput
     peak_note: str
+    eval_dataset: Any = None      # held-out batches, read and packed once, reused by every evaluation
 
 
 def resolve_model_config(cfg: TrainConfig, tokenizer) -> TrainConfig:
@@ -176,17 +177,19 @@ def evaluate(run: Run, max_batches: int | None = None) -> dict[str, float]:
     """
     from jaxpt.data import pipeline
     cfg = run.cfg
-    ds = pipeline.make_eval_dataset(cfg.data.heldout_path, run.tokenizer, seq_len=cfg.seq_len,
-                                    batch_size=local_batch_size(cfg), process_index=jax.process_index(),
-                                    process_count=jax.process_count(), add_eos=cfg.data.add_eos)
+    if run.eval_dataset is None:
+        run.eval_dataset = pipeline.make_eval_dataset(
+            cfg.data.heldout_path, run.tokenizer, seq_len=cfg.seq_len, batch_size=local_batch_size(cfg),
+            process_index=jax.process_index(), process_count=jax.process_count(), add_eos=cfg.data.add_eos)
     limit = cfg.eval_batches if max_batches is None else max_batches
-    loss_sum = tokens = 0.0
-    for i, batch in enumerate(ds):
+    sums = None
+    for i, batch in enumerate(run.eval_dataset):
         if limit and i >= limit:
             break
-        out = jax.device_get(run.eval_step(run.state.params, to_device(run, batch)))
-        loss_sum += float(out["loss_sum"])
-        tokens += float(out["num_target_tokens"])
+        out = run.eval_step(run.state.params, to_device(run, batch))
+        sums = out if sums is None else jax.tree.map(jnp.add, sums, out)  # stays on device: one fetch below
+    sums = jax.device_get(sums) if sums is not None else {"loss_sum": 0.0, "num_target_tokens": 0.0}
+    loss_sum, tokens = float(sums["loss_sum"]), float(sums["num_target_tokens"])
     loss = loss_sum / max(tokens, 1.0)
     out = {"heldout_loss": loss, "heldout_perplexity": float(np.exp(loss)), "heldout_tokens": tokens}
     out.update(inloop.heldout_figures(run, limit))  # per domain/language when HeldoutEvalConfig.enabled
