@@ -192,19 +192,8 @@ def _check_types(obj: Any, prefix: str) -> None:
                               f"got {type(value).__name__}")
 
 
-def validate(cfg: TrainConfig, num_devices: int) -> dict[str, int]:
-    """Check the whole config against itself and the device count, before any compile.
-
-    Returns the resolved mesh sizes ``{axis: size}``.
-
-    Raises:
-      ConfigError: naming the key: wrong types; mesh product != device count; global batch not divisible
-        by the data-parallel size; heads or kv heads not divisible by ``tensor``; ``seq_len`` above
-        ``ModelConfig.max_seq_len``; odd ``head_dim`` (RoPE needs pairs); unknown dtype, remat policy,
-        schedule or data source; bad logical-axis rules; non-positive sizes.
-    """
-    _check_types(cfg, "TrainConfig")
-    m, o = cfg.model, cfg.optimizer
+def _mesh_sizes(cfg: TrainConfig, num_devices: int) -> dict[str, int]:
+    """Resolved ``{axis: size}`` of the whole mesh (ICI x DCN); raises ConfigError naming the key."""
     try:
         dcn = mesh_lib.parse_mesh_spec(cfg.dcn_mesh) if cfg.dcn_mesh else {a: 1 for a in mesh_lib.MESH_AXES}
     except mesh_lib.MeshError as e:
@@ -223,6 +212,50 @@ def validate(cfg: TrainConfig, num_devices: int) -> dict[str, int]:
     except ValueError as e:
         raise ConfigError(f"TrainConfig.{e}") from None
 
+    return sizes
+
+
+def _validate_policies(cfg: TrainConfig) -> None:
+    """Optimizer, stability, checkpoint and data settings; raises ConfigError naming the key."""
+    o = cfg.optimizer
+    if o.warmup_steps < 0 or o.peak_learning_rate <= 0:
+        raise ConfigError("OptimizerConfig.warmup_steps must be >= 0 and peak_learning_rate > 0")
+    from jaxpt.optim import learning_rate_schedule
+    try:
+        learning_rate_schedule(o, cfg.steps)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    st = cfg.stability
+    if st.spike_window < 1 or st.spike_k <= 0 or not 0 < st.lr_damping <= 1 or st.rollback_loss_ratio <= 1:
+        raise ConfigError("StabilityConfig: need spike_window >= 1, spike_k > 0, 0 < lr_damping <= 1, "
+                          "rollback_loss_ratio > 1")
+    c = cfg.checkpoint
+    if min(c.save_every_steps, c.keep_last, c.keep_every_steps) < 0 or c.save_every_minutes < 0:
+        raise ConfigError("CheckpointConfig: save_every_steps, save_every_minutes, keep_last and "
+                          "keep_every_steps must be >= 0")
+    if c.enabled and c.keep_last < 1:
+        raise ConfigError("CheckpointConfig.keep_last must be >= 1 when checkpointing is enabled")
+    if cfg.data.num_shards < 0 or (cfg.data.num_shards and cfg.global_batch_size % cfg.data.num_shards):
+        raise ConfigError(f"DataConfig.num_shards = {cfg.data.num_shards} must be >= 0 and divide "
+                          f"TrainConfig.global_batch_size = {cfg.global_batch_size}")
+    if cfg.data.source == "corpus" and not cfg.data.corpus_dir:
+        raise ConfigError("DataConfig.corpus_dir must be set when DataConfig.source = 'corpus'")
+
+
+def validate(cfg: TrainConfig, num_devices: int) -> dict[str, int]:
+    """Check the whole config against itself and the device count, before any compile.
+
+    Returns the resolved mesh sizes ``{axis: size}``.
+
+    Raises:
+      ConfigError: naming the key: wrong types; mesh product != device count; global batch not divisible
+        by the data-parallel size; heads or kv heads not divisible by ``tensor``; ``seq_len`` above
+        ``ModelConfig.max_seq_len``; odd ``head_dim`` (RoPE needs pairs); unknown dtype, remat policy,
+        schedule or data source; bad logical-axis rules; non-positive sizes.
+    """
+    _check_types(cfg, "TrainConfig")
+    m, o = cfg.model, cfg.optimizer
+    sizes = _mesh_sizes(cfg, num_devices)
     for key, value in [("TrainConfig.global_batch_size", cfg.global_batch_size),
                        ("TrainConfig.seq_len", cfg.seq_len), ("TrainConfig.steps", cfg.steps),
                        ("TrainConfig.log_every", cfg.log_every), ("ModelConfig.d_model", m.d_model),
@@ -265,28 +298,7 @@ def validate(cfg: TrainConfig, num_devices: int) -> dict[str, int]:
             raise ConfigError(f"{key} = {value!r}: choose one of {allowed}")
     if m.vocab_size < 0:
         raise ConfigError(f"ModelConfig.vocab_size = {m.vocab_size}: must be >= 0 (0 = from the tokenizer)")
-    if o.warmup_steps < 0 or o.peak_learning_rate <= 0:
-        raise ConfigError("OptimizerConfig.warmup_steps must be >= 0 and peak_learning_rate > 0")
-    from jaxpt.optim import learning_rate_schedule
-    try:
-        learning_rate_schedule(o, cfg.steps)
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
-    st = cfg.stability
-    if st.spike_window < 1 or st.spike_k <= 0 or not 0 < st.lr_damping <= 1 or st.rollback_loss_ratio <= 1:
-        raise ConfigError("StabilityConfig: need spike_window >= 1, spike_k > 0, 0 < lr_damping <= 1, "
-                          "rollback_loss_ratio > 1")
-    c = cfg.checkpoint
-    if min(c.save_every_steps, c.keep_last, c.keep_every_steps) < 0 or c.save_every_minutes < 0:
-        raise ConfigError("CheckpointConfig: save_every_steps, save_every_minutes, keep_last and "
-                          "keep_every_steps must be >= 0")
-    if c.enabled and c.keep_last < 1:
-        raise ConfigError("CheckpointConfig.keep_last must be >= 1 when checkpointing is enabled")
-    if cfg.data.num_shards < 0 or (cfg.data.num_shards and cfg.global_batch_size % cfg.data.num_shards):
-        raise ConfigError(f"DataConfig.num_shards = {cfg.data.num_shards} must be >= 0 and divide "
-                          f"TrainConfig.global_batch_size = {cfg.global_batch_size}")
-    if cfg.data.source == "corpus" and not cfg.data.corpus_dir:
-        raise ConfigError("DataConfig.corpus_dir must be set when DataConfig.source = 'corpus'")
+    _validate_policies(cfg)
     return sizes
 
 
