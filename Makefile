@@ -5,7 +5,10 @@ VPY := $(VENV)/bin/python
 ARTIFACTS ?= artifacts
 WORKDIR ?= workdirs/quickstart
 # Simulated devices for CPU hosts; on a real accelerator host unset it (XLA_FLAGS= make quickstart).
-XLA_FLAGS ?= --xla_force_host_platform_device_count=8
+# The simulated devices share the cores, so on a busy host one can reach a collective long after the others:
+# XLA's default 40 s wait would abort the run, hence the 10-minute collective timeouts.
+XLA_FLAGS ?= --xla_force_host_platform_device_count=8 --xla_cpu_collective_call_warn_stuck_timeout_seconds=60 \
+	--xla_cpu_collective_call_terminate_timeout_seconds=600 --xla_cpu_collective_timeout_seconds=600
 export XLA_FLAGS
 
 .PHONY: quickstart test test-fast prepare venv clean

@@ -60,9 +60,10 @@ def measure_matmul_peak(n: int = 2048, dtype=jnp.float32, repeats: int = 5,
     """Measured FLOP/s of one device on an ``n x n @ n x n`` matmul (2 n^3 FLOPs), best of ``repeats``.
 
     Used as the peak on hosts with no table entry (CPU). Measured once per process and argument set
-    (cached). Units: FLOP/s.
+    (cached). Units: FLOP/s. The default device is this process's first local device: timing a device of
+    another process measures nothing (process 1 of a CPU pair once reported 7.7 PFLOP/s).
     """
-    device = device or jax.devices()[0]
+    device = device or jax.local_devices()[0]
     a = jax.device_put(jnp.ones((n, n), dtype), device)
     f = jax.jit(lambda x: x @ x)
     f(a).block_until_ready()
@@ -75,13 +76,13 @@ def measure_matmul_peak(n: int = 2048, dtype=jnp.float32, repeats: int = 5,
 
 
 def peak_flops_per_device(device: jax.Device | None = None, dtype=jnp.float32) -> tuple[float, str]:
-    """``(peak FLOP/s, how it was obtained)`` for the first (or given) device.
+    """``(peak FLOP/s, how it was obtained)`` for this process's first local (or the given) device.
 
     Accelerators use the bf16 spec-sheet table. On CPU a matmul is measured once here, in ``dtype``; since
     simulated CPU devices (``--xla_force_host_platform_device_count``) share the host's cores, the host
     figure is divided by the number of local devices. The second element says which, for the log.
     """
-    device = device or jax.devices()[0]
+    device = device or jax.local_devices()[0]
     peak = table_peak_flops(device.device_kind)
     if peak is not None:
         return peak, f"spec-sheet bf16 peak for {device.device_kind!r}"

@@ -182,14 +182,21 @@ def evaluate(run: Run, max_batches: int | None = None) -> dict[str, float]:
             cfg.data.heldout_path, run.tokenizer, seq_len=cfg.seq_len, batch_size=local_batch_size(cfg),
             process_index=jax.process_index(), process_count=jax.process_count(), add_eos=cfg.data.add_eos)
     limit = cfg.eval_batches if max_batches is None else max_batches
-    sums = None
+    outs, pending = [], None
     for i, batch in enumerate(run.eval_dataset):
         if limit and i >= limit:
             break
         out = run.eval_step(run.state.params, to_device(run, batch))
-        sums = out if sums is None else jax.tree.map(jnp.add, sums, out)  # stays on device: one fetch below
-    sums = jax.device_get(sums) if sums is not None else {"loss_sum": 0.0, "num_target_tokens": 0.0}
-    loss_sum, tokens = float(sums["loss_sum"]), float(sums["num_target_tokens"])
+        # At most two eval steps in flight: read batch i-1 while batch i runs. Unbounded asynchronous dispatch
+        # of multi-process programs hung with gloo collectives (two CPU processes); so did eager jnp ops on
+        # the global outputs, which is why the sums are taken on the host, in float64.
+        if pending is not None:
+            outs.append(jax.device_get(pending))
+        pending = out
+    if pending is not None:
+        outs.append(jax.device_get(pending))
+    loss_sum = float(np.sum([o["loss_sum"] for o in outs], dtype=np.float64))
+    tokens = float(np.sum([o["num_target_tokens"] for o in outs], dtype=np.float64))
     loss = loss_sum / max(tokens, 1.0)
     out = {"heldout_loss": loss, "heldout_perplexity": float(np.exp(loss)), "heldout_tokens": tokens}
     out.update(inloop.heldout_figures(run, limit))  # per domain/language when HeldoutEvalConfig.enabled

@@ -5,9 +5,25 @@ import pathlib
 
 import pytest
 
+
+
+def simulated_cpu_flags(devices: int = 8) -> str:
+    """XLA_FLAGS for `devices` simulated CPU devices.
+
+    The simulated devices share the host's cores, and each in-process collective waits for all of its
+    participant threads. On a loaded 2-core CI host a participant can arrive more than XLA's default 40 s
+    after the first, and XLA then aborts the process ("Termination timeout ... Expected 4 threads to join
+    the rendezvous"), so the collective timeouts are raised to 10 minutes (flags from openxla/xla#32115).
+    """
+    return (f"--xla_force_host_platform_device_count={devices} "
+            "--xla_cpu_collective_call_warn_stuck_timeout_seconds=60 "
+            "--xla_cpu_collective_call_terminate_timeout_seconds=600 "
+            "--xla_cpu_collective_timeout_seconds=600")
+
+
 # Eight simulated CPU devices so sharding is tested on a real mesh, not one device. This must happen before
 # jax is imported anywhere in the test process.
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+os.environ["XLA_FLAGS"] = simulated_cpu_flags(8)
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 RAW_V1 = REPO_ROOT.parent / "shared" / "corpus" / "raw-v1"

@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import REPO_ROOT, tiny_bindings
+from conftest import REPO_ROOT, simulated_cpu_flags, tiny_bindings
 from jaxpt import drill
 from jaxpt.checkpoint import CheckpointConfig, CheckpointError, Checkpointer
 
@@ -96,7 +96,7 @@ def bindings(env: dict, workdir: pathlib.Path, **overrides) -> list[str]:
 
 def trainer_env(env: dict, devices: int = 8) -> dict:
     e = dict(os.environ)
-    e.update(XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", PYTHONPATH=str(REPO_ROOT),
+    e.update(XLA_FLAGS=simulated_cpu_flags(devices), PYTHONPATH=str(REPO_ROOT),
              JAX_COMPILATION_CACHE_DIR=str(env["cache"]), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
              JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="-1")
     return e

@@ -15,6 +15,8 @@ import pytest
 from jaxpt import plan, scaling
 from jaxpt.config import ConfigError
 
+from conftest import simulated_cpu_flags
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 TRUE = plan.ParametricLoss(E=1.8, A=400.0, B=1200.0, alpha=0.35, beta=0.30)
 
@@ -159,7 +161,7 @@ def test_tiny_grid_end_to_end(tmp_path):
                       + ["ModelConfig.vocab_size = 0", "TrainConfig.mesh = 'data=8'", "TrainConfig.log_every = 100",
                          "TrainConfig.eval_every = 0", "CheckpointConfig.enabled = False", "ModelConfig.max_seq_len = 32"])
     grid = _write_grid(tmp_path / "grid.gin", models, [2048, 8192], extra)
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8")
+    env = dict(os.environ, XLA_FLAGS=simulated_cpu_flags(8))
     cmd = [sys.executable, "-m", "jaxpt.scaling"]
     subprocess.run([*cmd, "run", "--grid", grid], check=True, cwd=REPO, env=env, capture_output=True, text=True)
     runs = scaling.read_runs([str(tmp_path / "runs")])
