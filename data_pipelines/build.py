@@ -21,13 +21,15 @@ from data_pipelines import config as config_lib
 from data_pipelines import manifest as manifest_lib
 from data_pipelines import pipeline, stages, writer
 
-OUTPUT_SUBDIRS = ("tfds", "decisions", "review", "_stats")
+OUTPUT_SUBDIRS = ("tfds", "heldout", "decisions", "review", "_stats")
 
 
 def load_config(config_files: list[str], bindings: list[str]) -> config_lib.BuildConfig:
     """Parses gin files + bindings and returns the validated BuildConfig."""
     gin.clear_config()
-    gin.parse_config_files_and_bindings(config_files, bindings)
+    # Not finalized: a locked gin config would refuse configurables registered later in the same process
+    # (the tokenizer CLI's, jaxpt's), so what ran first would decide what can run next.
+    gin.parse_config_files_and_bindings(config_files, bindings, finalize_config=False)
     cfg = config_lib.BuildConfig()
     cfg.registry()
     return cfg
@@ -108,7 +110,7 @@ def finalize(cfg, sources, out_dir, eval_hashes, beam_seconds) -> dict:
                                description=f"jaxpt corpus {cfg.data_version}: one split per domain.")
     rows = manifest_lib.read_decisions(out_dir)
     figs = manifest_lib.figures_from_decisions(rows)
-    if figs["documents_in"] != figs["documents_out"] + figs["documents_dropped_total"]:
+    if figs["documents_in"] != figs["documents_out"] + figs["documents_heldout"] + figs["documents_dropped_total"]:
         raise AssertionError("decision log does not add up")  # impossible by construction; guards edits
     stats_dir = os.path.join(out_dir, "_stats")
 
@@ -167,6 +169,11 @@ def finalize(cfg, sources, out_dir, eval_hashes, beam_seconds) -> dict:
             "quality": dict(operative["quality"], thresholds_per_source=stat("quality_thresholds.json")),
             "decontamination": {"ngram": cfg.decontam.ngram, "eval_sets": dict(sorted(cfg.decontam.eval_sets.items())),
                                 "eval_ngrams": {k: len(v) for k, v in sorted(eval_hashes.items())}},
+            "heldout_split": {"rule": f"jaxpt.data.prepare.is_heldout(id, {cfg.output.heldout_fraction})",
+                              "fraction": cfg.output.heldout_fraction,
+                              "position": "after decontamination, before quotas (dedup ran on both splits)",
+                              "files": sorted(os.path.relpath(p, out_dir) for p in
+                                              glob.glob(os.path.join(out_dir, "heldout", "*.jsonl.gz")))},
             "quotas": dict(operative["quotas"], keep_fractions=stat("quota_fractions.json")),
         },
         "tokenizer": {"path": cfg.output.tokenizer_path, "sha256": enc.sha256, "vocab_size": enc.vocab_size},

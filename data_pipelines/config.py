@@ -244,9 +244,16 @@ class QuotaConfig:
 @gin.configurable
 @dataclasses.dataclass
 class OutputConfig:
-    """Stage 10-12. `tokenizer_path` is a SentencePiece model."""
+    """Stage 10-12. `tokenizer_path` is a SentencePiece model.
+
+    `heldout_fraction` is the share of surviving documents (after decontamination, before quotas) kept out of
+    training by `jaxpt.data.prepare.is_heldout` (sha256 of the id): they go to ``DIR/heldout/<domain>.jsonl.gz``
+    for held-out perplexity and probe tasks, never into the TFDS shards. Deduplication ran before the split,
+    so no held-out document has an exact or near duplicate in training. 0 disables the split.
+    """
 
     tokenizer_path: str = ""
+    heldout_fraction: float = 0.02
     dataset_name: str = "jaxpt_corpus"
     shards_per_domain: int = 2
     decision_shards: int = 4
@@ -296,6 +303,8 @@ class BuildConfig:
             raise ConfigError("OutputConfig.tokenizer_path: a SentencePiece model path is required")
         if not self.output.owner:
             raise ConfigError("OutputConfig.owner: name the team or person who owns this data version")
+        if not 0.0 <= self.output.heldout_fraction < 1.0:
+            raise ConfigError(f"OutputConfig.heldout_fraction = {self.output.heldout_fraction} must be in [0, 1)")
         self.near.validate()
         return out
 

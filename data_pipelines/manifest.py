@@ -27,27 +27,39 @@ def read_decisions(out_dir: str) -> list[dict]:
 
 
 def figures_from_decisions(rows: list[dict]) -> dict:
-    """Counts, tokens, proportions and language coverage derived from decision rows only."""
+    """Counts, tokens, proportions and language coverage derived from decision rows only.
+
+    ``documents_in = documents_out + documents_heldout + documents_dropped_total``; tokens and proportions
+    are of the training split (``documents_out``); held-out counts are per domain in ``heldout_by_domain``.
+    """
     dropped = collections.defaultdict(lambda: collections.defaultdict(int))
     kept = [r for r in rows if r["verdict"] == "kept"]
+    heldout = [r for r in rows if r["verdict"] == "heldout"]
     for r in rows:
-        if r["verdict"] != "kept":
+        if r["verdict"] not in ("kept", "heldout"):
             dropped[r["stage"]][r["reason"]] += 1
+    heldout_docs, heldout_tokens = collections.Counter(), collections.Counter()
+    for r in heldout:
+        heldout_docs[r["domain"]] += 1
+        heldout_tokens[r["domain"]] += r["n_tokens"]
     tokens_by_domain = collections.Counter()
     docs_by_domain = collections.Counter()
     for r in kept:
         tokens_by_domain[r["domain"]] += r["n_tokens"]
         docs_by_domain[r["domain"]] += 1
     total_tokens = sum(tokens_by_domain.values())
-    # Language coverage: among documents that passed language ID, the share kept per language.
+    # Language coverage: among documents that passed language ID, the share kept (trained on or held out).
     lang_in = collections.Counter(r["lang"] for r in rows if r.get("lang"))
-    lang_kept = collections.Counter(r["lang"] for r in kept if r.get("lang"))
+    lang_kept = collections.Counter(r["lang"] for r in kept + heldout if r.get("lang"))
     clusters = collections.Counter(r["cluster_id"] for r in rows)
     return {
         "documents_in": len(rows),
         "documents_out": len(kept),
         "documents_dropped": {s: dict(sorted(dropped[s].items())) for s in STAGES if s in dropped},
-        "documents_dropped_total": len(rows) - len(kept),
+        "documents_dropped_total": len(rows) - len(kept) - len(heldout),
+        "documents_heldout": len(heldout),
+        "heldout_by_domain": {d: {"documents": heldout_docs[d], "tokens": heldout_tokens[d]}
+                              for d in sorted(heldout_docs)},
         "tokens_out": total_tokens,
         "tokens_by_domain": dict(sorted(tokens_by_domain.items())),
         "documents_by_domain": dict(sorted(docs_by_domain.items())),
@@ -64,9 +76,9 @@ def figures_from_decisions(rows: list[dict]) -> dict:
 
 
 def shard_hashes(out_dir: str) -> dict[str, str]:
-    """sha256 of every output file under tfds/ and decisions/ (relative path -> hex)."""
+    """sha256 of every output file under tfds/, heldout/ and decisions/ (relative path -> hex)."""
     out = {}
-    for sub in ("tfds", "decisions"):
+    for sub in ("tfds", "heldout", "decisions"):
         for path in sorted(glob.glob(os.path.join(out_dir, sub, "**", "*"), recursive=True)):
             if os.path.isfile(path):
                 out[os.path.relpath(path, out_dir)] = writer.file_sha256(path)

@@ -2,7 +2,8 @@
 
 Elements are plain dicts. A document dict flows through the stages; a stage that removes it emits a
 *decision* dict on its ``drops`` output instead (``verdict = "<stage>:<reason>"``). Every input
-record therefore ends as exactly one decision row: kept (written by stage 10) or dropped once.
+record therefore ends as exactly one decision row: kept (written by stage 10), held out (``verdict =
+"heldout"``: kept, but in the held-out split that training never reads) or dropped once.
 
 Determinism: no step depends on bundle order. Grouped values are sorted by id before use,
 combiners are integer sums, sampling uses `stages.uniform(seed, id)`, and every file is written
@@ -22,6 +23,7 @@ from data_pipelines import minhash, readers, stages, writer
 from data_pipelines.config import BuildConfig, Source
 
 DROPS = "drops"
+HELDOUT = "heldout"
 
 
 def _decision(doc: dict, stage: str, reason: str, **extra) -> dict:
@@ -260,6 +262,46 @@ class Decontaminate(beam.DoFn):
             yield doc
 
 
+# ---------------------------------------------------------------- stage 8b: held-out split
+
+
+def split_heldout(doc, fraction):
+    """Held-out documents leave on the HELDOUT output, before quotas (a held-out set keeps the natural mix)."""
+    from jaxpt.data.prepare import is_heldout
+
+    if fraction > 0 and is_heldout(doc["id"], fraction):
+        yield beam.pvalue.TaggedOutput(HELDOUT, doc)
+    else:
+        yield doc
+
+
+class HeldoutRecord(beam.DoFn):
+    """Held-out document -> (domain, JSON record with its token count) plus its ``heldout`` decision row."""
+
+    def __init__(self, out_cfg):
+        self.cfg = out_cfg
+
+    def setup(self):
+        self.enc = writer.SentencePieceEncoder(self.cfg.tokenizer_path)
+
+    def process(self, doc):
+        n_tokens = int(self.enc.encode(doc["text"]).size)
+        yield doc["domain"], {"id": doc["id"], "source": doc["source"], "domain": doc["domain"],
+                              "lang": doc["lang"], "text": doc["text"], "n_tokens": n_tokens}
+        yield beam.pvalue.TaggedOutput(DROPS, {
+            "id": doc["id"], "source": doc["source"], "domain": doc["domain"], "lang": doc["lang"],
+            "verdict": "heldout", "stage": None, "reason": None, "n_chars": len(doc["text"]),
+            "n_tokens": n_tokens, "quality_score": doc.get("quality"), "sample": "",
+        })
+
+
+def write_heldout(kv, out_dir):
+    domain, rows = kv
+    path = writer.heldout_path(out_dir, domain)
+    writer.write_jsonl_gz(path, sorted(rows, key=lambda r: r["id"]))
+    yield path
+
+
 # ---------------------------------------------------------------- stage 9
 
 
@@ -461,6 +503,15 @@ def build_graph(p: beam.Pipeline, cfg: BuildConfig, sources: list[Source], out_d
         drops.append(dc[DROPS])
         docs = dc.docs
 
+    split = docs | "SplitHeldout" >> beam.FlatMap(split_heldout, cfg.output.heldout_fraction).with_outputs(
+        HELDOUT, main="docs")
+    docs = split.docs
+    held = split[HELDOUT] | "HeldoutRecords" >> beam.ParDo(HeldoutRecord(cfg.output)).with_outputs(
+        DROPS, main="records")
+    drops.append(held[DROPS])
+    _ = (held.records | "GroupHeldout" >> beam.GroupByKey()
+         | "WriteHeldout" >> beam.FlatMap(write_heldout, out_dir))
+
     chars = (
         docs | "GroupChars" >> beam.Map(lambda d: ((d["domain"], d["lang"]), len(d["text"])))
         | "SumChars" >> beam.CombinePerKey(sum)
@@ -492,7 +543,7 @@ def build_graph(p: beam.Pipeline, cfg: BuildConfig, sources: list[Source], out_d
     )
     seed, n_rev = cfg.output.review_seed, cfg.output.review_samples_per_rule
     _ = (
-        decisions | "Dropped" >> beam.Filter(lambda r: r["verdict"] != "kept")
+        decisions | "Dropped" >> beam.Filter(lambda r: r["verdict"] not in ("kept", "heldout"))
         | "ReviewKey" >> beam.Map(lambda r: ((r["stage"], r["reason"]), (stages.uniform(seed, r["id"]), r)))
         | "ReviewSample" >> beam.combiners.Top.PerKey(n_rev, key=lambda x: (-x[0], x[1]["id"]))
         | "WriteReview" >> beam.FlatMap(write_review, out_dir)

@@ -208,6 +208,7 @@ OutputConfig.shards_per_domain = 2
 OutputConfig.decision_shards = 2
 OutputConfig.review_samples_per_rule = 3
 OutputConfig.owner = 'tests'
+OutputConfig.heldout_fraction = 0.1
 """
 
 

@@ -9,9 +9,10 @@ lists its ArrayRecord shards of ``tf.train.Example`` records with ``id``, ``doma
 ``text``; see `data_pipelines.writer`) or a prepared sample from `python -m jaxpt.data.prepare`
 (``train.jsonl.gz`` and ``heldout.jsonl.gz``).
 
-Held-out text. The tokenizer never sees it; the report measures on it. In a corpus version a
-document is held out by `jaxpt.data.prepare.is_heldout` (a hash of its id alone, share
-`TokenizerConfig.heldout_fraction`); in a prepared sample it is ``heldout.jsonl.gz``.
+Held-out text. The tokenizer never sees it; the report measures on it. In a corpus version it is the
+version's own held-out split (``heldout/*.jsonl.gz``, the documents the build kept out of training); a
+version built without one is split here by `jaxpt.data.prepare.is_heldout` (a hash of its id alone,
+share `TokenizerConfig.heldout_fraction`). In a prepared sample it is ``heldout.jsonl.gz``.
 
 Training sample (`balanced_sample`). `TokenizerConfig.sample_chars` characters of training text,
 shared between domains by `TokenizerConfig.domain_weights` (equal when empty). A domain with less
@@ -187,7 +188,10 @@ def _text(feature, key: str) -> str:
 
 
 def _read_corpus_version(corpus_dir: pathlib.Path, heldout_fraction: float) -> Corpus:
-    """Documents of every shard listed in ``mixture.json``, split by `is_heldout`."""
+    """Documents of every shard listed in ``mixture.json`` (training) and of the version's own held-out split
+    (``heldout/*.jsonl.gz``, written by the build). A version built without that split (``OutputConfig.
+    heldout_fraction = 0``) is split here by `is_heldout` with ``heldout_fraction``."""
+    own_heldout = sorted((corpus_dir / "heldout").glob("*.jsonl.gz"))
     from array_record.python import array_record_data_source  # pylint: disable=g-import-not-at-top
     from tensorflow_datasets.proto import tf_example_pb2  # pylint: disable=g-import-not-at-top  (no TF import)
 
@@ -206,7 +210,9 @@ def _read_corpus_version(corpus_dir: pathlib.Path, heldout_fraction: float) -> C
                 if not doc.text:
                     no_text[domain] += 1
                     continue
-                (heldout if is_heldout(doc.id, heldout_fraction) else train).append(doc)
+                (heldout if not own_heldout and is_heldout(doc.id, heldout_fraction) else train).append(doc)
+    for path in own_heldout:
+        heldout += _read_jsonl_gz(path)
     if no_text and not (train or heldout):
         raise ConfigError(f"{corpus_dir}: records carry no text (built with OutputConfig.store_text = False?); "
                           "tokenizer training needs the text")
@@ -216,7 +222,8 @@ def _read_corpus_version(corpus_dir: pathlib.Path, heldout_fraction: float) -> C
         "kind": "corpus_version",
         "data_version": manifest.get("data_version"),
         "content_id": manifest.get("content_id"),
-        "heldout_rule": f"jaxpt.data.prepare.is_heldout(id, {heldout_fraction})",
+        "heldout_rule": ("the version's heldout/ split" if own_heldout
+                         else f"jaxpt.data.prepare.is_heldout(id, {heldout_fraction})"),
         "documents_without_text": dict(sorted(no_text.items())),
     }
     return Corpus(train, heldout, info)

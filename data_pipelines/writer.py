@@ -93,6 +93,12 @@ def write_array_record(path: str, records: list[bytes]) -> None:
     os.replace(tmp, path)
 
 
+def heldout_path(out_dir: str, domain: str) -> str:
+    """``DIR/heldout/<domain>.jsonl.gz``: the held-out documents of one domain (id, source, domain, lang, text,
+    n_tokens), sorted by id. `jaxpt.eval.heldout.resolve_source` and the trainer read this layout."""
+    return os.path.join(out_dir, "heldout", f"{domain}.jsonl.gz")
+
+
 def write_jsonl_gz(path: str, rows: list[dict]) -> None:
     """Deterministic gzip JSON Lines (no file name or mtime in the gzip header; sorted keys)."""
     os.makedirs(os.path.dirname(path), exist_ok=True)

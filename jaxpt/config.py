@@ -45,7 +45,8 @@ class DataConfig:
       source: ``sample`` (the quickstart's first data path: JSON Lines prepared by ``jaxpt.data.prepare``)
         or ``corpus`` (a corpus version built by ``data_pipelines.build``).
       train_path: JSON Lines (.jsonl.gz) of training documents (``source='sample'``).
-      heldout_path: JSON Lines of held-out documents for the held-out loss.
+      heldout_path: JSON Lines of held-out documents for the held-out loss (`source='sample'`; a corpus run uses
+        its corpus version's own held-out split, `<corpus_dir>/heldout/`).
       tokenizer_path: SentencePiece model file.
       corpus_dir: a corpus version directory (``source='corpus'``).
       shuffle: shuffle documents (seeded by ``TrainConfig.seed``; a new order each epoch).

@@ -78,9 +78,34 @@ def load_tokenizer(cfg: TrainConfig):
     return Tokenizer.load(path)
 
 
+def heldout_files(cfg: TrainConfig) -> list[str]:
+    """The held-out documents (JSON Lines) of a run's held-out loss.
+
+    ``DataConfig.source = 'sample'``: ``DataConfig.heldout_path``. ``'corpus'``: the corpus version's own held-out
+    split, ``<corpus_dir>/heldout/<domain>.jsonl.gz``, which ``data_pipelines.build`` keeps out of the training
+    shards (``OutputConfig.heldout_fraction``); ``heldout_path`` is then ignored, so a corpus run never evaluates
+    on text from another corpus.
+
+    Raises:
+      ConfigError: the file or split is missing (names the config key), checked before anything compiles.
+    """
+    import glob
+    d = cfg.data
+    if d.source == "corpus":
+        files = sorted(glob.glob(os.path.join(d.corpus_dir, "heldout", "*.jsonl.gz")))
+        if not files:
+            raise ConfigError(f"DataConfig.corpus_dir = {d.corpus_dir!r}: no held-out split (heldout/*.jsonl.gz); "
+                              "rebuild the corpus version with OutputConfig.heldout_fraction > 0")
+        return files
+    if not os.path.isfile(d.heldout_path):
+        raise ConfigError(f"DataConfig.heldout_path = {d.heldout_path!r}: no such file")
+    return [d.heldout_path]
+
+
 def setup(cfg: TrainConfig) -> Run:
     """Validate, build the mesh, create the sharded state and compile-ready steps."""
     sizes = config_lib.validate(cfg, jax.device_count())
+    heldout_files(cfg)  # a missing held-out set fails now, not after the last step
     tokenizer = load_tokenizer(cfg)
     cfg = resolve_model_config(cfg, tokenizer)
     if cfg.dcn_mesh:
@@ -179,7 +204,7 @@ def evaluate(run: Run, max_batches: int | None = None) -> dict[str, float]:
     cfg = run.cfg
     if run.eval_dataset is None:
         run.eval_dataset = pipeline.make_eval_dataset(
-            cfg.data.heldout_path, run.tokenizer, seq_len=cfg.seq_len, batch_size=local_batch_size(cfg),
+            heldout_files(cfg), run.tokenizer, seq_len=cfg.seq_len, batch_size=local_batch_size(cfg),
             process_index=jax.process_index(), process_count=jax.process_count(), add_eos=cfg.data.add_eos)
     limit = cfg.eval_batches if max_batches is None else max_batches
     outs, pending = [], None

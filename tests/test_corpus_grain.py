@@ -93,28 +93,56 @@ def test_bad_arguments(built, tmp_path):
 
 
 def test_training_switches_to_the_corpus_with_a_gin_switch(built, tmp_path):
-    """DataConfig.source = 'corpus' trains on the built shards: every packed token comes from the corpus."""
+    """DataConfig.source = 'corpus' trains on the built shards and evaluates on the version's own held-out
+    split (heldout/<domain>.jsonl.gz), per domain, never on another corpus's text."""
     from conftest import tiny_bindings
+    from data_pipelines import writer
     from jaxpt import config as C
     from jaxpt import train
     from jaxpt.data import corpus
 
     tok_path = [json.load(open(os.path.join(built, "manifest.json")))["tokenizer"]["path"]]
     mix = corpus.read_mixture(built)
-    cfg = C.parse(["configs/quickstart.gin"], tiny_bindings(
-        tmp_path, tmp_path / "run", **{"DataConfig.source": "'corpus'", "DataConfig.corpus_dir": repr(built),
-                                       "DataConfig.tokenizer_path": repr(tok_path[0]),
-                                       "TrainConfig.log_batch_documents": "True",
-                                       "TrainConfig.eval_every": "0"}), steps=3, mesh="data=8")
-    # Held-out text: the corpus has none in JSON Lines form here; point the held-out loss at a tiny file.
-    import gzip
-    heldout = tmp_path / "heldout.jsonl.gz"
-    with gzip.open(heldout, "wt") as f:
-        f.write(json.dumps({"id": "h1", "text": "a held-out sentence for the loss", "domain": "web"}) + "\n")
-    import dataclasses
-    cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, heldout_path=str(heldout)))
-    final = train.run_training(cfg)
+
+    def cfg_for(corpus_dir, workdir):
+        return C.parse(["configs/quickstart.gin"], tiny_bindings(
+            tmp_path, workdir, **{"DataConfig.source": "'corpus'", "DataConfig.corpus_dir": repr(str(corpus_dir)),
+                                  "DataConfig.tokenizer_path": repr(tok_path[0]),
+                                  "TrainConfig.log_batch_documents": "True", "TrainConfig.eval_every": "0",
+                                  "HeldoutEvalConfig.enabled": "True", "HeldoutEvalConfig.group_by": "('domain',)",
+                                  "CheckpointConfig.enabled": "True"}),
+                       steps=3, mesh="data=8")
+
+    # tiny_bindings points DataConfig.heldout_path at tmp_path/heldout.jsonl.gz, which does not exist: a corpus
+    # run must not read it.
+    assert not (tmp_path / "heldout.jsonl.gz").exists()
+    final = train.run_training(cfg_for(built, tmp_path / "run"))
     assert final["step"] == 3 and np.isfinite(final["train_loss"])
+    held = [r for f in sorted(os.listdir(os.path.join(built, "heldout")))
+            for r in writer.read_jsonl_gz(os.path.join(built, "heldout", f))]
+    # Each held-out document contributes its tokens plus EOS, less its first token, as targets (long documents
+    # are split into windows, whose first tokens are not targets either): at most this many.
+    assert 0 < final["heldout_tokens"] <= sum(r["n_tokens"] for r in held)
+    assert {k.split("/")[2] for k in final if k.startswith("heldout/domain/")} == {r["domain"] for r in held}
     rec = json.loads((tmp_path / "run" / "run.json").read_text())
     assert rec["data_version"] == json.load(open(os.path.join(built, "manifest.json")))["data_version"]
     assert sum(mix["weights"].values()) > 0
+
+    # The standalone evaluator's default held-out source for this run is the same split, reported per domain,
+    # and its figures agree with the in-loop ones (same documents, windows and scoring).
+    import jaxpt
+    from jaxpt import evaluate
+    from jaxpt.eval import card as card_lib
+    report = evaluate.run_card(jaxpt.restore(str(tmp_path / "run")), card_lib.load_card("configs/eval/card_v1.yaml"),
+                               tasks={}, use_seqio=False)
+    assert report["heldout"]["source"] == str(built)
+    assert set(report["heldout"]["by_domain"]) == {r["domain"] for r in held}
+    for d, fig in report["heldout"]["by_domain"].items():
+        assert fig["loss"] == pytest.approx(final[f"heldout/domain/{d}/loss"], rel=1e-4)
+
+    # A corpus version without a held-out split is refused before anything compiles, naming the key.
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "mixture.json").write_text(json.dumps(mix))
+    with pytest.raises(C.ConfigError, match="DataConfig.corpus_dir.*no held-out split"):
+        train.run_training(cfg_for(bare, tmp_path / "run_bare"))

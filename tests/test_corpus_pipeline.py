@@ -62,7 +62,51 @@ def test_counts_add_up_and_every_record_has_one_decision(corpus):
     assert len(ids) == len(set(ids)) == corpus["facts"]["n_records"]
     assert m["documents_in"] == corpus["facts"]["n_records"]
     dropped = sum(n for reasons in m["documents_dropped"].values() for n in reasons.values())
-    assert m["documents_in"] == m["documents_out"] + dropped
+    assert m["documents_heldout"] == sum(1 for r in rows if r["verdict"] == "heldout") > 0
+    assert m["documents_in"] == m["documents_out"] + m["documents_heldout"] + dropped
+
+
+def _is_heldout(doc_id, fraction):
+    """The split rule, recomputed here: the first 8 bytes of sha256(id), big-endian, below fraction * 2**64."""
+    return int(hashlib.sha256(doc_id.encode()).hexdigest()[:16], 16) < fraction * 2 ** 64
+
+
+def test_heldout_split_is_kept_out_of_training(corpus):
+    """The held-out split: exactly the surviving documents the id-hash rule picks, none in the training shards,
+    none with a duplicate text among the training documents, token counts as the tokenizer gives them."""
+    import sentencepiece as spm
+    import tensorflow_datasets as tfds
+
+    out = corpus["out"]
+    m = json.load(open(os.path.join(out, "manifest.json")))
+    rows = {r["id"]: r for r in manifest_lib.read_decisions(out)}
+    files = sorted(os.listdir(os.path.join(out, "heldout")))
+    assert m["stages"]["heldout_split"]["files"] == [f"heldout/{f}" for f in files]
+    held = []
+    for f in files:
+        held += writer.read_jsonl_gz(os.path.join(out, "heldout", f))
+        assert {r["domain"] for r in writer.read_jsonl_gz(os.path.join(out, "heldout", f))} == {f[:-len(".jsonl.gz")]}
+    held_ids = {r["id"] for r in held}
+    assert len(held_ids) == len(held) == m["documents_heldout"]
+    assert len({r["domain"] for r in held}) >= 2
+    # Survivors of every filter (kept or held out) are split by the rule alone.
+    survivors = [i for i, r in rows.items() if r["verdict"] in ("kept", "heldout")]
+    assert held_ids == {i for i in survivors if _is_heldout(i, 0.1)}
+    # No held-out id, and no held-out text, is in the training shards.
+    train_ids, train_texts = set(), set()
+    for domain in m["mixture"]["weights"]:
+        ds = tfds.data_source("synthetic_corpus", split=domain, data_dir=os.path.join(out, "tfds"))
+        for i in range(len(ds)):
+            train_ids.add(ds[i]["id"].decode())
+            train_texts.add(" ".join(ds[i]["text"].decode().split()).casefold())
+    assert train_ids == {i for i in survivors if not _is_heldout(i, 0.1)}
+    assert not held_ids & train_ids
+    assert not {" ".join(r["text"].split()).casefold() for r in held} & train_texts
+    sp = spm.SentencePieceProcessor(model_file=corpus["tok"])
+    for r in held:
+        assert r["n_tokens"] == len(sp.encode(r["text"])) == rows[r["id"]]["n_tokens"]
+    by_domain = collections.Counter(r["domain"] for r in held)
+    assert {d: v["documents"] for d, v in m["heldout_by_domain"].items()} == dict(by_domain)
 
 
 def test_byte_identical_rebuild(corpus):
@@ -133,7 +177,7 @@ def test_manifest_figures_recomputed_from_decision_log(corpus):
             rows += [json.loads(x) for x in f]
     by_stage = collections.defaultdict(collections.Counter)
     for r in rows:
-        if r["verdict"] != "kept":
+        if r["verdict"] not in ("kept", "heldout"):
             stage, reason = r["verdict"].split(":", 1)
             by_stage[stage][reason] += 1
     assert {s: dict(c) for s, c in by_stage.items()} == m["documents_dropped"]
@@ -154,7 +198,8 @@ def test_manifest_figures_recomputed_from_decision_log(corpus):
     for d, share in m["actual_token_proportions"].items():
         assert share == pytest.approx(tok[d] / sum(tok.values()))
     de = m["language_coverage"]["de"]
-    assert de["documents_kept"] == sum(1 for r in kept if r["lang"] == "de")
+    # Coverage counts survivors of the filters in both splits (training and held out).
+    assert de["documents_kept"] == sum(1 for r in rows if r["verdict"] in ("kept", "heldout") and r["lang"] == "de")
 
 
 def test_quota_proportions_near_targets(corpus):
@@ -214,7 +259,7 @@ def test_tfds_local_dataset_accepted_as_source(corpus, tmp_path):
     text = re.sub(r"QuotaConfig.targets = .*", "QuotaConfig.targets = {'news': 1.0}", text)
     p = tmp_path / "tfds.gin"
     p.write_text(text)
-    cfg = build.load_config([str(p)], ["DecontamConfig.eval_sets = {}"])
+    cfg = build.load_config([str(p)], ["DecontamConfig.eval_sets = {}", "OutputConfig.heldout_fraction = 0.0"])
     m = build.run(cfg, str(tmp_path / "out"))
     n_news = json.load(open(os.path.join(corpus["out"], "mixture.json")))["documents"]["news"]
     assert m["documents_in"] == n_news

@@ -56,7 +56,8 @@ def test_full_build_under_20_minutes_counts_add_up(raw_v1, tmp_path):
     raw_count = json.load(open(raw_v1 / "MANIFEST.json"))["num_documents"]
     assert m["documents_in"] == raw_count  # the WARC holds the same 530 pages as the web JSONL
     dropped = sum(n for r in m["documents_dropped"].values() for n in r.values())
-    assert m["documents_in"] == m["documents_out"] + dropped
+    assert m["documents_in"] == m["documents_out"] + m["documents_heldout"] + dropped
+    assert set(m["heldout_by_domain"]) == {"web", "code", "reference", "multilingual"}
     rows = manifest_lib.read_decisions(str(tmp_path / "out"))
     assert len(rows) == raw_count and len({r["id"] for r in rows}) == raw_count
     assert m["documents_dropped"]["exact_dedup"]["duplicate"] > 600  # ~680 duplicate cookies + stdlib copies

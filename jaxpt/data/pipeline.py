@@ -137,7 +137,7 @@ def make_train_dataset(
 
 
 def make_eval_dataset(
-    documents_path: str | os.PathLike,
+    documents_path: str | os.PathLike | list,
     tokenizer: Tokenizer,
     *,
     seq_len: int,
@@ -155,7 +155,8 @@ def make_eval_dataset(
     with a target (see `jaxpt.data.packing`), so padding rows count for nothing.
 
     Args:
-      documents_path: prepared `heldout.jsonl.gz`.
+      documents_path: prepared `heldout.jsonl.gz`, or a list of such files (read in the order given; e.g. a
+        corpus version's `heldout/<domain>.jsonl.gz`).
       tokenizer: tokenizer of the run.
       seq_len: row length in tokens.
       batch_size: rows per batch on this process.
@@ -172,7 +173,8 @@ def make_eval_dataset(
     _check_process(process_index, process_count)
     if batch_size < 1 or seq_len < 1:
         raise ValueError(f"batch_size and seq_len must be positive, got {batch_size}, {seq_len}")
-    texts = load_texts(documents_path)
+    paths = documents_path if isinstance(documents_path, (list, tuple)) else [documents_path]
+    texts = [t for path in paths for t in load_texts(path)]
     rows = list(packing.pack_documents(tokenizer.encode_batch(texts), seq_len, pad_id=tokenizer.pad_id,
                                        eos_id=tokenizer.eos_id if add_eos else None))
     per_step = batch_size * process_count
