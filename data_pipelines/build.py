@@ -202,8 +202,8 @@ def main(argv=None):
     except (config_lib.ConfigError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(json.dumps({k: m[k] for k in ("data_version", "documents_in", "documents_out", "tokens_out",
-                                        "documents_dropped")}, indent=1))
+    print(json.dumps({k: m[k] for k in ("data_version", "documents_in", "documents_out", "documents_heldout",
+                                        "heldout_by_domain", "tokens_out", "documents_dropped")}, indent=1))
     print(f"built {args.output} in {time.time() - t:.1f}s")
     return 0
 
