@@ -104,7 +104,40 @@ def _complete_shards(cfg, out_dir) -> dict[str, list[int]]:
     return lengths
 
 
+def _stage_records(cfg, operative: dict, eval_hashes: dict, stat, out_dir: str) -> dict:
+    """The manifest's per-stage settings and figures (thresholds, keep fractions, the held-out rule and files)."""
+    return {
+        "admission": operative["admission"],
+        "normalize": operative["normalize"],
+        "langid": operative["langid"],
+        "rules": {"version": cfg.rules.version, "thresholds": operative["rules"]},
+        "exact_dedup": {"key": "sha256(casefold(collapse_whitespace(text)))", "representative": "smallest id"},
+        "near_dedup": dict(operative["near"], shingles="word n-grams (minhash.words)",
+                           representative="longest text, then smallest id",
+                           verification="estimated Jaccard >= threshold before union",
+                           clusters="connected components",
+                           short_documents="fewer words than shingle_size: one shingle of all words"),
+        "quality": dict(operative["quality"], thresholds_per_source=stat("quality_thresholds.json")),
+        "decontamination": {"ngram": cfg.decontam.ngram, "eval_sets": dict(sorted(cfg.decontam.eval_sets.items())),
+                            "eval_ngrams": {k: len(v) for k, v in sorted(eval_hashes.items())}},
+        "heldout_split": {"rule": f"jaxpt.data.prepare.is_heldout(id, {cfg.output.heldout_fraction})",
+                          "fraction": cfg.output.heldout_fraction,
+                          "position": "after decontamination, before quotas (dedup ran on both splits)",
+                          "files": sorted(os.path.relpath(p, out_dir) for p in
+                                          glob.glob(os.path.join(out_dir, "heldout", "*.jsonl.gz")))},
+        "quotas": dict(operative["quotas"], keep_fractions=stat("quota_fractions.json")),
+    }
+
+
 def finalize(cfg, sources, out_dir, eval_hashes, beam_seconds) -> dict:
+    """After the Beam graph: TFDS metadata, ``DIR/mixture.json`` (per-domain token weights and shard lists) and
+    ``DIR/manifest.json`` (the data version record, every count recomputed from the decision log).
+
+    Returns the manifest dict, plus ``_beam_seconds`` (wall seconds of the Beam pipeline; not written).
+
+    Raises:
+      AssertionError: the decision log does not add up (in = out + held out + dropped); impossible by construction.
+    """
     lengths = _complete_shards(cfg, out_dir)
     writer.write_tfds_metadata(out_dir, cfg.output.dataset_name, lengths,
                                description=f"jaxpt corpus {cfg.data_version}: one split per domain.")
@@ -155,27 +188,7 @@ def finalize(cfg, sources, out_dir, eval_hashes, beam_seconds) -> dict:
             for s in sources
         ],
         "input_file_sha256": input_hashes,
-        "stages": {
-            "admission": operative["admission"],
-            "normalize": operative["normalize"],
-            "langid": operative["langid"],
-            "rules": {"version": cfg.rules.version, "thresholds": operative["rules"]},
-            "exact_dedup": {"key": "sha256(casefold(collapse_whitespace(text)))", "representative": "smallest id"},
-            "near_dedup": dict(operative["near"], shingles="word n-grams (minhash.words)",
-                               representative="longest text, then smallest id",
-                               verification="estimated Jaccard >= threshold before union",
-                               clusters="connected components",
-                               short_documents="fewer words than shingle_size: one shingle of all words"),
-            "quality": dict(operative["quality"], thresholds_per_source=stat("quality_thresholds.json")),
-            "decontamination": {"ngram": cfg.decontam.ngram, "eval_sets": dict(sorted(cfg.decontam.eval_sets.items())),
-                                "eval_ngrams": {k: len(v) for k, v in sorted(eval_hashes.items())}},
-            "heldout_split": {"rule": f"jaxpt.data.prepare.is_heldout(id, {cfg.output.heldout_fraction})",
-                              "fraction": cfg.output.heldout_fraction,
-                              "position": "after decontamination, before quotas (dedup ran on both splits)",
-                              "files": sorted(os.path.relpath(p, out_dir) for p in
-                                              glob.glob(os.path.join(out_dir, "heldout", "*.jsonl.gz")))},
-            "quotas": dict(operative["quotas"], keep_fractions=stat("quota_fractions.json")),
-        },
+        "stages": _stage_records(cfg, operative, eval_hashes, stat, out_dir),
         "tokenizer": {"path": cfg.output.tokenizer_path, "sha256": enc.sha256, "vocab_size": enc.vocab_size},
         **figs,
         "long_tail_coverage": {"terms": longtail, "languages": figs["language_coverage"]},

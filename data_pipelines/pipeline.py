@@ -296,6 +296,7 @@ class HeldoutRecord(beam.DoFn):
 
 
 def write_heldout(kv, out_dir):
+    """(domain, held-out records) -> ``writer.heldout_path(out_dir, domain)``, sorted by id; yields the path."""
     domain, rows = kv
     path = writer.heldout_path(out_dir, domain)
     writer.write_jsonl_gz(path, sorted(rows, key=lambda r: r["id"]))
@@ -476,26 +477,7 @@ def build_graph(p: beam.Pipeline, cfg: BuildConfig, sources: list[Source], out_d
     drops.append(nd[DROPS])
     docs = nd.docs
 
-    if cfg.quality.enabled and cfg.quality.reference_sources:
-        refs = set(cfg.quality.reference_sources)
-        counts = (
-            docs | "RefDocs" >> beam.Filter(lambda d: d["source"] in refs)
-            | "RefTexts" >> beam.Map(lambda d: d["text"])
-            | "TrainLM" >> beam.CombineGlobally(FeatureCounts(cfg.quality.num_buckets))
-        )
-        docs = docs | "Score" >> beam.ParDo(Score(), beam.pvalue.AsSingleton(counts))
-        thresholds = (
-            docs | "SourceScores" >> beam.Map(lambda d: (d["source"], d["quality"]))
-            | "GroupScores" >> beam.GroupByKey()
-            | "Thresholds" >> beam.Map(_thresholds, cfg.quality)
-        )
-        q = docs | "ApplyQuality" >> beam.FlatMap(apply_quality, beam.pvalue.AsDict(thresholds)).with_outputs(
-            DROPS, main="docs")
-        drops.append(q[DROPS])
-        docs = q.docs
-        p_thresholds = thresholds
-    else:
-        p_thresholds = p | "NoThresholds" >> beam.Create([])
+    docs, p_thresholds = _quality_stage(p, docs, drops, cfg)
 
     if cfg.decontam.enabled and eval_hashes:
         dc = docs | "Decontaminate" >> beam.ParDo(Decontaminate(eval_hashes, cfg.decontam.ngram)).with_outputs(
@@ -503,25 +485,8 @@ def build_graph(p: beam.Pipeline, cfg: BuildConfig, sources: list[Source], out_d
         drops.append(dc[DROPS])
         docs = dc.docs
 
-    split = docs | "SplitHeldout" >> beam.FlatMap(split_heldout, cfg.output.heldout_fraction).with_outputs(
-        HELDOUT, main="docs")
-    docs = split.docs
-    held = split[HELDOUT] | "HeldoutRecords" >> beam.ParDo(HeldoutRecord(cfg.output)).with_outputs(
-        DROPS, main="records")
-    drops.append(held[DROPS])
-    _ = (held.records | "GroupHeldout" >> beam.GroupByKey()
-         | "WriteHeldout" >> beam.FlatMap(write_heldout, out_dir))
-
-    chars = (
-        docs | "GroupChars" >> beam.Map(lambda d: ((d["domain"], d["lang"]), len(d["text"])))
-        | "SumChars" >> beam.CombinePerKey(sum)
-        | "CharsDict" >> beam.combiners.ToDict()
-    )
-    fractions = chars | "QuotaFractions" >> beam.Map(stages.quota_keep_fractions, cfg.quotas)
-    qt = docs | "ApplyQuota" >> beam.FlatMap(apply_quota, beam.pvalue.AsSingleton(fractions),
-                                             cfg.quotas.seed).with_outputs(DROPS, main="docs")
-    drops.append(qt[DROPS])
-    docs = qt.docs
+    docs = _heldout_stage(docs, drops, cfg, out_dir)
+    docs, fractions = _quota_stage(docs, drops, cfg)
 
     df_kept = docs | "TextsKept" >> beam.Map(lambda d: d["text"]) | "DFKept" >> beam.CombineGlobally(TermDF())
     _ = df_all | "LongTail" >> beam.Map(lambda a, k: write_longtail(a, k, out_dir, 3), beam.pvalue.AsSingleton(df_kept))
@@ -531,6 +496,63 @@ def build_graph(p: beam.Pipeline, cfg: BuildConfig, sources: list[Source], out_d
     _ = (tok.records | "GroupShards" >> beam.GroupByKey()
          | "WriteShards" >> beam.FlatMap(write_shard, out_dir, cfg.output))
 
+    _write_decision_log(drops, near_side, cfg, out_dir)
+    _ = (p_thresholds | "ThresholdDict" >> beam.combiners.ToDict()
+         | "WriteThresholds" >> beam.Map(_write_json, os.path.join(out_dir, "_stats", "quality_thresholds.json")))
+    _ = (fractions | "WriteFractions" >> beam.Map(_write_json, os.path.join(out_dir, "_stats", "quota_fractions.json")))
+
+
+def _quality_stage(p, docs, drops: list, cfg: BuildConfig):
+    """Stage 7: score every document, drop those under their source's quantile. Returns (docs, thresholds)."""
+    if not (cfg.quality.enabled and cfg.quality.reference_sources):
+        return docs, p | "NoThresholds" >> beam.Create([])
+    refs = set(cfg.quality.reference_sources)
+    counts = (
+        docs | "RefDocs" >> beam.Filter(lambda d: d["source"] in refs)
+        | "RefTexts" >> beam.Map(lambda d: d["text"])
+        | "TrainLM" >> beam.CombineGlobally(FeatureCounts(cfg.quality.num_buckets))
+    )
+    docs = docs | "Score" >> beam.ParDo(Score(), beam.pvalue.AsSingleton(counts))
+    thresholds = (
+        docs | "SourceScores" >> beam.Map(lambda d: (d["source"], d["quality"]))
+        | "GroupScores" >> beam.GroupByKey()
+        | "Thresholds" >> beam.Map(_thresholds, cfg.quality)
+    )
+    q = docs | "ApplyQuality" >> beam.FlatMap(apply_quality, beam.pvalue.AsDict(thresholds)).with_outputs(
+        DROPS, main="docs")
+    drops.append(q[DROPS])
+    return q.docs, thresholds
+
+
+def _heldout_stage(docs, drops: list, cfg: BuildConfig, out_dir: str):
+    """Stage 8b: held-out documents to DIR/heldout/<domain>.jsonl.gz (and the decision log); returns the rest."""
+    split = docs | "SplitHeldout" >> beam.FlatMap(split_heldout, cfg.output.heldout_fraction).with_outputs(
+        HELDOUT, main="docs")
+    held = split[HELDOUT] | "HeldoutRecords" >> beam.ParDo(HeldoutRecord(cfg.output)).with_outputs(
+        DROPS, main="records")
+    drops.append(held[DROPS])
+    _ = (held.records | "GroupHeldout" >> beam.GroupByKey()
+         | "WriteHeldout" >> beam.FlatMap(write_heldout, out_dir))
+    return split.docs
+
+
+def _quota_stage(docs, drops: list, cfg: BuildConfig):
+    """Stage 9: per-(domain, lang) keep fractions from character totals, then seeded sampling.
+    Returns (docs, fractions)."""
+    chars = (
+        docs | "GroupChars" >> beam.Map(lambda d: ((d["domain"], d["lang"]), len(d["text"])))
+        | "SumChars" >> beam.CombinePerKey(sum)
+        | "CharsDict" >> beam.combiners.ToDict()
+    )
+    fractions = chars | "QuotaFractions" >> beam.Map(stages.quota_keep_fractions, cfg.quotas)
+    qt = docs | "ApplyQuota" >> beam.FlatMap(apply_quota, beam.pvalue.AsSingleton(fractions),
+                                             cfg.quotas.seed).with_outputs(DROPS, main="docs")
+    drops.append(qt[DROPS])
+    return qt.docs, fractions
+
+
+def _write_decision_log(drops: list, near_side, cfg: BuildConfig, out_dir: str) -> None:
+    """Stages 11-12: one decision row per input record (sharded by id hash) and the review samples per rule."""
     decisions = (
         tuple(drops) | "AllDecisions" >> beam.Flatten()
         | "ClusterIds" >> beam.Map(finalize_decision, near_side)
@@ -548,9 +570,6 @@ def build_graph(p: beam.Pipeline, cfg: BuildConfig, sources: list[Source], out_d
         | "ReviewSample" >> beam.combiners.Top.PerKey(n_rev, key=lambda x: (-x[0], x[1]["id"]))
         | "WriteReview" >> beam.FlatMap(write_review, out_dir)
     )
-    _ = (p_thresholds | "ThresholdDict" >> beam.combiners.ToDict()
-         | "WriteThresholds" >> beam.Map(_write_json, os.path.join(out_dir, "_stats", "quality_thresholds.json")))
-    _ = (fractions | "WriteFractions" >> beam.Map(_write_json, os.path.join(out_dir, "_stats", "quota_fractions.json")))
 
 
 def _write_json(obj, path):

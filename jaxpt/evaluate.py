@@ -34,14 +34,6 @@ SUBCOMMANDS = ("compare", "agreement", "card-stamp", "spot-check-build", "export
 # ------------------------------------------------------------------------------------------ sources
 
 
-def default_sources(cfg) -> tuple[str, str]:
-    """Held-out and training sources of a run's config: the prepared sample's files, or the corpus directory."""
-    d = cfg.data
-    if d.source == "corpus":
-        return d.corpus_dir, d.corpus_dir
-    return d.heldout_path, d.train_path
-
-
 def build_probe_tasks(card, heldout_docs, train_texts) -> dict[str, Any]:
     """Every card task's examples (held-out only, decontaminated against ``train_texts``), by task name."""
     from jaxpt.eval import decontam, probes
@@ -69,7 +61,7 @@ def run_card(restored, card, *, workdir: str = "", heldout: str | None = None, t
     from jaxpt.eval.scorer import scorer_for_restored
     t0 = time.perf_counter()
     cfg = restored.config
-    run_heldout, run_train = default_sources(cfg)
+    run_heldout, run_train = heldout_lib.run_sources(cfg.data)
     heldout = heldout or card.heldout_source or run_heldout
     train = train or card.train_source or run_train
     docs = heldout_lib.load_documents(heldout, "heldout")

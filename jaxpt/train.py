@@ -70,6 +70,11 @@ def resolve_model_config(cfg: TrainConfig, tokenizer) -> TrainConfig:
 
 
 def load_tokenizer(cfg: TrainConfig):
+    """The run's :class:`jaxpt.data.tokenizer.Tokenizer` from ``DataConfig.tokenizer_path``.
+
+    Raises:
+      ConfigError: the model file is missing (names the key and the command that writes it).
+    """
     from jaxpt.data.tokenizer import Tokenizer
     path = cfg.data.tokenizer_path
     if not os.path.exists(path):
@@ -79,27 +84,25 @@ def load_tokenizer(cfg: TrainConfig):
 
 
 def heldout_files(cfg: TrainConfig) -> list[str]:
-    """The held-out documents (JSON Lines) of a run's held-out loss.
+    """The held-out documents (JSON Lines files) of a run's held-out loss.
 
     ``DataConfig.source = 'sample'``: ``DataConfig.heldout_path``. ``'corpus'``: the corpus version's own held-out
     split, ``<corpus_dir>/heldout/<domain>.jsonl.gz``, which ``data_pipelines.build`` keeps out of the training
     shards (``OutputConfig.heldout_fraction``); ``heldout_path`` is then ignored, so a corpus run never evaluates
-    on text from another corpus.
+    on text from another corpus. The rule is :func:`jaxpt.eval.heldout.run_sources`.
 
     Raises:
       ConfigError: the file or split is missing (names the config key), checked before anything compiles.
     """
-    import glob
-    d = cfg.data
-    if d.source == "corpus":
-        files = sorted(glob.glob(os.path.join(d.corpus_dir, "heldout", "*.jsonl.gz")))
-        if not files:
-            raise ConfigError(f"DataConfig.corpus_dir = {d.corpus_dir!r}: no held-out split (heldout/*.jsonl.gz); "
-                              "rebuild the corpus version with OutputConfig.heldout_fraction > 0")
-        return files
-    if not os.path.isfile(d.heldout_path):
-        raise ConfigError(f"DataConfig.heldout_path = {d.heldout_path!r}: no such file")
-    return [d.heldout_path]
+    from jaxpt.eval import heldout
+    source = heldout.run_sources(cfg.data)[0]
+    try:
+        return heldout.resolve_source(source, "heldout")
+    except FileNotFoundError:
+        if cfg.data.source == "corpus":
+            raise ConfigError(f"DataConfig.corpus_dir = {source!r}: no held-out split (heldout/*.jsonl.gz); "
+                              "rebuild the corpus version with OutputConfig.heldout_fraction > 0") from None
+        raise ConfigError(f"DataConfig.heldout_path = {source!r}: no such file") from None
 
 
 def setup(cfg: TrainConfig) -> Run:
@@ -189,6 +192,9 @@ def train_batches(run: Run, num_shards: int):
 
 
 def to_device(run: Run, local_batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
+    """This process's rows (``int32[local_batch, seq_len]`` per key) -> global arrays
+    ``int32[global_batch, seq_len]`` sharded over (``data``, ``fsdp``), for the keys the steps take
+    (``step.BATCH_KEYS``); see :func:`jaxpt.data.pipeline.to_global_batch`."""
     from jaxpt.data import pipeline
     sharding = mesh_lib.batch_sharding(run.mesh, run.cfg.logical_axis_rules)
     return pipeline.to_global_batch({k: local_batch[k] for k in step_lib.BATCH_KEYS}, sharding)

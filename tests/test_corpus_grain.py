@@ -9,8 +9,6 @@ import numpy as np
 import pytest
 
 from data_pipelines import build, testing
-from jaxpt import config as C  # noqa: F401  (registers jaxpt's gin configurables before a build locks gin)
-from jaxpt import train  # noqa: F401
 
 
 @pytest.fixture(scope="module")

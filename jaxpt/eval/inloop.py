@@ -60,9 +60,7 @@ def _evaluator(run, cfg: HeldoutEvalConfig, limit: int):
         built["scorer"] = Scorer(run.spec.graphdef, run.state.params, run.mesh, tc.logical_axis_rules,
                                  seq_len=tc.seq_len, batch_size=tc.global_batch_size, pad_id=run.tokenizer.pad_id)
         built["scorer"].params = None  # the train state is donated every step: never hold on to its buffers
-        d = tc.data
-        source = cfg.source or (d.corpus_dir if d.source == "corpus" else d.heldout_path)
-        built["docs"] = heldout.load_documents(source, "heldout")
+        built["docs"] = heldout.load_documents(cfg.source or heldout.run_sources(tc.data)[0], "heldout")
     if limit not in built:
         built[limit] = heldout.HeldoutSet.build(built["docs"], run.tokenizer, seq_len=run.cfg.seq_len,
                                                 stride=cfg.stride or None, add_eos=run.cfg.data.add_eos,
