@@ -512,7 +512,7 @@ def recommend(rows: list[dict[str, Any]], flops_tolerance: float = 0.0) -> tuple
     piece in the output projection and pays back in fewer tokens per byte). With `flops_tolerance`
     > 0, every size within that share of the lowest counts as tied and the one packing the most
     bytes into a token wins. The rule weighs cost only; how loss per byte changes with the vocabulary
-    at a fixed budget needs training runs (`jaxpt.scaling`). The reasons give each group's
+    at a fixed budget needs training runs (`jaxpt.tools.scaling`). The reasons give each group's
     compression against the smallest size, the next size's trade, near ties, and warnings when the
     vocabulary holds most of the parameters or many pieces go unused on held-out text.
     """
@@ -555,7 +555,7 @@ def recommend(rows: list[dict[str, Any]], flops_tolerance: float = 0.0) -> tuple
     if pick["unused_piece_share"] > 0.1:
         reasons.append(f"Warning: {pick['unused_piece_share']:.0%} of the learned pieces never occur in held-out "
                        "text; the sample (or the held-out set) may be too small for this vocabulary.")
-    reasons.append("This weighs cost only; the loss per byte at each size needs training runs (jaxpt.scaling).")
+    reasons.append("This weighs cost only; the loss per byte at each size needs training runs (jaxpt.tools.scaling).")
     return int(pick["vocab_size"]), reasons
 
 

@@ -27,14 +27,11 @@ from typing import Any, Sequence
 import gin
 
 from jaxpt import mesh as mesh_lib
+from jaxpt.errors import ConfigError
 from jaxpt.checkpoint import CheckpointConfig
 from jaxpt.stability import StabilityConfig
 from jaxpt.model.config import DTYPES, REMAT_POLICIES, ModelConfig
 from jaxpt.optim import SCHEDULES, OptimizerConfig
-
-
-class ConfigError(ValueError):
-    """A config that cannot run. The message names the config key (or file and line)."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -31,7 +31,7 @@ from jaxpt import state as state_lib
 from jaxpt import step as step_lib
 from jaxpt.config import ConfigError, TrainConfig
 from jaxpt.eval import inloop  # registers HeldoutEvalConfig with gin (per-domain held-out eval in the loop)
-from jaxpt.runs import RunRegistry
+from jaxpt.registry import RunRegistry
 
 log = logging.getLogger("jaxpt.train")
 
@@ -162,7 +162,7 @@ def train_batches(run: Run, num_shards: int):
     Raises:
       ConfigError: the process count does not divide the shard count, or the batch the shard count.
     """
-    from jaxpt.data import pipeline
+    from jaxpt.data import loader
     from jaxpt.data.shards import ShardAssignmentError, ShardedBatches
     cfg = run.cfg
     P, p = jax.process_count(), jax.process_index()
@@ -183,7 +183,7 @@ def train_batches(run: Run, num_shards: int):
                 cfg.data.corpus_dir, run.tokenizer, seq_len=cfg.seq_len,
                 local_batch_size=cfg.global_batch_size // n, seed=cfg.seed, process_index=k, process_count=n,
                 add_eos=cfg.data.add_eos))
-        return iter(pipeline.make_train_dataset(
+        return iter(loader.make_train_dataset(
             cfg.data.train_path, run.tokenizer, seq_len=cfg.seq_len,
             local_batch_size=cfg.global_batch_size // n, seed=cfg.seed, process_index=k, process_count=n,
             shuffle=cfg.data.shuffle, add_eos=cfg.data.add_eos))
@@ -194,10 +194,10 @@ def train_batches(run: Run, num_shards: int):
 def to_device(run: Run, local_batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
     """This process's rows (``int32[local_batch, seq_len]`` per key) -> global arrays
     ``int32[global_batch, seq_len]`` sharded over (``data``, ``fsdp``), for the keys the steps take
-    (``step.BATCH_KEYS``); see :func:`jaxpt.data.pipeline.to_global_batch`."""
-    from jaxpt.data import pipeline
+    (``step.BATCH_KEYS``); see :func:`jaxpt.data.loader.to_global_batch`."""
+    from jaxpt.data import loader
     sharding = mesh_lib.batch_sharding(run.mesh, run.cfg.logical_axis_rules)
-    return pipeline.to_global_batch({k: local_batch[k] for k in step_lib.BATCH_KEYS}, sharding)
+    return loader.to_global_batch({k: local_batch[k] for k in step_lib.BATCH_KEYS}, sharding)
 
 
 def evaluate(run: Run, max_batches: int | None = None) -> dict[str, float]:
@@ -206,10 +206,10 @@ def evaluate(run: Run, max_batches: int | None = None) -> dict[str, float]:
     Each process builds the same held-out stream and contributes its slice of rows to each global batch.
     ``max_batches`` (default ``TrainConfig.eval_batches``; 0 = all) bounds the work for in-loop evaluations.
     """
-    from jaxpt.data import pipeline
+    from jaxpt.data import loader
     cfg = run.cfg
     if run.eval_dataset is None:
-        run.eval_dataset = pipeline.make_eval_dataset(
+        run.eval_dataset = loader.make_eval_dataset(
             heldout_files(cfg), run.tokenizer, seq_len=cfg.seq_len, batch_size=local_batch_size(cfg),
             process_index=jax.process_index(), process_count=jax.process_count(), add_eos=cfg.data.add_eos)
     limit = cfg.eval_batches if max_batches is None else max_batches

@@ -28,7 +28,7 @@ import numpy as np
 import pytest
 
 from conftest import REPO_ROOT, simulated_cpu_flags, tiny_bindings
-from jaxpt import drill
+from jaxpt.tools import drill
 from jaxpt.checkpoint import CheckpointConfig, CheckpointError, Checkpointer
 
 SAVE_EVERY = 2
@@ -208,7 +208,7 @@ def test_sigkill_inside_async_saves_ten_times(ckpt_env, reference30, tmp_path):
     """The recovery drill: 10 SIGKILLs, each right after the asynchronous save of a random step started;
     every restart resumes from the newest committed step (never the interrupted one) and the run ends
     on the reference trajectory (metrics, documents, RNG, params, held-out loss bitwise)."""
-    cmd = [sys.executable, "-m", "jaxpt.drill", "--config", "configs/quickstart.gin",
+    cmd = [sys.executable, "-m", "jaxpt.tools.drill", "--config", "configs/quickstart.gin",
            "--mesh", "data=2,fsdp=2,tensor=2", "--workdir", str(tmp_path / "drill"), "--steps", str(REF_STEPS),
            "--kills", "10", "--mode", "save", "--save-every", str(SAVE_EVERY), "--seed", "3",
            "--max-kill-delay-s", "0.02", "--reference", str(reference30), "--timeout-s", "300"]
@@ -367,7 +367,7 @@ def test_save_every_steps_and_minutes(tmp_path):
 def _heldout_loss(model, cfg, tokenizer, heldout_path) -> float:
     """Mean held-out cross-entropy of ``model``, computed here with the model alone (no train/eval step)."""
     from flax import nnx
-    from jaxpt.data import pipeline
+    from jaxpt.data import loader
     graphdef, state = nnx.split(model)
 
     @jax.jit
@@ -379,7 +379,7 @@ def _heldout_loss(model, cfg, tokenizer, heldout_path) -> float:
         return jnp.sum(nll * same_doc), jnp.sum(same_doc)
 
     total = count = 0.0
-    for batch in pipeline.make_eval_dataset(heldout_path, tokenizer, seq_len=cfg.seq_len,
+    for batch in loader.make_eval_dataset(heldout_path, tokenizer, seq_len=cfg.seq_len,
                                             batch_size=cfg.global_batch_size):
         t, n = sums(state, batch["tokens"], batch["segment_ids"], batch["positions"])
         total, count = total + float(t), count + float(n)

@@ -129,7 +129,7 @@ def test_training_switches_to_the_corpus_with_a_gin_switch(built, tmp_path):
     # The standalone evaluator's default held-out source for this run is the same split, reported per domain,
     # and its figures agree with the in-loop ones (same documents, windows and scoring).
     import jaxpt
-    from jaxpt import evaluate
+    from jaxpt.tools import evaluate
     from jaxpt.eval import card as card_lib
     report = evaluate.run_card(jaxpt.restore(str(tmp_path / "run")), card_lib.load_card("configs/eval/card_v1.yaml"),
                                tasks={}, use_seqio=False)

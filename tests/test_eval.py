@@ -210,7 +210,7 @@ def test_changed_card_is_refused_until_its_version_is_bumped(tmp_path):
     path.write_text(text.replace("threshold: 0.35", "threshold: 0.30", 1))
     with pytest.raises(card_lib.CardError, match=f"content changed since version {v}.*card-stamp"):
         card_lib.load_card(str(path))
-    from jaxpt import evaluate
+    from jaxpt.tools import evaluate
     assert evaluate.main(["--workdir", str(tmp_path), "--card", str(path)]) == 2  # refused before any restore
     assert evaluate.main(["card-stamp", str(path)]) == 0
     card = card_lib.load_card(str(path))
@@ -246,7 +246,7 @@ def test_cohen_kappa_by_hand(tmp_path):
     assert out["unlabeled"] == {"annotator_1": 0, "annotator_2": 1}
     n_adj = sum(1 for i in range(20, 35) if i % 3)
     assert (out["disagreements"], out["adjudicated"], out["unresolved"]) == (15, n_adj, 15 - n_adj)
-    from jaxpt import evaluate
+    from jaxpt.tools import evaluate
     assert evaluate.main(["agreement", str(sheet)]) == 0
     with open(sheet, "a") as f:
         f.write(json.dumps({"id": "x", "labels": ["good", "bad"], "annotator_1": "meh", "annotator_2": "good"}) + "\n")
@@ -287,7 +287,7 @@ def test_regression_flags_only_core_drops_beyond_tolerance(tmp_path):
         regression.compare(base, fake_report(version=2))
     with pytest.raises(regression.IncompatibleReports, match="without a version bump"):
         regression.compare(base, fake_report(digest="h2"))
-    from jaxpt import evaluate
+    from jaxpt.tools import evaluate
     paths = {}
     for name, r in {"base": base, "same": copy.deepcopy(base), "other": fake_report(version=2)}.items():
         paths[name] = tmp_path / f"{name}.json"

@@ -1,6 +1,6 @@
 """Evaluation of a real (tiny) checkpoint trained on the bundled sample: perplexity that batch size and packing do
 not change, the in-loop per-domain evaluation (compiled once, same figures as standalone), the
-``python -m jaxpt.evaluate`` report, the regression report on two checkpoints, the seqio path against the direct
+``python -m jaxpt.tools.evaluate`` report, the regression report on two checkpoints, the seqio path against the direct
 path, and the lm-eval adapter against jaxpt's own scoring. All marked slow (they share one trained run); the
 fast unit tests are in test_eval.py."""
 
@@ -95,7 +95,7 @@ def test_card(eval_run, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def probe_tasks(test_card, eval_run):
-    from jaxpt.evaluate import build_probe_tasks
+    from jaxpt.tools.evaluate import build_probe_tasks
     d = eval_run["data"]
     train = (x.text for x in heldout.load_documents(str(d / "train.jsonl.gz"), "train"))
     return build_probe_tasks(test_card, heldout.load_documents(str(d / "heldout.jsonl.gz")), train)
@@ -162,7 +162,7 @@ def test_in_loop_per_domain_eval_compiles_once_and_matches_standalone(eval_run, 
 
 
 def test_evaluate_cli_writes_a_versioned_report_and_review_sheet(eval_run, test_card, tmp_path, capsys):
-    from jaxpt import evaluate
+    from jaxpt.tools import evaluate
     out = tmp_path / "report.json"
     assert evaluate.main(["--workdir", str(eval_run["workdir"]), "--card", test_card.path, "--output", str(out),
                           "--no-seqio"]) == 0
@@ -189,7 +189,7 @@ def test_regression_report_flags_an_earlier_checkpoint_and_passes_the_same_one(e
                                                                              tmp_path):
     """Step 5 is far worse than step 20: comparing 20 -> 5 is a regression (exit 1); 20 -> 20 is not (exit 0)."""
     import jaxpt
-    from jaxpt import evaluate
+    from jaxpt.tools import evaluate
     paths = {}
     for step in (STEPS, 5):
         rep = evaluate.run_card(jaxpt.restore(eval_run["workdir"], step=step), test_card, use_seqio=False,

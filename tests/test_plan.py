@@ -1,4 +1,4 @@
-"""jaxpt.plan: compute-optimal allocations, hardware and wall clock, per-device memory estimates."""
+"""jaxpt.tools.plan: compute-optimal allocations, hardware and wall clock, per-device memory estimates."""
 
 import json
 import math
@@ -11,7 +11,8 @@ from scipy import optimize
 
 from jaxpt import config as config_lib
 from jaxpt import mesh as mesh_lib
-from jaxpt import optim, plan
+from jaxpt import optim
+from jaxpt.tools import plan
 from jaxpt import state as state_lib
 from jaxpt import step as step_lib
 from jaxpt.model import count_params

@@ -1,4 +1,4 @@
-"""jaxpt.scaling: grid expansion, the L(N, D) least-squares fit and its uncertainties, end to end on CPU."""
+"""jaxpt.tools.scaling: grid expansion, the L(N, D) least-squares fit and its uncertainties, end to end on CPU."""
 
 import gzip
 import itertools
@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 
-from jaxpt import plan, scaling
+from jaxpt.tools import plan, scaling
 from jaxpt.config import ConfigError
 
 from conftest import simulated_cpu_flags
@@ -162,7 +162,7 @@ def test_tiny_grid_end_to_end(tmp_path):
                          "TrainConfig.eval_every = 0", "CheckpointConfig.enabled = False", "ModelConfig.max_seq_len = 32"])
     grid = _write_grid(tmp_path / "grid.gin", models, [2048, 8192], extra)
     env = dict(os.environ, XLA_FLAGS=simulated_cpu_flags(8))
-    cmd = [sys.executable, "-m", "jaxpt.scaling"]
+    cmd = [sys.executable, "-m", "jaxpt.tools.scaling"]
     subprocess.run([*cmd, "run", "--grid", grid], check=True, cwd=REPO, env=env, capture_output=True, text=True)
     runs = scaling.read_runs([str(tmp_path / "runs")])
     assert len(runs) == 6

@@ -12,7 +12,8 @@ import pytest
 from conftest import tiny_bindings
 from jaxpt import config as C
 from jaxpt import mesh as M
-from jaxpt import monitor, optim, runs, state as S, step as step_lib, train
+from jaxpt import monitor, optim, state as S, step as step_lib, train
+from jaxpt.tools import runs
 from jaxpt.model import ModelConfig
 from jaxpt.stability import StabilityConfig
 

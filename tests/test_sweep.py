@@ -1,4 +1,4 @@
-"""jaxpt.sweep: per-mesh compile, memory, timing and collective share; bad shapes reported, not raised."""
+"""jaxpt.tools.sweep: per-mesh compile, memory, timing and collective share; bad shapes reported, not raised."""
 
 import csv
 import gzip
@@ -12,7 +12,7 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxpt import config as config_lib
-from jaxpt import sweep
+from jaxpt.tools import sweep
 
 #: A tiny model so that four compiles and a few steps stay within seconds on 2 CPU cores.
 TINY = ["ModelConfig.vocab_size = 512", "ModelConfig.d_model = 64", "ModelConfig.num_layers = 2",

@@ -5,5 +5,5 @@ Modules (import them directly; this package imports nothing so `prepare` stays f
 - `jaxpt.data.tokenizer`: SentencePiece wrapper and deterministic trainer.
 - `jaxpt.data.prepare`:   `python -m jaxpt.data.prepare`: sample -> train/held-out split + tokenizer.
 - `jaxpt.data.packing`:   concat-then-split packing with segment ids and positions (pure + Grain).
-- `jaxpt.data.pipeline`:  train/eval Grain datasets and per-process slices of the global batch.
+- `jaxpt.data.loader`:  train/eval Grain datasets and per-process slices of the global batch.
 """

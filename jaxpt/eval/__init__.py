@@ -1,4 +1,4 @@
-"""Evaluation during and after training (``python -m jaxpt.evaluate`` is the entry point).
+"""Evaluation during and after training (``python -m jaxpt.tools.evaluate`` is the entry point).
 
 Modules, one-way: ``scorer`` (one compiled scoring/decoding program over a mesh) <- ``heldout`` (perplexity per
 domain and language) and ``probes`` (probe tasks from held-out text; ``decontam`` for 13-gram overlap) <-

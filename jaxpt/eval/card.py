@@ -6,7 +6,7 @@ parameters, and a spot-check prompt file (by path and sha256) whose generations 
 
 Versioning: ``content_sha256`` is the sha256 of the card's content (everything except ``version`` and
 ``content_sha256`` itself, as canonical JSON). :func:`load_card` refuses a card whose content no longer matches
-its hash, so a change cannot slip in under an old version: ``python -m jaxpt.evaluate card-stamp FILE`` raises
+its hash, so a change cannot slip in under an old version: ``python -m jaxpt.tools.evaluate card-stamp FILE`` raises
 ``version`` by one and records the new hash (the only way to make a changed card loadable again). Reports carry
 name, version and hash, and :mod:`jaxpt.eval.regression` refuses to compare reports of different cards.
 """
@@ -155,7 +155,7 @@ def load_card(path: str, *, check_files: bool = True) -> Card:
     Raises:
       CardError: naming the file and key: unreadable YAML, a missing or mistyped key, an unknown task kind or
         grouping, content that no longer matches ``content_sha256`` (bump the version with
-        ``python -m jaxpt.evaluate card-stamp FILE``), or a spot-check file whose sha256 differs from the card's.
+        ``python -m jaxpt.tools.evaluate card-stamp FILE``), or a spot-check file whose sha256 differs from the card's.
     """
     raw = _read(path)
     where = path
@@ -165,7 +165,7 @@ def load_card(path: str, *, check_files: bool = True) -> Card:
     if actual != stamped:
         raise CardError(f"{path}: content changed since version {version} was stamped (content sha256 "
                         f"{actual[:12]}, card says {stamped[:12]}). A changed card is a new version: run "
-                        f"`python -m jaxpt.evaluate card-stamp {path}` to bump it to {version + 1}")
+                        f"`python -m jaxpt.tools.evaluate card-stamp {path}` to bump it to {version + 1}")
     name = _get(raw, "name", str, where)
     tsv = _get(raw, "task_set_version", str, where)
     if not re.fullmatch(r"[\w.]+", tsv):
@@ -201,7 +201,7 @@ def load_card(path: str, *, check_files: bool = True) -> Card:
             if got != spot.prompts_sha256:
                 raise CardError(f"{w}.prompts: {prompts_path} has sha256 {got[:12]}, the card records "
                                 f"{spot.prompts_sha256[:12]}: the spot-check set changed, so update "
-                                f"prompts_sha256 and run `python -m jaxpt.evaluate card-stamp {path}`")
+                                f"prompts_sha256 and run `python -m jaxpt.tools.evaluate card-stamp {path}`")
     return Card(path=path, name=name, version=version, content_sha256=stamped, task_set_version=tsv,
                 seed=_get(raw, "seed", int, where, 0), ngram=_get(dec, "ngram", int, f"{where}.decontamination"),
                 min_words=_get(dec, "min_words", int, f"{where}.decontamination"),

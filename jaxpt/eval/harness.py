@@ -1,6 +1,6 @@
 """lm-evaluation-harness adapter: a jaxpt checkpoint as an lm-eval model (``--model jaxpt``).
 
-    python -m jaxpt.evaluate lm-eval --workdir workdirs/quickstart \\
+    python -m jaxpt.tools.evaluate lm-eval --workdir workdirs/quickstart \\
         --tasks jaxpt_cloze_reference,jaxpt_heldout_rolling,jaxpt_code_next_line_greedy
 
 or, from Python, ``lm_eval.simple_evaluate(model=JaxptLM(workdir=...), tasks=[...], task_manager=...)``; the

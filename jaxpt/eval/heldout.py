@@ -102,7 +102,7 @@ def resolve_source(source: str, split: str = "heldout") -> list[str]:
 def run_sources(data_cfg) -> tuple[str, str]:
     """``(held-out source, training source)`` of a run's ``DataConfig``: the prepared sample's two files, or, for
     ``source='corpus'``, the corpus directory for both (its ``heldout/`` split, which the build keeps out of the
-    training shards, and the shards). The one rule the trainer, the in-loop evaluator and ``jaxpt.evaluate`` use."""
+    training shards, and the shards). The one rule the trainer, the in-loop evaluator and ``jaxpt.tools.evaluate`` use."""
     if data_cfg.source == "corpus":
         return data_cfg.corpus_dir, data_cfg.corpus_dir
     return data_cfg.heldout_path, data_cfg.train_path

@@ -2,7 +2,7 @@
 
 The data files under ``data/`` were exported from jaxpt's probe tasks of ``configs/eval/card_v1.yaml`` on the
 bundled sample (held-out split only, decontaminated against the training split), by
-``python -m jaxpt.evaluate export-probes``; reading them here keeps lm-eval off the network.
+``python -m jaxpt.tools.evaluate export-probes``; reading them here keeps lm-eval off the network.
 """
 
 import json

@@ -1,7 +1,7 @@
-"""``python -m jaxpt.drill``: a recovery drill. Train, SIGKILL the trainer at random moments (some inside an
+"""``python -m jaxpt.tools.drill``: a recovery drill. Train, SIGKILL the trainer at random moments (some inside an
 asynchronous checkpoint save), restart it, and check that the resumed run *is* the uninterrupted run.
 
-    python -m jaxpt.drill --config configs/quickstart.gin --workdir workdirs/drill --steps 60 --kills 5
+    python -m jaxpt.tools.drill --config configs/quickstart.gin --workdir workdirs/drill --steps 60 --kills 5
 
 Steps:
 
@@ -439,7 +439,7 @@ def _configured_save_every(args: argparse.Namespace) -> int:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m jaxpt.drill", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m jaxpt.tools.drill", description=__doc__.splitlines()[0])
     p.add_argument("--config", action="append", default=[], metavar="FILE", help="gin file; may repeat")
     p.add_argument("--gin", action="append", default=[], metavar="BINDING", help="gin binding; may repeat")
     p.add_argument("--mesh", help="mesh sizes for the trainer, e.g. data=2,fsdp=2,tensor=2")

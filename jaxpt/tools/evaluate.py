@@ -1,13 +1,13 @@
-"""``python -m jaxpt.evaluate``: evaluate a checkpoint on an eval card, compare reports, review agreement.
+"""``python -m jaxpt.tools.evaluate``: evaluate a checkpoint on an eval card, compare reports, review agreement.
 
-    python -m jaxpt.evaluate --workdir DIR [--step N] --card configs/eval/card_v1.yaml --output report.json
+    python -m jaxpt.tools.evaluate --workdir DIR [--step N] --card configs/eval/card_v1.yaml --output report.json
         [--heldout SRC] [--train SRC] [--mesh data=8] [--no-seqio] [--review-sheet FILE]
-    python -m jaxpt.evaluate compare BASE NEW [--card CARD] [--output FILE]   # reports, or workdirs + --card
-    python -m jaxpt.evaluate agreement SHEET                                  # Cohen's kappa of a review sheet
-    python -m jaxpt.evaluate card-stamp CARD                                  # bump a changed card's version
-    python -m jaxpt.evaluate spot-check-build --heldout SRC --output FILE    # (re)build a spot-check prompt set
-    python -m jaxpt.evaluate export-probes --card CARD --heldout SRC --train SRC --output-dir DIR
-    python -m jaxpt.evaluate lm-eval --workdir DIR --tasks T1,T2 [--include-path DIR] [--limit N]
+    python -m jaxpt.tools.evaluate compare BASE NEW [--card CARD] [--output FILE]   # reports, or workdirs + --card
+    python -m jaxpt.tools.evaluate agreement SHEET                                  # Cohen's kappa of a review sheet
+    python -m jaxpt.tools.evaluate card-stamp CARD                                  # bump a changed card's version
+    python -m jaxpt.tools.evaluate spot-check-build --heldout SRC --output FILE    # (re)build a spot-check prompt set
+    python -m jaxpt.tools.evaluate export-probes --card CARD --heldout SRC --train SRC --output-dir DIR
+    python -m jaxpt.tools.evaluate lm-eval --workdir DIR --tasks T1,T2 [--include-path DIR] [--limit N]
 
 The report (JSON) names the card (name, version, content hash, task-set version) and the checkpoint, and holds
 held-out perplexity per domain, per language and per (domain, language), each probe task's metrics beside its
@@ -26,7 +26,7 @@ import sys
 import time
 from typing import Any, Sequence
 
-log = logging.getLogger("jaxpt.evaluate")
+log = logging.getLogger("jaxpt.tools.evaluate")
 
 SUBCOMMANDS = ("compare", "agreement", "card-stamp", "spot-check-build", "export-probes", "lm-eval")
 
@@ -261,7 +261,7 @@ def cmd_lm_eval(args) -> int:
 
 
 def _parser(sub: str | None) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=f"python -m jaxpt.evaluate{' ' + sub if sub else ''}",
+    p = argparse.ArgumentParser(prog=f"python -m jaxpt.tools.evaluate{' ' + sub if sub else ''}",
                                 description=__doc__.splitlines()[0])
     if sub is None:
         p.add_argument("--workdir", required=True)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
-from jaxpt.data import pipeline
+from jaxpt.data import loader
 from jaxpt.data import tokenizer as tokenizer_lib
 from jaxpt.data.tokenizer import Tokenizer
 
@@ -64,7 +64,7 @@ def _global_order(n, epochs, shuffle=True):
 
 def test_batches_have_the_documented_shapes_and_dtypes(data):
     path, tok, _ = data
-    batch = next(iter(pipeline.make_train_dataset(path, tok, seq_len=SEQ_LEN, local_batch_size=4, seed=SEED)))
+    batch = next(iter(loader.make_train_dataset(path, tok, seq_len=SEQ_LEN, local_batch_size=4, seed=SEED)))
     assert set(batch) == {"tokens", "segment_ids", "positions", "doc_index"}
     assert all(v.shape == (4, SEQ_LEN) and v.dtype == np.int32 for v in batch.values())
 
@@ -72,7 +72,7 @@ def test_batches_have_the_documented_shapes_and_dtypes(data):
 def test_train_stream_is_the_shuffled_documents_with_eos_and_no_token_lost(data):
     # Over more than two epochs, so the per-epoch reshuffle and the epoch boundary are covered.
     path, tok, docs = data
-    it = iter(pipeline.make_train_dataset(path, tok, seq_len=SEQ_LEN, local_batch_size=4, seed=SEED))
+    it = iter(loader.make_train_dataset(path, tok, seq_len=SEQ_LEN, local_batch_size=4, seed=SEED))
     tokens, doc_index = _stream([next(it) for _ in range(100)])
     order = _global_order(len(docs), epochs=8)
     want_tokens, want_doc_index = _expected_stream(tok, docs, order)
@@ -88,7 +88,7 @@ def test_processes_read_disjoint_documents_that_cover_the_file(data):
     order = _global_order(n, epochs=8)
     firsts = []
     for p in range(2):
-        ds = pipeline.make_train_dataset(path, tok, seq_len=SEQ_LEN, local_batch_size=2, seed=SEED,
+        ds = loader.make_train_dataset(path, tok, seq_len=SEQ_LEN, local_batch_size=2, seed=SEED,
                                          process_index=p, process_count=2)
         it = iter(ds)
         tokens, doc_index = _stream([next(it) for _ in range(60)])
@@ -105,13 +105,13 @@ def test_processes_read_disjoint_documents_that_cover_the_file(data):
 
 def test_resume_from_saved_state_gives_the_same_batches(data):
     path, tok, _ = data
-    ds = pipeline.make_train_dataset(path, tok, seq_len=SEQ_LEN, local_batch_size=3, seed=SEED)
+    ds = loader.make_train_dataset(path, tok, seq_len=SEQ_LEN, local_batch_size=3, seed=SEED)
     it = iter(ds)
     for _ in range(17):
         next(it)
     state = json.loads(json.dumps(it.get_state()))  # as a checkpoint stores it
     expected = [next(it) for _ in range(25)]
-    resumed = iter(pipeline.make_train_dataset(path, tok, seq_len=SEQ_LEN, local_batch_size=3, seed=SEED))
+    resumed = iter(loader.make_train_dataset(path, tok, seq_len=SEQ_LEN, local_batch_size=3, seed=SEED))
     resumed.set_state(state)
     for want, got in zip(expected, [next(resumed) for _ in range(25)]):
         for k in want:
@@ -120,12 +120,12 @@ def test_resume_from_saved_state_gives_the_same_batches(data):
 
 def test_no_shuffle_reads_in_file_order_and_seed_changes_the_order(data):
     path, tok, docs = data
-    it = iter(pipeline.make_train_dataset(path, tok, seq_len=SEQ_LEN, local_batch_size=2, seed=SEED,
+    it = iter(loader.make_train_dataset(path, tok, seq_len=SEQ_LEN, local_batch_size=2, seed=SEED,
                                           shuffle=False, read_threads=0))
     _, doc_index = _stream([next(it) for _ in range(5)])
     assert list(dict.fromkeys(doc_index.tolist())) == list(range(len(set(doc_index.tolist()))))
-    a = next(iter(pipeline.make_train_dataset(path, tok, seq_len=SEQ_LEN, local_batch_size=2, seed=1)))
-    b = next(iter(pipeline.make_train_dataset(path, tok, seq_len=SEQ_LEN, local_batch_size=2, seed=2)))
+    a = next(iter(loader.make_train_dataset(path, tok, seq_len=SEQ_LEN, local_batch_size=2, seed=1)))
+    b = next(iter(loader.make_train_dataset(path, tok, seq_len=SEQ_LEN, local_batch_size=2, seed=2)))
     assert not np.array_equal(a["doc_index"], b["doc_index"])
 
 
@@ -135,7 +135,7 @@ def test_eval_is_finite_padded_and_covers_every_token_once(data, process_count):
     batch_size = 4
     per_process = []
     for p in range(process_count):
-        ds = pipeline.make_eval_dataset(path, tok, seq_len=SEQ_LEN, batch_size=batch_size,
+        ds = loader.make_eval_dataset(path, tok, seq_len=SEQ_LEN, batch_size=batch_size,
                                         process_index=p, process_count=process_count)
         per_process.append(list(ds))
         assert list(ds) and len(list(ds)) == len(per_process[0]), "every process gets the same count"
@@ -159,7 +159,7 @@ def test_document_ids_map_doc_index_back_to_ids(data):
     path, tok, docs = data
     ids = pipeline.document_ids(path)
     assert ids == [d["id"] for d in docs]
-    batch = next(iter(pipeline.make_eval_dataset(path, tok, seq_len=SEQ_LEN, batch_size=2)))
+    batch = next(iter(loader.make_eval_dataset(path, tok, seq_len=SEQ_LEN, batch_size=2)))
     first = batch["doc_index"][0, 0]
     n = int((batch["doc_index"][0] == first).sum())
     want = np.append(tok.encode(docs[first]["text"]), tok.eos_id)
@@ -169,7 +169,7 @@ def test_document_ids_map_doc_index_back_to_ids(data):
 def test_bad_arguments_and_records_raise(data, tmp_path):
     path, tok, _ = data
     with pytest.raises(ValueError, match="process_index"):
-        pipeline.make_train_dataset(path, tok, seq_len=8, local_batch_size=1, seed=0, process_index=2,
+        loader.make_train_dataset(path, tok, seq_len=8, local_batch_size=1, seed=0, process_index=2,
                                     process_count=2)
     bad = tmp_path / "bad.jsonl.gz"
     with gzip.open(bad, "wt") as f:
@@ -183,8 +183,8 @@ def test_to_global_batch_shards_device_keys_over_data_and_fsdp(data):
     assert jax.device_count() == 8, "tests run with 8 simulated CPU devices (tests/conftest.py)"
     mesh = jax.make_mesh((2, 2, 2), ("data", "fsdp", "tensor"), axis_types=(AxisType.Auto,) * 3)
     sharding = NamedSharding(mesh, PartitionSpec(("data", "fsdp"), None))
-    local = next(iter(pipeline.make_train_dataset(path, tok, seq_len=SEQ_LEN, local_batch_size=8, seed=SEED)))
-    batch = pipeline.to_global_batch(local, sharding)
+    local = next(iter(loader.make_train_dataset(path, tok, seq_len=SEQ_LEN, local_batch_size=8, seed=SEED)))
+    batch = loader.to_global_batch(local, sharding)
     assert set(batch) == set(pipeline.DEVICE_KEYS)  # doc_index stays on the host
     for k, arr in batch.items():
         assert isinstance(arr, jax.Array) and arr.sharding == sharding and arr.dtype == np.int32

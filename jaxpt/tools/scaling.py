@@ -1,7 +1,7 @@
-"""``python -m jaxpt.scaling``: train a grid of model sizes x token budgets, then fit a scaling law.
+"""``python -m jaxpt.tools.scaling``: train a grid of model sizes x token budgets, then fit a scaling law.
 
-    python -m jaxpt.scaling run --grid configs/scaling/grid.gin            # -> runs/scaling/runs.jsonl
-    python -m jaxpt.scaling fit runs/scaling --predict-params 1e7 --predict-tokens 2e8
+    python -m jaxpt.tools.scaling run --grid configs/scaling/grid.gin            # -> runs/scaling/runs.jsonl
+    python -m jaxpt.tools.scaling fit runs/scaling --predict-params 1e7 --predict-tokens 2e8
 
 **run** reads one gin file holding a base training config (the usual ``ModelConfig``/``TrainConfig``/...
 bindings) and a ``ScalingGrid`` (model-size overrides x token budgets, see :class:`ScalingGrid`). Each grid
@@ -39,12 +39,12 @@ import numpy as np
 
 from jaxpt import config as config_lib
 from jaxpt import flops as flops_lib
-from jaxpt import plan
+from jaxpt.tools import plan
 from jaxpt.config import ConfigError
 from jaxpt.model.config import ModelConfig
 from jaxpt.model.decoder import count_params
 
-log = logging.getLogger("jaxpt.scaling")
+log = logging.getLogger("jaxpt.tools.scaling")
 
 #: Names of the fitted constants, in the order of :attr:`Fit.values`.
 PARAM_NAMES = ("E", "A", "B", "alpha", "beta")
@@ -230,7 +230,7 @@ class Fit:
 
     @property
     def law(self) -> plan.ParametricLoss:
-        """The fitted law as a :class:`jaxpt.plan.ParametricLoss` (loss, compute-optimal allocation)."""
+        """The fitted law as a :class:`jaxpt.tools.plan.ParametricLoss` (loss, compute-optimal allocation)."""
         return plan.ParametricLoss(*self.values)
 
     def predict(self, n_params: float, n_tokens: float) -> tuple[float, float]:
@@ -415,7 +415,7 @@ def _predict_target(args) -> tuple[float, float] | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m jaxpt.scaling", description=__doc__.splitlines()[0],
+    p = argparse.ArgumentParser(prog="python -m jaxpt.tools.scaling", description=__doc__.splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="train the grid")

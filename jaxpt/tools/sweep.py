@@ -1,6 +1,6 @@
-"""``python -m jaxpt.sweep``: compile and time one config on several mesh shapes, and name the best.
+"""``python -m jaxpt.tools.sweep``: compile and time one config on several mesh shapes, and name the best.
 
-    python -m jaxpt.sweep --config configs/quickstart.gin --mesh data=8 --mesh fsdp=8 \\
+    python -m jaxpt.tools.sweep --config configs/quickstart.gin --mesh data=8 --mesh fsdp=8 \\
         --mesh data=2,fsdp=2,tensor=2 --mesh fsdp=4,tensor=2 --steps 5 --out workdirs/sweep
 
 For each ``--mesh``:
@@ -9,7 +9,7 @@ For each ``--mesh``:
    devices, the batch or the heads is reported as ``invalid`` with the config error, not raised.
 2. **Compile ahead of time** (``jit(...).lower(abstract state, abstract batch).compile()``), timing it, and
    read the compiled per-device memory from ``memory_analysis()``: ``argument + output - alias + temp``
-   bytes (donated state is aliased, so it counts once). Beside it, :func:`jaxpt.plan.estimate_memory`.
+   bytes (donated state is aliased, so it counts once). Beside it, :func:`jaxpt.tools.plan.estimate_memory`.
    If the device's memory is known (``memory_stats()['bytes_limit']`` on accelerators, or
    ``--device-memory-gib``) and the step needs more, the shape is reported as ``does not fit`` and not run.
 3. **Run** one untimed warm-up step, then ``--steps`` timed steps on *synthetic* batches: uniform random
@@ -59,12 +59,13 @@ import numpy as np
 from jaxpt import config as config_lib
 from jaxpt import flops as flops_lib
 from jaxpt import mesh as mesh_lib
-from jaxpt import monitor, optim, plan
+from jaxpt import monitor, optim
+from jaxpt.tools import plan
 from jaxpt import state as state_lib
 from jaxpt import step as step_lib
 from jaxpt.config import ConfigError, TrainConfig
 
-log = logging.getLogger("jaxpt.sweep")
+log = logging.getLogger("jaxpt.tools.sweep")
 
 #: HLO collective op names (XLA); a trace event is a collective if its name starts with one of them.
 COLLECTIVE_OPS = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "ragged-all-to-all",
@@ -413,7 +414,7 @@ def run_sweep(cfg: TrainConfig, meshes: Sequence[str], *, steps: int, profile_st
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m jaxpt.sweep", description=__doc__.splitlines()[0],
+    p = argparse.ArgumentParser(prog="python -m jaxpt.tools.sweep", description=__doc__.splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", action="append", default=[], metavar="FILE", help="gin file; may repeat")
     p.add_argument("--gin", action="append", default=[], metavar="BINDING", help="gin binding; may repeat")

@@ -1,4 +1,4 @@
-"""``python -m jaxpt.plan``: defend a model size, a token count and a layout with numbers before a run.
+"""``python -m jaxpt.tools.plan``: defend a model size, a token count and a layout with numbers before a run.
 
 Three questions, three parts of this module:
 
@@ -32,13 +32,13 @@ Three questions, three parts of this module:
    by the mesh axes its logical axes are sharded over (the same rules :mod:`jaxpt.mesh` applies), and
    compares the total with the device's memory.
 
-3. Layout throughput is measured, not estimated: see :mod:`jaxpt.sweep`.
+3. Layout throughput is measured, not estimated: see :mod:`jaxpt.tools.sweep`.
 
 Examples::
 
-    python -m jaxpt.plan --flops 5.76e23 --hardware v5p-256 --mfu 0.45
-    python -m jaxpt.plan --params 7e9 --json
-    python -m jaxpt.plan --config configs/quickstart.gin --mesh fsdp=-1 --hardware v5e-8
+    python -m jaxpt.tools.plan --flops 5.76e23 --hardware v5p-256 --mfu 0.45
+    python -m jaxpt.tools.plan --params 7e9 --json
+    python -m jaxpt.tools.plan --config configs/quickstart.gin --mesh fsdp=-1 --hardware v5e-8
 """
 
 from __future__ import annotations
@@ -289,7 +289,7 @@ def param_elements(cfg: ModelConfig, rules, sizes) -> tuple[int, int, int]:
     table, which :class:`jaxpt.model.Decoder` replicates whole for the token lookup (in the param dtype)
     unless it is already replicated.
     """
-    from jaxpt.state import abstract_model  # model building imports flax; keep `import jaxpt.plan` light
+    from jaxpt.state import abstract_model  # model building imports flax; keep `import jaxpt.tools.plan` light
 
     _, params = abstract_model(cfg)
     c_rules = compute_rules(rules)
@@ -604,7 +604,7 @@ def config_plan(args, hw: Slice | None) -> dict[str, Any]:
 
 def build_parser() -> argparse.ArgumentParser:
     from jaxpt import config as config_lib
-    p = argparse.ArgumentParser(prog="python -m jaxpt.plan", description=__doc__.splitlines()[0],
+    p = argparse.ArgumentParser(prog="python -m jaxpt.tools.plan", description=__doc__.splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     what = p.add_argument_group("what to plan (one of)")
     what.add_argument("--flops", type=float, help="compute budget in FLOPs, e.g. 5.76e23")

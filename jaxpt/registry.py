@@ -1,0 +1,98 @@
+"""The run registry: ``<workdir>/run.json``, one record per run, written by process 0 of the trainer.
+
+``run.json`` holds: ``run_id``, ``status`` (running, completed, preempted, failed), ``config_hash``
+(sha256 of the operative gin config), ``data_version``, ``tokenizer`` (path, sha256), ``git`` (commit,
+dirty), ``mesh``, ``devices`` (count, kind, processes), ``num_params``, ``started_at`` / ``ended_at``
+(UTC ISO 8601) and ``sessions`` (one per start or resume), ``final`` metrics, and ``events`` (spike skips,
+rollbacks, preemptions). ``python -m jaxpt.tools.runs`` reads it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import os
+import subprocess
+import uuid
+from typing import Any
+
+RUN_FILE = "run.json"
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def git_state(path: str = ".") -> dict[str, Any]:
+    """``{"commit": sha or None, "dirty": bool or None}`` of the repository holding ``path``."""
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=path, capture_output=True, text=True,
+                                timeout=10).stdout.strip() or None
+        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=path,
+                                capture_output=True, text=True, timeout=10).stdout
+        return {"commit": commit, "dirty": bool(status.strip()) if commit else None}
+    except (OSError, subprocess.SubprocessError):
+        return {"commit": None, "dirty": None}
+
+
+class RunRegistry:
+    """Writes and updates ``<workdir>/run.json`` (a no-op unless ``enabled``)."""
+
+    def __init__(self, workdir: str, enabled: bool = True):
+        self.path = os.path.join(workdir, RUN_FILE)
+        self.enabled = enabled
+        self.record: dict[str, Any] = {}
+
+    def _write(self) -> None:
+        if not self.enabled:
+            return
+        tmp = self.path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(self.record, f, indent=2, default=str)
+        os.replace(tmp, self.path)  # atomic: a reader never sees half a file
+
+    def start(self, cfg, config_text: str, run, data_version: str) -> None:
+        """Create run.json, or add a session to an existing one (a resumed run keeps its id)."""
+        import jax
+        from jaxpt import mesh as mesh_lib, state as state_lib
+        if not self.enabled:
+            return
+        if os.path.exists(self.path):
+            with open(self.path) as f:
+                self.record = json.load(f)
+        else:
+            self.record = {"run_id": f"{os.path.basename(os.path.abspath(cfg.workdir))}-{uuid.uuid4().hex[:8]}",
+                           "workdir": os.path.abspath(cfg.workdir), "started_at": _now(), "events": [],
+                           "sessions": []}
+        self.record.update({
+            "status": "running",
+            "config_hash": hashlib.sha256(config_text.encode()).hexdigest(),
+            "data_version": data_version,
+            "tokenizer": {"path": os.path.abspath(cfg.data.tokenizer_path), "sha256": run.tokenizer.sha256},
+            "git": git_state(os.path.dirname(os.path.abspath(__file__))),
+            "mesh": mesh_lib.format_mesh(mesh_lib.mesh_shape(run.mesh)),
+            "devices": {"count": jax.device_count(), "kind": jax.devices()[0].device_kind,
+                        "processes": jax.process_count()},
+            "num_params": state_lib.num_params(run.spec),
+            "target_steps": cfg.steps,
+        })
+        self.record["sessions"].append({"started_at": _now(), "start_step": int(jax.device_get(run.state.step))})
+        self._write()
+
+    def add_event(self, event: dict[str, Any]) -> None:
+        if self.enabled:
+            self.record.setdefault("events", []).append({**event, "time": _now()})
+            self._write()
+
+    def finish(self, status: str, final: dict[str, Any]) -> None:
+        if not self.enabled or not self.record:
+            return
+        self.record["status"] = status
+        self.record["ended_at"] = _now()
+        if final:
+            self.record["final"] = final
+        if self.record.get("sessions"):
+            self.record["sessions"][-1]["ended_at"] = self.record["ended_at"]
+            self.record["sessions"][-1]["status"] = status
+        self._write()
