@@ -1,6 +1,7 @@
 """Held-out perplexity per domain and language inside the train loop.
 
-Enabled from gin (off by default, so plain runs pay nothing)::
+Enabled from gin (off by default, so plain runs pay nothing); the config is ``TrainConfig.heldout_eval``,
+registered and validated with the other configs in :mod:`jaxpt.config`::
 
     HeldoutEvalConfig.enabled = True
     HeldoutEvalConfig.group_by = ('domain', 'lang')
@@ -20,10 +21,9 @@ import dataclasses
 import weakref
 from typing import Any
 
-import gin
-
 from jaxpt.eval import heldout
 from jaxpt.eval.scorer import Scorer
+from jaxpt.validation import check_types, non_negative, require
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,15 +35,23 @@ class HeldoutEvalConfig:
       group_by: groupings to report (``domain``, ``lang``, ``domain_lang``).
       source: held-out source (file or corpus directory); '' = ``DataConfig.heldout_path`` (or ``corpus_dir``).
       stride: new tokens per later window of a long document; 0 = ``seq_len // 2``.
+
+    Raises:
+      ConfigError: at construction, naming ``HeldoutEvalConfig.<field> = <value>``: a wrong type, a grouping
+        not in :data:`jaxpt.eval.heldout.GROUPINGS`, or a negative ``stride``.
     """
 
     enabled: bool = False
-    group_by: tuple = ("domain", "lang")
+    group_by: tuple[str, ...] = ("domain", "lang")
     source: str = ""
     stride: int = 0
 
+    def __post_init__(self) -> None:
+        check_types(self)
+        require(self, "group_by", set(self.group_by) <= set(heldout.GROUPINGS),
+                f"each grouping must be one of {heldout.GROUPINGS}")
+        non_negative(self, "stride")
 
-_GIN_CONFIG = gin.external_configurable(HeldoutEvalConfig, name="HeldoutEvalConfig", module="jaxpt")
 
 # run -> {limit: (Scorer, HeldoutSet)}; weak, so a finished run's evaluator goes with it.
 _CACHE: dict[int, tuple[Any, dict]] = {}
@@ -72,10 +80,10 @@ def heldout_figures(run, limit: int) -> dict[str, float]:
     """Per-group held-out figures for the loop's record, or ``{}`` when ``HeldoutEvalConfig.enabled`` is off.
 
     Args:
-      run: the :class:`jaxpt.train.Run` (mesh, state, tokenizer, config).
+      run: the :class:`jaxpt.train.Run` (mesh, state, tokenizer, config); its ``cfg.heldout_eval`` decides.
       limit: the evaluation's batch bound (``TrainConfig.eval_batches``; 0 = everything).
     """
-    cfg = _GIN_CONFIG()
+    cfg = run.cfg.heldout_eval
     if not cfg.enabled:
         return {}
     scorer, hset = _evaluator(run, cfg, limit)
