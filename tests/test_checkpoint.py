@@ -285,7 +285,6 @@ def test_incomplete_saves_are_ignored_and_junk_is_an_error(trained10, tmp_path):
     """A temporary (uncommitted) save directory is never the latest step, and a trainer's checkpointer
     deletes it on start; a step directory that cannot be read, or unrecognized entries, are errors naming
     them; only incomplete saves means a fresh start."""
-    from jaxpt.train import restore_or_init
     run = copy_run(trained10, tmp_path / "run")
     tmp_save = run / "checkpoints" / "12.orbax-checkpoint-tmp-1795960289"
     shutil.copytree(run / "checkpoints" / "10", tmp_save)
@@ -306,18 +305,18 @@ def test_incomplete_saves_are_ignored_and_junk_is_an_error(trained10, tmp_path):
     (empty_step / "checkpoints" / "7").mkdir(parents=True)
     ckpt = Checkpointer(str(empty_step), CheckpointConfig())
     with pytest.raises(CheckpointError, match="checkpoints/7: cannot read its metadata"):
-        restore_or_init(None, ckpt, None)
+        ckpt.resume(None, None, None, None)
     ckpt.close()
     junk = tmp_path / "junk"
     (junk / "checkpoints" / "notes").mkdir(parents=True)
     ckpt = Checkpointer(str(junk), CheckpointConfig())
     with pytest.raises(CheckpointError, match=r"holds \['notes'\] but no restorable checkpoint"):
-        restore_or_init(None, ckpt, None)
+        ckpt.resume(None, None, None, None)
     ckpt.close()
     only_tmp = tmp_path / "only_tmp"
     (only_tmp / "checkpoints" / "4.orbax-checkpoint-tmp-1").mkdir(parents=True)
     ckpt = Checkpointer(str(only_tmp), CheckpointConfig())
-    assert restore_or_init(None, ckpt, None) == 0
+    assert ckpt.resume(None, None, None, None) == (None, 0)
     ckpt.close()
 
 

@@ -325,10 +325,10 @@ def test_report_recommendation_follows_its_rule(reports):
 def test_run_config_follows_the_tokenizer(reports):
     """A run's model takes its vocabulary from the tokenizer (ModelConfig.vocab_size = 0); nothing else moves."""
     from jaxpt import config as config_lib
-    from jaxpt.train import resolve_model_config
+    from jaxpt.builder import resolve_vocab
 
     cfg = config_lib.parse([str(QUICKSTART)])
-    small, large = (resolve_model_config(cfg, Tokenizer.load(reports[0] / "tokenizers" / f"sp{v}.model"))
+    small, large = (resolve_vocab(cfg, Tokenizer.load(reports[0] / "tokenizers" / f"sp{v}.model"))
                     for v in (1024, 2048))
     assert (small.model.vocab_size, large.model.vocab_size) == (1024, 2048)
     assert dataclasses.replace(large, model=dataclasses.replace(large.model, vocab_size=1024)) == small

@@ -120,9 +120,11 @@ class Scorer:
       seq_len: row length L (at most the model's ``max_seq_len``).
       batch_size: rows per call; rounded up to a multiple of the data-parallel size (extra rows are padding).
       pad_id: token id of padding slots.
+      place_params: put ``params`` on the mesh now (False: they are abstract; set ``scorer.params`` later).
     """
 
-    def __init__(self, graphdef, params, mesh: Mesh, rules, *, seq_len: int, batch_size: int, pad_id: int = 0):
+    def __init__(self, graphdef, params, mesh: Mesh, rules, *, seq_len: int, batch_size: int, pad_id: int = 0,
+                 place_params: bool = True):
         if seq_len < 2:
             raise ValueError(f"Scorer: seq_len = {seq_len} must be >= 2")
         dp = mesh_lib.data_parallel_size(mesh_lib.mesh_shape(mesh), rules)
@@ -135,7 +137,9 @@ class Scorer:
         # Params keep their sharding when they already live on this mesh; others are replicated onto it.
         param_s = jax.tree.map(lambda x: x.sharding if isinstance(getattr(x, "sharding", None), NamedSharding)
                                and x.sharding.mesh == mesh else replicated, params)
-        self.params = jax.device_put(params, param_s)
+        # ``place_params=False``: ``params`` may be abstract (ShapeDtypeStructs with shardings); the caller sets
+        # ``self.params`` before each call (the trainer passes its live params, which it donates every step).
+        self.params = jax.device_put(params, param_s) if place_params else None
 
         def traced(params, tokens, segment_ids, positions):
             with mesh_lib.activation_sharding(mesh, rules):
