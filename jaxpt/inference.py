@@ -190,7 +190,7 @@ def generate(model, tokenizer, prompt: str, max_new_tokens: int = 32, *, stop_st
       ValueError: the prompt encodes to no tokens, or ``max_new_tokens`` is not in [0, max_seq_len).
     """
     ids = tokenizer.encode(prompt)
-    row = max(2, min(model.cfg.max_seq_len, len(ids) + max_new_tokens))
+    row = max(2, min(model.cfg.max_seq_len, max(len(ids), 1) + max_new_tokens))
     step = decode.NoCacheStep.from_model(model, seq_len=row, pad_id=tokenizer.pad_id)
     (gen,) = decode.greedy(step, [ids], max_new_tokens, eos_id=tokenizer.eos_id, stop_strings=[stop_strings],
                            tokenizer=tokenizer)
