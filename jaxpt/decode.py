@@ -39,8 +39,6 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxpt import mesh as mesh_lib
 
-STOP_REASONS = ("eos", "stop_string", "length")
-
 
 class DecodeStep(Protocol):
     """What :func:`greedy` needs of a model: next-token logits for up to ``batch_size`` rows of at most
