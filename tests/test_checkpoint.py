@@ -407,32 +407,37 @@ def test_restore_anywhere_gives_the_trained_model(ckpt_env, trained10):
 
 
 def test_generate_matches_unpadded_greedy_reference(trained10):
-    """Each token the padded fixed-window greedy decoder picks is the argmax of the model's logits at the
-    previous position when run once, unpadded, on the prompt plus the generated tokens (causal masking
-    makes that single call see exactly the context each decoding step saw)."""
+    """Each token the padded fixed-row greedy decoder (jaxpt.decode over NoCacheStep) picks is the argmax of the
+    model's logits at the previous position when run once, unpadded, on the prompt plus the generated tokens
+    (causal masking makes that single call see exactly the context each decoding step saw). A prompt longer than
+    max_seq_len - max_new_tokens (64 - 4) keeps its last 60 tokens."""
     import jaxpt
+    from jaxpt import decode
     from jaxpt import mesh as mesh_lib
-    from jaxpt.inference import generate_ids
     r = jaxpt.restore(trained10, mesh=mesh_lib.make_mesh("data=1", devices=jax.devices()[:1]))
+
+    def unpadded_argmax(ids, first):
+        ids = np.asarray([ids], np.int32)
+        n = ids.shape[1]
+        logits = np.asarray(r.model(ids, np.ones((1, n), np.int32), np.arange(n, dtype=np.int32)[None]))
+        return [int(np.argmax(logits[0, k])) for k in range(first - 1, n - 1)]
+
     prompt = list(r.tokenizer.encode("The river flows"))
-    got = generate_ids(r.model, prompt, 8)
-    assert len(got) == 8
-    ids = np.asarray([prompt + got], np.int32)
-    n = ids.shape[1]
-    logits = np.asarray(r.model(ids, np.ones((1, n), np.int32), np.arange(n, dtype=np.int32)[None]))
-    assert got == [int(np.argmax(logits[0, len(prompt) - 1 + i])) for i in range(8)]
+    (gen,) = decode.greedy(decode.NoCacheStep.from_model(r.model, seq_len=len(prompt) + 8), [prompt], 8)
+    got = gen.ids
+    assert len(got) == 8 and gen.stop_reason == "length"
+    assert got == unpadded_argmax(prompt + got, len(prompt))
     eos = r.tokenizer.eos_id
     until_eos = got[:got.index(eos) + 1] if eos in got else got
     assert jaxpt.generate(r.model, r.tokenizer, "The river flows", 8) == r.tokenizer.decode(until_eos)
-    # Past max_seq_len (64) the context slides: each token is the argmax after the last 64 tokens.
     long_prompt = list(r.tokenizer.encode("The river flows into the sea. " * 12))[:70]
-    got = generate_ids(r.model, long_prompt, 4)
-    for i, token in enumerate(got):
-        ctx = np.asarray([(long_prompt + got[:i])[-64:]], np.int32)
-        logits = np.asarray(r.model(ctx, np.ones((1, 64), np.int32), np.arange(64, dtype=np.int32)[None]))
-        assert token == int(np.argmax(logits[0, -1]))
+    (gen,) = decode.greedy(decode.NoCacheStep.from_model(r.model), [long_prompt], 4)
+    assert len(gen.ids) == 4
+    assert gen.ids == unpadded_argmax(long_prompt[-60:] + gen.ids, 60)
     with pytest.raises(ValueError, match="at least one token"):
-        generate_ids(r.model, [], 3)
+        jaxpt.generate(r.model, r.tokenizer, "", 3)
+    with pytest.raises(ValueError, match="max_new_tokens = 64"):
+        jaxpt.generate(r.model, r.tokenizer, "The river", 64)
 
 
 @pytest.mark.slow

@@ -18,6 +18,7 @@ import yaml
 
 from conftest import REPO_ROOT, tiny_bindings
 from jaxpt import config as C
+from jaxpt import decode
 from jaxpt import mesh as mesh_lib
 from jaxpt.eval import card as card_lib
 from jaxpt.eval import heldout, probes
@@ -232,10 +233,16 @@ def test_lm_eval_adapter_loglikelihood_equals_jaxpt_scoring(restored, probe_task
     (rolling,) = lm.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, (text,), 0)])
     ids = np.concatenate([[tok.eos_id], tok.encode(text)])
     assert len(ids) <= 64 and rolling == pytest.approx(_direct_logprob(restored.model, ids, 1), rel=1e-5)
+    # generate_until: each new token is the argmax of one unpadded forward over the kept prompt (the last
+    # seq_len - 8 tokens) and the tokens before it; the answer is their text up to the first newline.
     prompt = probe_tasks["code_next_line_greedy"].examples[0]["prompt"]
     (gen,) = lm.generate_until([Instance("generate_until", {}, (prompt, {"until": ["\n"], "max_gen_toks": 8}), 0)])
-    new = lm.scorer.greedy([tok.encode(prompt)], 8, eos_id=tok.eos_id)[0]
-    assert gen == tok.decode(new).split("\n")[0] and "\n" not in gen
+    kept = list(tok.encode(prompt)[-(lm.decoder.seq_len - 8):])
+    (g,) = decode.greedy(lm.decoder, [tok.encode(prompt)], 8, eos_id=tok.eos_id)
+    ids = np.asarray([kept + g.ids], np.int32)
+    logits = np.asarray(restored.model(ids, np.ones_like(ids), np.arange(ids.shape[1], dtype=np.int32)[None]))
+    assert g.ids == [int(np.argmax(logits[0, len(kept) - 1 + i])) for i in range(len(g.ids))]
+    assert gen == tok.decode(g.ids).split("\n")[0] and "\n" not in gen
 
 
 def test_lm_eval_runs_the_local_tasks(eval_run, restored):
