@@ -2,7 +2,8 @@
 
 Sources (:func:`load_documents`) are pluggable: a prepared JSON Lines file (``heldout.jsonl.gz`` of
 ``python -m jaxpt.data.prepare``), or a corpus version directory holding ``heldout.jsonl.gz`` or
-``heldout/*.jsonl.gz`` (same schema: ``id``, ``text``, and ``domain``/``lang`` when known).
+``heldout/*.jsonl.gz``; each file is read by :mod:`jaxpt.data.documents` (one JSON object per line with a string
+``text``; ``id``, ``domain``, ``lang`` when known), so a malformed line raises ``DocumentFormatError`` naming it.
 
 Each document is tokenized as in training (EOS appended when ``add_eos``) and cut into rolling windows that
 start at the document's first token (:func:`jaxpt.eval.scorer.rolling_windows`), so the scored tokens are
@@ -16,14 +17,13 @@ from __future__ import annotations
 
 import dataclasses
 import glob
-import gzip
-import json
 import math
 import os
 from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
+from jaxpt.data import documents
 from jaxpt.eval.scorer import Scorer, Window, rolling_windows
 
 #: Group keys a report can break down by.
@@ -51,30 +51,15 @@ class Document:
         raise ValueError(f"unknown grouping {by!r}; choose from {GROUPINGS}")
 
 
-def _open_text(path: str):
-    return gzip.open(path, "rt", encoding="utf-8") if path.endswith(".gz") else open(path, encoding="utf-8")
-
-
-def read_jsonl(path: str) -> list[Document]:
-    """Documents of one JSON Lines file (.jsonl or .jsonl.gz), in file order.
+def read_documents(path: str) -> list[Document]:
+    """Documents of one document file (``.jsonl`` or ``.jsonl.gz``), in file order.
 
     Raises:
-      ValueError: naming ``file:line`` for a line that is not a JSON object with string ``id`` and ``text``.
+      DocumentFormatError: (a ConfigError) a line breaks the document contract of :mod:`jaxpt.data.documents`
+        (names file, line and reason). A record without ``id`` gets ``"<file name>:<line>"``.
     """
-    docs = []
-    with _open_text(path) as f:
-        for line_no, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-                if not isinstance(rec, dict) or not isinstance(rec.get("id"), str) \
-                        or not isinstance(rec.get("text"), str):
-                    raise TypeError("need a JSON object with string 'id' and 'text'")
-            except (json.JSONDecodeError, TypeError) as e:
-                raise ValueError(f"{path}:{line_no}: bad held-out record ({e})") from e
-            docs.append(Document(rec["id"], rec["text"], rec.get("domain") or UNKNOWN, rec.get("lang") or UNKNOWN))
-    return docs
+    return [Document(r["id"], r["text"], r.get("domain") or UNKNOWN, r.get("lang") or UNKNOWN)
+            for r in documents.read_documents(path)]
 
 
 def resolve_source(source: str, split: str = "heldout") -> list[str]:
@@ -112,7 +97,7 @@ def load_documents(source: str, split: str = "heldout") -> list[Document]:
     """All documents of ``source`` (see :func:`resolve_source`), files in sorted order."""
     docs: list[Document] = []
     for path in resolve_source(source, split):
-        docs += read_jsonl(path)
+        docs += read_documents(path)
     return docs
 
 
@@ -143,8 +128,7 @@ def training_texts(source: str) -> Iterator[str]:
             yield ex.features.feature["text"].bytes_list.value[0].decode("utf-8")
         return
     for path in paths:
-        for d in read_jsonl(path):
-            yield d.text
+        yield from documents.read_texts(path)
 
 
 @dataclasses.dataclass
