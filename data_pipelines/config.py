@@ -15,11 +15,9 @@ from typing import Any
 
 import gin
 
+from jaxpt.errors import ConfigError  # the one base (exit 2); re-exported as data_pipelines.config.ConfigError
+
 FORMATS = ("jsonl", "parquet", "warc", "tfds")
-
-
-class ConfigError(ValueError):
-    """A configuration value is missing or invalid; the message names the config key."""
 
 
 @dataclasses.dataclass(frozen=True)

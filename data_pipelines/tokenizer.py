@@ -59,6 +59,7 @@ import numpy as np
 
 from jaxpt.data import tokenizer as tokenizer_lib
 from jaxpt.data.prepare import is_heldout
+from jaxpt.errors import ConfigError  # the one base (exit 2); re-exported as data_pipelines.tokenizer.ConfigError
 
 FORMAT_VERSION = 1
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -66,10 +67,6 @@ DEFAULT_CONFIG = REPO_ROOT / "configs" / "data" / "tokenizer.gin"
 #: Language label of documents without one (code, or text language ID could not place).
 NO_LANG = "und"
 CODE_DOMAIN = "code"
-
-
-class ConfigError(ValueError):
-    """A bad setting or input; the message names the config key, flag or file."""
 
 
 @dataclasses.dataclass
