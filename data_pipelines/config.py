@@ -97,11 +97,15 @@ class AdmissionConfig:
     """Stage 1. Records above `max_record_bytes` of UTF-8 are dropped as ``oversized``; records
     holding a NUL byte, or whose share of control bytes that text does not use (all C0 controls but
     tab, LF, VT, FF, CR, backspace and ESC, plus DEL) exceeds `max_binary_fraction`, are dropped as
-    ``binary``. (IRC colour codes put a few percent of STX/ETX bytes into real fortune cookies.)"""
+    ``binary``. (IRC colour codes put a few percent of STX/ETX bytes into real fortune cookies.)
+
+    A compressed JSON Lines file cut short keeps the records read before the damage and counts one
+    ``truncated_file`` drop naming the file; `fail_on_damaged_file` stops the build instead (exit 2, naming it)."""
 
     max_record_bytes: int = 4 << 20
     max_binary_fraction: float = 0.1
     samples_per_reason: int = 5
+    fail_on_damaged_file: bool = False
 
 
 @gin.configurable
