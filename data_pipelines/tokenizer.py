@@ -43,7 +43,6 @@ import argparse
 import collections
 import csv
 import dataclasses
-import gzip
 import hashlib
 import io
 import json
@@ -57,6 +56,8 @@ from typing import Any, Iterable, Sequence
 import gin
 import numpy as np
 
+from jaxpt.data import corpus as corpus_lib
+from jaxpt.data import documents
 from jaxpt.data import tokenizer as tokenizer_lib
 from jaxpt.data.prepare import is_heldout
 from jaxpt.errors import ConfigError  # the one base (exit 2); re-exported as data_pipelines.tokenizer.ConfigError
@@ -178,47 +179,31 @@ def _document(id_: str, domain: str, lang: str | None, text: str) -> Document:
     return Document(id_, domain, lang or NO_LANG, text)
 
 
-def _text(feature, key: str) -> str:
-    """The first value of bytes feature `key` of a tf.Example, decoded; '' when absent."""
-    values = feature[key].bytes_list.value if key in feature else []
-    return values[0].decode("utf-8") if values else ""
-
-
 def _read_corpus_version(corpus_dir: pathlib.Path, heldout_fraction: float) -> Corpus:
     """Documents of every shard listed in ``mixture.json`` (training) and of the version's own held-out split
     (``heldout/*.jsonl.gz``, written by the build). A version built without that split (``OutputConfig.
-    heldout_fraction = 0``) is split here by `is_heldout` with ``heldout_fraction``."""
-    own_heldout = sorted((corpus_dir / "heldout").glob("*.jsonl.gz"))
-    from array_record.python import array_record_data_source  # pylint: disable=g-import-not-at-top
-    from tensorflow_datasets.proto import tf_example_pb2  # pylint: disable=g-import-not-at-top  (no TF import)
-
-    mixture = json.loads((corpus_dir / "mixture.json").read_text())
+    heldout_fraction = 0``) is split here by `is_heldout` with ``heldout_fraction``. The directory is read by
+    `jaxpt.data.corpus.read_corpus_version`."""
+    version = corpus_lib.read_corpus_version(corpus_dir)
+    own_heldout = version.heldout_files()
     train, heldout = [], []
     no_text = collections.Counter()
-    for domain, shards in sorted(mixture.get("shards", {}).items()):
-        for shard in shards:
-            path = corpus_dir / shard
-            if not path.is_file():
-                raise FileNotFoundError(f"{corpus_dir}/mixture.json lists shard {shard}, which does not exist")
-            source = array_record_data_source.ArrayRecordDataSource([str(path)])
-            for i in range(len(source)):
-                f = tf_example_pb2.Example.FromString(source[i]).features.feature
-                doc = _document(_text(f, "id"), _text(f, "domain") or domain, _text(f, "lang"), _text(f, "text"))
-                if not doc.text:
-                    no_text[domain] += 1
-                    continue
-                (heldout if not own_heldout and is_heldout(doc.id, heldout_fraction) else train).append(doc)
+    for domain, shards in version.shard_paths().items():
+        for r in corpus_lib.shard_records(shards):
+            doc = _document(r["id"], r["domain"] or domain, r["lang"], r["text"])
+            if not doc.text:
+                no_text[domain] += 1
+                continue
+            (heldout if not own_heldout and is_heldout(doc.id, heldout_fraction) else train).append(doc)
     for path in own_heldout:
-        heldout += _read_jsonl_gz(path)
+        heldout += _read_documents(path)
     if no_text and not (train or heldout):
         raise ConfigError(f"{corpus_dir}: records carry no text (built with OutputConfig.store_text = False?); "
                           "tokenizer training needs the text")
-    manifest_path = corpus_dir / "manifest.json"
-    manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {}
     info = {
         "kind": "corpus_version",
-        "data_version": manifest.get("data_version"),
-        "content_id": manifest.get("content_id"),
+        "data_version": version.data_version,
+        "content_id": version.content_id,
         "heldout_rule": ("the version's heldout/ split" if own_heldout
                          else f"jaxpt.data.prepare.is_heldout(id, {heldout_fraction})"),
         "documents_without_text": dict(sorted(no_text.items())),
@@ -226,16 +211,14 @@ def _read_corpus_version(corpus_dir: pathlib.Path, heldout_fraction: float) -> C
     return Corpus(train, heldout, info)
 
 
-def _read_jsonl_gz(path: pathlib.Path) -> list[Document]:
-    docs = []
-    with gzip.open(path, "rt", encoding="utf-8") as f:
-        for line_no, line in enumerate(f, 1):
-            try:
-                d = json.loads(line)
-                docs.append(_document(d["id"], d["domain"], d.get("lang"), d["text"]))
-            except (json.JSONDecodeError, KeyError, TypeError) as e:
-                raise ConfigError(f"{path}:{line_no}: not a document with id, domain and text ({e!r})") from None
-    return docs
+def _read_documents(path: pathlib.Path) -> list[Document]:
+    """Documents of a document file (`jaxpt.data.documents`; each needs a ``domain`` here).
+
+    Raises:
+      DocumentFormatError: (a ConfigError) a line breaks the document contract or has no ``domain`` (file, line).
+    """
+    return [_document(d["id"], d["domain"], d.get("lang"), d["text"])
+            for d in documents.read_documents(path, required=("domain",))]
 
 
 def _read_prepared(corpus_dir: pathlib.Path) -> Corpus:
@@ -251,7 +234,7 @@ def _read_prepared(corpus_dir: pathlib.Path) -> Corpus:
         "files_sha256": files,
         "heldout_rule": "heldout.jsonl.gz",
     }
-    return Corpus(_read_jsonl_gz(corpus_dir / "train.jsonl.gz"), _read_jsonl_gz(heldout_path), info)
+    return Corpus(_read_documents(corpus_dir / "train.jsonl.gz"), _read_documents(heldout_path), info)
 
 
 def read_corpus(corpus_dir: str | os.PathLike, heldout_fraction: float) -> Corpus:
@@ -260,10 +243,11 @@ def read_corpus(corpus_dir: str | os.PathLike, heldout_fraction: float) -> Corpu
     Raises:
       FileNotFoundError: `corpus_dir` is neither (the message says what was looked for), or a listed
         shard is missing.
-      ConfigError: a malformed record (file and line), or shards without text.
+      DocumentFormatError: (a ConfigError) a line of a document file breaks the document contract (file, line).
+      ConfigError: a malformed mixture.json, or shards without text.
     """
     corpus_dir = pathlib.Path(corpus_dir)
-    if (corpus_dir / "mixture.json").is_file():
+    if corpus_lib.is_corpus_version(corpus_dir):
         corpus = _read_corpus_version(corpus_dir, heldout_fraction)
     elif (corpus_dir / "train.jsonl.gz").is_file():
         corpus = _read_prepared(corpus_dir)

@@ -23,7 +23,7 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from jaxpt.data import documents
+from jaxpt.data import corpus, documents
 from jaxpt.eval.scorer import Scorer, Window, rolling_windows
 
 #: Group keys a report can break down by.
@@ -101,31 +101,23 @@ def load_documents(source: str, split: str = "heldout") -> list[Document]:
     return docs
 
 
-def corpus_shards(corpus_dir: str) -> list[str]:
-    """ArrayRecord shards of a ``data_pipelines.build`` corpus version (``<dir>/tfds/<name>/<version>/``)."""
-    return sorted(glob.glob(os.path.join(corpus_dir, "tfds", "*", "*", "*.array_record-*")))
-
-
 def training_texts(source: str) -> Iterator[str]:
-    """Texts of a training split for decontamination, streamed: JSON Lines as in :func:`resolve_source` (split
-    ``train``), or else the ``text`` field of every record of a corpus version's ArrayRecord shards (each record a
-    serialized ``tf.train.Example``, as ``data_pipelines`` writes them; parsing imports TensorFlow).
+    """Texts of a training split for decontamination, streamed: document files as in :func:`resolve_source` (split
+    ``train``), or else the ``text`` of every record of a corpus version's shards (:mod:`jaxpt.data.corpus`).
 
     Raises:
-      FileNotFoundError: neither JSON Lines nor corpus shards are found.
+      FileNotFoundError: neither document files nor a corpus version (``mixture.json``) are found, or a shard the
+        mixture lists is missing.
+      DocumentFormatError: (a ConfigError) a line of a document file breaks the document contract.
     """
     try:
         paths = resolve_source(source, "train")
     except FileNotFoundError:
-        shards = corpus_shards(source) if os.path.isdir(source) else []
-        if not shards:
+        if not (os.path.isdir(source) and corpus.is_corpus_version(source)):
             raise
-        from array_record.python.array_record_data_source import ArrayRecordDataSource
-        from tensorflow.core.example import example_pb2
-        ds = ArrayRecordDataSource(shards)
-        for i in range(len(ds)):
-            ex = example_pb2.Example.FromString(ds[i])
-            yield ex.features.feature["text"].bytes_list.value[0].decode("utf-8")
+        shards = [p for ps in corpus.read_corpus_version(source).shard_paths().values() for p in ps]
+        for record in corpus.shard_records(shards):
+            yield record["text"]
         return
     for path in paths:
         yield from documents.read_texts(path)
