@@ -176,6 +176,38 @@ def iter_objects(path: str | os.PathLike, *, error: type[FileFormatError] = File
         yield line_no, obj
 
 
+def drop_partial_last_line(path: str | os.PathLike) -> int:
+    """Cut a last line that lacks its LF off a plain JSON Lines file an appender is about to extend.
+
+    An appending writer killed mid-line leaves a partial last line; appending after it would glue the next
+    record onto it and turn it into a bad line in the middle of the file, which no reader tolerates. Returns
+    the number of bytes removed (0 when the file is missing, empty, or ends with LF).
+
+    Raises:
+      OSError: the file cannot be read or truncated.
+    """
+    if not os.path.isfile(path):
+        return 0
+    with open(path, "rb+") as f:
+        size = f.seek(0, os.SEEK_END)
+        if size == 0:
+            return 0
+        pos = size
+        while pos > 0:
+            step = min(_CHUNK, pos)
+            f.seek(pos - step)
+            block = f.read(step)
+            if pos == size and block.endswith(b"\n"):
+                return 0
+            cut = block.rfind(b"\n")
+            if cut >= 0:
+                pos = pos - step + cut + 1
+                break
+            pos -= step
+        f.truncate(pos)
+        return size - pos
+
+
 def read_objects(path: str | os.PathLike, **kwargs) -> list[dict]:
     """Every object of ``path`` in file order; arguments and errors as :func:`iter_objects`."""
     return [obj for _, obj in iter_objects(path, **kwargs)]
