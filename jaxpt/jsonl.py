@@ -75,7 +75,9 @@ def _plain_chunks(f: BinaryIO) -> Iterator[bytes]:
 def _gzip_chunks(f: BinaryIO) -> Iterator[bytes]:
     gz = gzip.GzipFile(fileobj=f, mode="rb")
     try:
-        while chunk := gz.read(_CHUNK):
+        # read1: one decompression step per call, so the data before the damage is returned before the
+        # error (read() would keep reading to fill its size and lose it with the exception).
+        while chunk := gz.read1(_CHUNK):
             yield chunk
     except EOFError:
         raise _Damaged("the gzip stream ends before its end-of-stream marker (file cut short)") from None
