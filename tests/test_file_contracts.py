@@ -13,6 +13,7 @@ import collections
 import gzip
 import json
 import os
+import pathlib
 import random
 
 import pytest
@@ -26,6 +27,7 @@ from jaxpt.data.documents import DocumentFormatError
 from jaxpt.errors import ConfigError
 
 BAD_LINE = 2
+REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 def _record(doc_id: str, text: str | None) -> dict:
@@ -91,11 +93,11 @@ def _strict_entry_points(root, path: str, tokenizer) -> dict:
     return {
         "train_path (loader.make_train_dataset)": lambda: loader.make_train_dataset(
             path, tokenizer, seq_len=16, local_batch_size=2, seed=0),
-        "heldout_path (loader.make_eval_dataset)": lambda: loader.make_eval_dataset(
+        "loader.make_eval_dataset": lambda: loader.make_eval_dataset(
             path, tokenizer, seq_len=16, batch_size=2),
         "loader.document_ids": lambda: loader.document_ids(path),
         "jaxpt.data.prepare": lambda: prepare_lib.prepare(root / "src", root / "prepared"),
-        "jaxpt.eval.heldout.load_documents": lambda: heldout.load_documents(path),
+        "heldout_path (jaxpt.eval.heldout.load_documents)": lambda: heldout.load_documents(path),
         "jaxpt.eval.heldout.training_texts": lambda: list(heldout.training_texts(path)),
         "data_pipelines.neardup_eval": lambda: neardup_eval.read_raw_docs(root, "src/*.jsonl.gz"),
         "decontamination eval sets": lambda: build.load_eval_hashes(deco),
@@ -121,6 +123,35 @@ def test_every_strict_reader_raises_the_same_error_naming_file_and_line(variant,
         _assert_names(info.value, want_path, VARIANTS[variant][1], name)
 
 
+def _training_heldout(tmp_path, variant: str):
+    """The trainer's held-out set (``DataConfig.heldout_path``), read at setup by ``inloop.load_heldout``."""
+    from conftest import tiny_bindings
+    from jaxpt import config as config_lib
+    from jaxpt.eval import inloop
+
+    path = _write_variant(tmp_path, variant)
+    cfg = config_lib.parse([str(REPO / "configs" / "quickstart.gin")], tiny_bindings(
+        tmp_path, tmp_path / "run", **{"DataConfig.heldout_path": repr(path)}))
+    return path, lambda: inloop.load_heldout(cfg)
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_training_heldout_set_names_file_line_and_reason(variant, tmp_path):
+    path, call = _training_heldout(tmp_path, variant)
+    with pytest.raises(ConfigError) as info:
+        call()
+    assert f"{path}:{BAD_LINE}: {VARIANTS[variant][1]}:" in str(info.value)
+
+
+@pytest.mark.xfail(strict=True, reason="jaxpt/eval/inloop.py::load_heldout re-wraps DocumentFormatError in a plain "
+                                       "ConfigError (prefixing the config key); once it lets it through, drop this "
+                                       "mark and add the call to _strict_entry_points")
+def test_training_heldout_set_raises_the_document_error_itself(tmp_path):
+    _, call = _training_heldout(tmp_path, "blank_line")
+    with pytest.raises(DocumentFormatError):
+        call()
+
+
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_cli_entry_points_exit_2_naming_file_and_line(variant, tmp_path, capsys):
     """The command lines: prepare, the tokenizer (on a prepared sample) and evaluate's spot-check builder."""
@@ -136,7 +167,8 @@ def test_cli_entry_points_exit_2_naming_file_and_line(variant, tmp_path, capsys)
     sample.mkdir()
     os.link(path, sample / "train.jsonl.gz")
     os.link(path, sample / "heldout.jsonl.gz")
-    assert dt.main(["--config", str(dt.DEFAULT_CONFIG), "--corpus", str(sample), "--output", str(tmp_path / "tok")]) == 2
+    tok_argv = ["--config", str(dt.DEFAULT_CONFIG), "--corpus", str(sample), "--output", str(tmp_path / "tok")]
+    assert dt.main(tok_argv) == 2
     assert f"{sample / 'train.jsonl.gz'}:{BAD_LINE}: {VARIANTS[variant][1]}:" in capsys.readouterr().err
     assert evaluate.main(["spot-check-build", "--heldout", path, "--output", str(tmp_path / "s.jsonl")]) == 2
     assert want in capsys.readouterr().err

@@ -14,8 +14,9 @@ mesh (`jax.make_array_from_process_local_data`), so the same code runs on one ho
 
 Layout written by `python -m jaxpt.data.prepare`: `<dir>/train.jsonl.gz`, `<dir>/heldout.jsonl.gz`,
 `<dir>/tokenizer.model`. Document files are read by `jaxpt.data.documents` (its contract: one JSON object with a
-string `text` per line; anything else raises `DocumentFormatError`, a ConfigError naming file and line). The paths and switches are configured by `jaxpt.config.DataConfig`; this
-module takes plain arguments so it stays usable without gin.
+string `text` per line; anything else raises `DocumentFormatError`, a ConfigError naming file and line). The
+paths and switches are configured by `jaxpt.config.DataConfig`; this module takes plain arguments so it stays
+usable without gin.
 """
 
 from __future__ import annotations

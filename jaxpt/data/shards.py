@@ -6,10 +6,10 @@ pipeline that reads the ``k``-th of S interleaved slices of the data (the prepar
 ``process_index=k, process_count=S``; a corpus version: records ``k::S`` of every domain,
 `jaxpt.data.corpus.packed_corpus_dataset`) and contributes ``global_batch_size / S`` rows to every step.
 
-Assignment (``jaxpt.train.train_batches``): each of the P processes runs a *contiguous block* of S / P shards,
-process ``p`` the shards ``p * S/P, ..., (p + 1) * S/P - 1``, and :class:`ShardedBatches` concatenates their
-rows in shard order into its local batch; ``jax.make_array_from_process_local_data`` then concatenates the
-local batches in process order. The rows of a global batch are therefore always shards ``0, 1, ..., S - 1`` in
+Assignment (:func:`jaxpt.data.stream.train_batches`): each of the P processes runs a *contiguous block* of
+S / P shards, process ``p`` the shards ``p * S/P, ..., (p + 1) * S/P - 1``, and :class:`ShardedBatches`
+concatenates their rows in shard order into its local batch; ``jax.make_array_from_process_local_data`` then
+concatenates the local batches in process order. The rows of a global batch are therefore always shards ``0, 1, ..., S - 1`` in
 that order, whatever P is. So
 
 * the global batch of a step does not depend on how many processes read it (one process running all shards
@@ -17,7 +17,7 @@ that order, whatever P is. So
 * a checkpoint stores one iterator state per *shard* (``shard_<k>-of-<S>.json``), and a run restored with
   a different process count reassigns the blocks to processes and continues exactly. The rule: the shard
   count is fixed for the life of a run (recorded in the checkpoint); the new process count must divide it
-  (else :class:`ShardAssignmentError`, a ConfigError), and ``global_batch_size`` must be divisible by it.
+  (else a ConfigError), and ``global_batch_size`` must be divisible by it.
 """
 
 from __future__ import annotations
@@ -29,12 +29,6 @@ from typing import Any, Callable
 import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
-
-from jaxpt.errors import ConfigError
-
-
-class ShardAssignmentError(ConfigError):
-    """The process count does not divide the run's number of data shards (exit 2, like any ConfigError)."""
 
 
 class ShardedBatches:
