@@ -220,7 +220,8 @@ class QualityConfig:
 @gin.configurable
 @dataclasses.dataclass
 class DecontamConfig:
-    """Stage 8. `eval_sets` maps a name to a JSONL path/glob (field ``text``); documents sharing a
+    """Stage 8. `eval_sets` maps a name to a path/glob of document files (`jaxpt.data.documents`: a string
+    ``text`` per line; a malformed line stops the build with DocumentFormatError naming it); documents sharing a
     word `ngram` (lower-cased `minhash.words`) with any eval example are dropped."""
 
     eval_sets: dict = dataclasses.field(default_factory=dict)
