@@ -12,6 +12,7 @@ import pytest
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 from jaxpt.data import loader
+from jaxpt.data.documents import DocumentFormatError
 from jaxpt.data import tokenizer as tokenizer_lib
 from jaxpt.data.tokenizer import Tokenizer
 
@@ -174,7 +175,7 @@ def test_bad_arguments_and_records_raise(data, tmp_path):
     bad = tmp_path / "bad.jsonl.gz"
     with gzip.open(bad, "wt") as f:
         f.write('{"id": "a", "text": "x"}\n{"id": "b"}\n')
-    with pytest.raises(ValueError, match=r"bad\.jsonl\.gz:2"):
+    with pytest.raises(DocumentFormatError, match=r"bad\.jsonl\.gz:2: missing_text"):
         loader.document_ids(bad)
 
 

@@ -396,8 +396,8 @@ def test_regression_flags_only_core_drops_beyond_tolerance(tmp_path):
 
 @pytest.mark.slow
 def test_training_texts_from_corpus_shards(tmp_path):
-    """A corpus version without JSON Lines: the decontamination reference is read from its ArrayRecord shards
-    (serialized tf.train.Example with a ``text`` feature, as data_pipelines writes them)."""
+    """A corpus version without JSON Lines: the decontamination reference is read from the ArrayRecord shards its
+    mixture.json lists (serialized tf.train.Example with a ``text`` feature, as data_pipelines writes them)."""
     from array_record.python.array_record_module import ArrayRecordWriter
     from tensorflow.core.example import example_pb2
     from jaxpt.eval import heldout
@@ -410,6 +410,9 @@ def test_training_texts_from_corpus_shards(tmp_path):
         ex.features.feature["id"].bytes_list.value.append(b"x")
         w.write(ex.SerializeToString())
     w.close()
+    # A corpus version lists its shards in mixture.json (jaxpt.data.corpus reads the directory).
+    (tmp_path / "mixture.json").write_text(json.dumps(
+        {"weights": {"code": 1.0}, "shards": {"code": [str(shard.relative_to(tmp_path))]}}))
     assert list(heldout.training_texts(str(tmp_path))) == ["def f():\n    return 1\n", "Zwölf Boxkämpfer jagen Viktor"]
     with pytest.raises(FileNotFoundError, match="train source"):
         list(heldout.training_texts(str(tmp_path / "tfds")))

@@ -10,9 +10,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+
 import jax
 import numpy as np
 
+from jaxpt import jsonl
 from jaxpt import mesh as mesh_lib
 from jaxpt.errors import ConfigError
 
@@ -78,11 +80,22 @@ def to_device(mesh, rules, local_batch: dict[str, np.ndarray]) -> dict[str, jax.
 
 
 def data_version(cfg) -> str:
-    """An identifier of the training data: the corpus manifest's ``data_version``, or the prepared sample's
-    ``prepare.json`` version, else ``sha256:<first 16 hex>`` of that file; ``unknown`` when neither exists."""
+    """An identifier of the training data. A corpus version: its manifest's ``data_version``, else
+    ``content:<first 16 hex of its content id>`` (read by :func:`jaxpt.data.corpus.read_corpus_version`). The
+    prepared sample: ``prepare.json``'s ``data_version``, else ``sha256:<first 16 hex>`` of that file. ``unknown``
+    when there is no record.
+
+    Raises:
+      FileNotFoundError, ConfigError: a corpus directory that is not a corpus version (as ``read_corpus_version``).
+    """
     d = cfg.data
-    path = (os.path.join(d.corpus_dir, "manifest.json") if d.source == "corpus"
-            else os.path.join(os.path.dirname(d.train_path), "prepare.json"))
+    if d.source == "corpus":
+        from jaxpt.data import corpus
+        version = corpus.read_corpus_version(d.corpus_dir)
+        if version.data_version:
+            return version.data_version
+        return f"content:{version.content_id[:16]}" if version.content_id else "unknown"
+    path = os.path.join(os.path.dirname(d.train_path), "prepare.json")
     if not os.path.exists(path):
         return "unknown"
     with open(path, "rb") as f:
@@ -100,8 +113,9 @@ class BatchDocumentLog:
 
     def __init__(self, workdir: str):
         os.makedirs(os.path.join(workdir, "batches"), exist_ok=True)
-        self._f = open(os.path.join(workdir, "batches", f"process_{jax.process_index()}.jsonl"), "a",
-                       buffering=1)
+        path = os.path.join(workdir, "batches", f"process_{jax.process_index()}.jsonl")
+        jsonl.drop_partial_last_line(path)  # a line half-written by a killed run must not end up mid-file
+        self._f = open(path, "a", buffering=1)
 
     def write(self, step: int, doc_index: np.ndarray) -> None:
         """Record the documents (``doc_index >= 0``; -1 is padding) of this process's rows of ``step``."""

@@ -119,8 +119,7 @@ def write_review_sheet(restored, card, step, path: str, workdir: str) -> dict[st
     from jaxpt import decode
     from jaxpt.eval import probes, review
     spot = card.spot_check
-    with open(spot.prompts_path, encoding="utf-8") as f:
-        prompts = [json.loads(line) for line in f if line.strip()]
+    prompts = review.read_prompts(spot.prompts_path)
     tok = restored.tokenizer
     ids = [probes.with_prefix(tok, tok.encode(p["prompt"])) for p in prompts]
     # Decoding reruns the whole row each step (no KV cache): a row just long enough for the prompts is cheaper.
