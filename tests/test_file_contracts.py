@@ -115,7 +115,8 @@ def test_every_strict_reader_raises_the_same_error_naming_file_and_line(variant,
     os.link(path, tmp_path / "sample" / "heldout.jsonl.gz")
     calls = _strict_entry_points(tmp_path, path, tokenizer)
     calls["data_pipelines.tokenizer.read_corpus"] = lambda: dt.read_corpus(tmp_path / "sample", 0.1)
-    assert len(calls) == 9
+    calls["heldout set at training setup (inloop.load_heldout)"] = _training_heldout(tmp_path, variant, path)[1]
+    assert len(calls) == 10
     for name, call in calls.items():
         with pytest.raises(DocumentFormatError) as info:
             call()
@@ -123,13 +124,13 @@ def test_every_strict_reader_raises_the_same_error_naming_file_and_line(variant,
         _assert_names(info.value, want_path, VARIANTS[variant][1], name)
 
 
-def _training_heldout(tmp_path, variant: str):
+def _training_heldout(tmp_path, variant: str, path: str | None = None):
     """The trainer's held-out set (``DataConfig.heldout_path``), read at setup by ``inloop.load_heldout``."""
     from conftest import tiny_bindings
     from jaxpt import config as config_lib
     from jaxpt.eval import inloop
 
-    path = _write_variant(tmp_path, variant)
+    path = path or _write_variant(tmp_path, variant)
     cfg = config_lib.parse([str(REPO / "configs" / "quickstart.gin")], tiny_bindings(
         tmp_path, tmp_path / "run", **{"DataConfig.heldout_path": repr(path)}))
     return path, lambda: inloop.load_heldout(cfg)
@@ -143,9 +144,6 @@ def test_training_heldout_set_names_file_line_and_reason(variant, tmp_path):
     assert f"{path}:{BAD_LINE}: {VARIANTS[variant][1]}:" in str(info.value)
 
 
-@pytest.mark.xfail(strict=True, reason="jaxpt/eval/inloop.py::load_heldout re-wraps DocumentFormatError in a plain "
-                                       "ConfigError (prefixing the config key); once it lets it through, drop this "
-                                       "mark and add the call to _strict_entry_points")
 def test_training_heldout_set_raises_the_document_error_itself(tmp_path):
     _, call = _training_heldout(tmp_path, "blank_line")
     with pytest.raises(DocumentFormatError):

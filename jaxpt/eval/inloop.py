@@ -54,8 +54,8 @@ def load_heldout(train_cfg) -> list[heldout.Document]:
     (:func:`jaxpt.eval.heldout.run_sources`: ``DataConfig.heldout_path``, or a corpus version's own held-out split).
 
     Raises:
-      ConfigError: the source is missing (naming the config key), a file is malformed (naming file and line),
-        or it holds no document.
+      ConfigError: the source is missing (naming the config key) or holds no document.
+      DocumentFormatError: (a ConfigError) a file is malformed, naming file and line.
     """
     cfg = heldout_config(train_cfg)
     source = cfg.source or heldout.run_sources(train_cfg.data)[0]
@@ -64,11 +64,12 @@ def load_heldout(train_cfg) -> list[heldout.Document]:
     try:
         docs = heldout.load_documents(source, "heldout")
     except FileNotFoundError as e:
-        hint = (" (rebuild the corpus version with OutputConfig.heldout_fraction > 0)"
-                if train_cfg.data.source == "corpus" and not cfg.source else "")
-        raise ConfigError(f"{key} = {source!r}: {e}{hint}") from None
-    except ValueError as e:  # a malformed record: the message names file and line
+        if train_cfg.data.source == "corpus" and not cfg.source:
+            raise ConfigError(f"{key} = {source!r}: no held-out split (heldout/*.jsonl.gz); rebuild the corpus "
+                              "version with OutputConfig.heldout_fraction > 0") from None
         raise ConfigError(f"{key} = {source!r}: {e}") from None
+    # A malformed file raises jaxpt.data.documents.DocumentFormatError (a ConfigError) naming file and line,
+    # the same class as every other reader of document files.
     if not docs:
         raise ConfigError(f"{key} = {source!r}: the held-out set holds no document")
     return docs
