@@ -38,6 +38,7 @@ import numpy as np  # noqa: E402
 from jaxpt import config as config_lib  # noqa: E402
 from jaxpt import mesh as mesh_lib  # noqa: E402
 from jaxpt import state as state_lib  # noqa: E402
+from jaxpt.data import stream  # noqa: E402
 from jaxpt import train as train_lib  # noqa: E402
 from jaxpt.checkpoint import CheckpointConfig, Checkpointer  # noqa: E402
 
@@ -59,7 +60,7 @@ def synthetic_batch(run, rng):
     local = {"tokens": rng.integers(4, cfg.model.vocab_size, (b, n)).astype(np.int32),
              "segment_ids": np.repeat(np.array([1, 2], np.int32), [half, n - half])[None].repeat(b, 0),
              "positions": np.concatenate([np.arange(half), np.arange(n - half)]).astype(np.int32)[None].repeat(b, 0)}
-    return train_lib.to_device(run, local)
+    return stream.to_device(run.mesh, cfg.logical_axis_rules, local)
 
 
 def steps(run, batch, n: int, save=None) -> tuple[float, float | None]:

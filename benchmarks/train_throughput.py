@@ -27,9 +27,9 @@ import numpy as np  # noqa: E402
 import optax  # noqa: E402
 from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
 
+from jaxpt import builder, optim  # noqa: E402
 from jaxpt import flops as flops_lib  # noqa: E402
-from jaxpt import mesh as mesh_lib  # noqa: E402
-from jaxpt import optim, state as state_lib, step as step_lib  # noqa: E402
+from jaxpt.config import TrainConfig  # noqa: E402
 from jaxpt.model import ModelConfig  # noqa: E402
 
 REF = ModelConfig(vocab_size=8192, d_model=256, num_layers=4, num_heads=4, num_kv_heads=4, head_dim=64,
@@ -63,16 +63,14 @@ def time_fn(fn, *args, steps: int, warmup: int = 2, carry: bool = False):
 
 
 def jaxpt_step_time(mesh_spec: str, steps: int) -> float:
-    mesh = mesh_lib.make_mesh(mesh_spec)
-    rules = mesh_lib.DEFAULT_RULES
-    ocfg = optim.OptimizerConfig(warmup_steps=10, decay_steps=1000)
-    spec = state_lib.make_state_spec(REF, lambda p: optim.make_optimizer(ocfg, 1000, p), mesh, rules)
-    state = state_lib.init_state(spec, REF, 0)
-    fn = step_lib.jit_train_step(spec, mesh, rules, z_loss_weight=1e-4,
-                                 lr_schedule=optim.learning_rate_schedule(ocfg, 1000))
-    shard = mesh_lib.batch_sharding(mesh, rules)
+    """Median step time of the train step exactly as ``jaxpt.train`` builds it (:func:`jaxpt.builder.build`:
+    stability policy, z-loss, schedule and shardings included) on the reference model."""
+    cfg = TrainConfig(model=REF, optimizer=optim.OptimizerConfig(warmup_steps=10, decay_steps=1000),
+                      mesh=mesh_spec, global_batch_size=BATCH, seq_len=SEQ, steps=1000, z_loss_weight=1e-4)
+    built = builder.build(cfg)
+    shard = built.batch_shardings()["tokens"]
     batch = {k: jax.device_put(v, shard) for k, v in batch_arrays(np.random.default_rng(0), REF.vocab_size).items()}
-    return time_fn(fn, state, batch, steps=steps, carry=True)
+    return time_fn(built.train_step, built.init_state(), batch, steps=steps, carry=True)
 
 
 def plain_jax_step_time(steps: int) -> float:

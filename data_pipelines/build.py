@@ -17,6 +17,8 @@ import time
 
 import gin
 
+from jaxpt.data import documents
+
 from data_pipelines import config as config_lib
 from data_pipelines import manifest as manifest_lib
 from data_pipelines import pipeline, stages, writer
@@ -36,9 +38,15 @@ def load_config(config_files: list[str], bindings: list[str]) -> config_lib.Buil
 
 
 def load_eval_hashes(cfg: config_lib.BuildConfig) -> dict[str, set[int]]:
-    """Word n-gram hashes per evaluation set named in `DecontamConfig.eval_sets`."""
-    import gzip
+    """Word n-gram hashes per evaluation set named in `DecontamConfig.eval_sets`.
 
+    Each file of a set is a document file (`jaxpt.data.documents`: one JSON object with a string ``text`` per
+    line, plain or gzip).
+
+    Raises:
+      ConfigError: a pattern that matches no file.
+      DocumentFormatError: (a ConfigError) a line of an eval set breaks the document contract (file, line, reason).
+    """
     out = {}
     for name, pattern in sorted(cfg.decontam.eval_sets.items()):
         path = pattern if os.path.isabs(pattern) else os.path.join(cfg.source_root, pattern)
@@ -47,13 +55,8 @@ def load_eval_hashes(cfg: config_lib.BuildConfig) -> dict[str, set[int]]:
             raise config_lib.ConfigError(f"DecontamConfig.eval_sets['{name}']: '{pattern}' matches no file")
         hashes: set[int] = set()
         for f in files:
-            opener = gzip.open if f.endswith(".gz") else open
-            with opener(f, "rt", encoding="utf-8") as fh:
-                for lineno, line in enumerate(fh, 1):
-                    try:
-                        hashes |= stages.ngram_hashes(json.loads(line)["text"], cfg.decontam.ngram)
-                    except (ValueError, KeyError, TypeError) as e:
-                        raise config_lib.ConfigError(f"eval set '{name}': {f}:{lineno}: {e}") from None
+            for text in documents.read_texts(f):
+                hashes |= stages.ngram_hashes(text, cfg.decontam.ngram)
         out[name] = hashes
     return out
 
@@ -129,6 +132,13 @@ def _stage_records(cfg, operative: dict, eval_hashes: dict, stat, out_dir: str) 
     }
 
 
+def damaged_input_files(rows: list[dict]) -> list[dict]:
+    """Input files cut short or corrupt (the ``admission:truncated_file`` decision rows): ``file``, ``source`` and
+    ``lines_read`` (complete lines admitted before the damage), sorted by file."""
+    return sorted(({"file": r["file"], "source": r["source"], "lines_read": r["lines_read"]}
+                   for r in rows if r.get("reason") == "truncated_file"), key=lambda d: d["file"])
+
+
 def finalize(cfg, sources, out_dir, eval_hashes, beam_seconds) -> dict:
     """After the Beam graph: TFDS metadata, ``DIR/mixture.json`` (per-domain token weights and shard lists) and
     ``DIR/manifest.json`` (the data version record, every count recomputed from the decision log).
@@ -193,6 +203,7 @@ def finalize(cfg, sources, out_dir, eval_hashes, beam_seconds) -> dict:
         **figs,
         "long_tail_coverage": {"terms": longtail, "languages": figs["language_coverage"]},
         "decontaminated_ids": [r["id"] for r in rows if r["stage"] == "decontamination"],
+        "damaged_input_files": damaged_input_files(rows),
         "mixture": mixture,
         "output_sha256": manifest_lib.shard_hashes(out_dir),
     }

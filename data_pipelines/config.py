@@ -15,11 +15,9 @@ from typing import Any
 
 import gin
 
+from jaxpt.errors import ConfigError  # the one base (exit 2); re-exported as data_pipelines.config.ConfigError
+
 FORMATS = ("jsonl", "parquet", "warc", "tfds")
-
-
-class ConfigError(ValueError):
-    """A configuration value is missing or invalid; the message names the config key."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,11 +97,15 @@ class AdmissionConfig:
     """Stage 1. Records above `max_record_bytes` of UTF-8 are dropped as ``oversized``; records
     holding a NUL byte, or whose share of control bytes that text does not use (all C0 controls but
     tab, LF, VT, FF, CR, backspace and ESC, plus DEL) exceeds `max_binary_fraction`, are dropped as
-    ``binary``. (IRC colour codes put a few percent of STX/ETX bytes into real fortune cookies.)"""
+    ``binary``. (IRC colour codes put a few percent of STX/ETX bytes into real fortune cookies.)
+
+    A compressed JSON Lines file cut short keeps the records read before the damage and counts one
+    ``truncated_file`` drop naming the file; `fail_on_damaged_file` stops the build instead (exit 2, naming it)."""
 
     max_record_bytes: int = 4 << 20
     max_binary_fraction: float = 0.1
     samples_per_reason: int = 5
+    fail_on_damaged_file: bool = False
 
 
 @gin.configurable
@@ -218,7 +220,8 @@ class QualityConfig:
 @gin.configurable
 @dataclasses.dataclass
 class DecontamConfig:
-    """Stage 8. `eval_sets` maps a name to a JSONL path/glob (field ``text``); documents sharing a
+    """Stage 8. `eval_sets` maps a name to a path/glob of document files (`jaxpt.data.documents`: a string
+    ``text`` per line; a malformed line stops the build with DocumentFormatError naming it); documents sharing a
     word `ngram` (lower-cased `minhash.words`) with any eval example are dropped."""
 
     eval_sets: dict = dataclasses.field(default_factory=dict)

@@ -19,23 +19,27 @@ within one process) and sets are intersected as sorted numpy arrays; a collision
 
 from __future__ import annotations
 
-import gzip
 import itertools
-import json
 from pathlib import Path
 from typing import Iterable, Mapping
 
 import numpy as np
 
+from jaxpt.data import documents
+
 from data_pipelines import minhash
 
 
 def read_raw_docs(root: str | Path, pattern: str = "*/*.jsonl.gz") -> list[dict]:
-    """All JSON records of the raw-v1 shards under `root`, in sorted file order."""
+    """All records of the raw-v1 shards under `root`, in sorted file order.
+
+    Raises:
+      DocumentFormatError: (a ConfigError) a line breaks the document contract of `jaxpt.data.documents`
+        (names file, line and reason).
+    """
     docs = []
     for path in sorted(Path(root).glob(pattern)):
-        with gzip.open(path, "rt", encoding="utf-8") as f:
-            docs.extend(json.loads(line) for line in f)
+        docs += documents.read_documents(path)
     return docs
 
 

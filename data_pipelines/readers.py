@@ -5,17 +5,23 @@ Every record a reader meets becomes exactly one element: a document dict
     {"id", "source", "domain", "text", "lang_hint", "html": bool}
 
 or a drop dict (see `drop`) with ``stage="admission"`` and one of the reasons below. Nothing is
-skipped silently. Reasons: ``oversized``, ``binary``, ``invalid_utf8``, ``bad_json``,
-``not_an_object``, ``missing_text``, ``empty``, ``extraction_empty`` (HTML with no main text).
+skipped silently. Reasons: ``oversized``, ``binary``, ``blank_line``, ``invalid_utf8``, ``bad_json``,
+``not_an_object``, ``missing_text``, ``empty`` (a text of only whitespace), ``truncated_file`` (a compressed
+file cut short: one drop for the damaged tail, naming the file), ``extraction_empty`` (HTML with no main text).
+
+JSON Lines inputs follow the line rules of `jaxpt.jsonl` and the document contract of `jaxpt.data.documents`,
+whose strict readers raise ``DocumentFormatError`` with these same reason names; here, for raw inputs, each
+bad line is counted and dropped instead, so ``documents_in = kept + held out + every drop`` still holds.
 """
 
 from __future__ import annotations
 
-import gzip
-import io
 import json
 import os
 from typing import Iterator
+
+from jaxpt import jsonl
+from jaxpt.data.documents import DocumentFormatError
 
 from data_pipelines.config import AdmissionConfig, Source
 
@@ -51,16 +57,6 @@ def _binary_fraction(raw: bytes) -> float:
     return (len(raw) - len(raw.translate(_CONTROL_TABLE, _CONTROL))) / len(raw)
 
 
-def _open_binary(path: str) -> io.BufferedIOBase:
-    if path.endswith(".gz"):
-        return gzip.open(path, "rb")
-    if path.endswith(".zst"):
-        import zstandard
-
-        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(open(path, "rb")))
-    return open(path, "rb")
-
-
 def _admit_text(text, doc_id: str, source: Source, cfg: AdmissionConfig, extra: dict) -> dict:
     """Document or drop for a decoded record value `text`."""
     if text is None:
@@ -94,37 +90,43 @@ def _admit_text(text, doc_id: str, source: Source, cfg: AdmissionConfig, extra: 
     }
 
 
+def _admit_line(raw: bytes, fallback_id: str, source: Source, cfg: AdmissionConfig) -> dict:
+    """Document or drop for one JSON Lines line (`raw`: its bytes without the line end)."""
+    if len(raw) > cfg.max_record_bytes:
+        return drop(fallback_id, source, "admission", "oversized", repr(raw[:200]))
+    if _binary_fraction(raw) > cfg.max_binary_fraction:
+        return drop(fallback_id, source, "admission", "binary", repr(raw[:200]))
+    try:
+        rec = jsonl.parse_object(raw)  # the line rules every jaxpt reader holds a file to
+    except jsonl.LineError as e:
+        sample = repr(raw[:200]) if e.reason == "invalid_utf8" else raw.decode("utf-8", "replace")
+        return drop(fallback_id, source, "admission", e.reason, sample)
+    doc_id = str(rec.get(source.id_field) or fallback_id) if source.id_field else fallback_id
+    return _admit_text(rec.get(source.text_field), doc_id, source, cfg, rec)
+
+
 def read_jsonl(path: str, source: Source, cfg: AdmissionConfig) -> Iterator[dict]:
-    """Records of a JSON Lines file (.jsonl, .jsonl.gz, .jsonl.zst), one element per line."""
+    """Records of a JSON Lines file (plain, gzip or zstd, told by magic bytes), one element per line.
+
+    The lines are split and classified as every jaxpt reader does (`jaxpt.jsonl`), but a bad line is one counted
+    drop, not an error: ``oversized``, ``binary``, ``blank_line``, ``invalid_utf8``, ``bad_json``,
+    ``not_an_object``, then the record's own (`_admit_text`). A compressed file that is cut short or corrupt
+    keeps the records before the damage and adds one ``truncated_file`` drop (id ``<source>/<file>:<n+1>`` after
+    the n lines read; ``file`` and ``lines_read`` on the decision row), unless
+    `AdmissionConfig.fail_on_damaged_file`, which raises.
+
+    Raises:
+      DocumentFormatError: (a ConfigError) a damaged file when `cfg.fail_on_damaged_file` is set.
+    """
     base = os.path.basename(path)
-    with _open_binary(path) as f:
-        for lineno, raw in enumerate(f, start=1):
-            fallback_id = f"{source.name}/{base}:{lineno}"
-            raw = raw.rstrip(b"\r\n")
-            if len(raw) > cfg.max_record_bytes:
-                yield drop(fallback_id, source, "admission", "oversized", repr(raw[:200]))
-                continue
-            if not raw.strip():
-                yield drop(fallback_id, source, "admission", "empty", "")
-                continue
-            if _binary_fraction(raw) > cfg.max_binary_fraction:
-                yield drop(fallback_id, source, "admission", "binary", repr(raw[:200]))
-                continue
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError:
-                yield drop(fallback_id, source, "admission", "invalid_utf8", repr(raw[:200]))
-                continue
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                yield drop(fallback_id, source, "admission", "bad_json", line)
-                continue
-            if not isinstance(rec, dict):
-                yield drop(fallback_id, source, "admission", "not_an_object", line)
-                continue
-            doc_id = str(rec.get(source.id_field) or fallback_id) if source.id_field else fallback_id
-            yield _admit_text(rec.get(source.text_field), doc_id, source, cfg, rec)
+    try:
+        for lineno, raw, _ in jsonl.iter_lines(path, DocumentFormatError):
+            yield _admit_line(raw, f"{source.name}/{base}:{lineno}", source, cfg)
+    except DocumentFormatError as e:  # truncated_file: the one error iter_lines raises
+        if cfg.fail_on_damaged_file:
+            raise
+        yield drop(f"{source.name}/{base}:{e.line + 1}", source, "admission", "truncated_file", str(e),
+                   file=path, lines_read=e.line)
 
 
 def read_parquet(path: str, source: Source, cfg: AdmissionConfig) -> Iterator[dict]:

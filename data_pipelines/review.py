@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import sys
+
+from jaxpt import jsonl
+from jaxpt.errors import FileFormatError
 
 from data_pipelines import manifest as manifest_lib
 
@@ -21,29 +23,23 @@ WARN_RATE = 0.2
 def wrongful_rates(out_dir: str, labels_path: str) -> dict[str, dict]:
     """Per rule ``"<stage>:<reason>"``: labelled, wrongful, rate, warn.
 
-    Raises ValueError naming the labels file and line for a malformed label, an unknown id, or an
-    id the build kept.
+    Raises FileFormatError (a ConfigError) naming the labels file and line: a line that breaks the JSON Lines
+    rules of `jaxpt.jsonl`, or reason ``bad_label``: no boolean ``wrongful``, an unknown id, or an id the build kept.
     """
     verdicts = {r["id"]: r["verdict"] for r in manifest_lib.read_decisions(out_dir)}
     counts = collections.defaultdict(lambda: [0, 0])
-    with open(labels_path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                lab = json.loads(line)
-                doc_id, wrongful = lab["id"], lab["wrongful"]
-            except (ValueError, KeyError, TypeError) as e:
-                raise ValueError(f"{labels_path}:{lineno}: expected {{'id', 'wrongful'}}: {e}") from None
-            if not isinstance(wrongful, bool):
-                raise ValueError(f"{labels_path}:{lineno}: 'wrongful' must be true or false")
-            verdict = verdicts.get(doc_id)
-            if verdict is None:
-                raise ValueError(f"{labels_path}:{lineno}: id '{doc_id}' is not in {out_dir}/decisions")
-            if verdict == "kept":
-                raise ValueError(f"{labels_path}:{lineno}: id '{doc_id}' was kept, not deleted")
-            counts[verdict][0] += 1
-            counts[verdict][1] += int(wrongful)
+    for lineno, lab in jsonl.iter_objects(labels_path):
+        doc_id, wrongful = lab.get("id"), lab.get("wrongful")
+        if not isinstance(wrongful, bool):
+            raise FileFormatError.at(labels_path, lineno, "bad_label", "expected {'id', 'wrongful': true|false}")
+        verdict = verdicts.get(doc_id)
+        if verdict is None:
+            raise FileFormatError.at(labels_path, lineno, "bad_label",
+                                     f"id '{doc_id}' is not in {out_dir}/decisions")
+        if verdict == "kept":
+            raise FileFormatError.at(labels_path, lineno, "bad_label", f"id '{doc_id}' was kept, not deleted")
+        counts[verdict][0] += 1
+        counts[verdict][1] += int(wrongful)
     out = {}
     for rule, (n, bad) in sorted(counts.items()):
         rate = bad / n

@@ -23,6 +23,8 @@ import os
 
 import numpy as np
 
+from jaxpt import jsonl
+
 DATASET_VERSION = "1.0.0"
 
 
@@ -113,8 +115,12 @@ def write_jsonl_gz(path: str, rows: list[dict]) -> None:
 
 
 def read_jsonl_gz(path: str) -> list[dict]:
-    with gzip.open(path, "rt", encoding="utf-8") as f:
-        return [json.loads(line) for line in f]
+    """Rows of a JSON Lines file the build wrote (decision log, held-out split), in file order.
+
+    Raises:
+      FileFormatError: (a ConfigError) a line breaks the JSON Lines rules of `jaxpt.jsonl` (names file and line).
+    """
+    return jsonl.read_objects(path)
 
 
 def write_tfds_metadata(out_dir: str, dataset_name: str, split_lengths: dict[str, list[int]],

@@ -3,8 +3,9 @@
 Modules (one-way dependencies, top to bottom): ``config`` (gin + validation), ``mesh`` (devices and
 logical-axis sharding), ``model`` (Flax NNX decoder), ``optim`` (optax), ``data`` (tokenizer, Grain,
 packing), ``state`` (sharded train state), ``step`` (pure train/eval steps), ``flops``/``monitor``
-(MFU and metric writers), ``checkpoint`` (Orbax), ``train`` (the entry point and loop), ``inference``
-(restore a checkpoint anywhere, greedy generation), ``drill`` (kill-and-resume recovery drill).
+(MFU and metric writers), ``checkpoint`` (Orbax), ``train`` (the entry point and loop), ``decode`` (the one
+greedy decoder, batched, behind a step interface), ``inference`` (restore a checkpoint anywhere, generate text),
+``drill`` (kill-and-resume recovery drill).
 
 ``jaxpt.restore`` and ``jaxpt.generate`` are imported on first use, so ``import jaxpt`` stays light.
 """

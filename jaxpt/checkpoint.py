@@ -16,7 +16,6 @@ a process killed inside an asynchronous save leaves no step that :meth:`Checkpoi
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 import platform
@@ -249,6 +248,83 @@ class Checkpointer:
         except Exception as e:  # Orbax raises many types; name the checkpoint instead.
             raise CheckpointError(f"checkpoint {self.directory}/{step}: cannot restore its params: "
                                   f"{type(e).__name__}: {e}") from e
+
+    # ------------------------------------------------------------------ what the loop needs
+    def saved_data_shards(self) -> int | None:
+        """The logical data shard count recorded by the newest checkpoint (None: no checkpoint or not recorded)."""
+        step = self.latest_step()
+        if step is None:
+            return None
+        saved = self.read_meta(step).get("data_shards")
+        return int(saved) if saved else None
+
+    def resume(self, abstract_state: Any, data_iterator: Any, model_cfg: Any,
+               tokenizer_sha256: str | None) -> tuple[Any, int]:
+        """Restore the newest committed checkpoint, if any: ``(state, step)``; ``(None, 0)`` when there is none.
+
+        Raises:
+          CheckpointError: checkpoints exist but the newest cannot be restored, it is from another model
+            (:func:`check_compatible`) or another tokenizer, or the directory holds something that is not a
+            restorable checkpoint. Never silently starts from step 0 over existing checkpoints.
+        """
+        import time
+        step = self.latest_step()
+        if step is None:
+            leftovers = [e.name for e in os.scandir(self.directory)] if self.has_checkpoint_dirs() else []
+            real = [n for n in leftovers if "tmp" not in n]
+            if real:
+                raise CheckpointError(f"{self.directory} holds {sorted(real)} but no restorable checkpoint; "
+                                      "move it away to start from scratch")
+            if leftovers:
+                log.warning("only incomplete saves in %s (%s); starting from step 0", self.directory, leftovers)
+            return None, 0
+        meta = self.read_meta(step)
+        where = f"{self.directory}/{step}"
+        check_compatible(meta, model_cfg, where)
+        saved_tok = meta.get("tokenizer", {}).get("sha256")
+        if saved_tok and tokenizer_sha256 and saved_tok != tokenizer_sha256:
+            raise CheckpointError(f"{where} was trained with tokenizer sha256 {saved_tok[:12]}, this run uses "
+                                  f"{tokenizer_sha256[:12]}")
+        t0 = time.perf_counter()
+        state, _ = self.restore(step, abstract_state, data_iterator)
+        log.info("restored step %d from %s in %.1f s", step, self.directory, time.perf_counter() - t0)
+        return state, step
+
+    def rewind(self, before: int, abstract_state: Any) -> tuple[Any, int]:
+        """Delete every checkpoint at or after step ``before`` (saved from a state already in trouble) and
+        restore the newest one before it, without touching the data iterator (so the batches in between are
+        skipped). Returns ``(state, step)``, or ``(None, 0)`` when no checkpoint precedes ``before``."""
+        self.wait()
+        steps = self.all_steps()
+        for s in steps:
+            if s >= before:
+                self.manager.delete(s)
+        good = [s for s in steps if s < before]
+        if not good:
+            return None, 0
+        state, _ = self.restore(max(good), abstract_state, data_iterator=None)
+        return state, max(good)
+
+
+def run_meta(cfg: Any, mesh: Any, tokenizer: Any, config_text: str, data_version: str,
+             data_shards: int | None) -> dict[str, Any]:
+    """What a checkpoint records besides arrays (its ``meta`` item): enough to rebuild the run and to refuse a
+    wrong one: operative gin config, resolved model config, mesh, tokenizer path and sha256, data version,
+    process count, logical data shards, batch shape and library versions."""
+    from jaxpt import mesh as mesh_lib
+    return {
+        "config_gin": config_text,
+        "model": dataclasses.asdict(cfg.model),
+        "mesh": mesh_lib.mesh_shape(mesh),
+        "model_layout": {"scan_layers": cfg.model.scan_layers},
+        "tokenizer": {"path": os.path.abspath(cfg.data.tokenizer_path), "sha256": tokenizer.sha256},
+        "data_version": data_version,
+        "process_count": jax.process_count(),
+        "data_shards": data_shards,
+        "global_batch_size": cfg.global_batch_size,
+        "seq_len": cfg.seq_len,
+        "libraries": library_versions(),
+    }
 
 
 def check_compatible(meta: dict[str, Any], model_cfg: Any, where: str) -> None:

@@ -1,5 +1,5 @@
 """Restore a trained model from a run's checkpoints on whatever devices are present (CPU included), and
-generate from it greedily.
+generate from it greedily (:func:`generate`, over the one decoding loop in :mod:`jaxpt.decode`).
 
 For notebooks and evaluation scripts::
 
@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
+from jaxpt import decode
 from jaxpt.checkpoint import CheckpointConfig, CheckpointError, Checkpointer
 
 
@@ -178,60 +178,20 @@ def _resolve_mesh(mesh, meta: Mapping[str, Any]) -> jax.sharding.Mesh:
 # ------------------------------------------------------------------------------------------ generation
 
 
-def generate_ids(model, prompt_ids, max_new_tokens: int, *, eos_id: int | None = None) -> list[int]:
-    """Greedy decoding without a KV cache: each new token is the argmax of the logits at the last position.
+def generate(model, tokenizer, prompt: str, max_new_tokens: int = 32, *, stop_strings: Sequence[str] = ()) -> str:
+    """Greedy continuation of ``prompt`` (text in, text out), stopped at EOS or before the first of
+    ``stop_strings``: one row of :func:`jaxpt.decode.greedy` over a :class:`jaxpt.decode.NoCacheStep` on the
+    model's params wherever they live.
 
-    The context is one document (segment id 1, positions 0..n-1), right-padded to a fixed window (segment
-    id 0) so one compiled forward pass serves every step; causal masking makes the padding invisible.
-    When the context outgrows ``model.cfg.max_seq_len`` only the most recent tokens are kept (a sliding
-    window, positions restarting at 0).
-
-    Args:
-      model: a :class:`jaxpt.model.Decoder`.
-      prompt_ids: int token ids, shape [n] with n >= 1.
-      max_new_tokens: tokens to add (>= 0).
-      eos_id: stop after emitting this id (it is included in the result).
-
-    Returns: the new token ids (at most ``max_new_tokens``), ints.
+    Truncation (:mod:`jaxpt.decode`): a prompt longer than ``model.cfg.max_seq_len - max_new_tokens`` tokens keeps
+    its last that many. The row is only as long as the prompt and new tokens need, at most ``max_seq_len``.
 
     Raises:
-      ValueError: empty prompt or negative ``max_new_tokens``.
+      ValueError: the prompt encodes to no tokens, or ``max_new_tokens`` is not in [0, max_seq_len).
     """
-    from flax import nnx
-
-    ids = [int(i) for i in np.asarray(prompt_ids).reshape(-1)]
-    if not ids:
-        raise ValueError("generate: the prompt must hold at least one token")
-    if max_new_tokens < 0:
-        raise ValueError(f"generate: max_new_tokens = {max_new_tokens} must be >= 0")
-    window = min(model.cfg.max_seq_len, len(ids) + max_new_tokens)
-    graphdef, state = nnx.split(model)
-
-    @jax.jit
-    def next_token(state, tokens_1xW, n):
-        positions_1xW = jnp.arange(window, dtype=jnp.int32)[None]
-        segment_ids_1xW = (positions_1xW < n).astype(jnp.int32)
-        logits_1xWxV = nnx.merge(graphdef, state)(tokens_1xW, segment_ids_1xW, positions_1xW)
-        return jnp.argmax(logits_1xWxV[0, n - 1]).astype(jnp.int32)
-
-    new: list[int] = []
-    for _ in range(max_new_tokens):
-        context = ids[-window:]
-        tokens = np.zeros((1, window), np.int32)
-        tokens[0, :len(context)] = context
-        token = int(next_token(state, tokens, np.int32(len(context))))
-        ids.append(token)
-        new.append(token)
-        if eos_id is not None and token == eos_id:
-            break
-    return new
-
-
-def generate(model, tokenizer, prompt: str, max_new_tokens: int = 32) -> str:
-    """Greedy continuation of ``prompt`` (text in, text out), stopping at EOS. See :func:`generate_ids`.
-
-    Raises:
-      ValueError: the prompt encodes to no tokens, or negative ``max_new_tokens``.
-    """
-    new = generate_ids(model, tokenizer.encode(prompt), max_new_tokens, eos_id=tokenizer.eos_id)
-    return tokenizer.decode(new)
+    ids = tokenizer.encode(prompt)
+    row = max(2, min(model.cfg.max_seq_len, max(len(ids), 1) + max_new_tokens))
+    step = decode.NoCacheStep.from_model(model, seq_len=row, pad_id=tokenizer.pad_id)
+    (gen,) = decode.greedy(step, [ids], max_new_tokens, eos_id=tokenizer.eos_id, stop_strings=[stop_strings],
+                           tokenizer=tokenizer)
+    return gen.text

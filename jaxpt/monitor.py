@@ -14,6 +14,9 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from jaxpt import jsonl
+from jaxpt.errors import FileFormatError
+
 
 def host_peak_rss_bytes() -> int:
     """Peak resident set size of this process so far (``getrusage``; Linux reports KiB). Units: bytes."""
@@ -60,7 +63,9 @@ class MetricWriter:
         if not enabled:
             return
         os.makedirs(workdir, exist_ok=True)
-        self._jsonl = open(os.path.join(workdir, "metrics.jsonl"), "a", buffering=1)
+        path = os.path.join(workdir, METRICS_FILE)
+        jsonl.drop_partial_last_line(path)  # a record half-written by a killed run (see read_metrics)
+        self._jsonl = open(path, "a", buffering=1)
         try:
             from tensorboardX import SummaryWriter
             self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
@@ -98,11 +103,59 @@ class MetricWriter:
                 self._tb.close()
 
 
+# ------------------------------------------------------------------------------------------ reading metrics.jsonl
+
+#: The metrics log of a workdir, written by :class:`MetricWriter`.
+METRICS_FILE = "metrics.jsonl"
+
+
+class MetricsFormatError(FileFormatError):
+    """``metrics.jsonl`` breaks its contract at one line (file, line, reason); see :func:`read_metrics`."""
+
+
+def metrics_path(workdir: str) -> str:
+    """``<workdir>/metrics.jsonl``, or ``workdir`` itself when it is a file."""
+    return workdir if os.path.isfile(workdir) else os.path.join(workdir, METRICS_FILE)
+
+
+def check_metrics_record(record: dict, path: str, line_no: int) -> dict:
+    """``record`` if it holds an integer ``step``; raises MetricsFormatError (reason ``missing_step``) naming
+    ``path:line_no`` otherwise."""
+    step = record.get("step")
+    if not isinstance(step, int) or isinstance(step, bool):
+        raise MetricsFormatError.at(path, line_no, "missing_step", "every record needs an integer 'step'")
+    return record
+
+
+def parse_metrics_line(raw: bytes, path: str, line_no: int) -> dict:
+    """One complete line of a metrics file (``raw``: its bytes without the LF), for readers that tail a live file.
+
+    Raises:
+      MetricsFormatError: the line breaks the contract of :func:`read_metrics` (names ``path:line_no``).
+    """
+    try:
+        record = jsonl.parse_object(raw.rstrip(b"\r"))
+    except jsonl.LineError as e:
+        raise MetricsFormatError.at(path, line_no, e.reason, e.detail) from None
+    return check_metrics_record(record, path, line_no)
+
+
 def read_metrics(workdir: str) -> list[dict[str, Any]]:
-    """All records of ``<workdir>/metrics.jsonl`` in order."""
-    path = os.path.join(workdir, "metrics.jsonl")
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+    """Every record of ``<workdir>/metrics.jsonl`` (or of the file ``workdir``), in file order.
+
+    The contract: the JSON Lines rules of :mod:`jaxpt.jsonl`, each record an object with an integer ``step``
+    (events, the final report and per-step metrics alike; non-finite floats are the strings ``"nan"``/``"inf"``).
+    One exception: a last line that lacks its newline and does not parse is skipped, the record a trainer
+    killed mid-write left half-written (:class:`MetricWriter` ends every record with a newline and cuts such a
+    line off before it appends again).
+
+    Raises:
+      FileNotFoundError: no metrics file.
+      MetricsFormatError: (a ConfigError) any other bad line: names the file, the 1-based line and the reason.
+    """
+    path = metrics_path(workdir)
+    return [check_metrics_record(rec, path, n)
+            for n, rec in jsonl.iter_objects(path, error=MetricsFormatError, partial_last_line=True)]
 
 
 class StepTimer:

@@ -285,7 +285,6 @@ def test_incomplete_saves_are_ignored_and_junk_is_an_error(trained10, tmp_path):
     """A temporary (uncommitted) save directory is never the latest step, and a trainer's checkpointer
     deletes it on start; a step directory that cannot be read, or unrecognized entries, are errors naming
     them; only incomplete saves means a fresh start."""
-    from jaxpt.train import restore_or_init
     run = copy_run(trained10, tmp_path / "run")
     tmp_save = run / "checkpoints" / "12.orbax-checkpoint-tmp-1795960289"
     shutil.copytree(run / "checkpoints" / "10", tmp_save)
@@ -306,18 +305,18 @@ def test_incomplete_saves_are_ignored_and_junk_is_an_error(trained10, tmp_path):
     (empty_step / "checkpoints" / "7").mkdir(parents=True)
     ckpt = Checkpointer(str(empty_step), CheckpointConfig())
     with pytest.raises(CheckpointError, match="checkpoints/7: cannot read its metadata"):
-        restore_or_init(None, ckpt, None)
+        ckpt.resume(None, None, None, None)
     ckpt.close()
     junk = tmp_path / "junk"
     (junk / "checkpoints" / "notes").mkdir(parents=True)
     ckpt = Checkpointer(str(junk), CheckpointConfig())
     with pytest.raises(CheckpointError, match=r"holds \['notes'\] but no restorable checkpoint"):
-        restore_or_init(None, ckpt, None)
+        ckpt.resume(None, None, None, None)
     ckpt.close()
     only_tmp = tmp_path / "only_tmp"
     (only_tmp / "checkpoints" / "4.orbax-checkpoint-tmp-1").mkdir(parents=True)
     ckpt = Checkpointer(str(only_tmp), CheckpointConfig())
-    assert restore_or_init(None, ckpt, None) == 0
+    assert ckpt.resume(None, None, None, None) == (None, 0)
     ckpt.close()
 
 
@@ -408,32 +407,37 @@ def test_restore_anywhere_gives_the_trained_model(ckpt_env, trained10):
 
 
 def test_generate_matches_unpadded_greedy_reference(trained10):
-    """Each token the padded fixed-window greedy decoder picks is the argmax of the model's logits at the
-    previous position when run once, unpadded, on the prompt plus the generated tokens (causal masking
-    makes that single call see exactly the context each decoding step saw)."""
+    """Each token the padded fixed-row greedy decoder (jaxpt.decode over NoCacheStep) picks is the argmax of the
+    model's logits at the previous position when run once, unpadded, on the prompt plus the generated tokens
+    (causal masking makes that single call see exactly the context each decoding step saw). A prompt longer than
+    max_seq_len - max_new_tokens (64 - 4) keeps its last 60 tokens."""
     import jaxpt
+    from jaxpt import decode
     from jaxpt import mesh as mesh_lib
-    from jaxpt.inference import generate_ids
     r = jaxpt.restore(trained10, mesh=mesh_lib.make_mesh("data=1", devices=jax.devices()[:1]))
+
+    def unpadded_argmax(ids, first):
+        ids = np.asarray([ids], np.int32)
+        n = ids.shape[1]
+        logits = np.asarray(r.model(ids, np.ones((1, n), np.int32), np.arange(n, dtype=np.int32)[None]))
+        return [int(np.argmax(logits[0, k])) for k in range(first - 1, n - 1)]
+
     prompt = list(r.tokenizer.encode("The river flows"))
-    got = generate_ids(r.model, prompt, 8)
-    assert len(got) == 8
-    ids = np.asarray([prompt + got], np.int32)
-    n = ids.shape[1]
-    logits = np.asarray(r.model(ids, np.ones((1, n), np.int32), np.arange(n, dtype=np.int32)[None]))
-    assert got == [int(np.argmax(logits[0, len(prompt) - 1 + i])) for i in range(8)]
+    (gen,) = decode.greedy(decode.NoCacheStep.from_model(r.model, seq_len=len(prompt) + 8), [prompt], 8)
+    got = gen.ids
+    assert len(got) == 8 and gen.stop_reason == "length"
+    assert got == unpadded_argmax(prompt + got, len(prompt))
     eos = r.tokenizer.eos_id
     until_eos = got[:got.index(eos) + 1] if eos in got else got
     assert jaxpt.generate(r.model, r.tokenizer, "The river flows", 8) == r.tokenizer.decode(until_eos)
-    # Past max_seq_len (64) the context slides: each token is the argmax after the last 64 tokens.
     long_prompt = list(r.tokenizer.encode("The river flows into the sea. " * 12))[:70]
-    got = generate_ids(r.model, long_prompt, 4)
-    for i, token in enumerate(got):
-        ctx = np.asarray([(long_prompt + got[:i])[-64:]], np.int32)
-        logits = np.asarray(r.model(ctx, np.ones((1, 64), np.int32), np.arange(64, dtype=np.int32)[None]))
-        assert token == int(np.argmax(logits[0, -1]))
+    (gen,) = decode.greedy(decode.NoCacheStep.from_model(r.model), [long_prompt], 4)
+    assert len(gen.ids) == 4
+    assert gen.ids == unpadded_argmax(long_prompt[-60:] + gen.ids, 60)
     with pytest.raises(ValueError, match="at least one token"):
-        generate_ids(r.model, [], 3)
+        jaxpt.generate(r.model, r.tokenizer, "", 3)
+    with pytest.raises(ValueError, match="max_new_tokens = 64"):
+        jaxpt.generate(r.model, r.tokenizer, "The river", 64)
 
 
 @pytest.mark.slow

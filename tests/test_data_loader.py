@@ -12,6 +12,7 @@ import pytest
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 from jaxpt.data import loader
+from jaxpt.data.documents import DocumentFormatError
 from jaxpt.data import tokenizer as tokenizer_lib
 from jaxpt.data.tokenizer import Tokenizer
 
@@ -157,7 +158,7 @@ def test_eval_is_finite_padded_and_covers_every_token_once(data, process_count):
 
 def test_document_ids_map_doc_index_back_to_ids(data):
     path, tok, docs = data
-    ids = pipeline.document_ids(path)
+    ids = loader.document_ids(path)
     assert ids == [d["id"] for d in docs]
     batch = next(iter(loader.make_eval_dataset(path, tok, seq_len=SEQ_LEN, batch_size=2)))
     first = batch["doc_index"][0, 0]
@@ -174,8 +175,8 @@ def test_bad_arguments_and_records_raise(data, tmp_path):
     bad = tmp_path / "bad.jsonl.gz"
     with gzip.open(bad, "wt") as f:
         f.write('{"id": "a", "text": "x"}\n{"id": "b"}\n')
-    with pytest.raises(ValueError, match=r"bad\.jsonl\.gz:2"):
-        pipeline.document_ids(bad)
+    with pytest.raises(DocumentFormatError, match=r"bad\.jsonl\.gz:2: missing_text"):
+        loader.document_ids(bad)
 
 
 def test_to_global_batch_shards_device_keys_over_data_and_fsdp(data):
@@ -185,7 +186,7 @@ def test_to_global_batch_shards_device_keys_over_data_and_fsdp(data):
     sharding = NamedSharding(mesh, PartitionSpec(("data", "fsdp"), None))
     local = next(iter(loader.make_train_dataset(path, tok, seq_len=SEQ_LEN, local_batch_size=8, seed=SEED)))
     batch = loader.to_global_batch(local, sharding)
-    assert set(batch) == set(pipeline.DEVICE_KEYS)  # doc_index stays on the host
+    assert set(batch) == set(loader.DEVICE_KEYS)  # doc_index stays on the host
     for k, arr in batch.items():
         assert isinstance(arr, jax.Array) and arr.sharding == sharding and arr.dtype == np.int32
         np.testing.assert_array_equal(np.asarray(arr), local[k])

@@ -10,6 +10,7 @@ import pathlib
 import pytest
 
 from jaxpt.data import prepare as prepare_lib
+from jaxpt.data.documents import DocumentFormatError
 from jaxpt.data import tokenizer as tokenizer_lib
 
 SAMPLE = pathlib.Path(__file__).resolve().parents[1] / "data" / "sample"
@@ -144,10 +145,10 @@ def test_bad_records_are_reported_with_file_and_line(tmp_path):
     src.mkdir()
     with gzip.open(src / "broken.jsonl.gz", "wt") as f:
         f.write(json.dumps(_doc("ok", "fine")) + "\n{not json\n")
-    with pytest.raises(ValueError, match=r"broken\.jsonl\.gz:2: not valid JSON"):
+    with pytest.raises(DocumentFormatError, match=r"broken\.jsonl\.gz:2: bad_json: not JSON"):
         prepare_lib.prepare(src, tmp_path / "out", SETTINGS)
     _write(src / "broken.jsonl.gz", [{"id": "x", "text": "no other fields"}])
-    with pytest.raises(ValueError, match=r"broken\.jsonl\.gz:1: record lacks"):
+    with pytest.raises(DocumentFormatError, match=r"broken\.jsonl\.gz:1: missing_field: no \['source'"):
         prepare_lib.prepare(src, tmp_path / "out", SETTINGS)
     with pytest.raises(FileNotFoundError, match="no \\*.jsonl.gz"):
         prepare_lib.prepare(tmp_path / "out", tmp_path / "out2", SETTINGS)

@@ -1,8 +1,9 @@
 """jaxpt.eval units, each against an independent value: rolling windows cover every token once; a hand-built
 bigram model gives hand-computed log-likelihoods and task scores; packing and batch size do not change scores;
-batched greedy decoding equals ``jaxpt.inference.generate_ids``; 13-gram decontamination on hand examples;
-card hashing refuses a changed card until its version is bumped; Cohen's kappa by hand; the regression report
-flags exactly the drops beyond tolerance."""
+greedy decoding (``jaxpt.decode``) equals an unpadded forward's argmax and one-at-a-time decoding, and gives the
+hand-read continuations of a hand-built chain model with per-row stop strings (also through the lm-eval adapter);
+13-gram decontamination on hand examples; card hashing refuses a changed card until its version is bumped;
+Cohen's kappa by hand; the regression report flags exactly the drops beyond tolerance."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import pytest
 from flax import nnx
 
 from conftest import REPO_ROOT
+from jaxpt import decode
 from jaxpt import mesh as mesh_lib
 from jaxpt.eval import card as card_lib
 from jaxpt.eval import decontam, probes, regression, review
@@ -146,15 +148,106 @@ def test_scores_do_not_depend_on_packing_or_batch_size(random_model):
         assert len(scorer.layout(windows, pack=True)) < len(windows)  # packing really shared rows
 
 
-def test_batched_greedy_equals_generate_ids(random_model):
-    """Scorer.greedy (fixed [B, L] rows, several prompts per call) picks the tokens of
-    jaxpt.inference.generate_ids (one prompt, its own window)."""
-    from jaxpt.inference import generate_ids
-    scorer = Scorer.from_model(random_model, one_device_mesh(), mesh_lib.DEFAULT_RULES, seq_len=24, batch_size=2)
+def test_batched_greedy_is_the_argmax_of_an_unpadded_forward_and_equals_one_at_a_time(random_model):
+    """decode.greedy over NoCacheStep (fixed [B, L] rows, prompts of different lengths, two batches) picks, at every
+    step, the argmax of the model run once, unpadded, on the kept prompt plus the tokens before it (causal masking
+    makes that one call see each step's context). The prompt of 20 tokens is longer than L - max_new_tokens = 16
+    and keeps its last 16. One prompt per call with a row just long enough gives the same tokens."""
+    L, new = 24, 8
     rng = np.random.default_rng(1)
-    prompts = [list(rng.integers(4, 64, size=n)) for n in (1, 12, 5)]
-    got = scorer.greedy(prompts, 8)
-    assert got == [generate_ids(random_model, p, 8) for p in prompts]
+    prompts = [rng.integers(4, 64, size=n).astype(np.int32) for n in (1, 12, 5, 20)]
+    got = decode.greedy(decode.NoCacheStep.from_model(random_model, seq_len=L, batch_size=3), prompts, new)
+    for p, g in zip(prompts, got):
+        kept = list(p[-(L - new):])
+        assert len(kept) == min(len(p), 16) and len(g.ids) == new and g.stop_reason == "length" and g.text is None
+        ids = np.asarray([kept + g.ids[:-1]], np.int32)
+        logits = np.asarray(random_model(ids, np.ones_like(ids), np.arange(ids.shape[1], dtype=np.int32)[None]))
+        assert g.ids == [int(np.argmax(logits[0, len(kept) - 1 + i])) for i in range(new)]
+        alone = decode.NoCacheStep.from_model(random_model, seq_len=min(L, len(p) + new))
+        assert decode.greedy(alone, [p], new)[0].ids == g.ids
+    # EOS stops only the rows that emit it, and is kept in their ids.
+    eos = got[1].ids[2]
+    with_eos = decode.greedy(decode.NoCacheStep.from_model(random_model, seq_len=L, batch_size=3), prompts, new,
+                             eos_id=eos)
+    for g, e in zip(got, with_eos):
+        cut = g.ids.index(eos) + 1 if eos in g.ids else new
+        assert e.ids == g.ids[:cut] and e.stop_reason == ("eos" if eos in g.ids else "length")
+
+
+def test_greedy_refuses_bad_arguments(random_model):
+    step = decode.NoCacheStep.from_model(random_model, seq_len=8)
+    with pytest.raises(ValueError, match=r"max_new_tokens = 8 must be in \[0, seq_len = 8\)"):
+        decode.greedy(step, [[5]], 8)
+    with pytest.raises(ValueError, match="prompt 1 is empty"):
+        decode.greedy(step, [[5], []], 2)
+    with pytest.raises(ValueError, match="one sequence of strings per prompt"):
+        decode.greedy(step, [[5], [6]], 2, stop_strings=[["x"]], tokenizer=CharTokenizer())
+    with pytest.raises(ValueError, match="is a string"):
+        decode.greedy(step, [[5]], 2, stop_strings=["x"], tokenizer=CharTokenizer())
+    with pytest.raises(ValueError, match="need a tokenizer"):
+        decode.greedy(step, [[5]], 2, stop_strings=[["x"]])
+    assert decode.greedy(step, [[5]], 0) == [decode.Generation([], None, "length")]
+
+
+def chain_model(next_of: dict[int, int]) -> Decoder:
+    """A bigram model whose greedy next token after ``i`` is ``next_of[i]`` (probability .9; others share .1)."""
+    Q = np.full((8, 8), 0.1 / 7)
+    for i, j in next_of.items():
+        Q[i, j] = 0.9
+    return bigram_model(Q)
+
+
+#: Greedy continuation cycles a b c d a ... (ids 4 5 6 7); after EOS comes a.
+CYCLE = {1: 4, 4: 5, 5: 6, 6: 7, 7: 4}
+
+
+class WideCTokenizer(CharTokenizer):
+    """CharTokenizer whose 'c' token decodes to two characters, "cx"."""
+
+    def decode(self, ids):
+        return super().decode(ids).replace("c", "cx")
+
+
+def test_stop_strings_and_eos_per_row_on_a_hand_built_chain():
+    """Continuations read off the chain by hand. From "a" the model writes b c d a b c d ...:
+    stop "ab" -> "bcdab" cut to "bcd"; stop "c" -> "b"; stops ("da", "cd") -> "bcd" holds "cd" first -> "b";
+    no stop -> 6 tokens "bcdabc". From "dd" with EOS after c: "abc" then EOS (kept in the ids, not in the text).
+    A stop string inside a token's text ("x" of "cx") cuts that token's text: "b" + "cx" -> "bc"."""
+    tok = CharTokenizer()
+    step = decode.NoCacheStep.from_model(chain_model(CYCLE), one_device_mesh(), mesh_lib.DEFAULT_RULES, seq_len=16,
+                                         batch_size=3)
+    prompts = [tok.encode(t) for t in ("a", "a", "a", "a")]
+    gens = decode.greedy(step, prompts, 6, eos_id=1, stop_strings=[["ab"], ["c"], ["da", "cd"], []], tokenizer=tok)
+    assert [g.text for g in gens] == ["bcd", "b", "b", "bcdabc"]
+    assert [g.ids for g in gens] == [[5, 6, 7, 4, 5], [5, 6], [5, 6, 7], [5, 6, 7, 4, 5, 6]]
+    assert [g.stop_reason for g in gens] == ["stop_string"] * 3 + ["length"]
+    eos_after_c = decode.NoCacheStep.from_model(chain_model({**CYCLE, 6: 1}), seq_len=16)
+    (g,) = decode.greedy(eos_after_c, [tok.encode("dd")], 6, eos_id=1, tokenizer=tok)
+    assert (g.ids, g.text, g.stop_reason) == ([4, 5, 6, 1], "abc", "eos")
+    (g,) = decode.greedy(step, [tok.encode("a")], 6, stop_strings=[["x"]], tokenizer=WideCTokenizer())
+    assert (g.ids, g.text, g.stop_reason) == ([5, 6], "bc", "stop_string")
+
+
+def test_lm_eval_generate_until_stops_each_request_on_its_own_strings():
+    """Two requests with the same prompt, until=["ab"] and until=["c"]: "c" comes first in the continuation
+    (b c d a b ...), yet the "ab" request must run on to "bcdab" and answer "bcd" (a union of the batch's stop
+    strings would stop it at "bc", "c" included). Batched answers equal one-at-a-time answers; a request with a
+    larger max_gen_toks and no stop string runs to its budget."""
+    import types
+    from lm_eval.api.instance import Instance
+    from jaxpt.eval.harness import JaxptLM
+    tok = CharTokenizer()
+    cfg = types.SimpleNamespace(logical_axis_rules=mesh_lib.DEFAULT_RULES, seq_len=16)
+    restored = types.SimpleNamespace(model=chain_model(CYCLE), mesh=one_device_mesh(), tokenizer=tok, config=cfg)
+    lm = JaxptLM(restored=restored, batch_size=2)
+    kwargs = [{"until": ["ab"], "max_gen_toks": 8}, {"until": ["c"], "max_gen_toks": 8},
+              {"until": "da", "max_gen_toks": 8}, {"until": [], "max_gen_toks": 10}, {"max_gen_toks": 3}]
+    reqs = [Instance("generate_until", {}, ("a", kw), i) for i, kw in enumerate(kwargs)]
+    expected = ["bcd", "b", "bc", "bcdabcdabc", "bcd"]
+    assert lm.generate_until(reqs) == expected
+    assert [lm.generate_until([r])[0] for r in reqs] == expected
+    with pytest.raises(ValueError, match="greedily only"):
+        lm.generate_until([Instance("generate_until", {}, ("a", {"do_sample": True}), 0)])
 
 
 # ------------------------------------------------------------------------------------------ decontamination
@@ -303,8 +396,8 @@ def test_regression_flags_only_core_drops_beyond_tolerance(tmp_path):
 
 @pytest.mark.slow
 def test_training_texts_from_corpus_shards(tmp_path):
-    """A corpus version without JSON Lines: the decontamination reference is read from its ArrayRecord shards
-    (serialized tf.train.Example with a ``text`` feature, as data_pipelines writes them)."""
+    """A corpus version without JSON Lines: the decontamination reference is read from the ArrayRecord shards its
+    mixture.json lists (serialized tf.train.Example with a ``text`` feature, as data_pipelines writes them)."""
     from array_record.python.array_record_module import ArrayRecordWriter
     from tensorflow.core.example import example_pb2
     from jaxpt.eval import heldout
@@ -317,6 +410,9 @@ def test_training_texts_from_corpus_shards(tmp_path):
         ex.features.feature["id"].bytes_list.value.append(b"x")
         w.write(ex.SerializeToString())
     w.close()
+    # A corpus version lists its shards in mixture.json (jaxpt.data.corpus reads the directory).
+    (tmp_path / "mixture.json").write_text(json.dumps(
+        {"weights": {"code": 1.0}, "shards": {"code": [str(shard.relative_to(tmp_path))]}}))
     assert list(heldout.training_texts(str(tmp_path))) == ["def f():\n    return 1\n", "Zwölf Boxkämpfer jagen Viktor"]
     with pytest.raises(FileNotFoundError, match="train source"):
         list(heldout.training_texts(str(tmp_path / "tfds")))

@@ -18,6 +18,7 @@ import yaml
 
 from conftest import REPO_ROOT, tiny_bindings
 from jaxpt import config as C
+from jaxpt import decode
 from jaxpt import mesh as mesh_lib
 from jaxpt.eval import card as card_lib
 from jaxpt.eval import heldout, probes
@@ -133,13 +134,12 @@ def test_perplexity_is_the_same_for_batch_sizes_1_3_8_with_and_without_packing(r
 
 def test_in_loop_per_domain_eval_compiles_once_and_matches_standalone(eval_run, restored):
     from jaxpt import monitor, train
-    from jaxpt.eval import inloop
     records = monitor.read_metrics(str(eval_run["workdir"]))
     at10 = [r for r in records if r.get("step") == 10 and "heldout_loss" in r]
     final = [r for r in records if r.get("event") == "final"][-1]
     for rec in (at10[0], final):
         assert {"heldout/domain/code/perplexity", "heldout/lang/de/perplexity",
-                "heldout/overall/loss"} <= set(rec), sorted(rec)
+                "heldout_loss"} <= set(rec), sorted(rec)
     # The final in-loop figures are the standalone report's on the same checkpoint and text.
     docs = heldout.load_documents(str(eval_run["data"] / "heldout.jsonl.gz"))
     hset = heldout.HeldoutSet.build(docs, restored.tokenizer, seq_len=64)
@@ -147,15 +147,17 @@ def test_in_loop_per_domain_eval_compiles_once_and_matches_standalone(eval_run, 
                                batch_size=16)
     rep = heldout.perplexity_report(scorer, hset, group_by=("domain", "lang"))
     for key, value in heldout.flat_figures(rep).items():
+        key = key.replace("heldout/overall/", "heldout_")  # the pooled figure is the run's one held-out loss
         assert final[key] == pytest.approx(value, rel=1e-6), key
+    assert final["heldout_partial"] == 0.0 and at10[0]["heldout_partial"] == 1.0
     # Three evaluations of one run, params changing in between: one compiled program.
     cfg = C.parse(["configs/quickstart.gin"], eval_run["bindings"], steps=STEPS, mesh="data=2,fsdp=2,tensor=2")
     run = train.setup(cfg)
-    first = train.evaluate(run, 1)["heldout/overall/loss"]
+    first = run.evaluate(1)["heldout_loss"]
     run.state = run.state.replace(params=jax.tree.map(lambda p: p * 1.01, run.state.params))
-    second = train.evaluate(run, 1)["heldout/overall/loss"]
-    train.evaluate(run, 2)
-    assert first != second and inloop.compiled_programs(run) == 1
+    second = run.evaluate(1)["heldout_loss"]
+    run.evaluate(2)
+    assert first != second and run.evaluator.compiled_programs() == 1
 
 
 # ------------------------------------------------------------------------------------------ CLI report
@@ -231,10 +233,16 @@ def test_lm_eval_adapter_loglikelihood_equals_jaxpt_scoring(restored, probe_task
     (rolling,) = lm.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, (text,), 0)])
     ids = np.concatenate([[tok.eos_id], tok.encode(text)])
     assert len(ids) <= 64 and rolling == pytest.approx(_direct_logprob(restored.model, ids, 1), rel=1e-5)
+    # generate_until: each new token is the argmax of one unpadded forward over the kept prompt (the last
+    # seq_len - 8 tokens) and the tokens before it; the answer is their text up to the first newline.
     prompt = probe_tasks["code_next_line_greedy"].examples[0]["prompt"]
     (gen,) = lm.generate_until([Instance("generate_until", {}, (prompt, {"until": ["\n"], "max_gen_toks": 8}), 0)])
-    new = lm.scorer.greedy([tok.encode(prompt)], 8, eos_id=tok.eos_id)[0]
-    assert gen == tok.decode(new).split("\n")[0] and "\n" not in gen
+    kept = list(tok.encode(prompt)[-(lm.decoder.seq_len - 8):])
+    (g,) = decode.greedy(lm.decoder, [tok.encode(prompt)], 8, eos_id=tok.eos_id)
+    ids = np.asarray([kept + g.ids], np.int32)
+    logits = np.asarray(restored.model(ids, np.ones_like(ids), np.arange(ids.shape[1], dtype=np.int32)[None]))
+    assert g.ids == [int(np.argmax(logits[0, len(kept) - 1 + i])) for i in range(len(g.ids))]
+    assert gen == tok.decode(g.ids).split("\n")[0] and "\n" not in gen
 
 
 def test_lm_eval_runs_the_local_tasks(eval_run, restored):

@@ -1,4 +1,4 @@
-"""data_pipelines.tokenizer: corpus reading, the balanced sample, the training CLI and the vocabulary report.
+"""data_pipelines.tokenizer (corpus reading, the balanced sample, the training CLI) and data_pipelines.vocab_report.
 
 The corpus here is real sample text (code, dictionary articles, fortunes in eight languages) written in
 the layout `python -m data_pipelines.build` produces: ArrayRecord shards of tf.train.Example records
@@ -17,6 +17,7 @@ from array_record.python.array_record_module import ArrayRecordWriter
 from tensorflow_datasets.proto import tf_example_pb2
 
 from data_pipelines import tokenizer as dt
+from data_pipelines import vocab_report as vr
 from jaxpt.data import tokenizer as tokenizer_lib
 from jaxpt.data.tokenizer import Tokenizer
 
@@ -242,13 +243,14 @@ QUICKSTART = REPO / "configs" / "quickstart.gin"
 
 @pytest.fixture(scope="module")
 def reports(corpus_dir, tmp_path_factory):
-    """The report run twice from scratch into two folders."""
+    """The report run twice from scratch into two folders: by its own CLI (python -m data_pipelines.vocab_report)
+    and by the tokenizer CLI's ``report`` subcommand, which runs the same."""
     outs = []
-    for _ in range(2):
+    for main, first in ((vr.main, []), (dt.main, ["report"])):
         out = tmp_path_factory.mktemp("report")
-        argv = ["report", "--corpus", str(corpus_dir), "--sizes", "2048,1024", "--model-config", str(QUICKSTART),
-                "--output", str(out)] + sum((["--gin", b] for b in FAST), [])
-        assert dt.main(argv) == 0
+        argv = first + ["--corpus", str(corpus_dir), "--sizes", "2048,1024", "--model-config", str(QUICKSTART),
+                        "--output", str(out)] + sum((["--gin", b] for b in FAST), [])
+        assert main(argv) == 0
         outs.append(out)
     return outs
 
@@ -314,21 +316,21 @@ def test_report_recommendation_follows_its_rule(reports):
     # Made-up pairs: the cheaper one per byte wins; with a tolerance, the better-compressing one of a tie.
     fake = [dict(rows[0], vocab_size=1, flops_per_byte=100.0, bpt_all=2.0),
             dict(rows[0], vocab_size=2, flops_per_byte=97.0, bpt_all=2.5)]
-    assert dt.recommend(fake)[0] == 2
+    assert vr.recommend(fake)[0] == 2
     fake[1]["flops_per_byte"] = 104.0
-    pick, reasons = dt.recommend(fake)
+    pick, reasons = vr.recommend(fake)
     assert pick == 1 and any(r.startswith("Near ties") and "2 (+4.0% FLOPs/byte, +25.0% bytes/token)" in r
                              for r in reasons)
-    assert dt.recommend(fake, flops_tolerance=0.05)[0] == 2 and dt.recommend(fake, flops_tolerance=0.03)[0] == 1
+    assert vr.recommend(fake, flops_tolerance=0.05)[0] == 2 and vr.recommend(fake, flops_tolerance=0.03)[0] == 1
 
 
 def test_run_config_follows_the_tokenizer(reports):
     """A run's model takes its vocabulary from the tokenizer (ModelConfig.vocab_size = 0); nothing else moves."""
     from jaxpt import config as config_lib
-    from jaxpt.train import resolve_model_config
+    from jaxpt.builder import resolve_vocab
 
     cfg = config_lib.parse([str(QUICKSTART)])
-    small, large = (resolve_model_config(cfg, Tokenizer.load(reports[0] / "tokenizers" / f"sp{v}.model"))
+    small, large = (resolve_vocab(cfg, Tokenizer.load(reports[0] / "tokenizers" / f"sp{v}.model"))
                     for v in (1024, 2048))
     assert (small.model.vocab_size, large.model.vocab_size) == (1024, 2048)
     assert dataclasses.replace(large, model=dataclasses.replace(large.model, vocab_size=1024)) == small

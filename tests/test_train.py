@@ -41,3 +41,43 @@ def test_sharding_does_not_change_the_math(prepared_sample, tmp_path):
     assert len(ref) == 20 and ref[-1] < ref[0]
     for mesh, l in losses.items():
         np.testing.assert_allclose(l, ref, rtol=1e-4, err_msg=mesh)
+
+
+def _fingerprint_pair(prepared, workdir, **overrides):
+    """HLO fingerprints of the train step as ``jaxpt.train`` builds it and as ``jaxpt.tools.sweep`` compiles it."""
+    import jax
+    from jaxpt.tools import sweep
+    cfg = C.parse(["configs/quickstart.gin"], tiny_bindings(prepared, workdir, **overrides), steps=10,
+                  mesh="data=2,fsdp=2,tensor=2")
+    trained = train.setup(cfg).built.hlo_fingerprint()
+    swept = sweep.lower(cfg, jax.devices()).hlo_fingerprint()
+    return trained, swept
+
+
+def test_train_and_sweep_compile_the_same_step(prepared_sample, tmp_path):
+    """``jaxpt.train`` and ``jaxpt.tools.sweep`` lower the same program for the same config, including gradient
+    accumulation and the stability policy; and the fingerprint does see those settings (it is not constant)."""
+    accum = {"TrainConfig.grad_accum_steps": "4", "StabilityConfig.spike_skip": "True"}
+    trained, swept = _fingerprint_pair(prepared_sample, tmp_path, **accum)
+    assert trained == swept
+    plain, _ = _fingerprint_pair(prepared_sample, tmp_path, **{"TrainConfig.grad_accum_steps": "1",
+                                                               "StabilityConfig.spike_skip": "True"})
+    no_skip, _ = _fingerprint_pair(prepared_sample, tmp_path, **{"TrainConfig.grad_accum_steps": "4",
+                                                                 "StabilityConfig.spike_skip": "False"})
+    assert len({trained, plain, no_skip}) == 3
+
+
+def test_malformed_heldout_fails_at_setup(prepared_sample, tmp_path, capsys):
+    """A held-out file with a bad line stops the trainer at setup with exit 2, naming the file and line, before
+    step 1 (no metrics, no checkpoint)."""
+    import gzip
+    bad = tmp_path / "heldout.jsonl.gz"
+    with gzip.open(bad, "wt") as f:
+        f.write('{"id": "a", "text": "fine"}\n{"id": "b", "text": \n')
+    workdir = tmp_path / "run"
+    argv = ["--config", "configs/quickstart.gin", "--steps", "3", "--mesh", "data=8"]
+    for b in tiny_bindings(prepared_sample, workdir, **{"DataConfig.heldout_path": repr(str(bad))}):
+        argv += ["--gin", b]
+    assert train.main(argv) == 2
+    assert f"{bad}:2" in capsys.readouterr().err
+    assert not (workdir / "metrics.jsonl").exists() and not (workdir / "checkpoints").exists()

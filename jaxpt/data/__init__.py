@@ -2,8 +2,11 @@
 
 Modules (import them directly; this package imports nothing so `prepare` stays free of jax):
 
+- `jaxpt.data.documents`: the one reader of document JSON Lines and its contract (`DocumentFormatError`).
+- `jaxpt.data.corpus`:    the one reader of a corpus version directory, and its mixed training stream.
 - `jaxpt.data.tokenizer`: SentencePiece wrapper and deterministic trainer.
 - `jaxpt.data.prepare`:   `python -m jaxpt.data.prepare`: sample -> train/held-out split + tokenizer.
 - `jaxpt.data.packing`:   concat-then-split packing with segment ids and positions (pure + Grain).
-- `jaxpt.data.loader`:  train/eval Grain datasets and per-process slices of the global batch.
+- `jaxpt.data.loader`:    train/eval Grain datasets and per-process slices of the global batch.
+- `jaxpt.data.shards`:    logical data shards (iterator state independent of the process count).
 """

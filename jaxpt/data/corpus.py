@@ -1,10 +1,16 @@
-"""Training-side reader of a built corpus version (`python -m data_pipelines.build`).
+"""A built corpus version (`python -m data_pipelines.build`): the one reader of its directory, and its training
+stream.
 
-A corpus directory holds ``mixture.json`` (per-domain weights and shard lists) and a TFDS dataset
-in the ArrayRecord file format under ``tfds/<name>/<version>/``, one split per domain. Each record
-is a serialized ``tf.train.Example`` with features ``id``, ``source``, ``domain``, ``lang``,
-``text`` (strings) and ``tokens`` (``int32[n]`` SentencePiece ids, no BOS/EOS). TFDS decodes
-records with numpy; TensorFlow is not imported.
+Layout of a corpus version directory (`CorpusVersion` reads it; nothing else opens these files):
+
+- ``mixture.json``: ``weights`` (domain -> sampling weight), ``shards`` (domain -> ArrayRecord paths relative to
+  the directory), ``tfds`` (``name``, ``version``, ``data_dir``), and token/document counts;
+- ``manifest.json``: the data version record (``data_version``, ``content_id``, counts, hashes); optional here;
+- ``tfds/<name>/<version>/``: a TFDS dataset in the ArrayRecord file format, one split per domain. Each record is
+  a serialized ``tf.train.Example`` with features ``id``, ``source``, ``domain``, ``lang``, ``text`` (strings) and
+  ``tokens`` (``int32[n]`` SentencePiece ids, no BOS/EOS). Records are decoded with the TFDS protos and numpy;
+  TensorFlow is not imported;
+- ``heldout/<domain>.jsonl.gz``: the held-out split, document files (`jaxpt.data.documents`).
 
 `corpus_dataset` returns a Grain ``IterDataset`` of ``int32[n]`` token arrays: each domain is
 sharded by process (``records[process_index::process_count]``), shuffled with a seed, repeated
@@ -14,30 +20,125 @@ checkpointable (``get_state`` / ``set_state``).
 
 from __future__ import annotations
 
+import dataclasses
+import glob
 import json
 import os
-from typing import Mapping
+from typing import Any, Iterator, Mapping
 
-import grain
 import numpy as np
 
+from jaxpt.errors import ConfigError
 
-def read_mixture(corpus_dir: str) -> dict:
-    """``mixture.json`` of a corpus. Raises FileNotFoundError naming the path."""
+
+def _read_json(path: str) -> Any:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: not JSON ({e})") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class CorpusVersion:
+    """A corpus version directory, read: its ``mixture.json`` and (``{}`` when absent) ``manifest.json``.
+
+    Attributes:
+      path: the directory. mixture: ``mixture.json`` (holds ``weights`` and ``shards``). manifest: ``manifest.json``.
+    """
+
+    path: str
+    mixture: dict
+    manifest: dict
+
+    @property
+    def data_version(self) -> str | None:
+        return self.manifest.get("data_version")
+
+    @property
+    def content_id(self) -> str | None:
+        return self.manifest.get("content_id")
+
+    def shard_paths(self) -> dict[str, list[str]]:
+        """``{domain: [ArrayRecord shard paths]}`` as ``mixture.json`` lists them, domains sorted.
+
+        Raises:
+          FileNotFoundError: a listed shard does not exist (names it).
+        """
+        out = {}
+        for domain, shards in sorted(self.mixture["shards"].items()):
+            out[domain] = [os.path.join(self.path, s) for s in shards]
+            for s, full in zip(shards, out[domain]):
+                if not os.path.isfile(full):
+                    raise FileNotFoundError(f"{self.path}/mixture.json lists shard {s}, which does not exist")
+        return out
+
+    def heldout_files(self) -> list[str]:
+        """The held-out split's document files, ``heldout/*.jsonl.gz`` sorted ([] for a version built without)."""
+        return sorted(glob.glob(os.path.join(self.path, "heldout", "*.jsonl.gz")))
+
+    def tfds_dir(self) -> str:
+        """The TFDS dataset directory ``<path>/<data_dir>/<name>/<version>``. Raises ConfigError without ``tfds``."""
+        t = self.mixture.get("tfds")
+        if not isinstance(t, dict) or not {"data_dir", "name", "version"} <= set(t):
+            raise ConfigError(f"{self.path}/mixture.json: no 'tfds' entry with data_dir, name and version")
+        return os.path.join(self.path, t["data_dir"], t["name"], t["version"])
+
+
+def is_corpus_version(path: str | os.PathLike) -> bool:
+    """True if ``path`` is a directory holding ``mixture.json``."""
+    return os.path.isfile(os.path.join(path, "mixture.json"))
+
+
+def read_corpus_version(corpus_dir: str | os.PathLike) -> CorpusVersion:
+    """Reads a corpus version directory (module docstring).
+
+    Raises:
+      FileNotFoundError: no ``mixture.json`` (names the path).
+      ConfigError: ``mixture.json`` or ``manifest.json`` is not JSON, or the mixture lacks ``weights``/``shards``.
+    """
+    corpus_dir = os.fspath(corpus_dir)
     path = os.path.join(corpus_dir, "mixture.json")
     if not os.path.exists(path):
         raise FileNotFoundError(f"{path}: not a built corpus directory (no mixture.json)")
-    with open(path) as f:
-        return json.load(f)
+    mixture = _read_json(path)
+    if not isinstance(mixture, dict) or not isinstance(mixture.get("weights"), dict) \
+            or not isinstance(mixture.get("shards"), dict):
+        raise ConfigError(f"{path}: not a corpus mixture (needs 'weights' and 'shards' objects)")
+    manifest_path = os.path.join(corpus_dir, "manifest.json")
+    manifest = _read_json(manifest_path) if os.path.isfile(manifest_path) else {}
+    return CorpusVersion(corpus_dir, mixture, manifest if isinstance(manifest, dict) else {})
+
+
+def read_mixture(corpus_dir: str) -> dict:
+    """``mixture.json`` of a corpus; raises as :func:`read_corpus_version`."""
+    return read_corpus_version(corpus_dir).mixture
+
+
+def _feature_text(feature, key: str) -> str:
+    """The first value of bytes feature ``key`` of a tf.Example, decoded as UTF-8; '' when absent."""
+    values = feature[key].bytes_list.value if key in feature else []
+    return values[0].decode("utf-8") if values else ""
+
+
+def shard_records(paths: list[str]) -> Iterator[dict[str, str]]:
+    """``{"id", "source", "domain", "lang", "text"}`` (strings, '' when a feature is absent) of every record of
+    the ArrayRecord shards ``paths``, in order. Decoded with the TFDS protos (TensorFlow is not imported)."""
+    from array_record.python import array_record_data_source
+    from tensorflow_datasets.proto import tf_example_pb2
+
+    for path in paths:
+        source = array_record_data_source.ArrayRecordDataSource([path])
+        for i in range(len(source)):
+            f = tf_example_pb2.Example.FromString(source[i]).features.feature
+            yield {k: _feature_text(f, k) for k in ("id", "source", "domain", "lang", "text")}
 
 
 def domain_source(corpus_dir: str, domain: str):
     """Random-access TFDS source of one domain split (records decode to dicts of numpy arrays)."""
     import tensorflow_datasets as tfds
 
-    mix = read_mixture(corpus_dir)
-    t = mix["tfds"]
-    data_dir = os.path.join(corpus_dir, t["data_dir"], t["name"], t["version"])
+    data_dir = read_corpus_version(corpus_dir).tfds_dir()
     return tfds.builder_from_directory(data_dir).as_data_source(split=domain)
 
 
@@ -77,13 +178,14 @@ def corpus_dataset(
     process_index: int = 0,
     process_count: int = 1,
     weights: Mapping[str, float] | None = None,
-) -> grain.IterDataset:
+) -> "grain.IterDataset":
+    """Infinite, mixed, per-process stream of token arrays (``int32[n]``); arguments and errors as `_mixed`."""
     return _mixed(corpus_dir, seed=seed, process_index=process_index, process_count=process_count,
                   weights=weights, record_fn=_tokens)
 
 
 def _mixed(corpus_dir: str, *, seed: int, process_index: int = 0, process_count: int = 1,
-           weights: Mapping[str, float] | None = None, record_fn=_tokens) -> grain.IterDataset:
+           weights: Mapping[str, float] | None = None, record_fn=_tokens) -> "grain.IterDataset":
     """Infinite, mixed, per-process stream of token arrays (``int32[n]``).
 
     Args:
@@ -95,7 +197,10 @@ def _mixed(corpus_dir: str, *, seed: int, process_index: int = 0, process_count:
         weight 0 or no records on this process are left out.
     Raises:
       ValueError: unknown domain in `weights`, bad process slice, or nothing to read.
+      FileNotFoundError, ConfigError: as :func:`read_corpus_version`.
     """
+    import grain
+
     if not 0 <= process_index < process_count:
         raise ValueError(f"process_index {process_index} not in [0, {process_count})")
     mix = read_mixture(corpus_dir)

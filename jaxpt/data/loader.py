@@ -13,56 +13,47 @@ Eval: held-out documents in file order, packed once, padded to whole batches wit
 mesh (`jax.make_array_from_process_local_data`), so the same code runs on one host or many.
 
 Layout written by `python -m jaxpt.data.prepare`: `<dir>/train.jsonl.gz`, `<dir>/heldout.jsonl.gz`,
-`<dir>/tokenizer.model`. The paths and switches are configured by `jaxpt.config.DataConfig`; this
-module takes plain arguments so it stays usable without gin.
+`<dir>/tokenizer.model`. Document files are read by `jaxpt.data.documents` (its contract: one JSON object with a
+string `text` per line; anything else raises `DocumentFormatError`, a ConfigError naming file and line). The
+paths and switches are configured by `jaxpt.config.DataConfig`; this module takes plain arguments so it stays
+usable without gin.
 """
 
 from __future__ import annotations
 
-import gzip
-import json
 import os
-import pathlib
 from typing import Any, Mapping
 
 import grain
 import jax
 import numpy as np
 
-from jaxpt.data import packing
+from jaxpt.data import documents, packing
 from jaxpt.data.tokenizer import Tokenizer
+from jaxpt.errors import ConfigError
 
 #: Batch keys that go to the devices; `doc_index` stays on the host (for listing a batch's documents).
 DEVICE_KEYS = ("tokens", "segment_ids", "positions")
 
 
-def _read_documents(path: str | os.PathLike) -> list[dict]:
-    path = pathlib.Path(path)
-    docs = []
-    with gzip.open(path, "rt", encoding="utf-8") as f:
-        for line_no, line in enumerate(f, 1):
-            try:
-                doc = json.loads(line)
-                if not isinstance(doc["id"], str) or not isinstance(doc["text"], str):
-                    raise TypeError("id and text must be strings")
-            except (json.JSONDecodeError, KeyError, TypeError) as e:
-                raise ValueError(f"{path}:{line_no}: bad document record ({e})") from e
-            docs.append(doc)
-    return docs
-
-
 def load_texts(path: str | os.PathLike) -> list[str]:
-    """The `text` of every document in a prepared `.jsonl.gz` file, in file order (index = doc_index)."""
-    return [d["text"] for d in _read_documents(path)]
+    """The `text` of every document of a document file, in file order (index = doc_index).
+
+    Raises:
+      DocumentFormatError: the file breaks the document contract (`jaxpt.data.documents`; names file:line).
+    """
+    return documents.read_texts(path)
 
 
 def document_ids(path: str | os.PathLike) -> list[str]:
-    """The `id` of every document in a prepared `.jsonl.gz` file, in file order.
+    """The `id` of every document of a document file, in file order (`"<file name>:<line>"` where absent).
 
     `document_ids(path)[i]` is the document behind `doc_index == i` in batches made from `path`.
-    Raises ValueError naming file:line on a malformed record.
+
+    Raises:
+      DocumentFormatError: the file breaks the document contract (names file:line).
     """
-    return [d["id"] for d in _read_documents(path)]
+    return [d["id"] for d in documents.read_documents(path)]
 
 
 class _Tokenize:
@@ -117,14 +108,17 @@ def make_train_dataset(
       `jaxpt.data.packing`). Its iterator supports exact `get_state`/`set_state`.
 
     Raises:
-      ValueError: a bad argument, an empty document file, or a malformed record (names file:line).
+      ValueError: a bad argument.
+      ConfigError: an empty document file (exit 2 in training, like a malformed one).
+      DocumentFormatError: (a ConfigError) a line breaks the document contract (`jaxpt.data.documents`; names
+        file:line).
     """
     _check_process(process_index, process_count)
     if local_batch_size < 1 or seq_len < 1:
         raise ValueError(f"local_batch_size and seq_len must be positive, got {local_batch_size}, {seq_len}")
     texts = load_texts(documents_path)
     if not texts:
-        raise ValueError(f"{documents_path}: no documents")
+        raise ConfigError(f"{documents_path}: no documents")
     ds = grain.MapDataset.range(len(texts))
     if shuffle:
         ds = ds.shuffle(seed=seed)
@@ -168,7 +162,8 @@ def make_eval_dataset(
       `make_train_dataset`; the number of batches is len(eval_dataset_rows) / (batch_size * P).
 
     Raises:
-      ValueError: a bad argument or a malformed record (names file:line).
+      ValueError: a bad argument.
+      DocumentFormatError: (a ConfigError) a line breaks the document contract (names file:line).
     """
     _check_process(process_index, process_count)
     if batch_size < 1 or seq_len < 1:

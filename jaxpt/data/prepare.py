@@ -3,7 +3,9 @@
     python -m jaxpt.data.prepare --output artifacts/sample [--source data/sample]
         [--vocab-size 4096] [--heldout-fraction 0.05] [--seed 0] [--force]
 
-Reads every `*.jsonl.gz` under `--source` (raw-v1 schema), in file-name then line order, and:
+Reads every `*.jsonl.gz` under `--source` (raw-v1 schema), in file-name then line order, with the document
+reader (`jaxpt.data.documents`: one JSON object per line, a string `text`, and here every field of `SCHEMA`;
+the first line that breaks it stops the run with `DocumentFormatError` naming file and line, exit 2), and:
 
 1. cleans: web pages (raw HTML) are reduced to their main text with trafilatura; other text is kept
    byte for byte;
@@ -37,7 +39,9 @@ import pathlib
 import sys
 import time
 from importlib import metadata
-from typing import Any, Iterator
+from typing import Any
+
+from jaxpt.data import documents
 
 FORMAT_VERSION = 1
 SCHEMA = ("id", "text", "source", "domain", "lang", "url_or_path", "license")
@@ -75,21 +79,6 @@ def _library_versions() -> dict[str, str]:
     return {name: metadata.version(name) for name in ("sentencepiece", "trafilatura")}
 
 
-def _read_jsonl(path: pathlib.Path) -> Iterator[tuple[int, dict]]:
-    """(line number, document) for each line; raises ValueError naming file:line on bad records."""
-    with gzip.open(path, "rt", encoding="utf-8") as f:
-        for line_no, line in enumerate(f, 1):
-            try:
-                doc = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{line_no}: not valid JSON ({e})") from e
-            missing = [k for k in SCHEMA if k not in doc]
-            if missing or not isinstance(doc.get("text"), str) or not isinstance(doc.get("id"), str):
-                raise ValueError(f"{path}:{line_no}: record lacks {missing or 'a string id/text'}; "
-                                 f"expected fields {SCHEMA}")
-            yield line_no, doc
-
-
 def extract_main_text(html: str) -> str:
     """Main text of an HTML page (trafilatura 2.x, tables kept, no comments); '' if none found."""
     import trafilatura  # pylint: disable=g-import-not-at-top  (slow import; only web pages need it)
@@ -109,7 +98,7 @@ def clean_and_split(source_files: list[pathlib.Path], settings: PrepareSettings)
     seen_texts: set[bytes] = set()
     docs_in = 0
     for path in source_files:
-        for _, doc in _read_jsonl(path):
+        for _, doc in documents.iter_documents(path, required=SCHEMA):
             docs_in += 1
             domain = doc["domain"]
             per_domain[domain]["in"] += 1
@@ -193,7 +182,9 @@ def prepare(source_dir: str | pathlib.Path, output: str | pathlib.Path,
 
     Raises:
       FileNotFoundError: `source_dir` holds no `*.jsonl.gz` file.
-      ValueError: a bad setting, or a record that is not JSON / lacks schema fields (names file:line).
+      ValueError: a bad setting.
+      DocumentFormatError: (a ConfigError) a source line breaks the document contract or lacks a `SCHEMA`
+        field (names file:line and the reason).
     """
     # Imported here so `--help` and the up-to-date check stay fast.
     from jaxpt.data import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
@@ -252,8 +243,9 @@ def main(argv: list[str] | None = None) -> None:
     settings = PrepareSettings(args.vocab_size, args.heldout_fraction, args.seed)
     try:
         record = prepare(args.source, args.output, settings, force=args.force)
-    except (ValueError, FileNotFoundError) as e:
-        sys.exit(f"prepare: error: {e}")
+    except (ValueError, FileNotFoundError) as e:  # ConfigError (a malformed source line) is a ValueError
+        print(f"prepare: error: {e}", file=sys.stderr)
+        sys.exit(2)
     c = record["counts"]
     state = "up to date, nothing to do" if record["up_to_date"] else f"done in {record['seconds']} s"
     print(f"prepare: {args.output}: {state}. documents in {c['documents_in']}: train {c['train']}, "

@@ -1,15 +1,23 @@
 """Logical data shards: the unit of data-iterator state, independent of the number of processes.
 
-The global batch is split into ``num_shards`` logical data shards, each an independent Grain pipeline over
-documents ``k, k + S, k + 2S, ...`` of the shuffled stream (S = ``num_shards``) that contributes
-``global_batch_size / S`` rows. Process ``p`` of ``P`` runs shards ``p, p + P, ...`` and hands their rows,
-concatenated in shard order, to ``jax.make_array_from_process_local_data``. So
+The global batch is split into ``num_shards`` (S) logical data shards. Shard ``k`` is an independent Grain
+pipeline that reads the ``k``-th of S interleaved slices of the data (the prepared sample: documents
+``k, k + S, k + 2S, ...`` of the shuffled stream, `jaxpt.data.loader.make_train_dataset` with
+``process_index=k, process_count=S``; a corpus version: records ``k::S`` of every domain,
+`jaxpt.data.corpus.packed_corpus_dataset`) and contributes ``global_batch_size / S`` rows to every step.
+
+Assignment (:func:`jaxpt.data.stream.train_batches`): each of the P processes runs a *contiguous block* of
+S / P shards, process ``p`` the shards ``p * S/P, ..., (p + 1) * S/P - 1``, and :class:`ShardedBatches`
+concatenates their rows in shard order into its local batch; ``jax.make_array_from_process_local_data`` then
+concatenates the local batches in process order. The rows of a global batch are therefore always shards ``0, 1, ..., S - 1`` in
+that order, whatever P is. So
 
 * the global batch of a step does not depend on how many processes read it (one process running all shards
   produces the same batches as several processes, which is what the multi-host equivalence test checks);
 * a checkpoint stores one iterator state per *shard* (``shard_<k>-of-<S>.json``), and a run restored with
-  a different process count reassigns shards to processes and continues exactly. The rule: the shard count
-  is fixed for the life of a run (recorded in the checkpoint); the new process count must divide it.
+  a different process count reassigns the blocks to processes and continues exactly. The rule: the shard
+  count is fixed for the life of a run (recorded in the checkpoint); the new process count must divide it
+  (else a ConfigError), and ``global_batch_size`` must be divisible by it.
 """
 
 from __future__ import annotations
@@ -23,31 +31,16 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 
-class ShardAssignmentError(ValueError):
-    """The process count does not divide the run's number of data shards."""
-
-
-def shards_of_process(num_shards: int, process_index: int, process_count: int) -> list[int]:
-    """Logical shards read by one process.
-
-    Raises:
-      ShardAssignmentError: ``process_count`` does not divide ``num_shards``.
-    """
-    if num_shards % process_count:
-        raise ShardAssignmentError(
-            f"{process_count} processes cannot share {num_shards} data shards evenly; this run's data "
-            f"shard count is fixed (DataConfig.num_shards, recorded in its checkpoints): use a process "
-            f"count that divides {num_shards}")
-    return list(range(process_index, num_shards, process_count))
-
-
 class ShardedBatches:
     """Iterator over this process's local batches: one Grain iterator per logical shard, rows concatenated.
 
     Args:
       make_iterator: ``(shard_index, num_shards) -> iterator`` of dicts of arrays [rows_per_shard, L].
       num_shards: logical shards in the whole job.
-      shard_ids: the shards this process runs.
+      shard_ids: the shards this process runs, in increasing order (its contiguous block: module docstring).
+
+    Each ``next`` returns a dict of arrays [len(shard_ids) * rows_per_shard, L], the shards' rows concatenated
+    in ``shard_ids`` order.
     """
 
     def __init__(self, make_iterator: Callable[[int, int], Any], num_shards: int, shard_ids: list[int]):

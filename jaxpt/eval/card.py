@@ -149,6 +149,29 @@ def _task(name: str, t: Mapping[str, Any], where: str) -> TaskSpec:
     return spec
 
 
+def _spot_check(raw: dict, path: str, where: str, check_files: bool) -> SpotCheck:
+    """The card's ``spot_check`` section; with ``check_files``, the prompts file must exist and match its sha256.
+
+    Raises:
+      CardError: naming the key and file.
+    """
+    s = _get(raw, "spot_check", dict, where)
+    w = f"{where}.spot_check"
+    prompts = _get(s, "prompts", str, w)
+    prompts_path = prompts if os.path.isabs(prompts) else os.path.join(os.path.dirname(path), prompts)
+    spot = SpotCheck(prompts_path, _get(s, "prompts_sha256", str, w), _get(s, "max_new_tokens", int, w),
+                     tuple(_get(s, "labels", list, w)))
+    if check_files:
+        if not os.path.isfile(prompts_path):
+            raise CardError(f"{w}.prompts: {prompts_path}: no such file")
+        got = file_sha256(prompts_path)
+        if got != spot.prompts_sha256:
+            raise CardError(f"{w}.prompts: {prompts_path} has sha256 {got[:12]}, the card records "
+                            f"{spot.prompts_sha256[:12]}: the spot-check set changed, so update "
+                            f"prompts_sha256 and run `python -m jaxpt.tools.evaluate card-stamp {path}`")
+    return spot
+
+
 def load_card(path: str, *, check_files: bool = True) -> Card:
     """Read, hash-check and validate a card.
 
@@ -186,22 +209,7 @@ def load_card(path: str, *, check_files: bool = True) -> Card:
     _get(decoding, "max_new_tokens", int, f"{where}.decoding")
     tasks_raw = _get(raw, "tasks", dict, where)
     tasks = tuple(_task(n, t, where) for n, t in tasks_raw.items())
-    spot = None
-    if "spot_check" in raw:
-        s = _get(raw, "spot_check", dict, where)
-        w = f"{where}.spot_check"
-        prompts = _get(s, "prompts", str, w)
-        prompts_path = prompts if os.path.isabs(prompts) else os.path.join(os.path.dirname(path), prompts)
-        spot = SpotCheck(prompts_path, _get(s, "prompts_sha256", str, w), _get(s, "max_new_tokens", int, w),
-                         tuple(_get(s, "labels", list, w)))
-        if check_files:
-            if not os.path.isfile(prompts_path):
-                raise CardError(f"{w}.prompts: {prompts_path}: no such file")
-            got = file_sha256(prompts_path)
-            if got != spot.prompts_sha256:
-                raise CardError(f"{w}.prompts: {prompts_path} has sha256 {got[:12]}, the card records "
-                                f"{spot.prompts_sha256[:12]}: the spot-check set changed, so update "
-                                f"prompts_sha256 and run `python -m jaxpt.tools.evaluate card-stamp {path}`")
+    spot = _spot_check(raw, path, where, check_files) if "spot_check" in raw else None
     return Card(path=path, name=name, version=version, content_sha256=stamped, task_set_version=tsv,
                 seed=_get(raw, "seed", int, where, 0), ngram=_get(dec, "ngram", int, f"{where}.decontamination"),
                 min_words=_get(dec, "min_words", int, f"{where}.decontamination"),

@@ -17,8 +17,10 @@ The three request types of lm-eval's ``LM`` interface (lm-eval 0.4, ``lm_eval/ap
   log-likelihood of every token of ``text`` after an EOS prefix (lm-eval's convention), in rolling windows of
   the run's ``seq_len`` with ``seq_len // 2`` tokens of context at least.
 ``generate_until((context, gen_kwargs))``
-  greedy continuation (no sampling: ``do_sample`` must be false and ``temperature`` 0), stopped at EOS, at the
-  first of ``until``'s strings (cut there), or after ``max_gen_toks`` tokens.
+  greedy continuation (no sampling: ``do_sample`` must be false and ``temperature`` 0) by :func:`jaxpt.decode.greedy`,
+  stopped at EOS, at the first of the request's own ``until`` strings (cut before it), or after ``max_gen_toks``
+  tokens; a context longer than ``max_length - max_gen_toks`` tokens keeps its last ones. Requests are decoded in
+  batches; each gives what it would alone.
 
 Importing this module registers the model name ``jaxpt`` with lm-eval's registry.
 """
@@ -32,6 +34,7 @@ import numpy as np
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 
+from jaxpt import decode
 from jaxpt.eval import probes
 from jaxpt.eval.scorer import scorer_for_restored
 
@@ -60,6 +63,7 @@ class JaxptLM(LM):
         self.restored = restored
         self.tokenizer = restored.tokenizer
         self.scorer = scorer_for_restored(restored, batch_size=int(batch_size))
+        self.decoder = self.scorer.decode_step()
         self.max_gen_toks = int(max_gen_toks)
 
     @property
@@ -86,39 +90,34 @@ class JaxptLM(LM):
         return [scored.get(i, 0.0) for i in range(len(reqs))]
 
     def generate_until(self, requests) -> list[str]:
+        """Greedy continuations (:func:`jaxpt.decode.greedy`), each stopped at EOS, after its ``max_gen_toks``
+        (capped at ``max_length - 1``), or before the first of *its own* ``until`` strings (cut there).
+
+        Raises:
+          ValueError: a request asks for sampling.
+        """
         groups: dict[int, list[int]] = {}
         stops: list[list[str]] = []
         for i, r in enumerate(requests):
-            _, kwargs = r.args
-            kwargs = dict(kwargs or {})
-            if kwargs.get("do_sample") or float(kwargs.get("temperature", 0.0) or 0.0) > 0:
-                raise ValueError(f"JaxptLM decodes greedily only; request {i} asks for sampling ({kwargs})")
-            until = kwargs.get("until") or []
-            stops.append([until] if isinstance(until, str) else list(until))
-            n = int(kwargs.get("max_gen_toks", self.max_gen_toks))
-            groups.setdefault(min(n, self.scorer.seq_len - 1), []).append(i)
+            until, n = self._gen_kwargs(i, r.args[1])
+            stops.append(until)
+            groups.setdefault(min(n, self.decoder.seq_len - 1), []).append(i)
         out: list[str] = [""] * len(requests)
         for n, idx in groups.items():
             prompts = [probes.with_prefix(self.tokenizer, self.tokenizer.encode(requests[i].args[0])) for i in idx]
-            for i, ids in zip(idx, self._greedy(prompts, n, [stops[i] for i in idx])):
-                out[i] = _cut_at(self.tokenizer.decode(ids), stops[i])
+            gens = decode.greedy(self.decoder, prompts, n, eos_id=self.tokenizer.eos_id,
+                                 stop_strings=[stops[i] for i in idx], tokenizer=self.tokenizer)
+            for i, g in zip(idx, gens):
+                out[i] = g.text
         return out
 
-    def _greedy(self, prompts, n: int, stops: Sequence[Sequence[str]]) -> list[list[int]]:
-        # One stop test for the whole batch is enough: a row that already stopped is ignored by the scorer.
-        res: list[list[int]] = []
-        for b0 in range(0, len(prompts), self.scorer.batch_size):
-            chunk_stops = stops[b0:b0 + self.scorer.batch_size]
-            every = sorted({s for ss in chunk_stops for s in ss if s})
-            stop = (lambda ids: any(s in self.tokenizer.decode(ids) for s in every)) if every else None
-            res += self.scorer.greedy(prompts[b0:b0 + self.scorer.batch_size], n, eos_id=self.tokenizer.eos_id,
-                                      stop=stop)
-        return res
-
-
-def _cut_at(text: str, stops: Sequence[str]) -> str:
-    cut = min((text.find(s) for s in stops if s and s in text), default=-1)
-    return text if cut < 0 else text[:cut]
+    def _gen_kwargs(self, i: int, kwargs) -> tuple[list[str], int]:
+        """``(until strings, max_gen_toks)`` of request ``i``'s generation arguments."""
+        kwargs = dict(kwargs or {})
+        if kwargs.get("do_sample") or float(kwargs.get("temperature", 0.0) or 0.0) > 0:
+            raise ValueError(f"JaxptLM decodes greedily only; request {i} asks for sampling ({kwargs})")
+        until = kwargs.get("until") or []
+        return [until] if isinstance(until, str) else list(until), int(kwargs.get("max_gen_toks", self.max_gen_toks))
 
 
 def run_lm_eval(workdir: str, tasks: Sequence[str], *, step: int | None = None, mesh: str | None = None,

@@ -2,7 +2,8 @@
 
 Sources (:func:`load_documents`) are pluggable: a prepared JSON Lines file (``heldout.jsonl.gz`` of
 ``python -m jaxpt.data.prepare``), or a corpus version directory holding ``heldout.jsonl.gz`` or
-``heldout/*.jsonl.gz`` (same schema: ``id``, ``text``, and ``domain``/``lang`` when known).
+``heldout/*.jsonl.gz``; each file is read by :mod:`jaxpt.data.documents` (one JSON object per line with a string
+``text``; ``id``, ``domain``, ``lang`` when known), so a malformed line raises ``DocumentFormatError`` naming it.
 
 Each document is tokenized as in training (EOS appended when ``add_eos``) and cut into rolling windows that
 start at the document's first token (:func:`jaxpt.eval.scorer.rolling_windows`), so the scored tokens are
@@ -16,14 +17,13 @@ from __future__ import annotations
 
 import dataclasses
 import glob
-import gzip
-import json
 import math
 import os
 from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
+from jaxpt.data import corpus, documents
 from jaxpt.eval.scorer import Scorer, Window, rolling_windows
 
 #: Group keys a report can break down by.
@@ -51,30 +51,15 @@ class Document:
         raise ValueError(f"unknown grouping {by!r}; choose from {GROUPINGS}")
 
 
-def _open_text(path: str):
-    return gzip.open(path, "rt", encoding="utf-8") if path.endswith(".gz") else open(path, encoding="utf-8")
-
-
-def read_jsonl(path: str) -> list[Document]:
-    """Documents of one JSON Lines file (.jsonl or .jsonl.gz), in file order.
+def read_documents(path: str) -> list[Document]:
+    """Documents of one document file (``.jsonl`` or ``.jsonl.gz``), in file order.
 
     Raises:
-      ValueError: naming ``file:line`` for a line that is not a JSON object with string ``id`` and ``text``.
+      DocumentFormatError: (a ConfigError) a line breaks the document contract of :mod:`jaxpt.data.documents`
+        (names file, line and reason). A record without ``id`` gets ``"<file name>:<line>"``.
     """
-    docs = []
-    with _open_text(path) as f:
-        for line_no, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-                if not isinstance(rec, dict) or not isinstance(rec.get("id"), str) \
-                        or not isinstance(rec.get("text"), str):
-                    raise TypeError("need a JSON object with string 'id' and 'text'")
-            except (json.JSONDecodeError, TypeError) as e:
-                raise ValueError(f"{path}:{line_no}: bad held-out record ({e})") from e
-            docs.append(Document(rec["id"], rec["text"], rec.get("domain") or UNKNOWN, rec.get("lang") or UNKNOWN))
-    return docs
+    return [Document(r["id"], r["text"], r.get("domain") or UNKNOWN, r.get("lang") or UNKNOWN)
+            for r in documents.read_documents(path)]
 
 
 def resolve_source(source: str, split: str = "heldout") -> list[str]:
@@ -112,39 +97,30 @@ def load_documents(source: str, split: str = "heldout") -> list[Document]:
     """All documents of ``source`` (see :func:`resolve_source`), files in sorted order."""
     docs: list[Document] = []
     for path in resolve_source(source, split):
-        docs += read_jsonl(path)
+        docs += read_documents(path)
     return docs
 
 
-def corpus_shards(corpus_dir: str) -> list[str]:
-    """ArrayRecord shards of a ``data_pipelines.build`` corpus version (``<dir>/tfds/<name>/<version>/``)."""
-    return sorted(glob.glob(os.path.join(corpus_dir, "tfds", "*", "*", "*.array_record-*")))
-
-
 def training_texts(source: str) -> Iterator[str]:
-    """Texts of a training split for decontamination, streamed: JSON Lines as in :func:`resolve_source` (split
-    ``train``), or else the ``text`` field of every record of a corpus version's ArrayRecord shards (each record a
-    serialized ``tf.train.Example``, as ``data_pipelines`` writes them; parsing imports TensorFlow).
+    """Texts of a training split for decontamination, streamed: document files as in :func:`resolve_source` (split
+    ``train``), or else the ``text`` of every record of a corpus version's shards (:mod:`jaxpt.data.corpus`).
 
     Raises:
-      FileNotFoundError: neither JSON Lines nor corpus shards are found.
+      FileNotFoundError: neither document files nor a corpus version (``mixture.json``) are found, or a shard the
+        mixture lists is missing.
+      DocumentFormatError: (a ConfigError) a line of a document file breaks the document contract.
     """
     try:
         paths = resolve_source(source, "train")
     except FileNotFoundError:
-        shards = corpus_shards(source) if os.path.isdir(source) else []
-        if not shards:
+        if not (os.path.isdir(source) and corpus.is_corpus_version(source)):
             raise
-        from array_record.python.array_record_data_source import ArrayRecordDataSource
-        from tensorflow.core.example import example_pb2
-        ds = ArrayRecordDataSource(shards)
-        for i in range(len(ds)):
-            ex = example_pb2.Example.FromString(ds[i])
-            yield ex.features.feature["text"].bytes_list.value[0].decode("utf-8")
+        shards = [p for ps in corpus.read_corpus_version(source).shard_paths().values() for p in ps]
+        for record in corpus.shard_records(shards):
+            yield record["text"]
         return
     for path in paths:
-        for d in read_jsonl(path):
-            yield d.text
+        yield from documents.read_texts(path)
 
 
 @dataclasses.dataclass

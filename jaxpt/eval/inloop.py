@@ -1,26 +1,27 @@
-"""Held-out perplexity per domain and language inside the train loop.
+"""The trainer's held-out evaluation: one scorer for the in-loop, per-group and final figures.
 
-Enabled from gin (off by default, so plain runs pay nothing); the config is ``TrainConfig.heldout_eval``,
-registered and validated with the other configs in :mod:`jaxpt.config`::
+Every held-out evaluation of the loop (``TrainConfig.eval_every`` steps, and the final one) reports
+``heldout_loss``, ``heldout_perplexity`` and ``heldout_tokens`` computed as :func:`jaxpt.eval.heldout.perplexity_report`
+does: document-aligned rolling windows, only real target tokens, independent of batch size and packing; the same
+computation as ``python -m jaxpt.tools.evaluate``. With ``HeldoutEvalConfig.enabled`` the record also breaks it
+down as ``heldout/<grouping>/<group>/loss`` and ``.../perplexity`` (domain, language). The scorer runs on the
+run's mesh with the train state's param shardings and the global batch size and compiles once. In-loop
+evaluations bounded by ``TrainConfig.eval_batches`` score ``eval_batches x global_batch_size`` windows taken
+round-robin over the (domain, language) groups and are marked ``heldout_partial = 1``; the final evaluation
+scores every window. The held-out documents are read and checked at setup (:func:`load_heldout`).
+
+The per-group breakdown is off by default (plain runs pay nothing). Its config is ``TrainConfig.heldout_eval``,
+registered with gin and validated with the other configs in :mod:`jaxpt.config`::
 
     HeldoutEvalConfig.enabled = True
     HeldoutEvalConfig.group_by = ('domain', 'lang')
-
-Every held-out evaluation of the loop (``TrainConfig.eval_every`` steps, and the final one) then adds
-``heldout/<grouping>/<group>/loss`` and ``.../perplexity`` to the record (metrics.jsonl and TensorBoard),
-computed as :func:`jaxpt.eval.heldout.perplexity_report` does: document-aligned windows, only real target
-tokens, independent of batch size and packing. The scorer runs on the run's mesh with the train state's param
-shardings and the global batch size, is built on the first evaluation and reused, so it compiles once. In-loop
-evaluations bounded by ``TrainConfig.eval_batches`` score ``eval_batches x global_batch_size`` windows taken
-round-robin over the (domain, language) groups; the final evaluation scores every window.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import weakref
-from typing import Any
 
+from jaxpt.errors import ConfigError
 from jaxpt.eval import heldout
 from jaxpt.eval.scorer import Scorer
 from jaxpt.validation import check_types, non_negative, require
@@ -53,51 +54,89 @@ class HeldoutEvalConfig:
         non_negative(self, "stride")
 
 
-# run -> {limit: (Scorer, HeldoutSet)}; weak, so a finished run's evaluator goes with it.
-_CACHE: dict[int, tuple[Any, dict]] = {}
+def heldout_config(train_cfg) -> HeldoutEvalConfig:
+    """The run's :class:`HeldoutEvalConfig`: ``TrainConfig.heldout_eval``."""
+    return train_cfg.heldout_eval
 
 
-def _evaluator(run, cfg: HeldoutEvalConfig, limit: int):
-    key = id(run)
-    entry = _CACHE.get(key)
-    if entry is None or entry[0]() is not run:
-        _CACHE[key] = entry = (weakref.ref(run, lambda _: _CACHE.pop(key, None)), {})
-    built = entry[1]
-    if "scorer" not in built:
-        tc = run.cfg
-        built["scorer"] = Scorer(run.spec.graphdef, run.state.params, run.mesh, tc.logical_axis_rules,
-                                 seq_len=tc.seq_len, batch_size=tc.global_batch_size, pad_id=run.tokenizer.pad_id)
-        built["scorer"].params = None  # the train state is donated every step: never hold on to its buffers
-        built["docs"] = heldout.load_documents(cfg.source or heldout.run_sources(tc.data)[0], "heldout")
-    if limit not in built:
-        built[limit] = heldout.HeldoutSet.build(built["docs"], run.tokenizer, seq_len=run.cfg.seq_len,
-                                                stride=cfg.stride or None, add_eos=run.cfg.data.add_eos,
-                                                max_windows=limit * run.cfg.global_batch_size)
-    return built["scorer"], built[limit]
+def load_heldout(train_cfg) -> list[heldout.Document]:
+    """Read and check a run's held-out documents (at setup, before anything compiles).
+
+    The source is ``HeldoutEvalConfig.source`` when set, else the run's rule
+    (:func:`jaxpt.eval.heldout.run_sources`: ``DataConfig.heldout_path``, or a corpus version's own held-out split).
+
+    Raises:
+      ConfigError: the source is missing (naming the config key) or holds no document.
+      DocumentFormatError: (a ConfigError) a file is malformed, naming file and line.
+    """
+    cfg = heldout_config(train_cfg)
+    source = cfg.source or heldout.run_sources(train_cfg.data)[0]
+    key = ("HeldoutEvalConfig.source" if cfg.source else
+           "DataConfig.corpus_dir" if train_cfg.data.source == "corpus" else "DataConfig.heldout_path")
+    try:
+        docs = heldout.load_documents(source, "heldout")
+    except FileNotFoundError as e:
+        if train_cfg.data.source == "corpus" and not cfg.source:
+            raise ConfigError(f"{key} = {source!r}: no held-out split (heldout/*.jsonl.gz); rebuild the corpus "
+                              "version with OutputConfig.heldout_fraction > 0") from None
+        raise ConfigError(f"{key} = {source!r}: {e}") from None
+    # A malformed file raises jaxpt.data.documents.DocumentFormatError (a ConfigError) naming file and line,
+    # the same class as every other reader of document files.
+    if not docs:
+        raise ConfigError(f"{key} = {source!r}: the held-out set holds no document")
+    return docs
 
 
-def heldout_figures(run, limit: int) -> dict[str, float]:
-    """Per-group held-out figures for the loop's record, or ``{}`` when ``HeldoutEvalConfig.enabled`` is off.
+class HeldoutEvaluator:
+    """A run's held-out loss: one :class:`jaxpt.eval.scorer.Scorer` on the run's mesh (compiled once, reused by
+    every evaluation), over document-aligned rolling windows of the held-out documents, as
+    :func:`jaxpt.eval.heldout.perplexity_report` computes them. The in-loop figures, the final figure and
+    ``python -m jaxpt.tools.evaluate`` therefore agree on the same checkpoint.
 
     Args:
-      run: the :class:`jaxpt.train.Run` (mesh, state, tokenizer, config); its ``cfg.heldout_eval`` decides.
-      limit: the evaluation's batch bound (``TrainConfig.eval_batches``; 0 = everything).
+      train_cfg: the run's config (``seq_len``, ``global_batch_size``, ``add_eos``, ``heldout_eval``).
+      mesh, graphdef: the run's mesh and model graph definition.
+      tokenizer: the run's tokenizer.
+      docs: the held-out documents (:func:`load_heldout`).
     """
-    cfg = run.cfg.heldout_eval
-    if not cfg.enabled:
-        return {}
-    scorer, hset = _evaluator(run, cfg, limit)
-    scorer.params = run.state.params
-    try:
-        report = heldout.perplexity_report(scorer, hset, group_by=cfg.group_by)
-    finally:
-        scorer.params = None
-    return heldout.flat_figures(report)
 
+    def __init__(self, train_cfg, mesh, graphdef, abstract_params, tokenizer, docs: list[heldout.Document]):
+        self.cfg, self.eval_cfg = train_cfg, heldout_config(train_cfg)
+        self.tokenizer, self.docs = tokenizer, docs
+        self.scorer = Scorer(graphdef, abstract_params, mesh, train_cfg.logical_axis_rules,
+                             seq_len=train_cfg.seq_len, batch_size=train_cfg.global_batch_size,
+                             pad_id=tokenizer.pad_id, place_params=False)
+        self._sets: dict[int, heldout.HeldoutSet] = {}
 
-def compiled_programs(run) -> int:
-    """How many programs the run's in-loop evaluator has compiled (1 after any number of evaluations)."""
-    entry = _CACHE.get(id(run))
-    if entry is None or "scorer" not in entry[1]:
-        return 0
-    return entry[1]["scorer"]._fn._cache_size()
+    def _windows(self, limit: int) -> heldout.HeldoutSet:
+        if limit not in self._sets:
+            c = self.cfg
+            self._sets[limit] = heldout.HeldoutSet.build(
+                self.docs, self.tokenizer, seq_len=c.seq_len, stride=self.eval_cfg.stride or None,
+                add_eos=c.data.add_eos, max_windows=limit * c.global_batch_size)
+        return self._sets[limit]
+
+    def evaluate(self, params, limit: int) -> dict[str, float]:
+        """Held-out figures of ``params``: ``heldout_loss`` (nats per scored token), ``heldout_perplexity``,
+        ``heldout_tokens`` (scored tokens) and ``heldout_partial`` (1.0 when ``limit`` bounded the windows),
+        plus ``heldout/<grouping>/<group>/loss|perplexity`` when ``HeldoutEvalConfig.enabled``.
+
+        ``limit``: 0 scores every window; else ``limit x global_batch_size`` windows, round-robin over groups.
+        """
+        hset = self._windows(limit)
+        group_by = self.eval_cfg.group_by if self.eval_cfg.enabled else ()
+        self.scorer.params = params
+        try:
+            report = heldout.perplexity_report(self.scorer, hset, group_by=group_by)
+        finally:
+            self.scorer.params = None  # the train state is donated every step: never hold on to its buffers
+        overall = report["overall"]
+        out = {"heldout_loss": overall["loss"], "heldout_perplexity": overall["perplexity"],
+               "heldout_tokens": float(overall["tokens"]), "heldout_partial": float(hset.subset)}
+        if group_by:
+            out.update({k: v for k, v in heldout.flat_figures(report).items() if "/overall/" not in k})
+        return out
+
+    def compiled_programs(self) -> int:
+        """Programs the scorer has compiled (1 after any number of evaluations)."""
+        return self.scorer._fn._cache_size()

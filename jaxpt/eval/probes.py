@@ -37,6 +37,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from jaxpt import decode
 from jaxpt.eval import decontam
 from jaxpt.eval.heldout import Document
 
@@ -385,26 +386,23 @@ def score_choice_rows(scorer, tokenizer, rows: Sequence[Mapping[str, Any]]) -> l
     return [lp for lp, _ in scorer.loglikelihood(reqs)]
 
 
-def newline_stop(tokenizer):
-    """``new_ids -> bool``: True once the decoded continuation holds a newline."""
-    return lambda ids: "\n" in tokenizer.decode(ids)
-
-
-def generate_rows_greedy(scorer, tokenizer, rows: Sequence[Mapping[str, Any]], max_new_tokens: int) -> list[list[int]]:
-    """Greedy continuation ids of each row's ``inputs``, stopping at a newline or EOS."""
-    prompts = [with_prefix(tokenizer, tokenizer.encode(r["inputs"])) for r in rows]
-    return scorer.greedy(prompts, max_new_tokens, eos_id=tokenizer.eos_id, stop=newline_stop(tokenizer))
+def next_line_greedy(step, tokenizer, prompts: Sequence[np.ndarray], max_new_tokens: int) -> list[decode.Generation]:
+    """Greedy continuations of prompt ids (:func:`jaxpt.decode.greedy` on ``step``, a
+    :class:`jaxpt.decode.DecodeStep`), each stopped at EOS or at its first newline (``text`` cut before it)."""
+    return decode.greedy(step, prompts, max_new_tokens, eos_id=tokenizer.eos_id,
+                         stop_strings=[("\n",)] * len(prompts), tokenizer=tokenizer)
 
 
 def evaluate_task(scorer, tokenizer, task: TaskExamples, *, max_new_tokens: int = 32,
                   generator=None) -> dict[str, float]:
     """Metrics of one task computed directly (no seqio): the same rows and metric functions as the seqio Task.
 
-    ``generator``: the scorer used for greedy decoding (default ``scorer``; a wider batch amortizes the
-    per-step calls)."""
+    ``generator``: the :class:`jaxpt.decode.DecodeStep` of generate tasks (default ``scorer.decode_step()``; a
+    wider batch amortizes the per-step calls)."""
     if task.spec.is_choice:
         rows = choice_rows(task.examples)
         return choice_metrics([choice_target(r) for r in rows], score_choice_rows(scorer, tokenizer, rows))
     rows = generate_rows(task.examples)
-    outs = generate_rows_greedy(generator or scorer, tokenizer, rows, max_new_tokens)
-    return exact_match([first_line(r["targets"]) for r in rows], [first_line(tokenizer.decode(o)) for o in outs])
+    prompts = [with_prefix(tokenizer, tokenizer.encode(r["inputs"])) for r in rows]
+    gens = next_line_greedy(generator or scorer.decode_step(), tokenizer, prompts, max_new_tokens)
+    return exact_match([first_line(r["targets"]) for r in rows], [first_line(g.text) for g in gens])

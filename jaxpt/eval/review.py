@@ -16,11 +16,12 @@ label frequencies.
 from __future__ import annotations
 
 import collections
-import json
 import math
 import re
 from typing import Any, Iterable, Sequence
 
+from jaxpt import jsonl
+from jaxpt.errors import FileFormatError
 from jaxpt.eval.heldout import Document
 from jaxpt.eval.probes import _seeded_order
 
@@ -103,19 +104,27 @@ def cohen_kappa(a: Sequence[str], b: Sequence[str]) -> dict[str, float]:
 
 
 def read_sheet(path: str) -> list[dict[str, Any]]:
-    """Rows of a review sheet. Raises ValueError naming ``file:line`` for a line that is not a JSON object."""
+    """Rows of a review sheet, in file order.
+
+    Raises:
+      FileFormatError: (a ConfigError) a line breaks the JSON Lines rules of :mod:`jaxpt.jsonl` (a blank line,
+        not JSON, not an object, ...), naming ``file:line`` and the reason.
+    """
+    return jsonl.read_objects(path)
+
+
+def read_prompts(path: str) -> list[dict[str, Any]]:
+    """The spot-check prompts (JSON Lines of ``id``, ``prompt``, ``domain``, ``lang``), in file order.
+
+    Raises:
+      FileFormatError: a line breaks the JSON Lines rules, or reason ``missing_prompt``: a row without a string
+        ``prompt`` (names ``file:line``).
+    """
     rows = []
-    with open(path, encoding="utf-8") as f:
-        for i, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{i}: not JSON ({e})") from None
-            if not isinstance(row, dict):
-                raise ValueError(f"{path}:{i}: not a JSON object")
-            rows.append(row)
+    for line_no, row in jsonl.iter_objects(path):
+        if not isinstance(row.get("prompt"), str):
+            raise FileFormatError.at(path, line_no, "missing_prompt", "'prompt' must be a string")
+        rows.append(row)
     return rows
 
 

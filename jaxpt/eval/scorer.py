@@ -1,6 +1,7 @@
-"""Score token sequences with a model: per-token log-likelihoods, rolling windows, greedy continuations.
+"""Score token sequences with a model: per-token log-likelihoods and rolling windows. (Greedy generation is
+:mod:`jaxpt.decode`; :meth:`Scorer.decode_step` gives it a step over the same params and mesh.)
 
-Everything in :mod:`jaxpt.eval` goes through one compiled function, :func:`token_scores`, on fixed-shape
+All scoring in :mod:`jaxpt.eval` goes through one compiled function, :func:`token_scores`, on fixed-shape
 ``[B, L]`` batches sharded over the run's mesh, so an evaluation compiles once and reuses the program.
 
 A *window* is one segment of a row: at most ``L`` tokens ``w[0..n-1]`` and the index ``first`` of the first
@@ -19,7 +20,7 @@ log-likelihood).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -28,6 +29,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxpt import mesh as mesh_lib
+from jaxpt.decode import NoCacheStep
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,9 +122,11 @@ class Scorer:
       seq_len: row length L (at most the model's ``max_seq_len``).
       batch_size: rows per call; rounded up to a multiple of the data-parallel size (extra rows are padding).
       pad_id: token id of padding slots.
+      place_params: put ``params`` on the mesh now (False: they are abstract; set ``scorer.params`` later).
     """
 
-    def __init__(self, graphdef, params, mesh: Mesh, rules, *, seq_len: int, batch_size: int, pad_id: int = 0):
+    def __init__(self, graphdef, params, mesh: Mesh, rules, *, seq_len: int, batch_size: int, pad_id: int = 0,
+                 place_params: bool = True):
         if seq_len < 2:
             raise ValueError(f"Scorer: seq_len = {seq_len} must be >= 2")
         dp = mesh_lib.data_parallel_size(mesh_lib.mesh_shape(mesh), rules)
@@ -135,7 +139,9 @@ class Scorer:
         # Params keep their sharding when they already live on this mesh; others are replicated onto it.
         param_s = jax.tree.map(lambda x: x.sharding if isinstance(getattr(x, "sharding", None), NamedSharding)
                                and x.sharding.mesh == mesh else replicated, params)
-        self.params = jax.device_put(params, param_s)
+        # ``place_params=False``: ``params`` may be abstract (ShapeDtypeStructs with shardings); the caller sets
+        # ``self.params`` before each call (the trainer passes its live params, which it donates every step).
+        self.params = jax.device_put(params, param_s) if place_params else None
 
         def traced(params, tokens, segment_ids, positions):
             with mesh_lib.activation_sharding(mesh, rules):
@@ -251,58 +257,11 @@ class Scorer:
             out_greedy[j] &= res.greedy[w]
         return [(float(a), bool(b)) for a, b in zip(out_lp, out_greedy)]
 
-    def greedy(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, *, eos_id: int | None = None,
-               stop: Callable[[list[int]], bool] | None = None) -> list[list[int]]:
-        """Greedy continuations, one prompt per row, ``batch_size`` prompts per compiled call.
-
-        No KV cache: each step reruns the fixed ``[B, L]`` forward pass and reads the argmax after each row's
-        last token (one compiled program for every prompt length). A prompt longer than
-        ``seq_len - max_new_tokens`` keeps its last tokens.
-
-        Args:
-          prompts: token ids, each with at least one token.
-          max_new_tokens: at most this many new tokens per prompt (1 <= it < seq_len).
-          eos_id: stop a row after it emits this id (included in the result).
-          stop: ``new_ids -> bool``; stop a row once it returns True (e.g. a newline was decoded).
-
-        Returns: the new ids per prompt.
-
-        Raises:
-          ValueError: an empty prompt or a bad ``max_new_tokens``.
-        """
-        if not 1 <= max_new_tokens < self.seq_len:
-            raise ValueError(f"greedy: max_new_tokens = {max_new_tokens} must be in [1, seq_len = {self.seq_len})")
-        keep = self.seq_len - max_new_tokens
-        results: list[list[int]] = []
-        for b0 in range(0, len(prompts), self.batch_size):
-            chunk = prompts[b0:b0 + self.batch_size]
-            ctx = []
-            for j, p in enumerate(chunk):
-                p = [int(t) for t in np.asarray(p).reshape(-1)]
-                if not p:
-                    raise ValueError(f"greedy: prompt {b0 + j} is empty")
-                ctx.append(p[-keep:])
-            new: list[list[int]] = [[] for _ in chunk]
-            done = [False] * len(chunk)
-            for _ in range(max_new_tokens):
-                tokens, seg, pos = self._empty_batch()
-                for r, c in enumerate(ctx):
-                    seq = c + new[r]
-                    tokens[r, :len(seq)] = seq
-                    seg[r, :len(seq)] = 1
-                    pos[r, :len(seq)] = np.arange(len(seq))
-                _, argmax = self._run(tokens, seg, pos)
-                for r, c in enumerate(ctx):
-                    if done[r]:
-                        continue
-                    t = int(argmax[r, len(c) + len(new[r]) - 1])
-                    new[r].append(t)
-                    if (eos_id is not None and t == eos_id) or (stop is not None and stop(new[r])):
-                        done[r] = True
-                if all(done):
-                    break
-            results += new
-        return results
+    def decode_step(self, batch_size: int | None = None) -> NoCacheStep:
+        """A cache-free :class:`jaxpt.decode.NoCacheStep` over this scorer's params, mesh, rules, ``seq_len`` and
+        pad id (``batch_size`` rows per call, default this scorer's), for :func:`jaxpt.decode.greedy`."""
+        return NoCacheStep(self.graphdef, self.params, self.mesh, self.rules, seq_len=self.seq_len,
+                           batch_size=batch_size or self.batch_size, pad_id=self.pad_id)
 
 
 def _tail_windows(seq: np.ndarray, start: int, seq_len: int, stride: int) -> list[Window]:

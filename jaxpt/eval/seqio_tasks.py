@@ -13,8 +13,8 @@ Each card task becomes ``seqio.TaskRegistry`` entry ``jaxpt.<task_set_version>.<
   metric over greedy continuations), with a ``postprocess_fn`` that turns a row into what the metric reads.
 
 :func:`evaluate_with_seqio` runs ``seqio.Evaluator`` (:class:`PassThroughConverter`, no packing) with a
-``score_fn`` and a ``predict_fn`` backed by :class:`jaxpt.eval.scorer.Scorer`. Importing this module imports
-TensorFlow (through seqio); :mod:`jaxpt.eval.probes` scores the same rows without it.
+``score_fn`` backed by :class:`jaxpt.eval.scorer.Scorer` and a ``predict_fn`` backed by :func:`jaxpt.decode.greedy`.
+Importing this module imports TensorFlow (through seqio); :mod:`jaxpt.eval.probes` scores the same rows without it.
 """
 
 from __future__ import annotations
@@ -113,12 +113,12 @@ def _score_fn(scorer, eos_id: int, dataset) -> list[tuple[int, float]]:
     return list(zip(idx, (lp for lp, _ in scorer.loglikelihood(reqs))))
 
 
-def _predict_fn(scorer, tokenizer, max_new_tokens: int, dataset) -> list[tuple[int, np.ndarray]]:
+def _predict_fn(step, tokenizer, max_new_tokens: int, dataset) -> list[tuple[int, np.ndarray]]:
     idx, prompts = [], []
     for i, ex in dataset.as_numpy_iterator():
         prompts.append(probes.with_prefix(tokenizer, np.asarray(ex["inputs"], np.int32)))
         idx.append(int(i))
-    outs = scorer.greedy(prompts, max_new_tokens, eos_id=tokenizer.eos_id, stop=probes.newline_stop(tokenizer))
+    outs = [g.ids for g in probes.next_line_greedy(step, tokenizer, prompts, max_new_tokens)]
     padded = np.full((len(outs), max_new_tokens), tokenizer.pad_id, np.int32)  # seqio decodes a 2-D array
     for r, o in enumerate(outs):
         padded[r, :len(o)] = o
@@ -129,8 +129,10 @@ def evaluate_with_seqio(task_set_version: str, tasks: Mapping[str, probes.TaskEx
                         max_new_tokens: int, generator=None) -> dict[str, dict[str, float]]:
     """Register the tasks and evaluate each with ``seqio.Evaluator``; returns ``{task: metrics}``.
 
-    ``scorer`` scores choices; ``generator`` (default ``scorer``) decodes greedily."""
+    ``scorer`` scores choices; ``generator`` (a :class:`jaxpt.decode.DecodeStep`, default
+    ``scorer.decode_step()``) decodes greedily."""
     registered = register(task_set_version, tasks, tokenizer.as_seqio_vocabulary())
+    generator = generator or scorer.decode_step()
     absl_logger = logging.getLogger("absl")
     level = absl_logger.level
     absl_logger.setLevel(logging.ERROR)  # the Evaluator warns that it has no metric logger
@@ -141,7 +143,7 @@ def evaluate_with_seqio(task_set_version: str, tasks: Mapping[str, probes.TaskEx
                                         eval_split=SPLIT, use_cached=False, async_compute_metrics=False)
             metrics, _ = evaluator.evaluate(
                 compute_metrics=True, score_fn=functools.partial(_score_fn, scorer, tokenizer.eos_id),
-                predict_fn=functools.partial(_predict_fn, generator or scorer, tokenizer, max_new_tokens))
+                predict_fn=functools.partial(_predict_fn, generator, tokenizer, max_new_tokens))
             results[name] = {k: float(v) for k, v in metrics.result()[task.name].items()}
     finally:
         absl_logger.setLevel(level)

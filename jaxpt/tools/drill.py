@@ -44,6 +44,9 @@ from typing import Any
 
 import numpy as np
 
+from jaxpt import jsonl, monitor
+from jaxpt.errors import FileFormatError
+
 #: Per-step metrics that must be identical in a resumed run (timing figures are not).
 DETERMINISTIC_KEYS = ("loss", "z_loss", "grad_norm", "learning_rate", "num_target_tokens")
 TMP_MARKER = ".orbax-checkpoint-tmp"
@@ -119,24 +122,35 @@ def trainer_env(args: argparse.Namespace) -> dict[str, str]:
 
 
 class MetricsTail:
-    """Reads the records appended to ``<workdir>/metrics.jsonl`` since construction."""
+    """Reads the records appended to ``<workdir>/metrics.jsonl`` since construction, a complete line at a time.
+
+    ``offset`` is always the start of a line: an unfinished last line is read again at the next poll, so a
+    trainer that is killed mid-line and restarted (its writer cuts the half line off before appending) is read
+    correctly. Lines are parsed by :func:`jaxpt.monitor.parse_metrics_line` (MetricsFormatError on a bad one).
+    """
 
     def __init__(self, workdir: str):
-        self.path = os.path.join(workdir, "metrics.jsonl")
-        self.offset = os.path.getsize(self.path) if os.path.exists(self.path) else 0
-        self._partial = ""
+        self.path = os.path.join(workdir, monitor.METRICS_FILE)
+        data = b""
+        if os.path.exists(self.path):
+            with open(self.path, "rb") as f:
+                data = f.read()
+        self.offset = data.rfind(b"\n") + 1  # start of the unfinished line, if any
+        self.line_no = data.count(b"\n", 0, self.offset)
 
     def poll(self) -> list[dict[str, Any]]:
         if not os.path.exists(self.path):
             return []
-        with open(self.path) as f:
+        with open(self.path, "rb") as f:
             f.seek(self.offset)
             chunk = f.read()
-            self.offset = f.tell()
-        text = self._partial + chunk
-        lines = text.split("\n")
-        self._partial = lines.pop()  # an unfinished last line waits for the next poll
-        return [json.loads(line) for line in lines if line.strip()]
+        end = chunk.rfind(b"\n") + 1
+        records = []
+        for raw in chunk[:end].split(b"\n")[:-1]:
+            self.line_no += 1
+            records.append(monitor.parse_metrics_line(raw, self.path, self.line_no))
+        self.offset += end
+        return records
 
 
 def checkpoint_dirs(workdir: str) -> tuple[set[int], set[int]]:
@@ -254,23 +268,28 @@ def _watch(proc, tail: MetricsTail, launch: Launch, kill: Kill | None, workdir: 
 
 
 def step_records(workdir: str) -> dict[int, list[dict]]:
-    """Every per-step metrics record of a workdir, grouped by step (a resumed step appears more than once)."""
+    """Every per-step metrics record of a workdir, grouped by step (a resumed step appears more than once).
+    Raises as :func:`jaxpt.monitor.read_metrics`."""
     out: dict[int, list[dict]] = {}
-    with open(os.path.join(workdir, "metrics.jsonl")) as f:
-        for line in f:
-            rec = json.loads(line)
-            if "loss" in rec and "event" not in rec:
-                out.setdefault(int(rec["step"]), []).append(rec)
+    for rec in monitor.read_metrics(workdir):
+        if "loss" in rec and "event" not in rec:
+            out.setdefault(rec["step"], []).append(rec)
     return out
 
 
 def batch_documents(workdir: str) -> dict[int, list[list[int]]]:
-    """Per step, every logged list of document indices (process 0's rows)."""
+    """Per step, every logged list of document indices (process 0's rows).
+
+    Raises:
+      FileFormatError: a line of ``batches/process_0.jsonl`` breaks the JSON Lines rules (a half-written last
+        line, from a killed trainer, is skipped), or lacks ``step``/``doc_index`` (reason ``bad_record``).
+    """
+    path = os.path.join(workdir, "batches", "process_0.jsonl")
     out: dict[int, list[list[int]]] = {}
-    with open(os.path.join(workdir, "batches", "process_0.jsonl")) as f:
-        for line in f:
-            rec = json.loads(line)
-            out.setdefault(int(rec["step"]), []).append(rec["doc_index"])
+    for n, rec in jsonl.iter_objects(path, partial_last_line=True):
+        if not isinstance(rec.get("step"), int) or not isinstance(rec.get("doc_index"), list):
+            raise FileFormatError.at(path, n, "bad_record", "needs an integer 'step' and a 'doc_index' list")
+        out.setdefault(rec["step"], []).append(rec["doc_index"])
     return out
 
 
@@ -336,8 +355,8 @@ def compare_final_state(ref_dir: str, got_dir: str, steps: int, rtol: float) -> 
 
 
 def final_heldout(workdir: str) -> float | None:
-    with open(os.path.join(workdir, "metrics.jsonl")) as f:
-        finals = [json.loads(line) for line in f if '"final"' in line]
+    """``heldout_loss`` of the last ``final`` event in metrics.jsonl (None without one)."""
+    finals = [r for r in monitor.read_metrics(workdir) if r.get("event") == "final"]
     return finals[-1].get("heldout_loss") if finals else None
 
 

@@ -69,7 +69,7 @@ def run_card(restored, card, *, workdir: str = "", heldout: str | None = None, t
     hset = heldout_lib.HeldoutSet.build(docs, restored.tokenizer, seq_len=scorer.seq_len,
                                         stride=card.stride or None, add_eos=cfg.data.add_eos)
     ppl = heldout_lib.perplexity_report(scorer, hset, group_by=card.group_by)
-    gen_scorer = scorer_for_restored(restored, batch_size=int(card.decoding.get("batch_size", 64)))
+    generator = scorer.decode_step(batch_size=int(card.decoding.get("batch_size", 64)))
     ppl.update(core_grouping=card.core_grouping, regression_tolerance=card.perplexity_tolerance,
                source=heldout, stride=card.stride or scorer.seq_len // 2, seq_len=scorer.seq_len)
     t_ppl = time.perf_counter()
@@ -79,10 +79,10 @@ def run_card(restored, card, *, workdir: str = "", heldout: str | None = None, t
     if use_seqio:
         from jaxpt.eval import seqio_tasks
         metrics = seqio_tasks.evaluate_with_seqio(card.task_set_version, tasks, scorer, restored.tokenizer,
-                                                  max_new_tokens=max_new, generator=gen_scorer)
+                                                  max_new_tokens=max_new, generator=generator)
     else:
         metrics = {n: probes.evaluate_task(scorer, restored.tokenizer, te, max_new_tokens=max_new,
-                                           generator=gen_scorer) for n, te in tasks.items()}
+                                           generator=generator) for n, te in tasks.items()}
     t_tasks = time.perf_counter()
     report = {
         "card": card.ident,
@@ -94,7 +94,7 @@ def run_card(restored, card, *, workdir: str = "", heldout: str | None = None, t
         "train_source": train,
     }
     if review_sheet and card.spot_check is not None:
-        report["spot_check"] = write_review_sheet(restored, card, gen_scorer, review_sheet, workdir)
+        report["spot_check"] = write_review_sheet(restored, card, generator, review_sheet, workdir)
     report["timing_s"] = {"perplexity": t_ppl - t0, "tasks": t_tasks - t_ppl, "total": time.perf_counter() - t0}
     return report
 
@@ -113,21 +113,20 @@ def _task_entry(card, te, metrics: dict[str, float], use_seqio: bool) -> dict[st
     }
 
 
-def write_review_sheet(restored, card, scorer, path: str, workdir: str) -> dict[str, Any]:
-    """Generate greedily from every spot-check prompt and write the review sheet; returns its summary."""
+def write_review_sheet(restored, card, step, path: str, workdir: str) -> dict[str, Any]:
+    """Generate greedily from every spot-check prompt (stopped at EOS) and write the review sheet; returns its
+    summary. ``step``: the :class:`jaxpt.decode.NoCacheStep` to decode with (its batch size is kept)."""
+    from jaxpt import decode
     from jaxpt.eval import probes, review
     spot = card.spot_check
-    with open(spot.prompts_path, encoding="utf-8") as f:
-        prompts = [json.loads(line) for line in f if line.strip()]
+    prompts = review.read_prompts(spot.prompts_path)
     tok = restored.tokenizer
     ids = [probes.with_prefix(tok, tok.encode(p["prompt"])) for p in prompts]
     # Decoding reruns the whole row each step (no KV cache): a row just long enough for the prompts is cheaper.
     need = -(-(max(len(i) for i in ids) + spot.max_new_tokens) // 8) * 8
-    if need < scorer.seq_len:
-        from jaxpt.eval.scorer import scorer_for_restored
-        scorer = scorer_for_restored(restored, seq_len=need, batch_size=scorer.batch_size)
-    outs = scorer.greedy(ids, spot.max_new_tokens, eos_id=tok.eos_id)
-    gens = [tok.decode(o) for o in outs]
+    if need < step.seq_len:
+        step = decode.NoCacheStep.for_restored(restored, seq_len=need, batch_size=step.batch_size)
+    gens = [g.text for g in decode.greedy(step, ids, spot.max_new_tokens, eos_id=tok.eos_id, tokenizer=tok)]
     rows = review.review_rows(prompts, gens, card=card, checkpoint=os.path.abspath(workdir) if workdir else "",
                               step=restored.step, labels=spot.labels)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)

@@ -47,7 +47,6 @@ import argparse
 import dataclasses
 import json
 import math
-import os
 import re
 import sys
 from typing import Any, Mapping
@@ -568,21 +567,14 @@ def _format_memory(mem: dict[str, Any], mesh: str, policy: str) -> str:
 
 
 def resolve_vocab(cfg):
-    """``cfg`` with ``ModelConfig.vocab_size`` read from the tokenizer when it is 0.
+    """``cfg`` with ``ModelConfig.vocab_size`` resolved from the tokenizer when it is 0
+    (:func:`jaxpt.builder.resolve_vocab`, imported on use so ``import jaxpt.tools.plan`` stays light).
 
     Raises:
       ConfigError: vocab size 0 and no tokenizer at ``DataConfig.tokenizer_path``.
     """
-    from jaxpt.config import ConfigError
-    if cfg.model.vocab_size > 0:
-        return cfg
-    path = cfg.data.tokenizer_path
-    if not os.path.exists(path):
-        raise ConfigError(f"ModelConfig.vocab_size = 0 follows the tokenizer, but DataConfig.tokenizer_path = "
-                          f"{path!r} does not exist; prepare it or pass --gin 'ModelConfig.vocab_size = N'")
-    from jaxpt.data.tokenizer import Tokenizer
-    vocab = Tokenizer.load(path).vocab_size
-    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, vocab_size=vocab))
+    from jaxpt.builder import resolve_vocab as resolve
+    return resolve(cfg)
 
 
 def config_plan(args, hw: Slice | None) -> dict[str, Any]:

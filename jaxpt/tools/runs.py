@@ -14,6 +14,8 @@ import os
 import sys
 from typing import Any
 
+from jaxpt import monitor
+from jaxpt.errors import ConfigError
 from jaxpt.registry import RUN_FILE
 
 
@@ -55,17 +57,15 @@ def find_runs(root: str) -> list[dict[str, Any]]:
 
 
 def read_curves(workdir: str) -> dict[str, list[tuple[int, float]]]:
-    """``{metric: [(step, value), ...]}`` for loss, grad_norm and learning_rate from metrics.jsonl."""
+    """``{metric: [(step, value), ...]}`` for loss, grad_norm and learning_rate from metrics.jsonl (empty lists
+    when there is none). Raises MetricsFormatError as :func:`jaxpt.monitor.read_metrics`."""
     curves: dict[str, list[tuple[int, float]]] = {"loss": [], "grad_norm": [], "learning_rate": []}
-    path = os.path.join(workdir, "metrics.jsonl")
-    if not os.path.exists(path):
+    if not os.path.exists(monitor.metrics_path(workdir)):
         return curves
-    with open(path) as f:
-        for line in f:
-            rec = json.loads(line)
-            for k in curves:
-                if isinstance(rec.get(k), (int, float)):
-                    curves[k].append((int(rec["step"]), float(rec[k])))
+    for rec in monitor.read_metrics(workdir):
+        for k in curves:
+            if isinstance(rec.get(k), (int, float)):
+                curves[k].append((rec["step"], float(rec[k])))
     return curves
 
 
@@ -173,6 +173,9 @@ def main(argv: list[str] | None = None) -> int:
     except FileNotFoundError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    except ConfigError as e:  # a malformed metrics.jsonl (file and line named)
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     return 0
 
 

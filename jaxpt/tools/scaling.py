@@ -39,6 +39,7 @@ import numpy as np
 
 from jaxpt import config as config_lib
 from jaxpt import flops as flops_lib
+from jaxpt import jsonl
 from jaxpt.tools import plan
 from jaxpt.config import ConfigError
 from jaxpt.model.config import ModelConfig
@@ -150,21 +151,19 @@ def param_counts(cfg: config_lib.TrainConfig) -> dict[str, int]:
 def read_runs(paths: Sequence[str]) -> list[dict[str, Any]]:
     """Records of ``runs.jsonl`` files (or directories holding one), in order.
 
+    ``runs.jsonl`` follows the JSON Lines rules of :mod:`jaxpt.jsonl`; a half-written last line (a grid run
+    killed mid-append) is skipped, and `run_grid` cuts it off before appending again.
+
     Raises:
-      FileNotFoundError: a path with no runs.jsonl; ValueError: a malformed line (file and line named).
+      FileNotFoundError: a path with no runs.jsonl.
+      FileFormatError: (a ConfigError) any other bad line (file, line and reason named).
     """
     records = []
     for p in paths:
         f = os.path.join(p, "runs.jsonl") if os.path.isdir(p) else p
         if not os.path.exists(f):
             raise FileNotFoundError(f"{p}: no runs.jsonl")
-        with open(f) as fh:
-            for i, line in enumerate(fh, 1):
-                if line.strip():
-                    try:
-                        records.append(json.loads(line))
-                    except json.JSONDecodeError as e:
-                        raise ValueError(f"{f}:{i}: not JSON ({e})") from None
+        records += jsonl.read_objects(f, partial_last_line=True)
     return records
 
 
@@ -206,6 +205,7 @@ def run_grid(grid_path: str, bindings: Sequence[str] = (), compile_cache: bool =
                   "heldout_loss": final["heldout_loss"], "heldout_tokens": final["heldout_tokens"],
                   "train_loss": final.get("train_loss"), "wall_s": time.perf_counter() - t0,
                   "workdir": cfg.workdir}
+        jsonl.drop_partial_last_line(runs_file)  # a record half-written by a killed grid run
         with open(runs_file, "a") as f:
             f.write(json.dumps(record) + "\n")
     names = {p.name for p in points}

@@ -44,26 +44,22 @@ import glob
 import gzip
 import json
 import logging
-import math
 import os
 import re
 import sys
-import tempfile
 import time
 from typing import Any, Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
+from jaxpt import builder as builder_lib
 from jaxpt import config as config_lib
 from jaxpt import flops as flops_lib
 from jaxpt import mesh as mesh_lib
-from jaxpt import monitor, optim
-from jaxpt.tools import plan
-from jaxpt import state as state_lib
-from jaxpt import step as step_lib
+from jaxpt import monitor
 from jaxpt.config import ConfigError, TrainConfig
+from jaxpt.tools import plan
 
 log = logging.getLogger("jaxpt.tools.sweep")
 
@@ -190,27 +186,30 @@ def topology_devices(topology: str):
 
 @dataclasses.dataclass
 class _Compiled:
-    cfg: TrainConfig
-    mesh: jax.sharding.Mesh
-    spec: state_lib.StateSpec
+    built: "builder_lib.Built"
     executable: Any
-    batch_shardings: dict
+
+    @property
+    def cfg(self) -> TrainConfig:
+        return self.built.cfg
+
+    @property
+    def mesh(self) -> jax.sharding.Mesh:
+        return self.built.mesh
 
 
-def _build(cfg: TrainConfig, sizes: dict[str, int], devices) -> tuple[_Compiled, float]:
-    """Abstract state, jitted step, and its AOT compile on ``devices``. Returns it and compile seconds."""
-    mesh = mesh_lib.make_mesh(sizes, devices)
-    rules = cfg.logical_axis_rules
-    spec = state_lib.make_state_spec(
-        cfg.model, lambda p: optim.make_optimizer(cfg.optimizer, cfg.steps, p), mesh, rules)
-    fn = step_lib.jit_train_step(spec, mesh, rules, z_loss_weight=cfg.z_loss_weight,
-                                 lr_schedule=optim.learning_rate_schedule(cfg.optimizer, cfg.steps))
-    shardings = step_lib.batch_shardings(mesh, rules)
-    abstract_batch = {k: jax.ShapeDtypeStruct((cfg.global_batch_size, cfg.seq_len), jnp.int32, sharding=s)
-                      for k, s in shardings.items()}
+def lower(cfg: TrainConfig, devices) -> "builder_lib.Built":
+    """The run's program for ``cfg`` on ``devices``, built by :func:`jaxpt.builder.build` exactly as
+    ``jaxpt.train`` builds it (gradient accumulation, stability policy, clipping, z-loss, schedule)."""
+    return builder_lib.build(cfg, devices=devices)
+
+
+def _build(cfg: TrainConfig, devices) -> tuple[_Compiled, float]:
+    """The train step AOT-compiled on ``devices``. Returns it and compile seconds."""
+    built = lower(cfg, devices)
     t0 = time.perf_counter()
-    executable = fn.lower(spec.abstract, abstract_batch).compile()
-    return _Compiled(cfg, mesh, spec, executable, shardings), time.perf_counter() - t0
+    executable = built.lower_train_step().compile()
+    return _Compiled(built, executable), time.perf_counter() - t0
 
 
 def _device_batches(c: _Compiled, n: int = 2) -> list[dict[str, jax.Array]]:
@@ -220,7 +219,7 @@ def _device_batches(c: _Compiled, n: int = 2) -> list[dict[str, jax.Array]]:
     out = []
     for i in range(n):
         host = synthetic_batch(cfg.global_batch_size, cfg.seq_len, cfg.model.vocab_size, cfg.seed + i)
-        out.append({k: jax.make_array_from_process_local_data(c.batch_shardings[k], v[lo:hi])
+        out.append({k: jax.make_array_from_process_local_data(c.built.batch_shardings()[k], v[lo:hi])
                     for k, v in host.items()})
     return out
 
@@ -228,7 +227,7 @@ def _device_batches(c: _Compiled, n: int = 2) -> list[dict[str, jax.Array]]:
 def _run(c: _Compiled, steps: int, profile_steps: int, peak: float, trace_dir: str) -> dict[str, float]:
     """Warm-up step, ``steps`` timed steps, ``profile_steps`` traced steps. Returns the figures."""
     cfg = c.cfg
-    state = state_lib.init_state(c.spec, cfg.model, cfg.seed)
+    state = c.built.init_state()
     batches = _device_batches(c)
     state, metrics = c.executable(state, batches[0])
     first_loss = float(metrics["loss"])
@@ -270,7 +269,7 @@ def sweep_one(cfg: TrainConfig, mesh_spec: str, *, steps: int, profile_steps: in
         r.topology_memory_bytes, topo_note = _topology_memory(cfg, mesh_spec, topo_devices)
         r.note = topo_note
     try:
-        compiled, r.compile_s = _build(cfg, sizes, jax.devices())
+        compiled, r.compile_s = _build(cfg, jax.devices())
     except Exception as e:  # noqa: BLE001 - XLA raises many types (e.g. RESOURCE_EXHAUSTED); report them
         r.status, r.note = "compile failed", f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
         return r
@@ -295,8 +294,7 @@ def sweep_one(cfg: TrainConfig, mesh_spec: str, *, steps: int, profile_steps: in
 def _topology_memory(cfg: TrainConfig, mesh_spec: str, devices) -> tuple[int | None, str]:
     """Compiled per-device bytes of the step for a TPU topology's compile-only devices."""
     try:
-        sizes = config_lib.validate(dataclasses.replace(cfg, mesh=mesh_spec), len(devices))
-        compiled, _ = _build(cfg, sizes, devices)
+        compiled, _ = _build(dataclasses.replace(cfg, mesh=mesh_spec), devices)
         return compiled_bytes(compiled.executable), ""
     except Exception as e:  # noqa: BLE001
         return None, f"topology compile: {type(e).__name__}: {str(e).splitlines()[0][:200]}"

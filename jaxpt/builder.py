@@ -1,0 +1,154 @@
+"""One builder: a validated config (+ devices) -> mesh, train state (abstract and concrete), compiled steps.
+
+Every entry point that runs or compiles the train step goes through :func:`build` (``jaxpt.train``,
+``jaxpt.tools.sweep``, the benchmarks, compile-only checks), so they all run the same program: the same
+gradient accumulation, stability policy, z-loss, clipping, schedule and shardings as training.
+
+    built = build(cfg, tokenizer=tok)            # validates; raises ConfigError naming the key
+    state = built.init_state()                   # sharded at creation, never whole on one device
+    state, metrics = built.train_step(state, batch)
+    lowered = built.lower_train_step()           # for AOT compiles and HLO fingerprints
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+
+from jaxpt import config as config_lib
+from jaxpt import mesh as mesh_lib
+from jaxpt import optim
+from jaxpt import state as state_lib
+from jaxpt import step as step_lib
+from jaxpt.config import TrainConfig
+from jaxpt.errors import ConfigError
+
+
+def load_tokenizer(cfg: TrainConfig):
+    """The run's :class:`jaxpt.data.tokenizer.Tokenizer` from ``DataConfig.tokenizer_path``.
+
+    Raises:
+      ConfigError: the model file is missing (names the key and the command that writes it).
+    """
+    from jaxpt.data.tokenizer import Tokenizer
+    path = cfg.data.tokenizer_path
+    if not os.path.exists(path):
+        raise ConfigError(f"DataConfig.tokenizer_path = {path!r}: no such file "
+                          "(run `python -m jaxpt.data.prepare --output artifacts/sample` first)")
+    return Tokenizer.load(path)
+
+
+def resolve_vocab(cfg: TrainConfig, tokenizer=None) -> TrainConfig:
+    """``cfg`` with ``ModelConfig.vocab_size`` resolved: 0 means "the tokenizer's vocabulary".
+
+    The one place the vocabulary is resolved. ``tokenizer`` (a loaded tokenizer) is used when given;
+    otherwise it is loaded from ``DataConfig.tokenizer_path`` only when ``vocab_size`` is 0.
+
+    Raises:
+      ConfigError: ``vocab_size`` is 0 and the tokenizer file is missing, or a non-zero ``vocab_size`` is
+        smaller than the tokenizer's vocabulary (token ids would index past the embedding table).
+    """
+    m = cfg.model
+    if tokenizer is None and m.vocab_size > 0:
+        return cfg
+    if tokenizer is None:
+        tokenizer = load_tokenizer(cfg)
+    vocab = tokenizer.vocab_size
+    if m.vocab_size == 0:
+        m = dataclasses.replace(m, vocab_size=vocab)
+    elif m.vocab_size < vocab:
+        raise ConfigError(f"ModelConfig.vocab_size = {m.vocab_size} is smaller than the tokenizer's "
+                          f"{vocab} pieces ({cfg.data.tokenizer_path}); set it to 0 to follow the tokenizer")
+    return dataclasses.replace(cfg, model=m)
+
+
+def num_slices(cfg: TrainConfig) -> int:
+    """Slices (DCN granules) of the config's hybrid mesh: the product of ``TrainConfig.dcn_mesh``; 1 without."""
+    import math
+    return math.prod(mesh_lib.parse_mesh_spec(cfg.dcn_mesh).values()) if cfg.dcn_mesh else 1
+
+
+def make_run_mesh(cfg: TrainConfig, sizes: dict[str, int], devices: Sequence[Any]) -> jax.sharding.Mesh:
+    """The run's mesh over ``devices``: ICI x DCN hybrid when ``TrainConfig.dcn_mesh`` is set, else plain.
+
+    ``sizes`` are the resolved whole-mesh sizes from :func:`jaxpt.config.validate`.
+    """
+    if cfg.dcn_mesh:
+        ici = mesh_lib.resolve_mesh_shape(mesh_lib.parse_mesh_spec(cfg.mesh), len(devices) // num_slices(cfg))
+        return mesh_lib.make_hybrid_mesh(ici, mesh_lib.parse_mesh_spec(cfg.dcn_mesh), devices=list(devices))
+    return mesh_lib.make_mesh(sizes, list(devices))
+
+
+@dataclasses.dataclass
+class Built:
+    """What :func:`build` returns: the static parts of a run, ready to initialize, run or compile.
+
+    Attributes:
+      cfg: the validated config, ``ModelConfig.vocab_size`` resolved.
+      sizes: resolved mesh sizes ``{axis: size}`` (ICI x DCN).
+      mesh: the device mesh.
+      spec: graph definition, optimizer, abstract state and state shardings.
+      lr_schedule: ``num_updates -> learning rate`` (optax schedule).
+      train_step: jitted ``(state, batch) -> (state, metrics)``; state donated.
+      eval_step: jitted ``(params, batch) -> {"loss_sum", "num_target_tokens"}``.
+    """
+
+    cfg: TrainConfig
+    sizes: dict[str, int]
+    mesh: jax.sharding.Mesh
+    spec: state_lib.StateSpec
+    lr_schedule: Any
+    train_step: Any
+    eval_step: Any
+
+    def init_state(self, seed: int | None = None) -> state_lib.TrainState:
+        """A fresh train state placed in its shardings (``TrainConfig.seed`` unless ``seed`` is given)."""
+        return state_lib.init_state(self.spec, self.cfg.model, self.cfg.seed if seed is None else seed)
+
+    def batch_shardings(self) -> dict[str, jax.sharding.NamedSharding]:
+        """Sharding of each device-batch key (``step.BATCH_KEYS``)."""
+        return step_lib.batch_shardings(self.mesh, self.cfg.logical_axis_rules)
+
+    def abstract_batch(self) -> dict[str, jax.ShapeDtypeStruct]:
+        """Shape-only global batch: ``int32[global_batch_size, seq_len]`` per key, with its sharding."""
+        shape = (self.cfg.global_batch_size, self.cfg.seq_len)
+        return {k: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=s) for k, s in self.batch_shardings().items()}
+
+    def lower_train_step(self) -> jax.stages.Lowered:
+        """The train step lowered for the abstract state and batch (no arrays allocated)."""
+        return self.train_step.lower(self.spec.abstract, self.abstract_batch())
+
+    def hlo_fingerprint(self) -> str:
+        """sha256 (hex) of the lowered train step's StableHLO text: equal iff the programs are equal."""
+        return hashlib.sha256(self.lower_train_step().as_text().encode()).hexdigest()
+
+
+def build(cfg: TrainConfig, *, devices: Sequence[Any] | None = None, tokenizer=None) -> Built:
+    """Validate ``cfg`` and build its mesh, state spec and jitted train/eval steps.
+
+    Args:
+      cfg: the run's config (``ModelConfig.vocab_size`` 0 is resolved from ``tokenizer`` or the tokenizer file).
+      devices: the devices of the mesh (default ``jax.devices()``); compile-only TPU topology devices work too.
+      tokenizer: the run's loaded tokenizer, if the caller has it.
+
+    Raises:
+      ConfigError: naming the key, from :func:`jaxpt.config.validate` or :func:`resolve_vocab`.
+    """
+    devices = list(jax.devices() if devices is None else devices)
+    sizes = config_lib.validate(cfg, len(devices))
+    cfg = resolve_vocab(cfg, tokenizer)
+    mesh = make_run_mesh(cfg, sizes, devices)
+    rules = cfg.logical_axis_rules
+    lr_schedule = optim.learning_rate_schedule(cfg.optimizer, cfg.steps)
+    spec = state_lib.make_state_spec(
+        cfg.model, lambda p: optim.make_optimizer(cfg.optimizer, cfg.steps, p), mesh, rules, cfg.stability)
+    train_step = step_lib.jit_train_step(spec, mesh, rules, z_loss_weight=cfg.z_loss_weight,
+                                         lr_schedule=lr_schedule, grad_clip_norm=cfg.optimizer.grad_clip_norm,
+                                         grad_accum=cfg.grad_accum_steps)
+    eval_step = step_lib.jit_eval_step(spec, mesh, rules)
+    return Built(cfg, sizes, mesh, spec, lr_schedule, train_step, eval_step)

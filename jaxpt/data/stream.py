@@ -1,0 +1,127 @@
+"""A run's training stream: logical data shards, this process's batches, and device placement.
+
+The trainer asks this module for its batches (:func:`train_batches`), how many logical shards the run has
+(:func:`data_shard_count`), how to put this process's rows on the mesh (:func:`to_device`) and what the
+training data is (:func:`data_version`). Shard semantics are in :mod:`jaxpt.data.shards`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+
+import jax
+import numpy as np
+
+from jaxpt import jsonl
+from jaxpt import mesh as mesh_lib
+from jaxpt.errors import ConfigError
+
+#: Keys of a device batch; each is an int32 array [B, L] (see :mod:`jaxpt.step`).
+DEVICE_KEYS = ("tokens", "segment_ids", "positions")
+
+
+def local_batch_size(cfg) -> int:
+    """Rows this process contributes to each global batch (``global_batch_size / process_count``)."""
+    return cfg.global_batch_size // jax.process_count()
+
+
+def data_shard_count(cfg, saved_shards: int | None = None) -> int:
+    """The run's logical data shard count: ``DataConfig.num_shards``, else the count its checkpoints recorded
+    (``saved_shards``), else one per process at the run's start (see :mod:`jaxpt.data.shards`)."""
+    if cfg.data.num_shards:
+        return cfg.data.num_shards
+    if saved_shards:
+        return int(saved_shards)
+    return jax.process_count()
+
+
+def _shard_iterator(cfg, tokenizer, k: int, n: int):
+    """Iterator of logical shard ``k`` of ``n``: local batches ``int32[global_batch / n, seq_len]`` per key."""
+    if cfg.data.source == "corpus":  # a corpus version built by data_pipelines.build
+        from jaxpt.data.corpus import packed_corpus_dataset
+        return iter(packed_corpus_dataset(
+            cfg.data.corpus_dir, tokenizer, seq_len=cfg.seq_len, local_batch_size=cfg.global_batch_size // n,
+            seed=cfg.seed, process_index=k, process_count=n, add_eos=cfg.data.add_eos))
+    from jaxpt.data import loader
+    return iter(loader.make_train_dataset(
+        cfg.data.train_path, tokenizer, seq_len=cfg.seq_len, local_batch_size=cfg.global_batch_size // n,
+        seed=cfg.seed, process_index=k, process_count=n, shuffle=cfg.data.shuffle, add_eos=cfg.data.add_eos))
+
+
+def train_batches(cfg, tokenizer, num_shards: int):
+    """This process's iterator of local batches: its contiguous block of logical data shards, rows
+    concatenated in shard order (so the global row order does not depend on the process count).
+
+    Raises:
+      ConfigError: the process count does not divide the shard count, or the shard count the global batch.
+    """
+    from jaxpt.data.shards import ShardedBatches
+    P, p = jax.process_count(), jax.process_index()
+    if num_shards % P:
+        raise ConfigError(
+            f"{P} processes cannot share {num_shards} data shards evenly (DataConfig.num_shards; a resumed run "
+            f"keeps its checkpoint's shard count): use a process count that divides {num_shards}")
+    if cfg.global_batch_size % num_shards:
+        raise ConfigError(f"TrainConfig.global_batch_size = {cfg.global_batch_size} is not divisible by the "
+                          f"{num_shards} data shards")
+    per_process = num_shards // P
+    shard_ids = list(range(p * per_process, (p + 1) * per_process))
+    return ShardedBatches(lambda k, n: _shard_iterator(cfg, tokenizer, k, n), num_shards, shard_ids)
+
+
+def to_device(mesh, rules, local_batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
+    """This process's rows (``int32[local_batch, seq_len]`` per key) -> global arrays
+    ``int32[global_batch, seq_len]`` sharded over the ``batch`` rule's mesh axes, for :data:`DEVICE_KEYS`."""
+    from jaxpt.data import loader
+    sharding = mesh_lib.batch_sharding(mesh, rules)
+    return loader.to_global_batch({k: local_batch[k] for k in DEVICE_KEYS}, sharding)
+
+
+def data_version(cfg) -> str:
+    """An identifier of the training data. A corpus version: its manifest's ``data_version``, else
+    ``content:<first 16 hex of its content id>`` (read by :func:`jaxpt.data.corpus.read_corpus_version`). The
+    prepared sample: ``prepare.json``'s ``data_version``, else ``sha256:<first 16 hex>`` of that file. ``unknown``
+    when there is no record.
+
+    Raises:
+      FileNotFoundError, ConfigError: a corpus directory that is not a corpus version (as ``read_corpus_version``).
+    """
+    d = cfg.data
+    if d.source == "corpus":
+        from jaxpt.data import corpus
+        version = corpus.read_corpus_version(d.corpus_dir)
+        if version.data_version:
+            return version.data_version
+        return f"content:{version.content_id[:16]}" if version.content_id else "unknown"
+    path = os.path.join(os.path.dirname(d.train_path), "prepare.json")
+    if not os.path.exists(path):
+        return "unknown"
+    with open(path, "rb") as f:
+        raw = f.read()
+    try:
+        version = json.loads(raw).get("data_version")
+    except (ValueError, AttributeError):
+        version = None
+    return version or f"sha256:{hashlib.sha256(raw).hexdigest()[:16]}"
+
+
+class BatchDocumentLog:
+    """Per-process JSON Lines ``<workdir>/batches/process_<i>.jsonl`` of ``{"step", "doc_index"}``: which
+    documents fed each step (an audit trail for resumption and data debugging)."""
+
+    def __init__(self, workdir: str):
+        os.makedirs(os.path.join(workdir, "batches"), exist_ok=True)
+        path = os.path.join(workdir, "batches", f"process_{jax.process_index()}.jsonl")
+        jsonl.drop_partial_last_line(path)  # a line half-written by a killed run must not end up mid-file
+        self._f = open(path, "a", buffering=1)
+
+    def write(self, step: int, doc_index: np.ndarray) -> None:
+        """Record the documents (``doc_index >= 0``; -1 is padding) of this process's rows of ``step``."""
+        docs = sorted(int(d) for d in np.unique(doc_index) if d >= 0)
+        self._f.write(f'{{"step": {step}, "doc_index": {docs}}}\n')
+
+    def close(self) -> None:
+        self._f.close()
+

@@ -1,0 +1,331 @@
+"""Greedy decoding: the one decoding loop behind ``jaxpt.generate``, the probe tasks, the seqio and lm-eval
+adapters and the spot-check sheet, over a *step* that turns the tokens so far into next-token logits.
+
+    from jaxpt import decode
+    step = decode.NoCacheStep.from_model(model, batch_size=8)       # rows of model.cfg.max_seq_len tokens
+    gens = decode.greedy(step, prompts, 16, eos_id=tok.eos_id, stop_strings=[["\\n"]] * len(prompts),
+                         tokenizer=tok)
+    gens[0].ids, gens[0].text, gens[0].stop_reason
+
+Truncation rule
+  A row holds at most ``L = step.seq_len`` tokens, the prompt and every new token together, so
+  ``max_new_tokens`` must be below ``L`` and a prompt longer than ``L - max_new_tokens`` keeps its *last*
+  ``L - max_new_tokens`` tokens (positions restart at 0). The context never slides while decoding, so a KV cache
+  of ``L`` slots per row would serve a whole generation: prefill the prompt, then one slot per new token.
+
+Stops
+  A row stops after ``max_new_tokens`` tokens, after emitting ``eos_id`` (kept in its ids), or once the decoded
+  text of its new ids holds one of *its own* stop strings; its ``text`` is cut before the earliest such string.
+  Rows never see each other's stop strings and (causal masking, one segment per row) a row's logits do not depend
+  on the other rows, so batched results equal one-at-a-time results.
+
+Steps
+  :func:`greedy` talks to the model only through :class:`DecodeStep`: ``prefill(prompts)``, then
+  ``extend(state, tokens)`` once per new token, each returning every row's next-token logits.
+  :class:`NoCacheStep` reruns the model on the whole fixed ``[B, L]`` batch at every call (one compiled program
+  for every prompt length and step); a KV-cached step can replace it without changing any caller.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Protocol, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from jaxpt import mesh as mesh_lib
+
+
+class DecodeStep(Protocol):
+    """What :func:`greedy` needs of a model: next-token logits for up to ``batch_size`` rows of at most
+    ``seq_len`` tokens each."""
+
+    batch_size: int
+    seq_len: int
+
+    def prefill(self, prompts: Sequence[np.ndarray]) -> tuple[Any, np.ndarray]:
+        """Start one row per prompt (int32 [n_r], 1 <= n_r <= seq_len; at most ``batch_size`` prompts).
+
+        Returns ``(state, logits)``: an opaque state for :meth:`extend`, and float32 [len(prompts), V] whose
+        row r scores the token after prompt r.
+
+        Raises:
+          ValueError: no prompts, too many, or one empty or longer than ``seq_len``.
+        """
+        ...
+
+    def extend(self, state: Any, tokens: np.ndarray) -> tuple[Any, np.ndarray]:
+        """Append ``tokens`` (int32 [num_rows], one per row) to every row; returns the new state and the
+        float32 [num_rows, V] logits of the token after each row.
+
+        Raises:
+          ValueError: a wrong number of tokens, or a row already holding ``seq_len`` tokens.
+        """
+        ...
+
+
+@dataclasses.dataclass(frozen=True)
+class Generation:
+    """One row's greedy continuation.
+
+    Attributes:
+      ids: the new token ids, through the token that stopped the row (``eos_id`` included).
+      text: the decoded ``ids`` cut before the earliest of the row's stop strings; ``None`` without a tokenizer.
+      stop_reason: ``"eos"``, ``"stop_string"`` or ``"length"`` (``max_new_tokens`` reached).
+    """
+
+    ids: list[int]
+    text: str | None
+    stop_reason: str
+
+
+# ------------------------------------------------------------------------------------------ the decoding loop
+
+
+def greedy(step: DecodeStep, prompts: Sequence[Sequence[int] | np.ndarray], max_new_tokens: int, *,
+           eos_id: int | None = None, stop_strings: Sequence[Sequence[str]] | None = None,
+           tokenizer: Any = None) -> list[Generation]:
+    """Greedy continuations of ``prompts``, ``step.batch_size`` rows per batch, each new token the argmax of
+    its row's logits (ties to the lowest id). See the module docstring for the truncation rule and stops.
+
+    Args:
+      step: a :class:`DecodeStep` (e.g. :class:`NoCacheStep`).
+      prompts: int token ids per row, each with at least one token; lengths may differ.
+      max_new_tokens: at most this many new tokens per row, in [0, step.seq_len).
+      eos_id: a row stops after emitting this id.
+      stop_strings: per row, the strings that stop it (``stop_strings[i]`` for ``prompts[i]``; empty strings
+        are ignored). Needs ``tokenizer``.
+      tokenizer: anything with ``decode(ids) -> str``; when given, each result's ``text`` is filled.
+
+    Returns: one :class:`Generation` per prompt, in order.
+
+    Raises:
+      ValueError: ``max_new_tokens`` out of range, an empty prompt, ``stop_strings`` of the wrong length or
+        given as a bare string, or stop strings without a tokenizer.
+    """
+    if not 0 <= max_new_tokens < step.seq_len:
+        raise ValueError(f"greedy: max_new_tokens = {max_new_tokens} must be in [0, seq_len = {step.seq_len})")
+    rows = [truncate_prompt(p, step.seq_len, max_new_tokens, index=i) for i, p in enumerate(prompts)]
+    stops = _row_stops(stop_strings, len(rows), tokenizer)
+    decode = None if tokenizer is None else tokenizer.decode
+    out: list[Generation] = []
+    for b0 in range(0, len(rows), step.batch_size):
+        b1 = b0 + step.batch_size
+        out += _greedy_batch(step, rows[b0:b1], max_new_tokens, eos_id, stops[b0:b1], decode)
+    return out
+
+
+def truncate_prompt(prompt: Sequence[int] | np.ndarray, seq_len: int, max_new_tokens: int, *,
+                    index: int = 0) -> np.ndarray:
+    """The part of ``prompt`` a row of ``seq_len`` tokens holds: its last ``seq_len - max_new_tokens`` tokens.
+
+    Returns: int32 [min(n, seq_len - max_new_tokens)].
+
+    Raises:
+      ValueError: the prompt is empty (``index`` names it in the message).
+    """
+    ids = np.asarray(prompt, np.int32).reshape(-1)
+    if len(ids) == 0:
+        raise ValueError(f"greedy: prompt {index} is empty; it must hold at least one token")
+    return ids[-(seq_len - max_new_tokens):]
+
+
+def _row_stops(stop_strings, n: int, tokenizer) -> list[tuple[str, ...]]:
+    if stop_strings is None:
+        return [()] * n
+    if isinstance(stop_strings, str) or len(stop_strings) != n:
+        raise ValueError(f"greedy: stop_strings must hold one sequence of strings per prompt ({n}), "
+                         f"got {stop_strings!r}")
+    out = []
+    for i, ss in enumerate(stop_strings):
+        if isinstance(ss, str):
+            raise ValueError(f"greedy: stop_strings[{i}] = {ss!r} is a string; give a sequence of strings")
+        out.append(tuple(s for s in ss if s))
+    if tokenizer is None and any(out):
+        raise ValueError("greedy: stop strings need a tokenizer to decode the new ids")
+    return out
+
+
+class _Row:
+    """One row's new ids and why it stopped (``None`` while it runs)."""
+
+    def __init__(self, stops: tuple[str, ...]):
+        self.ids: list[int] = []
+        self.stops = stops
+        self.reason: str | None = None
+
+    def push(self, token: int, eos_id: int | None, decode, max_new_tokens: int) -> None:
+        if self.reason is not None:
+            return
+        self.ids.append(token)
+        if token == eos_id:
+            self.reason = "eos"
+        elif self.stops and first_stop(decode(self.ids), self.stops) is not None:
+            self.reason = "stop_string"
+        elif len(self.ids) >= max_new_tokens:
+            self.reason = "length"
+
+    def result(self, decode) -> Generation:
+        text = None
+        if decode is not None:
+            text = decode(self.ids)
+            cut = first_stop(text, self.stops)
+            text = text if cut is None else text[:cut]
+        return Generation(list(self.ids), text, self.reason or "length")
+
+
+def first_stop(text: str, stops: Sequence[str]) -> int | None:
+    """Index in ``text`` where the earliest occurrence of any of ``stops`` begins; ``None`` if none occurs."""
+    found = [i for i in (text.find(s) for s in stops if s) if i >= 0]
+    return min(found) if found else None
+
+
+def _greedy_batch(step: DecodeStep, prompts: list[np.ndarray], max_new_tokens: int, eos_id: int | None,
+                  stops: list[tuple[str, ...]], decode) -> list[Generation]:
+    rows = [_Row(s) for s in stops]
+    if max_new_tokens == 0:
+        return [r.result(decode) for r in rows]
+    state, logits = step.prefill(prompts)
+    for k in range(max_new_tokens):
+        tokens = np.argmax(np.asarray(logits), axis=-1).astype(np.int32)
+        for row, t in zip(rows, tokens):
+            row.push(int(t), eos_id, decode, max_new_tokens)
+        if k == max_new_tokens - 1 or all(r.reason is not None for r in rows):
+            break
+        # Stopped rows keep decoding (their tokens are dropped): rows are independent, and the batch keeps one shape.
+        state, logits = step.extend(state, tokens)
+    return [r.result(decode) for r in rows]
+
+
+# ------------------------------------------------------------------------------------------ the cache-free step
+
+
+def next_token_logits(params, tokens_BxL, segment_ids_BxL, positions_BxL, *, graphdef):
+    """Logits (float32 [B, V]) of the token after each row's last real token.
+
+    Rows are left-aligned: real tokens have segment id 1, padding 0, so a row's last real token is at column
+    ``sum(segment_ids != 0) - 1`` (column 0 for an all-padding row, whose logits mean nothing).
+    """
+    model = nnx.merge(graphdef, params)
+    logits_BxLxV = model(tokens_BxL, segment_ids_BxL, positions_BxL)
+    last_B = jnp.maximum(jnp.sum(segment_ids_BxL != 0, axis=1) - 1, 0)
+    rows_B = jnp.arange(tokens_BxL.shape[0])
+    return logits_BxLxV[rows_B, last_B].astype(jnp.float32)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Rows:
+    """State of :class:`NoCacheStep`: the host batch (int32 [B, L]) and each live row's length (int [n])."""
+
+    tokens: np.ndarray
+    lengths: np.ndarray
+
+
+class NoCacheStep:
+    """A :class:`DecodeStep` without a KV cache: every call reruns the model on the whole ``[B, L]`` batch, the
+    rows left-aligned and right-padded (segment id 0 after the real tokens; causal masking hides the padding).
+
+    Args:
+      graphdef, params: the model split by ``nnx.split``.
+      mesh, rules: where the batch is sharded (``batch`` over its mesh axes) and the activation rules. Params not
+        already on ``mesh`` are replicated onto it. ``mesh=None``: plain ``jax.jit`` wherever the params live
+        (one process only).
+      seq_len: row length L (at most the model's ``max_seq_len``), >= 2.
+      batch_size: rows per call; rounded up to a multiple of the data-parallel size (extra rows are padding).
+      pad_id: token id of padding slots.
+
+    Raises:
+      ValueError: ``seq_len < 2``.
+    """
+
+    def __init__(self, graphdef, params, mesh: Mesh | None = None, rules=mesh_lib.DEFAULT_RULES, *, seq_len: int,
+                 batch_size: int = 1, pad_id: int = 0):
+        if seq_len < 2:
+            raise ValueError(f"NoCacheStep: seq_len = {seq_len} must be >= 2")
+        self.seq_len, self.pad_id, self.mesh = seq_len, pad_id, mesh
+        batch_size = max(batch_size, 1)
+        if mesh is None:
+            self.batch_size, self.params = batch_size, params
+            self._fn = jax.jit(lambda p, t, s, q: next_token_logits(p, t, s, q, graphdef=graphdef))
+            self._put = jnp.asarray
+            return
+        dp = mesh_lib.data_parallel_size(mesh_lib.mesh_shape(mesh), rules)
+        self.batch_size = -(-batch_size // dp) * dp
+        replicated = NamedSharding(mesh, PartitionSpec())
+        batch_s = mesh_lib.batch_sharding(mesh, rules)
+        param_s = jax.tree.map(lambda x: x.sharding if isinstance(getattr(x, "sharding", None), NamedSharding)
+                               and x.sharding.mesh == mesh else replicated, params)
+        self.params = jax.device_put(params, param_s)
+
+        def traced(params, tokens, segment_ids, positions):
+            with mesh_lib.activation_sharding(mesh, rules):
+                return next_token_logits(params, tokens, segment_ids, positions, graphdef=graphdef)
+
+        self._fn = jax.jit(traced, in_shardings=(param_s, batch_s, batch_s, batch_s), out_shardings=replicated)
+        # Every process holds the whole (identical) host batch and each device takes its slice, so this also runs
+        # multi-host, where the batch sharding spans devices this process cannot address.
+        self._put = lambda a: jax.make_array_from_callback(a.shape, batch_s, lambda i: a[i])
+
+    @classmethod
+    def from_model(cls, model, mesh: Mesh | None = None, rules=mesh_lib.DEFAULT_RULES, *, seq_len: int | None = None,
+                   batch_size: int = 1, pad_id: int = 0) -> "NoCacheStep":
+        """A step over an ``nnx`` model; ``seq_len`` defaults to its ``max_seq_len``.
+
+        Raises:
+          ValueError: ``seq_len`` above the model's ``max_seq_len`` or below 2.
+        """
+        seq_len = seq_len or model.cfg.max_seq_len
+        if seq_len > model.cfg.max_seq_len:
+            raise ValueError(f"NoCacheStep: seq_len = {seq_len} exceeds the model's max_seq_len = "
+                             f"{model.cfg.max_seq_len}")
+        graphdef, params = nnx.split(model)
+        return cls(graphdef, params, mesh, rules, seq_len=seq_len, batch_size=batch_size, pad_id=pad_id)
+
+    @classmethod
+    def for_restored(cls, restored: Any, *, seq_len: int | None = None, batch_size: int = 1) -> "NoCacheStep":
+        """A step over a :func:`jaxpt.restore` result: its mesh, rules, pad id and, by default, its ``seq_len``."""
+        cfg = restored.config
+        return cls.from_model(restored.model, restored.mesh, cfg.logical_axis_rules, seq_len=seq_len or cfg.seq_len,
+                              batch_size=batch_size, pad_id=restored.tokenizer.pad_id)
+
+    def prefill(self, prompts: Sequence[np.ndarray]) -> tuple[_Rows, np.ndarray]:
+        """See :meth:`DecodeStep.prefill`."""
+        if not 1 <= len(prompts) <= self.batch_size:
+            raise ValueError(f"prefill: {len(prompts)} prompts for a batch of {self.batch_size} rows")
+        tokens = np.full((self.batch_size, self.seq_len), self.pad_id, np.int32)
+        lengths = np.zeros(len(prompts), np.int64)
+        for r, p in enumerate(prompts):
+            p = np.asarray(p, np.int32).reshape(-1)
+            if not 1 <= len(p) <= self.seq_len:
+                raise ValueError(f"prefill: prompt {r} has {len(p)} tokens; need 1..{self.seq_len}")
+            tokens[r, :len(p)] = p
+            lengths[r] = len(p)
+        state = _Rows(tokens, lengths)
+        return state, self._logits(state)
+
+    def extend(self, state: _Rows, tokens: np.ndarray) -> tuple[_Rows, np.ndarray]:
+        """See :meth:`DecodeStep.extend`."""
+        tokens = np.asarray(tokens, np.int32).reshape(-1)
+        n = len(state.lengths)
+        if len(tokens) != n:
+            raise ValueError(f"extend: {len(tokens)} tokens for {n} rows")
+        if np.any(state.lengths >= self.seq_len):
+            raise ValueError(f"extend: a row already holds seq_len = {self.seq_len} tokens")
+        batch = state.tokens.copy()
+        batch[np.arange(n), state.lengths] = tokens
+        new = _Rows(batch, state.lengths + 1)
+        return new, self._logits(new)
+
+    def _logits(self, state: _Rows) -> np.ndarray:
+        """One compiled call on the host batch; returns float32 [live rows, V] on the host."""
+        n = len(state.lengths)
+        columns = np.arange(self.seq_len)
+        segment_ids = np.zeros((self.batch_size, self.seq_len), np.int32)
+        segment_ids[:n] = columns[None] < state.lengths[:, None]
+        positions = (columns[None] * segment_ids).astype(np.int32)
+        logits = self._fn(self.params, self._put(state.tokens), self._put(segment_ids), self._put(positions))
+        return np.asarray(jax.device_get(logits))[:n]

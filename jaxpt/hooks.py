@@ -1,0 +1,163 @@
+"""Periodic actions of the train loop, as hooks registered with it.
+
+The loop (:func:`jaxpt.train.train_loop`) dispatches step t, then reads the metrics of step t-1, so the host
+never waits on the device. A hook can act at three points of each step, each a method that does nothing by
+default:
+
+* ``on_batch(ctx, step, local_batch)``: step ``step``'s batch was fetched, not yet dispatched;
+* ``on_dispatched(ctx, step)``: step ``step`` was dispatched (``ctx.run.state`` is its output, its metrics
+  not read yet), e.g. start a checkpoint save (the device-to-host copy waits for the step, not the host);
+* ``on_reported(ctx, report)``: step ``report.step``'s metrics were read (one step late); a hook may add
+  figures to ``report.record``, which the loop writes when it is due or when a hook asked for it.
+
+Adding a periodic action (an eval, a gate check, a profiler window) is one new hook, not a loop edit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from typing import Any
+
+import jax
+import numpy as np
+
+log = logging.getLogger("jaxpt.hooks")
+
+
+@dataclasses.dataclass
+class StepReport:
+    """One step's read-back metrics, as the hooks see them.
+
+    Attributes:
+      step: the global step (1-based) the metrics belong to.
+      values: the step's device metrics as Python floats (see :func:`jaxpt.step.train_step`).
+      doc_index: int [local_batch, seq_len] document index of each token of this process's rows (-1: padding).
+      data_wait: seconds the host waited for the step's batch.
+      record: the metrics.jsonl record being assembled; hooks add figures to it.
+      write: set by a hook that needs the record written even off the ``log_every`` grid.
+      rollback: ``None``, or the reason the run must roll back after this step.
+    """
+
+    step: int
+    values: dict[str, float]
+    doc_index: np.ndarray
+    data_wait: float
+    record: dict[str, Any]
+    write: bool = False
+    rollback: str | None = None
+
+
+class Hook:
+    """Base class: a periodic action; override the points it acts at."""
+
+    def on_batch(self, ctx, step: int, local_batch: dict[str, np.ndarray]) -> None:
+        pass
+
+    def on_dispatched(self, ctx, step: int) -> None:
+        pass
+
+    def on_reported(self, ctx, report: StepReport) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class CheckpointHook(Hook):
+    """Starts an (asynchronous) checkpoint save whenever the checkpointer's save policy wants the step."""
+
+    def __init__(self, ckpt, meta: dict[str, Any]):
+        self.ckpt, self.meta = ckpt, meta
+
+    def on_dispatched(self, ctx, step: int) -> None:
+        if self.ckpt.should_save(step):
+            self.ckpt.save(step, ctx.run.state, ctx.batches, self.meta)
+
+
+class EvalHook(Hook):
+    """The held-out evaluation every ``every`` steps (not at the last step: the run's final evaluation covers
+    it, nor at a step that triggers a rollback), bounded by ``TrainConfig.eval_batches``."""
+
+    def __init__(self, every: int, last_step: int):
+        self.every, self.last_step = every, last_step
+
+    def on_reported(self, ctx, report: StepReport) -> None:
+        s = report.step
+        if self.every and s % self.every == 0 and s != self.last_step and report.rollback is None:
+            report.record.update(ctx.run.evaluate())
+            report.write = True
+
+
+class SkipEventHook(Hook):
+    """Logs a ``spike_skip`` / ``nonfinite_skip`` event (with the batch's documents) for every skipped step."""
+
+    def on_reported(self, ctx, report: StepReport) -> None:
+        v = report.values
+        if not v.get("skipped"):
+            return
+        docs = sorted(int(d) for d in np.unique(report.doc_index) if d >= 0)
+        ctx.event({"step": report.step, "event": "nonfinite_skip" if v.get("nonfinite") else "spike_skip",
+                   "loss": v["loss"], "grad_norm": v["grad_norm"],
+                   "loss_threshold": v.get("spike_loss_threshold"),
+                   "grad_norm_threshold": v.get("spike_grad_norm_threshold"), "doc_index": docs})
+
+
+class DocumentLogHook(Hook):
+    """Appends, per fetched batch, the documents of this process's rows (:class:`jaxpt.data.stream.BatchDocumentLog`)."""
+
+    def __init__(self, workdir: str):
+        from jaxpt.data.stream import BatchDocumentLog
+        self.log = BatchDocumentLog(workdir)
+
+    def on_batch(self, ctx, step: int, local_batch: dict[str, np.ndarray]) -> None:
+        self.log.write(step, local_batch["doc_index"])
+
+    def close(self) -> None:
+        self.log.close()
+
+
+class ProfileHook(Hook):
+    """A ``jax.profiler`` trace of steps ``start``..``stop`` (inclusive, 1-based) into ``<workdir>/profile``,
+    viewable in TensorBoard's profile plugin or Perfetto. Process 0 only."""
+
+    def __init__(self, workdir: str, start: int, stop: int):
+        if not 1 <= start <= stop:
+            raise ValueError(f"profile window {start}:{stop}: need 1 <= start <= stop")
+        self.dir, self.start, self.stop = os.path.join(workdir, "profile"), start, stop
+        self.active = False
+
+    def on_batch(self, ctx, step: int, local_batch) -> None:
+        if step == self.start and jax.process_index() == 0:
+            jax.profiler.start_trace(self.dir)
+            self.active = True
+
+    def on_reported(self, ctx, report: StepReport) -> None:
+        if self.active and report.step >= self.stop:
+            jax.block_until_ready(ctx.run.state)
+            jax.profiler.stop_trace()
+            self.active = False
+            report.record["profile_dir"] = self.dir
+            report.write = True
+            log.info("profiled steps %d-%d into %s", self.start, self.stop, self.dir)
+
+    def close(self) -> None:
+        if self.active:
+            jax.profiler.stop_trace()
+            self.active = False
+
+
+def parse_window(text: str) -> tuple[int, int] | None:
+    """``'20:25'`` -> ``(20, 25)``; ``''`` -> None.
+
+    Raises:
+      ValueError: not of the form ``START:STOP`` with integers.
+    """
+    if not text:
+        return None
+    try:
+        a, b = text.split(":")
+        return int(a), int(b)
+    except ValueError:
+        raise ValueError(f"profile window {text!r}: expected START:STOP, e.g. '20:25'") from None

@@ -1,0 +1,215 @@
+"""JSON Lines: the line rules every jaxpt reader of a ``.jsonl`` file shares.
+
+A JSON Lines file is UTF-8 text, plain or compressed, one JSON object per line. Compression is recognized
+by the file's magic bytes (gzip ``1f 8b``, zstd ``28 b5 2f fd``), so the suffix does not decide. Lines end
+with LF (a CR before it is dropped); the last line may lack its LF, so a file with one trailing newline and a
+file with none hold the same lines. Line numbers are 1-based.
+
+A line breaks the rules for one of these reasons (:data:`LINE_REASONS`), the names the corpus build counts
+its admission drops by (``admission:<reason>``):
+
+- ``blank_line``: empty, or only whitespace (a second newline at the end of the file is one);
+- ``invalid_utf8``: bytes that are not UTF-8;
+- ``bad_json``: not one JSON value;
+- ``not_an_object``: JSON, but not an object;
+- ``truncated_file``: a compressed file that ends before its end-of-stream marker, or whose data is corrupt
+  (a copy cut short, a failed download). The lines before the damage are read; the damaged tail is not.
+
+A file format adds its own field checks on top (:mod:`jaxpt.data.documents`: a string ``text``;
+:func:`jaxpt.monitor.read_metrics`: a ``step``) and its own error class, a :class:`jaxpt.errors.FileFormatError`.
+Strict readers (:func:`iter_objects`) raise at the first bad line; the corpus build (``data_pipelines.readers``)
+classifies each line with the same :func:`parse_object` and counts it instead.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import zlib
+from typing import BinaryIO, Iterator
+
+from jaxpt.errors import FileFormatError
+
+LINE_REASONS = ("blank_line", "invalid_utf8", "bad_json", "not_an_object", "truncated_file")
+GZIP_MAGIC = b"\x1f\x8b"
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+_CHUNK = 1 << 20  # bytes read (or decompressed) at a time
+
+
+class LineError(ValueError):
+    """One line breaks the rules: ``reason`` (a name of :data:`LINE_REASONS` or a format's own) and ``detail``.
+
+    Carries no file or line: the reader that met it adds them (strict readers raise a FileFormatError; the
+    corpus build counts a drop)."""
+
+    def __init__(self, reason: str, detail: str):
+        super().__init__(f"{reason}: {detail}")
+        self.reason, self.detail = reason, detail
+
+
+class _Damaged(Exception):
+    """The compressed stream ended early or is corrupt (detail in args[0])."""
+
+
+def compression(path: str | os.PathLike) -> str:
+    """``"gzip"``, ``"zstd"`` or ``"none"``, from the first bytes of the file (an empty file is ``"none"``).
+
+    Raises:
+      FileNotFoundError, OSError: the file cannot be opened.
+    """
+    with open(path, "rb") as f:
+        head = f.read(4)
+    if head.startswith(GZIP_MAGIC):
+        return "gzip"
+    if head.startswith(ZSTD_MAGIC):
+        return "zstd"
+    return "none"
+
+
+def _plain_chunks(f: BinaryIO) -> Iterator[bytes]:
+    while chunk := f.read(_CHUNK):
+        yield chunk
+
+
+def _gzip_chunks(f: BinaryIO) -> Iterator[bytes]:
+    gz = gzip.GzipFile(fileobj=f, mode="rb")
+    try:
+        # read1: one decompression step per call, so the data before the damage is returned before the
+        # error (read() would keep reading to fill its size and lose it with the exception).
+        while chunk := gz.read1(_CHUNK):
+            yield chunk
+    except EOFError:
+        raise _Damaged("the gzip stream ends before its end-of-stream marker (file cut short)") from None
+    except (gzip.BadGzipFile, zlib.error) as e:
+        raise _Damaged(f"corrupt gzip data ({e})") from None
+
+
+def _zstd_chunks(f: BinaryIO) -> Iterator[bytes]:
+    import zstandard  # only zstd files need it
+
+    dctx = zstandard.ZstdDecompressor()
+    obj, pending = dctx.decompressobj(), b""
+    try:
+        while data := pending or f.read(_CHUNK):
+            pending = b""
+            out = obj.decompress(data)
+            if out:
+                yield out
+            if obj.eof:  # a frame ended: whatever follows starts the next frame
+                pending, obj = obj.unused_data, dctx.decompressobj()
+                if not pending and not (pending := f.read(_CHUNK)):
+                    return
+    except zstandard.ZstdError as e:
+        raise _Damaged(f"corrupt zstd data ({e})") from None
+    raise _Damaged("the zstd frame ends before its end (file cut short)")
+
+
+def iter_lines(path: str | os.PathLike, error: type[FileFormatError] = FileFormatError
+               ) -> Iterator[tuple[int, bytes, bool]]:
+    """``(line number, bytes without the line end, whether an LF ended it)`` for every line of ``path``.
+
+    Only the last line can lack its LF. Decompresses gzip and zstd (by magic bytes).
+
+    Raises:
+      error: reason ``truncated_file``, after the last complete line was yielded (``error.line`` is its number;
+        the damaged tail, complete lines or not, is not yielded).
+      FileNotFoundError, OSError: the file cannot be opened.
+    """
+    kind = compression(path)
+    chunks = {"gzip": _gzip_chunks, "zstd": _zstd_chunks, "none": _plain_chunks}[kind]
+    line_no, tail = 0, b""
+    with open(path, "rb") as f:
+        try:
+            for chunk in chunks(f):
+                *lines, tail = (tail + chunk).split(b"\n")
+                for raw in lines:
+                    line_no += 1
+                    yield line_no, raw[:-1] if raw.endswith(b"\r") else raw, True
+        except _Damaged as e:
+            raise error.at(path, line_no, "truncated_file", str(e)) from None
+    if tail:
+        yield line_no + 1, tail[:-1] if tail.endswith(b"\r") else tail, False
+
+
+def parse_object(raw: bytes) -> dict:
+    """The JSON object on one line (``raw``: its bytes without the line end).
+
+    Raises:
+      LineError: reason ``blank_line``, ``invalid_utf8``, ``bad_json`` or ``not_an_object``.
+    """
+    if not raw.strip():
+        raise LineError("blank_line", "a blank line (every line must be one JSON object)")
+    try:
+        line = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise LineError("invalid_utf8", f"not UTF-8 ({e})") from None
+    try:
+        value = json.loads(line)
+    except ValueError as e:
+        raise LineError("bad_json", f"not JSON ({e})") from None
+    if not isinstance(value, dict):
+        raise LineError("not_an_object", f"a JSON {type(value).__name__}, not an object")
+    return value
+
+
+def iter_objects(path: str | os.PathLike, *, error: type[FileFormatError] = FileFormatError,
+                 partial_last_line: bool = False) -> Iterator[tuple[int, dict]]:
+    """``(line number, object)`` for every line of ``path``, raising at the first line that breaks the rules.
+
+    Args:
+      path: a JSON Lines file (plain, gzip or zstd).
+      error: the FileFormatError subclass to raise (the file format's own).
+      partial_last_line: if True, a last line that lacks its LF and does not parse is skipped: a writer
+        killed in the middle of a line (an appending log such as ``metrics.jsonl``). Any other bad line,
+        or a last line that ends with LF, still raises.
+
+    Raises:
+      error: naming the file and the line, with a reason of :data:`LINE_REASONS`.
+      FileNotFoundError, OSError: the file cannot be opened.
+    """
+    for line_no, raw, terminated in iter_lines(path, error):
+        try:
+            obj = parse_object(raw)
+        except LineError as e:
+            if partial_last_line and not terminated:
+                return
+            raise error.at(path, line_no, e.reason, e.detail) from None
+        yield line_no, obj
+
+
+def drop_partial_last_line(path: str | os.PathLike) -> int:
+    """Cut a last line that lacks its LF off a plain JSON Lines file an appender is about to extend.
+
+    An appending writer killed mid-line leaves a partial last line; appending after it would glue the next
+    record onto it and turn it into a bad line in the middle of the file, which no reader tolerates. Returns
+    the number of bytes removed (0 when the file is missing, empty, or ends with LF).
+
+    Raises:
+      OSError: the file cannot be read or truncated.
+    """
+    if not os.path.isfile(path):
+        return 0
+    with open(path, "rb+") as f:
+        size = f.seek(0, os.SEEK_END)
+        if size == 0:
+            return 0
+        pos = size
+        while pos > 0:
+            step = min(_CHUNK, pos)
+            f.seek(pos - step)
+            block = f.read(step)
+            if pos == size and block.endswith(b"\n"):
+                return 0
+            cut = block.rfind(b"\n")
+            if cut >= 0:
+                pos = pos - step + cut + 1
+                break
+            pos -= step
+        f.truncate(pos)
+        return size - pos
+
+
+def read_objects(path: str | os.PathLike, **kwargs) -> list[dict]:
+    """Every object of ``path`` in file order; arguments and errors as :func:`iter_objects`."""
+    return [obj for _, obj in iter_objects(path, **kwargs)]
