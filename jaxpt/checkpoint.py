@@ -26,6 +26,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as ocm
 
+from jaxpt.validation import check_types, non_negative, require
+
 log = logging.getLogger("jaxpt.checkpoint")
 
 
@@ -45,6 +47,10 @@ class CheckpointConfig:
       keep_every_steps: additionally keep every checkpoint whose step is a multiple of this, forever
         (0 disables).
       async_save: write in a background thread; the loop blocks only for the device-to-host copy.
+
+    Raises:
+      ConfigError: at construction, naming ``CheckpointConfig.<field> = <value>``: a wrong type, a negative
+        interval or count, or ``keep_last < 1`` while ``enabled``.
     """
 
     enabled: bool = True
@@ -53,6 +59,12 @@ class CheckpointConfig:
     keep_last: int = 3
     keep_every_steps: int = 0
     async_save: bool = True
+
+    def __post_init__(self) -> None:
+        check_types(self)
+        non_negative(self, "save_every_steps", "save_every_minutes", "keep_last", "keep_every_steps")
+        require(self, "keep_last", not self.enabled or self.keep_last >= 1,
+                "must be >= 1 when CheckpointConfig.enabled is True")
 
 
 def library_versions() -> dict[str, str]:

@@ -10,8 +10,11 @@ Gin usage is T5X-style. Each config dataclass is a gin configurable under its ow
 ``--config FILE`` may repeat (later files win), then the plain flags (``--workdir``, ``--steps``, ``--mesh``)
 are applied as bindings, then every ``--gin 'BINDING'`` (applied last, so it wins over everything).
 
-:func:`validate` checks the whole config before anything is compiled and raises :class:`ConfigError`
-naming the offending key. This module never touches ``jax.distributed``.
+Every config dataclass checks its own fields when it is built (types, ``Literal`` choices, ranges; see
+:mod:`jaxpt.validation`), so :func:`parse` already refuses ``ModelConfig.compute_dtype = 'float8'``.
+:func:`validate` then checks what needs two configs or the devices (mesh sizes, unused mesh axes, batch and
+head divisibility) before anything is compiled. Both raise :class:`ConfigError` naming the offending key.
+This module never touches ``jax.distributed``.
 """
 
 from __future__ import annotations
@@ -19,19 +22,20 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import hashlib
-import math
 import os
 import typing
-from typing import Any, Sequence
+from typing import Literal, Sequence
 
 import gin
 
 from jaxpt import mesh as mesh_lib
-from jaxpt.errors import ConfigError
 from jaxpt.checkpoint import CheckpointConfig
+from jaxpt.errors import ConfigError
+from jaxpt.eval.inloop import HeldoutEvalConfig
+from jaxpt.model.config import ModelConfig
+from jaxpt.optim import OptimizerConfig
 from jaxpt.stability import StabilityConfig
-from jaxpt.model.config import DTYPES, REMAT_POLICIES, ModelConfig
-from jaxpt.optim import SCHEDULES, OptimizerConfig
+from jaxpt.validation import check_types, field_error, non_negative, positive, require
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,9 +56,13 @@ class DataConfig:
         runs a contiguous block of them. 0: one per process at the run's start, then kept (recorded in
         checkpoints). Fixed for a run, so a resume on another process count continues exactly (see
         :mod:`jaxpt.data.shards`).
+
+    Raises:
+      ConfigError: at construction, naming ``DataConfig.<field> = <value>``: a wrong type, an unknown
+        source, a negative ``num_shards``, or ``source='corpus'`` without a ``corpus_dir``.
     """
 
-    source: str = "sample"
+    source: Literal["sample", "corpus"] = "sample"
     train_path: str = "artifacts/sample/train.jsonl.gz"
     heldout_path: str = "artifacts/sample/heldout.jsonl.gz"
     tokenizer_path: str = "artifacts/sample/tokenizer.model"
@@ -63,18 +71,26 @@ class DataConfig:
     add_eos: bool = True
     num_shards: int = 0
 
+    def __post_init__(self) -> None:
+        check_types(self)
+        non_negative(self, "num_shards")
+        require(self, "corpus_dir", self.source != "corpus" or bool(self.corpus_dir),
+                "must be set when DataConfig.source = 'corpus'")
+
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
     """Everything a run needs. Nested configs are built from their own gin bindings.
 
     Attributes:
-      model, optimizer, data, checkpoint, stability: sub-configs.
+      model, optimizer, data, checkpoint, stability, heldout_eval: sub-configs (``heldout_eval``: the
+        loop's per-domain held-out figures, :class:`jaxpt.eval.inloop.HeldoutEvalConfig`).
       mesh: mesh sizes, e.g. ``'data=2,fsdp=2,tensor=2'``; one axis may be -1 (the remaining devices).
-        With ``dcn_mesh`` set, these are the sizes *within* a slice (ICI).
+        With ``dcn_mesh`` set, these are the sizes *within* a slice (ICI). An axis of size > 1 must be
+        used by some ``logical_axis_rules`` entry (:func:`validate`).
       dcn_mesh: sizes *across* slices (data-center network), e.g. ``'data=4'`` for data parallelism over 4
-        slices; empty for a single slice. The full mesh is their product per axis, built with
-        ``mesh_utils.create_hybrid_device_mesh``.
+        slices; empty for a single slice. The full mesh is their product per axis, built by
+        :func:`jaxpt.mesh.mesh_from_config`.
       logical_axis_rules: ``((logical_axis, mesh_axis or tuple or None), ...)``, first match wins.
       global_batch_size: rows per step over all processes.
       grad_accum_steps: micro-batches per step (gradient accumulation); the loss is normalized by the
@@ -90,6 +106,12 @@ class TrainConfig:
       progress_bar: show a tqdm bar on the terminal.
       log_batch_documents: append, per step, the indices of the documents in this process's rows to
         ``<workdir>/batches/process_<i>.jsonl`` (an audit trail for resumption and data debugging).
+
+    Raises:
+      ConfigError: at construction, naming ``TrainConfig.<field> = <value>``: a wrong type (sub-configs
+        included), a malformed ``mesh``/``dcn_mesh`` (unknown axis, non-integer or non-positive size, two
+        -1s; -1 at all in ``dcn_mesh``), an unknown axis in ``logical_axis_rules``, or a count out of range.
+        Checks against the other configs and the devices are :func:`validate`'s.
     """
 
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
@@ -97,6 +119,7 @@ class TrainConfig:
     data: DataConfig = dataclasses.field(default_factory=DataConfig)
     checkpoint: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
     stability: StabilityConfig = dataclasses.field(default_factory=StabilityConfig)
+    heldout_eval: HeldoutEvalConfig = dataclasses.field(default_factory=HeldoutEvalConfig)
     mesh: str = "data=-1"
     dcn_mesh: str = ""
     logical_axis_rules: tuple = mesh_lib.DEFAULT_RULES
@@ -113,31 +136,56 @@ class TrainConfig:
     progress_bar: bool = True
     log_batch_documents: bool = False
 
+    def __post_init__(self) -> None:
+        check_types(self)
+        positive(self, "global_batch_size", "grad_accum_steps", "seq_len", "steps", "log_every")
+        non_negative(self, "z_loss_weight", "eval_every", "eval_batches")
+        specs = {}
+        for key in ("mesh", "dcn_mesh"):
+            try:
+                specs[key] = mesh_lib.parse_mesh_spec(getattr(self, key))
+            except mesh_lib.MeshError as e:
+                raise field_error(self, key, str(e)) from None
+        require(self, "dcn_mesh", -1 not in specs["dcn_mesh"].values(),
+                "sizes across slices are explicit (their product is the number of slices); -1 is not allowed")
+        try:
+            mesh_lib.validate_rules(self.logical_axis_rules)
+        except ValueError as e:
+            raise ConfigError(f"TrainConfig.{e}") from None
 
-# Gin wrappers: the dataclasses stay plain Python (the model package knows nothing of gin).
-_GIN_MODEL = gin.external_configurable(ModelConfig, name="ModelConfig", module="jaxpt")
-_GIN_OPTIM = gin.external_configurable(OptimizerConfig, name="OptimizerConfig", module="jaxpt")
-_GIN_DATA = gin.external_configurable(DataConfig, name="DataConfig", module="jaxpt")
-_GIN_CKPT = gin.external_configurable(CheckpointConfig, name="CheckpointConfig", module="jaxpt")
-_GIN_STAB = gin.external_configurable(StabilityConfig, name="StabilityConfig", module="jaxpt")
-_GIN_TRAIN = gin.external_configurable(TrainConfig, name="TrainConfig", module="jaxpt")
+
+#: Every config, registered with gin under its class name (``ModelConfig.d_model = 256``). The dataclasses
+#: stay plain Python: only this module knows gin (the model package knows nothing of it).
+_GIN = {cls: gin.external_configurable(cls, name=cls.__name__, module="jaxpt")
+        for cls in (ModelConfig, OptimizerConfig, DataConfig, CheckpointConfig, StabilityConfig, HeldoutEvalConfig,
+                    TrainConfig)}
+
+# gin appends "In call to configurable ..." to an exception raised inside a configurable; the key is named
+# already, so parse() drops it.
+_GIN_CALL_NOTE = "\n  In call to configurable"
 
 
 def build_config() -> TrainConfig:
-    """Instantiate :class:`TrainConfig` from the gin bindings currently parsed."""
-    return _GIN_TRAIN(model=_GIN_MODEL(), optimizer=_GIN_OPTIM(), data=_GIN_DATA(), checkpoint=_GIN_CKPT(),
-                      stability=_GIN_STAB())
+    """Instantiate :class:`TrainConfig`, and each sub-config field from its own gin bindings.
+
+    Raises:
+      ConfigError: a field check of a config's ``__post_init__`` failed (with gin's call note appended).
+    """
+    hints = typing.get_type_hints(TrainConfig)
+    subs = {f.name: _GIN[hints[f.name]]() for f in dataclasses.fields(TrainConfig) if hints[f.name] in _GIN}
+    return _GIN[TrainConfig](**subs)
 
 
 def parse(config_files: Sequence[str] = (), bindings: Sequence[str] = (), *,
           workdir: str | None = None, steps: int | None = None, mesh: str | None = None) -> TrainConfig:
     """Parse gin files and bindings (see the module docstring for order) and build the config.
 
-    Does not validate against devices; call :func:`validate` for that.
+    Each config checks its own fields as it is built; checks across configs and against the devices are
+    :func:`validate`'s.
 
     Raises:
-      ConfigError: missing file, unknown configurable or parameter, or a malformed binding (with the file
-        and line, or the binding text).
+      ConfigError: missing file, unknown configurable or parameter, a malformed binding (with the file
+        and line, or the binding text), or a field a config refuses (``ClassName.field = value: ...``).
     """
     gin.clear_config()
     for path in config_files:
@@ -161,142 +209,86 @@ def parse(config_files: Sequence[str] = (), bindings: Sequence[str] = (), *,
             raise ConfigError(f"binding {binding!r}: {e}") from None
     try:
         return build_config()
+    except ConfigError as e:
+        raise ConfigError(str(e).split(_GIN_CALL_NOTE)[0]) from None
     except TypeError as e:
         raise ConfigError(f"config: {e}") from None
 
 
-def _check_types(obj: Any, prefix: str) -> None:
-    hints = typing.get_type_hints(type(obj))
-    for f in dataclasses.fields(obj):
-        value = getattr(obj, f.name)
-        key = f"{prefix}.{f.name}"
-        if dataclasses.is_dataclass(value):
-            _check_types(value, type(value).__name__)
-            continue
-        hint = hints[f.name]
-        ok = True
-        if hint is bool:
-            ok = isinstance(value, bool)
-        elif hint is int:
-            ok = isinstance(value, int) and not isinstance(value, bool)
-        elif hint is float:
-            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-        elif hint is str:
-            ok = isinstance(value, str)
-        elif hint is tuple:
-            ok = isinstance(value, (tuple, list))
-        if not ok:
-            raise ConfigError(f"{key} = {value!r}: expected {getattr(hint, '__name__', hint)}, "
-                              f"got {type(value).__name__}")
-
-
-def _mesh_sizes(cfg: TrainConfig, num_devices: int) -> dict[str, int]:
-    """Resolved ``{axis: size}`` of the whole mesh (ICI x DCN); raises ConfigError naming the key."""
+def _mesh_shape(cfg: TrainConfig, num_devices: int) -> mesh_lib.MeshShape:
+    """Resolved ICI and DCN sizes; raises ConfigError naming ``TrainConfig.mesh`` or ``TrainConfig.dcn_mesh``."""
     try:
-        dcn = mesh_lib.parse_mesh_spec(cfg.dcn_mesh) if cfg.dcn_mesh else {a: 1 for a in mesh_lib.MESH_AXES}
+        return mesh_lib.resolve_mesh(cfg.mesh, cfg.dcn_mesh, num_devices)
     except mesh_lib.MeshError as e:
-        raise ConfigError(f"TrainConfig.dcn_mesh = {cfg.dcn_mesh!r}: {e}") from None
-    num_slices = math.prod(dcn.values())
-    if num_slices < 1 or num_devices % num_slices:
-        raise ConfigError(f"TrainConfig.dcn_mesh = {cfg.dcn_mesh!r}: {num_slices} slices do not divide "
-                          f"{num_devices} devices")
-    try:
-        ici = mesh_lib.resolve_mesh_shape(mesh_lib.parse_mesh_spec(cfg.mesh), num_devices // num_slices)
-    except mesh_lib.MeshError as e:
-        raise ConfigError(f"TrainConfig.mesh = {cfg.mesh!r}: {e}") from None
-    sizes = {a: ici[a] * dcn[a] for a in mesh_lib.MESH_AXES}
-    try:
-        mesh_lib.validate_rules(cfg.logical_axis_rules)
-    except ValueError as e:
-        raise ConfigError(f"TrainConfig.{e}") from None
-
-    return sizes
+        raise ConfigError(f"TrainConfig.{e.key} = {getattr(cfg, e.key)!r}: {e}") from None
 
 
-def _validate_policies(cfg: TrainConfig) -> None:
-    """Optimizer, stability, checkpoint and data settings; raises ConfigError naming the key."""
-    o = cfg.optimizer
-    if o.warmup_steps < 0 or o.peak_learning_rate <= 0:
-        raise ConfigError("OptimizerConfig.warmup_steps must be >= 0 and peak_learning_rate > 0")
-    from jaxpt.optim import learning_rate_schedule
-    try:
-        learning_rate_schedule(o, cfg.steps)
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
-    st = cfg.stability
-    if st.spike_window < 1 or st.spike_k <= 0 or not 0 < st.lr_damping <= 1 or st.rollback_loss_ratio <= 1:
-        raise ConfigError("StabilityConfig: need spike_window >= 1, spike_k > 0, 0 < lr_damping <= 1, "
-                          "rollback_loss_ratio > 1")
-    c = cfg.checkpoint
-    if min(c.save_every_steps, c.keep_last, c.keep_every_steps) < 0 or c.save_every_minutes < 0:
-        raise ConfigError("CheckpointConfig: save_every_steps, save_every_minutes, keep_last and "
-                          "keep_every_steps must be >= 0")
-    if c.enabled and c.keep_last < 1:
-        raise ConfigError("CheckpointConfig.keep_last must be >= 1 when checkpointing is enabled")
-    if cfg.data.num_shards < 0 or (cfg.data.num_shards and cfg.global_batch_size % cfg.data.num_shards):
-        raise ConfigError(f"DataConfig.num_shards = {cfg.data.num_shards} must be >= 0 and divide "
-                          f"TrainConfig.global_batch_size = {cfg.global_batch_size}")
-    if cfg.data.source == "corpus" and not cfg.data.corpus_dir:
-        raise ConfigError("DataConfig.corpus_dir must be set when DataConfig.source = 'corpus'")
+def _check_mesh_axes_used(cfg: TrainConfig, sizes: dict[str, int]) -> None:
+    """An axis of size > 1 that no logical-axis rule uses only replicates work: refuse it, naming it."""
+    unused = mesh_lib.unused_mesh_axes(sizes, cfg.logical_axis_rules)
+    if unused:
+        where = f"TrainConfig.mesh = {cfg.mesh!r}" + (f", TrainConfig.dcn_mesh = {cfg.dcn_mesh!r}"
+                                                      if cfg.dcn_mesh else "")
+        axes = ", ".join(f"{a!r} (size {n})" for a, n in unused.items())
+        raise ConfigError(f"{where}: mesh axes {axes} are used by no TrainConfig.logical_axis_rules entry, so "
+                          "every array would be replicated over them (the same work repeated); give them "
+                          "size 1, or map a logical axis to them")
 
 
-def validate(cfg: TrainConfig, num_devices: int) -> dict[str, int]:
-    """Check the whole config against itself and the device count, before any compile.
-
-    Returns the resolved mesh sizes ``{axis: size}``.
-
-    Raises:
-      ConfigError: naming the key: wrong types; mesh product != device count; global batch not divisible
-        by the data-parallel size; heads or kv heads not divisible by ``tensor``; ``seq_len`` above
-        ``ModelConfig.max_seq_len``; odd ``head_dim`` (RoPE needs pairs); unknown dtype, remat policy,
-        schedule or data source; bad logical-axis rules; non-positive sizes.
-    """
-    _check_types(cfg, "TrainConfig")
-    m, o = cfg.model, cfg.optimizer
-    sizes = _mesh_sizes(cfg, num_devices)
-    for key, value in [("TrainConfig.global_batch_size", cfg.global_batch_size),
-                       ("TrainConfig.seq_len", cfg.seq_len), ("TrainConfig.steps", cfg.steps),
-                       ("TrainConfig.log_every", cfg.log_every), ("ModelConfig.d_model", m.d_model),
-                       ("ModelConfig.num_layers", m.num_layers), ("ModelConfig.num_heads", m.num_heads),
-                       ("ModelConfig.num_kv_heads", m.num_kv_heads), ("ModelConfig.head_dim", m.head_dim),
-                       ("ModelConfig.mlp_dim", m.mlp_dim), ("ModelConfig.max_seq_len", m.max_seq_len)]:
-        if value <= 0:
-            raise ConfigError(f"{key} = {value}: must be positive")
-
+def _check_batch(cfg: TrainConfig, sizes: dict[str, int]) -> None:
+    """The global batch splits into micro-batches and each of those over the data-parallel shards."""
     dp = mesh_lib.data_parallel_size(sizes, cfg.logical_axis_rules)
-    if cfg.grad_accum_steps < 1:
-        raise ConfigError(f"TrainConfig.grad_accum_steps = {cfg.grad_accum_steps}: must be >= 1")
+    if cfg.global_batch_size % dp:
+        raise ConfigError(
+            f"TrainConfig.global_batch_size = {cfg.global_batch_size} is not divisible by the data-parallel "
+            f"size {dp} (mesh {mesh_lib.format_mesh(sizes)}; batch is sharded over the 'batch' rule's axes)")
     if cfg.global_batch_size % (dp * cfg.grad_accum_steps):
         raise ConfigError(
             f"TrainConfig.global_batch_size = {cfg.global_batch_size} is not divisible by data-parallel size "
             f"{dp} x TrainConfig.grad_accum_steps = {cfg.grad_accum_steps} (each micro-batch must split "
             f"evenly over the data-parallel shards)")
-    if cfg.global_batch_size % dp:
-        raise ConfigError(
-            f"TrainConfig.global_batch_size = {cfg.global_batch_size} is not divisible by the data-parallel "
-            f"size {dp} (mesh {mesh_lib.format_mesh(sizes)}; batch is sharded over the 'batch' rule's axes)")
+    n = cfg.data.num_shards
+    if n and cfg.global_batch_size % n:
+        raise ConfigError(f"DataConfig.num_shards = {n} must divide TrainConfig.global_batch_size = "
+                          f"{cfg.global_batch_size}")
+
+
+def validate(cfg: TrainConfig, num_devices: int) -> dict[str, int]:
+    """Check the config across its parts and against the device count, before any compile.
+
+    Each config already checked its own fields when it was built (types, ranges, choices); this checks
+    what needs two configs or the devices.
+
+    Args:
+      cfg: the config.
+      num_devices: devices in the whole run (all processes).
+
+    Returns:
+      The resolved mesh sizes ``{axis: size}`` (ICI x DCN per axis, every axis of ``mesh.MESH_AXES``).
+
+    Raises:
+      ConfigError: naming the key: mesh sizes that do not fit the devices (``TrainConfig.mesh`` /
+        ``dcn_mesh``); a mesh axis of size > 1 that no logical-axis rule uses; a global batch not divisible
+        by the data-parallel size x ``grad_accum_steps``, or by ``DataConfig.num_shards``; heads or kv heads
+        not divisible by mesh ``tensor``; ``seq_len`` above ``ModelConfig.max_seq_len``; warmup longer than
+        the decay horizon.
+    """
+    m = cfg.model
+    sizes = _mesh_shape(cfg, num_devices).sizes
+    _check_mesh_axes_used(cfg, sizes)
+    _check_batch(cfg, sizes)
     tensor = sizes["tensor"]
     if m.num_heads % tensor:
         raise ConfigError(f"ModelConfig.num_heads = {m.num_heads} is not divisible by mesh tensor = {tensor}")
     if m.num_kv_heads % tensor:
         raise ConfigError(f"ModelConfig.num_kv_heads = {m.num_kv_heads} is not divisible by mesh tensor = {tensor}")
-    if m.num_heads % m.num_kv_heads:
-        raise ConfigError(f"ModelConfig.num_heads = {m.num_heads} is not a multiple of "
-                          f"ModelConfig.num_kv_heads = {m.num_kv_heads} (grouped-query attention)")
     if cfg.seq_len > m.max_seq_len:
         raise ConfigError(f"TrainConfig.seq_len = {cfg.seq_len} exceeds ModelConfig.max_seq_len = {m.max_seq_len}")
-    if m.head_dim % 2:
-        raise ConfigError(f"ModelConfig.head_dim = {m.head_dim} must be even for rotary embeddings")
-    for key, value, allowed in [("ModelConfig.param_dtype", m.param_dtype, tuple(DTYPES)),
-                                ("ModelConfig.compute_dtype", m.compute_dtype, tuple(DTYPES)),
-                                ("ModelConfig.remat_policy", m.remat_policy, REMAT_POLICIES),
-                                ("OptimizerConfig.schedule", o.schedule, SCHEDULES),
-                                ("DataConfig.source", cfg.data.source, ("sample", "corpus"))]:
-        if value not in allowed:
-            raise ConfigError(f"{key} = {value!r}: choose one of {allowed}")
-    if m.vocab_size < 0:
-        raise ConfigError(f"ModelConfig.vocab_size = {m.vocab_size}: must be >= 0 (0 = from the tokenizer)")
-    _validate_policies(cfg)
+    from jaxpt.optim import learning_rate_schedule
+    try:
+        learning_rate_schedule(cfg.optimizer, cfg.steps)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     return sizes
 
 

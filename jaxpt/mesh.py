@@ -49,7 +49,15 @@ Rules = Sequence[tuple[str, str | Sequence[str] | None]]
 
 
 class MeshError(ValueError):
-    """A mesh specification that cannot be built on the devices present."""
+    """A mesh specification that cannot be built on the devices present.
+
+    Attributes:
+      key: the ``TrainConfig`` field at fault: ``mesh`` (sizes within a slice) or ``dcn_mesh`` (across).
+    """
+
+    def __init__(self, message: str, key: str = "mesh"):
+        super().__init__(message)
+        self.key = key
 
 
 def parse_mesh_spec(spec: str | Mapping[str, int]) -> dict[str, int]:
@@ -130,30 +138,118 @@ def make_mesh(sizes: Mapping[str, int] | str, devices: Sequence[jax.Device] | No
                          devices=devices)
 
 
-def make_hybrid_mesh(ici: Mapping[str, int], dcn: Mapping[str, int],
+@dataclasses.dataclass(frozen=True)
+class MeshShape:
+    """Resolved mesh sizes, every axis of :data:`MESH_AXES` present.
+
+    Attributes:
+      ici: sizes within a slice (inter-chip interconnect); their product is the devices per slice.
+      dcn: sizes across slices (data-center network); all 1 for a single slice.
+    """
+
+    ici: Mapping[str, int]
+    dcn: Mapping[str, int]
+
+    @property
+    def sizes(self) -> dict[str, int]:
+        """The whole mesh: ``ici[axis] * dcn[axis]`` per axis."""
+        return {a: self.ici[a] * self.dcn[a] for a in MESH_AXES}
+
+    @property
+    def num_slices(self) -> int:
+        return math.prod(self.dcn.values())
+
+
+def resolve_mesh(mesh_spec: str | Mapping[str, int], dcn_spec: str | Mapping[str, int],
+                 num_devices: int) -> MeshShape:
+    """Resolve ``TrainConfig.mesh`` (within a slice) and ``TrainConfig.dcn_mesh`` (across) for ``num_devices``.
+
+    An empty ``dcn_spec`` means one slice. ``dcn_spec`` sizes are explicit (no ``-1``); one ``mesh_spec`` axis
+    may be ``-1`` to take the devices of a slice left over.
+
+    Raises:
+      MeshError: with ``key='dcn_mesh'``: malformed, a ``-1``, or a slice count that does not divide the
+        devices; with ``key='mesh'``: malformed, or sizes whose product is not the devices per slice.
+    """
+    try:
+        dcn = parse_mesh_spec(dcn_spec) if dcn_spec else {a: 1 for a in MESH_AXES}
+    except MeshError as e:
+        raise MeshError(str(e), key="dcn_mesh") from None
+    if -1 in dcn.values():
+        raise MeshError("sizes across slices are explicit (their product is the number of slices); -1 is "
+                        "not allowed", key="dcn_mesh")
+    num_slices = math.prod(dcn.values())
+    if num_devices % num_slices:
+        raise MeshError(f"{num_slices} slices do not divide {num_devices} devices", key="dcn_mesh")
+    ici = resolve_mesh_shape(parse_mesh_spec(mesh_spec), num_devices // num_slices)
+    return MeshShape(ici=ici, dcn=dcn)
+
+
+def mesh_from_config(mesh_spec: str | Mapping[str, int], dcn_spec: str | Mapping[str, int] = "",
+                     devices: Sequence[jax.Device] | None = None) -> Mesh:
+    """The run's mesh from ``TrainConfig.mesh`` and ``TrainConfig.dcn_mesh``: hybrid over slices, else plain.
+
+    Args:
+      mesh_spec: sizes within a slice, e.g. ``'fsdp=2,tensor=2'``; one axis may be -1.
+      dcn_spec: sizes across slices, e.g. ``'data=2'``; empty (or all 1) for a single slice.
+      devices: devices to use (default: all of ``jax.devices()``).
+
+    Returns:
+      A ``Mesh`` over all of :data:`MESH_AXES` (size-1 axes included) whose axis sizes are
+      :attr:`MeshShape.sizes` of :func:`resolve_mesh`.
+
+    Raises:
+      MeshError: see :func:`resolve_mesh` (``key`` names the field at fault).
+    """
+    devices = list(devices if devices is not None else jax.devices())
+    shape = resolve_mesh(mesh_spec, dcn_spec, len(devices))
+    if shape.num_slices == 1:
+        return make_mesh(shape.ici, devices)
+    return make_hybrid_mesh(shape.ici, shape.dcn, devices)
+
+
+def _granules(devices: Sequence[jax.Device], num_slices: int) -> tuple[list[list[jax.Device]], bool]:
+    """``num_slices`` equal groups of devices, and whether they are real slices or processes.
+
+    Multi-slice TPUs number their slices (``slice_index``); other platforms (CPU, GPU) run one granule per
+    process. When neither count equals ``num_slices`` (one process simulating several slices, or several
+    processes per slice) the devices, ordered by (slice, process, id), are cut into contiguous blocks.
+    """
+    for attr in ("slice_index", "process_index"):
+        groups: dict[int, list[jax.Device]] = {}
+        for d in devices:
+            groups.setdefault(getattr(d, attr, 0), []).append(d)
+        if len(groups) == num_slices and len({len(g) for g in groups.values()}) == 1:
+            return [groups[k] for k in sorted(groups)], True
+    ordered = sorted(devices, key=lambda d: (getattr(d, "slice_index", 0), d.process_index, d.id))
+    per = len(ordered) // num_slices
+    return [ordered[i * per:(i + 1) * per] for i in range(num_slices)], False
+
+
+def make_hybrid_mesh(ici: Mapping[str, int] | str, dcn: Mapping[str, int] | str,
                      devices: Sequence[jax.Device] | None = None) -> Mesh:
     """A mesh over several slices: ``ici`` sizes within a slice, ``dcn`` sizes across slices.
 
-    Uses ``jax.experimental.mesh_utils.create_hybrid_device_mesh`` so that axes spanning slices
-    (by default ``data``) go over the data-center network and the rest stay on the inter-chip interconnect.
+    Laid out as ``jax.experimental.mesh_utils.create_hybrid_device_mesh`` does (each slice's devices form
+    an ``ici``-shaped block, the blocks are tiled ``dcn``-wise), so the factor of an axis that spans slices
+    (by default ``data``) goes over the data-center network and the rest stays on the inter-chip
+    interconnect. Slices are found by :func:`_granules`; a single process can thus simulate several slices.
 
     Raises:
-      MeshError: unknown axes, or sizes that do not match the devices per slice / number of slices.
+      MeshError: see :func:`resolve_mesh`.
     """
     from jax.experimental import mesh_utils
 
     devices = list(devices if devices is not None else jax.devices())
-    ici_s, dcn_s = parse_mesh_spec(ici), parse_mesh_spec(dcn)
-    num_slices = math.prod(dcn_s.values())
-    if len(devices) % num_slices:
-        raise MeshError(f"dcn mesh {format_mesh(dcn_s)} needs {num_slices} slices; {len(devices)} devices")
-    ici_s = resolve_mesh_shape(ici_s, len(devices) // num_slices)
-    # Multi-slice TPUs number their slices (``slice_index``); where devices report fewer slices than the DCN
-    # mesh needs (CPU, GPU hosts), each process is a granule.
-    by_process = len({getattr(d, "slice_index", 0) for d in devices}) < num_slices
-    dev = mesh_utils.create_hybrid_device_mesh(
-        [ici_s[a] for a in MESH_AXES], [dcn_s[a] for a in MESH_AXES], devices=devices,
-        process_is_granule=by_process)
+    shape = resolve_mesh(ici, dcn, len(devices))
+    ici_shape = [shape.ici[a] for a in MESH_AXES]
+    granules, physical = _granules(devices, shape.num_slices)
+    blocks = [mesh_utils.create_device_mesh(ici_shape, g) if physical else np.array(g).reshape(ici_shape)
+              for g in granules]
+    tiling = np.empty(shape.num_slices, dtype=object)
+    for i, block in enumerate(blocks):
+        tiling[i] = block
+    dev = np.block(tiling.reshape([shape.dcn[a] for a in MESH_AXES]).tolist())
     return Mesh(dev, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES))
 
 
@@ -180,6 +276,21 @@ def _rules_dict(rules: Rules) -> dict[str, tuple[str, ...]]:
     return out
 
 
+def rule_mesh_axes(rules: Rules) -> frozenset[str]:
+    """Mesh axes that some logical axis maps to under ``rules`` (first rule per logical axis wins)."""
+    return frozenset(a for axes in _rules_dict(rules).values() for a in axes)
+
+
+def unused_mesh_axes(mesh_sizes: Mapping[str, int], rules: Rules) -> dict[str, int]:
+    """``{axis: size}`` of mesh axes of size > 1 that no rule uses, in :data:`MESH_AXES` order.
+
+    Nothing is sharded over such an axis, so every array is replicated along it and each of its devices
+    repeats the same work.
+    """
+    used = rule_mesh_axes(rules)
+    return {a: s for a, s in mesh_sizes.items() if s > 1 and a not in used}
+
+
 def validate_rules(rules: Rules) -> None:
     """Check a rule list: logical names known, mesh names known.
 
@@ -187,12 +298,15 @@ def validate_rules(rules: Rules) -> None:
       ValueError: naming the offending rule (config key ``logical_axis_rules``).
     """
     for entry in rules:
-        if len(entry) != 2:
+        if not isinstance(entry, (tuple, list)) or len(entry) != 2:
             raise ValueError(f"logical_axis_rules: entry {entry!r} is not a (logical, mesh) pair")
         logical, mesh_axes = entry
         if logical not in LOGICAL_AXES:
             raise ValueError(f"logical_axis_rules: unknown logical axis {logical!r}; known: {LOGICAL_AXES}")
         names = () if mesh_axes is None else (mesh_axes,) if isinstance(mesh_axes, str) else mesh_axes
+        if not isinstance(names, (tuple, list)):
+            raise ValueError(f"logical_axis_rules: {logical!r} maps to {mesh_axes!r}; expected a mesh axis, "
+                             "a tuple of mesh axes, or None")
         for n in names:
             if n not in MESH_AXES:
                 raise ValueError(f"logical_axis_rules: {logical!r} maps to unknown mesh axis {n!r}")

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+import typing
+from typing import Any, Literal
 
 import jax
 import jax.numpy as jnp
 import optax
 
-SCHEDULES = ("cosine", "wsd", "constant")
+from jaxpt.validation import check_types, non_negative, positive, require
+
+Schedule = Literal["cosine", "wsd", "constant"]
+SCHEDULES: tuple[str, ...] = typing.get_args(Schedule)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,10 +37,17 @@ class OptimizerConfig:
       decay_embeddings: whether the embedding table (and a tied output) gets weight decay. Off by default,
         as in GPT-NeoX/OLMo: decaying rarely-seen token rows shrinks them towards zero between updates.
       grad_clip_norm: clip the global gradient L2 norm to this value (0 disables).
+
+    Raises:
+      ConfigError: at construction, naming ``OptimizerConfig.<field> = <value>``: a wrong type, an unknown
+        schedule, ``peak_learning_rate <= 0``, negative steps, ``weight_decay`` or ``grad_clip_norm``,
+        ``min_lr_ratio`` outside [0, 1], ``wsd_decay_fraction`` outside (0, 1], ``b1``/``b2`` outside [0, 1)
+        or ``eps <= 0``. (``warmup_steps`` against the decay horizon needs ``TrainConfig.steps``:
+        :func:`jaxpt.config.validate` checks it.)
     """
 
     peak_learning_rate: float = 3e-3
-    schedule: str = "cosine"
+    schedule: Schedule = "cosine"
     warmup_steps: int = 50
     decay_steps: int = 0
     min_lr_ratio: float = 0.1
@@ -48,6 +59,15 @@ class OptimizerConfig:
     decay_embeddings: bool = False
     grad_clip_norm: float = 1.0
 
+    def __post_init__(self) -> None:
+        check_types(self)
+        positive(self, "peak_learning_rate", "eps")
+        non_negative(self, "warmup_steps", "decay_steps", "weight_decay", "grad_clip_norm")
+        require(self, "min_lr_ratio", 0 <= self.min_lr_ratio <= 1, "must be in [0, 1]")
+        require(self, "wsd_decay_fraction", 0 < self.wsd_decay_fraction <= 1, "must be in (0, 1]")
+        for name in ("b1", "b2"):
+            require(self, name, 0 <= getattr(self, name) < 1, "must be in [0, 1)")
+
 
 def learning_rate_schedule(cfg: OptimizerConfig, total_steps: int) -> optax.Schedule:
     """The schedule as a function of the optimizer's update count (0-based: step ``s`` uses ``lr(s)``).
@@ -58,11 +78,10 @@ def learning_rate_schedule(cfg: OptimizerConfig, total_steps: int) -> optax.Sche
       wsd: ``p`` until ``T - d`` with ``d = round(wsd_decay_fraction * T)``, then linear to ``m * p`` at ``T``.
 
     Raises:
-      ValueError: unknown schedule name or warmup longer than the decay horizon (config key named).
+      ValueError: warmup longer than the decay horizon (config keys named). An unknown schedule cannot reach
+        here: :class:`OptimizerConfig` refuses it at construction.
     """
     total = cfg.decay_steps or total_steps
-    if cfg.schedule not in SCHEDULES:
-        raise ValueError(f"optimizer.schedule: unknown schedule {cfg.schedule!r}; choose from {SCHEDULES}")
     if cfg.warmup_steps > total and cfg.schedule != "constant":
         raise ValueError(f"OptimizerConfig.warmup_steps ({cfg.warmup_steps}) exceeds the decay horizon "
                          f"({total} steps: OptimizerConfig.decay_steps, or TrainConfig.steps when it is 0)")

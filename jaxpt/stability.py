@@ -20,6 +20,8 @@ import math
 import jax
 import jax.numpy as jnp
 
+from jaxpt.validation import check_types, non_negative, positive, require
+
 
 @dataclasses.dataclass(frozen=True)
 class StabilityConfig:
@@ -39,6 +41,12 @@ class StabilityConfig:
       lr_damping: the learning rate is multiplied by this at each rollback.
       max_rollbacks: stop the run after this many rollbacks ...
       rollback_window_steps: ... within this many steps.
+
+    Raises:
+      ConfigError: at construction, naming ``StabilityConfig.<field> = <value>``: a wrong type,
+        ``spike_window < 1``, ``spike_k <= 0``, a negative ``spike_min_history``, ``spike_max_consecutive``
+        or ``max_rollbacks``, ``rollback_loss_ratio <= 1``, ``rollback_patience`` or
+        ``rollback_window_steps < 1``, ``rollback_ema`` outside [0, 1), ``lr_damping`` outside (0, 1].
     """
 
     spike_skip: bool = True
@@ -53,6 +61,14 @@ class StabilityConfig:
     lr_damping: float = 0.5
     max_rollbacks: int = 3
     rollback_window_steps: int = 1000
+
+    def __post_init__(self) -> None:
+        check_types(self)
+        positive(self, "spike_window", "spike_k", "rollback_patience", "rollback_window_steps")
+        non_negative(self, "spike_min_history", "spike_max_consecutive", "max_rollbacks")
+        require(self, "rollback_loss_ratio", self.rollback_loss_ratio > 1, "must be > 1")
+        require(self, "rollback_ema", 0 <= self.rollback_ema < 1, "must be in [0, 1)")
+        require(self, "lr_damping", 0 < self.lr_damping <= 1, "must be in (0, 1]")
 
 
 def init_history(cfg: StabilityConfig) -> dict[str, jax.Array]:

@@ -1,5 +1,6 @@
 """Config parsing and the typed validation pass: every error names its key, before any compile."""
 
+import dataclasses
 import os
 
 import pytest
@@ -55,21 +56,94 @@ def test_missing_config_file():
 @pytest.mark.parametrize("bindings, flags, key", [
     ((), {"mesh": "data=3"}, "TrainConfig.mesh"),                                   # product != devices
     ((), {"mesh": "data=2,fsdp=2,tensor=4"}, "TrainConfig.mesh"),
-    ((), {"mesh": "data=2,pipeline=4"}, "TrainConfig.mesh"),                        # unknown axis
     (("TrainConfig.global_batch_size = 6",), {"mesh": "data=4,fsdp=2"}, "global_batch_size"),
-    (("ModelConfig.num_heads = 3", "ModelConfig.num_kv_heads = 1"), {"mesh": "data=4,tensor=2"}, "num_heads"),
+    (("ModelConfig.num_heads = 6", "ModelConfig.num_kv_heads = 1"), {"mesh": "data=2,tensor=4"}, "num_heads"),
     (("ModelConfig.num_kv_heads = 1",), {"mesh": "data=4,tensor=2"}, "num_kv_heads"),
     (("TrainConfig.seq_len = 512",), {}, "TrainConfig.seq_len"),                    # longer than max_seq_len
-    (("ModelConfig.head_dim = 63",), {}, "head_dim"),
-    (("ModelConfig.d_model = '256'",), {}, "ModelConfig.d_model"),                  # wrong type
-    (("ModelConfig.compute_dtype = 'float8'",), {}, "compute_dtype"),
-    (("OptimizerConfig.schedule = 'linear'",), {}, "OptimizerConfig.schedule"),
-    (("TrainConfig.logical_axis_rules = (('embed', 'fsdpp'),)",), {}, "logical_axis_rules"),
+    (("OptimizerConfig.warmup_steps = 2000",), {}, "OptimizerConfig.warmup_steps"),  # past the decay horizon
+    (("DataConfig.num_shards = 3",), {}, "DataConfig.num_shards"),                  # does not divide the batch
 ])
 def test_validation_errors_name_the_key(bindings, flags, key):
+    """Checks across configs or against the 8 devices: the config builds, validate() refuses it."""
     cfg = parse(*bindings, **flags)
     with pytest.raises(C.ConfigError, match=key.replace(".", r"\.")):
         C.validate(cfg, 8)
+
+
+@pytest.mark.parametrize("binding, message", [
+    ("ModelConfig.d_model = '256'", "ModelConfig.d_model = '256': expected int, got str"),
+    ("ModelConfig.d_model = 0", "ModelConfig.d_model = 0: must be positive"),
+    ("ModelConfig.head_dim = 63", "ModelConfig.head_dim = 63: must be even"),
+    ("ModelConfig.num_heads = 3", "ModelConfig.num_heads = 3: must be a multiple of ModelConfig.num_kv_heads = 2"),
+    ("ModelConfig.compute_dtype = 'float8'", "ModelConfig.compute_dtype = 'float8': choose one of ('float32', "),
+    ("ModelConfig.remat_policy = 'most'", "ModelConfig.remat_policy = 'most': choose one of ('none', "),
+    ("ModelConfig.vocab_size = -1", "ModelConfig.vocab_size = -1: must be >= 0"),
+    ("OptimizerConfig.schedule = 'linear'", "OptimizerConfig.schedule = 'linear': choose one of ('cosine', "),
+    ("OptimizerConfig.b2 = 1.0", "OptimizerConfig.b2 = 1.0: must be in [0, 1)"),
+    ("OptimizerConfig.peak_learning_rate = 0.0", "OptimizerConfig.peak_learning_rate = 0.0: must be positive"),
+    ("DataConfig.source = 'web'", "DataConfig.source = 'web': choose one of ('sample', 'corpus')"),
+    ("DataConfig.source = 'corpus'", "DataConfig.corpus_dir = '': must be set when DataConfig.source = 'corpus'"),
+    ("CheckpointConfig.keep_last = 0", "CheckpointConfig.keep_last = 0: must be >= 1 when CheckpointConfig.enabled"),
+    ("CheckpointConfig.save_every_steps = -1", "CheckpointConfig.save_every_steps = -1: must be >= 0"),
+    ("StabilityConfig.lr_damping = 1.5", "StabilityConfig.lr_damping = 1.5: must be in (0, 1]"),
+    ("StabilityConfig.rollback_loss_ratio = 1.0", "StabilityConfig.rollback_loss_ratio = 1.0: must be > 1"),
+    ("HeldoutEvalConfig.group_by = ('domain', 'site')", "HeldoutEvalConfig.group_by = ('domain', 'site'): each grouping"),
+    ("HeldoutEvalConfig.stride = -2", "HeldoutEvalConfig.stride = -2: must be >= 0"),
+    ("TrainConfig.mesh = 'data=2,pipeline=4'", "TrainConfig.mesh = 'data=2,pipeline=4': unknown mesh axis 'pipeline'"),
+    ("TrainConfig.dcn_mesh = 'data=-1'", "TrainConfig.dcn_mesh = 'data=-1': sizes across slices are explicit"),
+    ("TrainConfig.grad_accum_steps = 0", "TrainConfig.grad_accum_steps = 0: must be positive"),
+    ("TrainConfig.progress_bar = 1", "TrainConfig.progress_bar = 1: expected bool, got int"),
+    ("TrainConfig.logical_axis_rules = (('embed', 'fsdpp'),)",
+     "TrainConfig.logical_axis_rules: 'embed' maps to unknown mesh axis 'fsdpp'"),
+])
+def test_each_config_refuses_its_own_bad_fields_at_parse(binding, message):
+    """A field check fails as gin builds the config, with the class, field, value and what is allowed, and
+    without gin's 'In call to configurable' note."""
+    with pytest.raises(C.ConfigError) as e:
+        parse(binding)
+    assert str(e.value).startswith(message), str(e.value)
+    assert "In call to configurable" not in str(e.value)
+
+
+def test_configs_check_themselves_outside_gin_and_defaults_build():
+    """The checks live in the dataclasses, so constructors and dataclasses.replace run them too."""
+    from jaxpt.checkpoint import CheckpointConfig
+    from jaxpt.eval.inloop import HeldoutEvalConfig
+    from jaxpt.model.config import ModelConfig
+    from jaxpt.optim import OptimizerConfig
+    from jaxpt.stability import StabilityConfig
+    classes = (ModelConfig, OptimizerConfig, C.DataConfig, CheckpointConfig, StabilityConfig, HeldoutEvalConfig,
+               C.TrainConfig)
+    assert all(cls() == cls() for cls in classes)  # every default is valid
+    with pytest.raises(C.ConfigError, match=r"^StabilityConfig\.spike_window = 0: must be positive$"):
+        StabilityConfig(spike_window=0)
+    with pytest.raises(C.ConfigError, match=r"^TrainConfig\.model = 'big': expected ModelConfig, got str$"):
+        C.TrainConfig(model="big")
+    with pytest.raises(C.ConfigError, match=r"^ModelConfig\.num_heads = 4: must be a multiple of ModelConfig\.num_kv_heads = 3"):
+        dataclasses.replace(ModelConfig(), num_kv_heads=3)
+    # A list given for a tuple field is stored as a tuple, so configs stay hashable.
+    assert HeldoutEvalConfig(group_by=["lang"]).group_by == ("lang",)
+
+
+def test_heldout_eval_config_is_a_validated_train_config_field():
+    cfg = parse("HeldoutEvalConfig.enabled = True", "HeldoutEvalConfig.group_by = ('domain',)")
+    assert cfg.heldout_eval.enabled and cfg.heldout_eval.group_by == ("domain",)
+    assert "HeldoutEvalConfig.group_by = ('domain',)" in C.operative_config_str()  # recorded with the run
+    assert not parse().heldout_eval.enabled  # off by default
+
+
+def test_mesh_axes_no_rule_uses_are_refused():
+    """sequence and expert are used by no default rule: size 2 on them would only replicate work."""
+    with pytest.raises(C.ConfigError) as e:
+        C.validate(parse(mesh="data=2,expert=2,sequence=2"), 8)
+    assert "TrainConfig.mesh = 'data=2,expert=2,sequence=2'" in str(e.value)
+    assert "'sequence' (size 2), 'expert' (size 2)" in str(e.value)
+    # Across slices (DCN) too: the axis size is the ICI x DCN product.
+    with pytest.raises(C.ConfigError, match=r"TrainConfig\.dcn_mesh = 'expert=2'.*'expert' \(size 2\)"):
+        C.validate(parse("TrainConfig.dcn_mesh = 'expert=2'", mesh="data=2,tensor=2"), 8)
+    # A rule that maps a logical axis to the mesh axis makes it legal.
+    rules = "TrainConfig.logical_axis_rules = (('batch', ('data', 'fsdp')), ('length', 'sequence'))"
+    assert C.validate(parse(rules, mesh="data=4,sequence=2"), 8)["sequence"] == 2
 
 
 def test_mesh_minus_one_takes_remaining_devices():
@@ -84,3 +158,11 @@ def test_cli_reports_config_error_without_traceback(capsys):
     rc = train.main(["--config", QUICKSTART, "--mesh", "data=3", "--workdir", "/tmp/jaxpt-never"])
     assert rc == 2
     assert "TrainConfig.mesh" in capsys.readouterr().err
+
+
+def test_cli_refuses_unused_mesh_axes_before_compiling(capsys):
+    from jaxpt import train
+    rc = train.main(["--config", QUICKSTART, "--mesh", "data=2,expert=2,sequence=2", "--workdir", "/tmp/jaxpt-never"])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert "'sequence' (size 2)" in err and "'expert' (size 2)" in err and "TrainConfig.mesh" in err

@@ -10,6 +10,7 @@ import pytest
 from flax import nnx
 
 from jaxpt import optim
+from jaxpt.errors import ConfigError
 from jaxpt.model import Decoder, ModelConfig
 
 
@@ -50,8 +51,9 @@ def test_decay_steps_overrides_run_length():
 
 
 def test_bad_schedule_raises():
-    with pytest.raises(ValueError, match="schedule"):
-        optim.learning_rate_schedule(optim.OptimizerConfig(schedule="step"), 10)
+    # An unknown schedule is refused when the config is built, before any schedule exists.
+    with pytest.raises(ConfigError, match=r"OptimizerConfig\.schedule = 'step': choose one of \('cosine'"):
+        optim.OptimizerConfig(schedule="step")
     with pytest.raises(ValueError, match="OptimizerConfig.warmup_steps"):
         optim.learning_rate_schedule(optim.OptimizerConfig(warmup_steps=50), 10)
 

@@ -104,3 +104,58 @@ def test_mesh_spec_parsing_errors():
         M.parse_mesh_spec("data2")
     with pytest.raises(M.MeshError, match="8 devices"):
         M.make_mesh("data=4")
+
+
+def test_resolve_mesh_multiplies_ici_by_dcn_and_names_the_field_at_fault():
+    shape = M.resolve_mesh("fsdp=-1,tensor=2", "data=2", 8)
+    assert dict(shape.ici) == {"data": 1, "fsdp": 2, "sequence": 1, "expert": 1, "tensor": 2}  # 8 / 2 slices
+    assert shape.sizes == {"data": 2, "fsdp": 2, "sequence": 1, "expert": 1, "tensor": 2}
+    assert shape.num_slices == 2 and M.resolve_mesh("data=-1", "", 8).num_slices == 1
+    for mesh_spec, dcn_spec, key, text in [("data=-1", "data=3", "dcn_mesh", "3 slices do not divide 8"),
+                                           ("data=-1", "data=-1", "dcn_mesh", "-1 is not allowed"),
+                                           ("data=-1", "pipe=2", "dcn_mesh", "unknown mesh axis"),
+                                           ("fsdp=8", "data=2", "mesh", "4 devices are present")]:
+        with pytest.raises(M.MeshError, match=text) as e:
+            M.resolve_mesh(mesh_spec, dcn_spec, 8)
+        assert e.value.key == key
+
+
+def test_mesh_from_config_plain_is_make_mesh():
+    mesh = M.mesh_from_config("data=2,fsdp=-1,tensor=2")
+    assert M.mesh_shape(mesh) == {"data": 2, "fsdp": 2, "sequence": 1, "expert": 1, "tensor": 2}
+    assert (mesh.devices == M.make_mesh("data=2,fsdp=2,tensor=2").devices).all()
+    assert M.mesh_from_config("fsdp=4", "", jax.devices()[:4]).size == 4
+
+
+@pytest.mark.parametrize("ici, dcn", [("fsdp=2,tensor=2", "data=2"), ("data=2,tensor=2", "fsdp=2"),
+                                      ("data=2,tensor=2", "data=2")])
+def test_hybrid_mesh_keeps_each_slice_in_one_block(ici, dcn):
+    """One process simulates 2 slices of 4 devices (ids 0-3 and 4-7). Along an axis that spans slices the DCN
+    factor is the outer one, so fixing the DCN coordinate of every axis selects exactly one slice."""
+    mesh = M.mesh_from_config(ici, dcn)
+    ici_s, dcn_s = M.parse_mesh_spec(ici), M.parse_mesh_spec(dcn)
+    assert M.mesh_shape(mesh) == {a: ici_s[a] * dcn_s[a] for a in M.MESH_AXES}
+    ids = np.vectorize(lambda d: d.id)(mesh.devices)
+    axis = next(i for i, a in enumerate(M.MESH_AXES) if dcn_s[a] == 2)
+    for s in range(2):
+        block = np.take(ids, range(s * ici_s[M.MESH_AXES[axis]], (s + 1) * ici_s[M.MESH_AXES[axis]]), axis=axis)
+        assert set(block.ravel()) == set(range(4 * s, 4 * s + 4))
+
+
+def test_slices_come_from_slice_index_then_process_then_blocks():
+    from types import SimpleNamespace as Dev
+    tpu = [Dev(id=i, process_index=i // 4, slice_index=i % 2) for i in range(8)]
+    assert [[d.id for d in g] for g in M._granules(tpu, 2)[0]] == [[0, 2, 4, 6], [1, 3, 5, 7]]
+    gpu = [Dev(id=i, process_index=i // 2) for i in range(8)]      # 4 processes, no slice_index
+    assert [[d.id for d in g] for g in M._granules(gpu, 4)[0]] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    granules, physical = M._granules(gpu, 2)                          # 2 processes per slice: contiguous blocks
+    assert [[d.id for d in g] for g in granules] == [[0, 1, 2, 3], [4, 5, 6, 7]] and not physical
+
+
+def test_unused_mesh_axes_follow_the_rules():
+    assert M.rule_mesh_axes(M.DEFAULT_RULES) == {"data", "fsdp", "tensor"}
+    sizes = {"data": 2, "fsdp": 1, "sequence": 2, "expert": 2, "tensor": 1}
+    assert M.unused_mesh_axes(sizes, M.DEFAULT_RULES) == {"sequence": 2, "expert": 2}
+    # Axes inside a tuple count; a later rule for the same logical axis never applies (first match wins).
+    rules = (("batch", ("data", "sequence")), ("batch", "expert"))
+    assert M.unused_mesh_axes(sizes, rules) == {"expert": 2}

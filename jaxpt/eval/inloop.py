@@ -9,17 +9,22 @@ run's mesh with the train state's param shardings and the global batch size and 
 evaluations bounded by ``TrainConfig.eval_batches`` score ``eval_batches x global_batch_size`` windows taken
 round-robin over the (domain, language) groups and are marked ``heldout_partial = 1``; the final evaluation
 scores every window. The held-out documents are read and checked at setup (:func:`load_heldout`).
+
+The per-group breakdown is off by default (plain runs pay nothing). Its config is ``TrainConfig.heldout_eval``,
+registered with gin and validated with the other configs in :mod:`jaxpt.config`::
+
+    HeldoutEvalConfig.enabled = True
+    HeldoutEvalConfig.group_by = ('domain', 'lang')
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-import gin
-
 from jaxpt.errors import ConfigError
 from jaxpt.eval import heldout
 from jaxpt.eval.scorer import Scorer
+from jaxpt.validation import check_types, non_negative, require
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,20 +36,27 @@ class HeldoutEvalConfig:
       group_by: groupings to report (``domain``, ``lang``, ``domain_lang``).
       source: held-out source (file or corpus directory); '' = ``DataConfig.heldout_path`` (or ``corpus_dir``).
       stride: new tokens per later window of a long document; 0 = ``seq_len // 2``.
+
+    Raises:
+      ConfigError: at construction, naming ``HeldoutEvalConfig.<field> = <value>``: a wrong type, a grouping
+        not in :data:`jaxpt.eval.heldout.GROUPINGS`, or a negative ``stride``.
     """
 
     enabled: bool = False
-    group_by: tuple = ("domain", "lang")
+    group_by: tuple[str, ...] = ("domain", "lang")
     source: str = ""
     stride: int = 0
 
-
-_GIN_CONFIG = gin.external_configurable(HeldoutEvalConfig, name="HeldoutEvalConfig", module="jaxpt")
+    def __post_init__(self) -> None:
+        check_types(self)
+        require(self, "group_by", set(self.group_by) <= set(heldout.GROUPINGS),
+                f"each grouping must be one of {heldout.GROUPINGS}")
+        non_negative(self, "stride")
 
 
 def heldout_config(train_cfg) -> HeldoutEvalConfig:
-    """The run's :class:`HeldoutEvalConfig`."""
-    return getattr(train_cfg, "heldout_eval", None) or _GIN_CONFIG()
+    """The run's :class:`HeldoutEvalConfig`: ``TrainConfig.heldout_eval``."""
+    return train_cfg.heldout_eval
 
 
 def load_heldout(train_cfg) -> list[heldout.Document]:

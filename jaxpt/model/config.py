@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import dataclasses
+import typing
+from typing import Literal
 
 import jax.numpy as jnp
 
+from jaxpt.validation import check_types, positive, require
+
+Dtype = Literal["float32", "bfloat16", "float16"]
+RematPolicy = Literal["none", "full", "dots", "dots_no_batch", "save_qkv_proj"]
+
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
-REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch", "save_qkv_proj")
+REMAT_POLICIES: tuple[str, ...] = typing.get_args(RematPolicy)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,6 +40,12 @@ class ModelConfig:
       remat_policy: activation checkpointing: ``none``, ``full`` (save nothing), ``dots`` (save matmul
         outputs), ``dots_no_batch`` (save matmuls without batch dims, i.e. weight matmuls),
         ``save_qkv_proj`` (save the q/k/v projections only).
+
+    Raises:
+      ConfigError: at construction, naming ``ModelConfig.<field> = <value>``: a wrong type, an unknown dtype
+        or remat policy, a non-positive size, a negative ``vocab_size``, an odd ``head_dim`` (RoPE rotates
+        pairs), ``num_heads`` not a multiple of ``num_kv_heads``, or a non-positive ``rope_theta``,
+        ``norm_eps`` or ``init_std``.
     """
 
     vocab_size: int = 8192
@@ -45,12 +58,12 @@ class ModelConfig:
     max_seq_len: int = 256
     rope_theta: float = 10_000.0
     tie_embeddings: bool = False
-    param_dtype: str = "float32"
-    compute_dtype: str = "float32"
+    param_dtype: Dtype = "float32"
+    compute_dtype: Dtype = "float32"
     norm_eps: float = 1e-6
     init_std: float = 0.02
     scan_layers: bool = False
-    remat_policy: str = "none"
+    remat_policy: RematPolicy = "none"
 
     @property
     def jnp_param_dtype(self):
@@ -59,3 +72,12 @@ class ModelConfig:
     @property
     def jnp_compute_dtype(self):
         return DTYPES[self.compute_dtype]
+
+    def __post_init__(self) -> None:
+        check_types(self)
+        positive(self, "d_model", "num_layers", "num_heads", "num_kv_heads", "head_dim", "mlp_dim", "max_seq_len",
+                 "rope_theta", "norm_eps", "init_std")
+        require(self, "vocab_size", self.vocab_size >= 0, "must be >= 0 (0 = from the tokenizer)")
+        require(self, "head_dim", self.head_dim % 2 == 0, "must be even for rotary embeddings")
+        require(self, "num_heads", self.num_heads % self.num_kv_heads == 0,
+                f"must be a multiple of ModelConfig.num_kv_heads = {self.num_kv_heads} (grouped-query attention)")

@@ -256,8 +256,8 @@ def sweep_one(cfg: TrainConfig, mesh_spec: str, *, steps: int, profile_steps: in
               memory_limit: int | None, out_dir: str, topo_devices=None) -> Result:
     """Validate, compile, (maybe) run one mesh shape. Never raises for a bad shape: the row says why."""
     r = Result(mesh=mesh_spec)
-    cfg = dataclasses.replace(cfg, mesh=mesh_spec)
     try:
+        cfg = dataclasses.replace(cfg, mesh=mesh_spec)  # a malformed spec is refused here, by TrainConfig
         sizes = config_lib.validate(cfg, jax.device_count())
     except ConfigError as e:
         r.status, r.note = "invalid", str(e)
