@@ -67,23 +67,6 @@ def resolve_vocab(cfg: TrainConfig, tokenizer=None) -> TrainConfig:
     return dataclasses.replace(cfg, model=m)
 
 
-def num_slices(cfg: TrainConfig) -> int:
-    """Slices (DCN granules) of the config's hybrid mesh: the product of ``TrainConfig.dcn_mesh``; 1 without."""
-    import math
-    return math.prod(mesh_lib.parse_mesh_spec(cfg.dcn_mesh).values()) if cfg.dcn_mesh else 1
-
-
-def make_run_mesh(cfg: TrainConfig, sizes: dict[str, int], devices: Sequence[Any]) -> jax.sharding.Mesh:
-    """The run's mesh over ``devices``: ICI x DCN hybrid when ``TrainConfig.dcn_mesh`` is set, else plain.
-
-    ``sizes`` are the resolved whole-mesh sizes from :func:`jaxpt.config.validate`.
-    """
-    if cfg.dcn_mesh:
-        ici = mesh_lib.resolve_mesh_shape(mesh_lib.parse_mesh_spec(cfg.mesh), len(devices) // num_slices(cfg))
-        return mesh_lib.make_hybrid_mesh(ici, mesh_lib.parse_mesh_spec(cfg.dcn_mesh), devices=list(devices))
-    return mesh_lib.make_mesh(sizes, list(devices))
-
-
 @dataclasses.dataclass
 class Built:
     """What :func:`build` returns: the static parts of a run, ready to initialize, run or compile.
@@ -142,7 +125,7 @@ def build(cfg: TrainConfig, *, devices: Sequence[Any] | None = None, tokenizer=N
     devices = list(jax.devices() if devices is None else devices)
     sizes = config_lib.validate(cfg, len(devices))
     cfg = resolve_vocab(cfg, tokenizer)
-    mesh = make_run_mesh(cfg, sizes, devices)
+    mesh = mesh_lib.mesh_from_config(cfg.mesh, cfg.dcn_mesh, devices)
     rules = cfg.logical_axis_rules
     lr_schedule = optim.learning_rate_schedule(cfg.optimizer, cfg.steps)
     spec = state_lib.make_state_spec(

@@ -168,11 +168,11 @@ def _resolve_mesh(mesh, meta: Mapping[str, Any]) -> jax.sharding.Mesh:
     if isinstance(mesh, jax.sharding.Mesh):
         return mesh
     if mesh is not None:
-        return mesh_lib.make_mesh(mesh)
+        return mesh_lib.mesh_from_config(mesh)
     saved = meta.get("mesh") or {}
     if saved and int(np.prod(list(saved.values()))) == jax.device_count():
-        return mesh_lib.make_mesh(saved)
-    return mesh_lib.make_mesh({"data": jax.device_count()})
+        return mesh_lib.mesh_from_config(saved)
+    return mesh_lib.mesh_from_config({"data": jax.device_count()})
 
 
 # ------------------------------------------------------------------------------------------ generation
