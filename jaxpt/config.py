@@ -112,6 +112,8 @@ class TrainConfig:
         included), a malformed ``mesh``/``dcn_mesh`` (unknown axis, non-integer or non-positive size, two
         -1s; -1 at all in ``dcn_mesh``), an unknown axis in ``logical_axis_rules``, or a count out of range.
         Checks against the other configs and the devices are :func:`validate`'s.
+      profile_steps: ``'START:STOP'``: trace steps START..STOP (inclusive) with ``jax.profiler`` into
+        ``<workdir>/profile`` (TensorBoard's profile plugin, Perfetto); empty: no trace.
     """
 
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
@@ -135,9 +137,16 @@ class TrainConfig:
     workdir: str = "workdirs/default"
     progress_bar: bool = True
     log_batch_documents: bool = False
+    profile_steps: str = ""
 
     def __post_init__(self) -> None:
         check_types(self)
+        if self.profile_steps:
+            try:
+                start, stop = (int(x) for x in self.profile_steps.split(":"))
+            except ValueError:
+                raise field_error(self, "profile_steps", "START:STOP (1-based steps, inclusive), e.g. '20:25'") from None
+            require(self, "profile_steps", 1 <= start <= stop, "START:STOP with 1 <= START <= STOP")
         positive(self, "global_batch_size", "grad_accum_steps", "seq_len", "steps", "log_every")
         non_negative(self, "z_loss_weight", "eval_every", "eval_batches")
         specs = {}
@@ -311,8 +320,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workdir", help="run directory (TrainConfig.workdir)")
     parser.add_argument("--steps", type=int, help="global step to train up to (TrainConfig.steps)")
     parser.add_argument("--mesh", help="mesh sizes, e.g. data=2,fsdp=2,tensor=2 (TrainConfig.mesh)")
+    parser.add_argument("--profile_steps", metavar="START:STOP",
+                        help="trace these steps with jax.profiler (TrainConfig.profile_steps)")
 
 
 def from_args(args: argparse.Namespace) -> TrainConfig:
     """Build the config from parsed :func:`add_arguments` flags."""
-    return parse(args.config, args.gin, workdir=args.workdir, steps=args.steps, mesh=args.mesh)
+    extra = [f"TrainConfig.profile_steps = {args.profile_steps!r}"] if getattr(args, "profile_steps", None) else []
+    return parse(args.config, [*extra, *args.gin], workdir=args.workdir, steps=args.steps, mesh=args.mesh)

@@ -153,7 +153,7 @@ def default_hooks(cfg: TrainConfig, ckpt, meta) -> list[hooks_lib.Hook]:
         hooks.append(hooks_lib.CheckpointHook(ckpt, meta))
     if cfg.log_batch_documents:
         hooks.append(hooks_lib.DocumentLogHook(cfg.workdir))
-    window = hooks_lib.parse_window(getattr(cfg, "profile_steps", ""))
+    window = hooks_lib.parse_window(cfg.profile_steps)
     if window is not None:
         hooks.append(hooks_lib.ProfileHook(cfg.workdir, *window))
     return hooks

@@ -81,3 +81,17 @@ def test_malformed_heldout_fails_at_setup(prepared_sample, tmp_path, capsys):
     assert train.main(argv) == 2
     assert f"{bad}:2" in capsys.readouterr().err
     assert not (workdir / "metrics.jsonl").exists() and not (workdir / "checkpoints").exists()
+
+
+def test_profile_window_hook_writes_a_trace(prepared_sample, tmp_path):
+    """``--profile_steps 2:3`` (a loop hook) writes a jax.profiler trace under <workdir>/profile and marks
+    the record of its last step."""
+    workdir = tmp_path / "run"
+    argv = ["--config", "configs/quickstart.gin", "--steps", "4", "--mesh", "data=8", "--profile_steps", "2:3"]
+    for b in tiny_bindings(prepared_sample, workdir, **{"TrainConfig.eval_batches": "1"}):
+        argv += ["--gin", b]
+    assert train.main(argv) == 0
+    traces = list((workdir / "profile").rglob("*.xplane.pb"))
+    assert traces, sorted(p.name for p in (workdir / "profile").rglob("*"))
+    records = monitor.read_metrics(str(workdir))
+    assert [r["step"] for r in records if "profile_dir" in r] == [3]
