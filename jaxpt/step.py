@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -79,6 +78,9 @@ def loss_fn(params, graphdef, batch: dict[str, jax.Array], z_loss_weight: float,
     Returns: ``(total_loss, aux)``; aux holds float32 scalars ``loss`` (cross-entropy), ``z_loss``,
     ``num_target_tokens`` (of this batch), ``max_logit`` (output), and the model's auxiliary outputs
     (unweighted), e.g. ``max_attention_logit`` where the attention implementation provides it.
+
+    Raises:
+      ValueError: the model declares an output named like one of the loss's own (:func:`aux_specs`).
     """
     model = nnx.merge(graphdef, params)
     logits, model_aux = model(batch["tokens"], batch["segment_ids"], batch["positions"], return_aux=True)
@@ -89,7 +91,8 @@ def loss_fn(params, graphdef, batch: dict[str, jax.Array], z_loss_weight: float,
     loss = jnp.sum(ce * weights) / denom
     z_loss = jnp.sum(jnp.square(log_z) * weights) / denom
     total = loss + z_loss_weight * z_loss
-    extra = weighted_aux_loss(model.aux_specs(), model_aux, num_microbatches)
+    specs = merge_specs(("the loss", LOSS_AUX_SPECS), ("the model", model.aux_specs()))  # no name clashes
+    extra = weighted_aux_loss(specs, model_aux, num_microbatches)
     if extra is not None:  # nothing is added (not even 0.0) to a model without auxiliary losses
         total = total + extra
     aux = {"loss": loss, "z_loss": z_loss, "num_target_tokens": jnp.sum(weights),

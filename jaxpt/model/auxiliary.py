@@ -92,7 +92,10 @@ def reduce_aux(specs: Mapping[str, AuxSpec], per_part: Mapping[str, Sequence[jax
       per_part: name -> the values of each part (a sequence, or an array stacked on axis 0).
     Raises:
       KeyError: a name without a declaration (naming it), so nothing is reduced by an unstated rule.
+      ValueError: ``over`` is neither.
     """
+    if over not in ("layers", "microbatches"):
+        raise ValueError(f"reduce_aux over={over!r}: 'layers' or 'microbatches'")
     out = {}
     for name, values in per_part.items():
         if name not in specs:

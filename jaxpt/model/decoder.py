@@ -42,7 +42,8 @@ def aux_specs(cfg: ModelConfig) -> dict[str, AuxSpec]:
       ValueError: both declare the same name.
     """
     attn, mlp = ATTENTION.get(cfg.attention_impl), MLPS.get(cfg.mlp)
-    return merge_specs((f"attention_impl {attn.name!r}", attn.aux_specs(cfg)), (f"mlp {mlp.name!r}", mlp.aux_specs(cfg)))
+    return merge_specs((f"attention_impl {attn.name!r}", attn.aux_specs(cfg)),
+                       (f"mlp {mlp.name!r}", mlp.aux_specs(cfg)))
 
 
 class Block(nnx.Module):
@@ -154,6 +155,8 @@ def count_params(cfg: ModelConfig) -> dict[str, int]:
     Returns ``{"total", "embedding", "output", "blocks", "matmul"}`` where ``matmul`` counts params that
     take part in a matmul per token: every block projection plus the output projection (tied or not);
     the embedding lookup is excluded (Kaplan et al. 2020; MaxText/Megatron MFU convention).
+    The MLP term is the dense SwiGLU's ``3 D F`` (the built-in ``swiglu``); an MLP of other shapes
+    (mixture of experts: total vs active params) must extend this.
     """
     D, H, K, Hd, F, V, N = (cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.mlp_dim,
                             cfg.vocab_size, cfg.num_layers)
