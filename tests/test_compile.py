@@ -1,0 +1,95 @@
+"""``python -m jaxpt.compile``: topology names, the compile report on local CPU devices, and (with libtpu) on a TPU
+topology compiled from this host."""
+
+import importlib.util
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from jaxpt import compile as compile_lib
+from jaxpt.errors import ConfigError
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+QUICKSTART = str(REPO / "configs" / "quickstart.gin")
+D, LAYERS, H, K, HD, F, V = 64, 2, 4, 2, 16, 128, 512
+TINY = [f"ModelConfig.vocab_size = {V}", f"ModelConfig.d_model = {D}", f"ModelConfig.num_layers = {LAYERS}",
+        f"ModelConfig.num_heads = {H}", f"ModelConfig.num_kv_heads = {K}", f"ModelConfig.head_dim = {HD}",
+        f"ModelConfig.mlp_dim = {F}", "TrainConfig.seq_len = 64", "TrainConfig.global_batch_size = 16"]
+
+
+def _argv(*extra):
+    return ["--config", QUICKSTART, *[a for b in TINY for a in ("--gin", b)], *extra]
+
+
+@pytest.mark.parametrize("name, dims", [
+    # Cloud TPU accelerator types and their published topologies (cloud.google.com/tpu/docs/v5p, /v5e, /v6e, /v4).
+    ("v5p-8", (2, 2, 1)), ("v5p-128", (4, 4, 4)), ("v5p-256", (4, 4, 8)), ("v5p-512", (4, 8, 8)), ("v5p-1024", (8, 8, 8)),
+    ("v4-128", (4, 4, 4)), ("v4-32", (2, 2, 4)), ("v5e-8", (2, 4)), ("v5e-256", (16, 16)), ("v5e-32", (4, 8)),
+    ("v6e-256", (16, 16)), ("v5litepod-16", (4, 4)), ("v5p:4x4x8", (4, 4, 8)), ("v5e:2x2", (2, 2))])
+def test_topology_names_map_to_the_published_torus(name, dims):
+    """Accelerator-type names count TensorCores on v4/v5p (two per chip) and chips on v5e/v6e."""
+    _, got = compile_lib.parse_topology(name)
+    assert got == dims
+
+
+@pytest.mark.parametrize("name", ["v5p-3", "v9-8", "v5e:2x2x2", "v5p:4x4", "tpu", "v5e-12"])
+def test_bad_topology_names_are_config_errors_naming_the_flag(name):
+    with pytest.raises(ConfigError, match="--topology"):
+        compile_lib.parse_topology(name)
+
+
+def test_cpu_compile_reports_per_chip_bytes_for_two_simulated_slices(capsys):
+    """cpu:4 x 2 slices: the DCN axis is data=2 (the default), the state is an argument aliased by its output
+    (donated), and total = arguments + outputs - aliased + temp."""
+    rc = compile_lib.main(_argv("--mesh", "fsdp=2,tensor=2", "--topology", "cpu:4", "--num-slices", "2", "--json"))
+    assert rc == 0
+    r = json.loads(capsys.readouterr().out)
+    assert (r["topology"], r["chips"], r["num_slices"], r["dcn_mesh"]) == ("cpu:4", 8, 2, "data=2")
+    assert r["mesh"] == "data=2,fsdp=2,tensor=2"
+    b = r["bytes_per_chip"]
+    assert b["total"] == b["arguments"] + b["outputs"] - b["aliased"] + b["temp"]
+    # fp32 params + two AdamW moments: each device holds at least 1/4 of them (fsdp x tensor = 4 shards)
+    params = V * D * 2 + LAYERS * (D * H * HD * 2 + D * K * HD * 2 + 3 * D * F + 2 * D) + D
+    state_bytes = 3 * 4 * params
+    assert state_bytes / 4 <= b["arguments"] <= state_bytes + 3 * 4 * 16 * 64
+    assert b["aliased"] >= state_bytes / 4 * 0.99
+    assert r["params"] == params
+    assert r["hbm_bytes_per_chip"] is None and r["fits"] is None
+    assert r["compile_seconds"] > 0 and r["planner_bytes_per_chip"] > 0
+
+
+@pytest.mark.slow
+def test_a_step_over_the_given_hbm_exits_1_with_the_numbers(capsys):
+    rc = compile_lib.main(_argv("--topology", "cpu:8", "--hbm-gib", "0.001"))
+    out = capsys.readouterr().out
+    assert rc == 1
+    assert "DOES NOT FIT" in out and "temp" in out and "planner" in out
+
+
+def test_dcn_mesh_that_disagrees_with_num_slices_is_refused():
+    from jaxpt import config as config_lib
+    cfg = config_lib.parse([QUICKSTART], [*TINY, "TrainConfig.dcn_mesh = 'data=4'"])
+    with pytest.raises(ConfigError, match="TrainConfig.dcn_mesh"):
+        compile_lib.with_slices(cfg, 2)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
+                    reason="libtpu not installed (pip install -e '.[tpu]'); TPU topology compiles need it")
+def test_two_layer_model_compiles_for_a_v5e_2x2_topology_on_this_host():
+    """The real train step compiles for 4 v5e chips with libtpu's compiler; per-chip bytes are reported against
+    16 GiB of HBM. Run in a subprocess: libtpu stays out of the test process, and other processes may hold it."""
+    env = dict(os.environ, JAX_PLATFORMS="cpu", ALLOW_MULTIPLE_LIBTPU_LOAD="1", PYTHONPATH=str(REPO))
+    proc = subprocess.run([sys.executable, "-m", "jaxpt.compile", *_argv("--mesh", "fsdp=-1", "--topology", "v5e:2x2",
+                                                                          "--json")],
+                          env=env, capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert (r["topology"], r["platform"], r["chips"], r["mesh"]) == ("v5e:2x2", "tpu", 4, "fsdp=4")
+    assert r["hbm_bytes_per_chip"] == 16 * 2 ** 30 and r["fits"] is True
+    b = r["bytes_per_chip"]
+    assert b["total"] == b["arguments"] + b["outputs"] - b["aliased"] + b["temp"] > 0
