@@ -93,3 +93,28 @@ def test_two_layer_model_compiles_for_a_v5e_2x2_topology_on_this_host():
     assert r["hbm_bytes_per_chip"] == 16 * 2 ** 30 and r["fits"] is True
     b = r["bytes_per_chip"]
     assert b["total"] == b["arguments"] + b["outputs"] - b["aliased"] + b["temp"] > 0
+
+
+#: Published parameter counts (Meta's Llama 3 / 3.2 model cards: 8,030,261,248; 70,553,706,496; 1,235,814,400).
+PRESETS = {"llama3_1b": 1_235_814_400, "llama3_8b": 8_030_261_248, "llama3_70b": 70_553_706_496}
+#: (slice file, chips, sequences per chip)
+SLICES = [("v5p-128", 64, 2), ("v5p-512", 256, 1), ("v5e-256", 256, 1), ("v6e-256", 256, 1)]
+
+
+@pytest.mark.parametrize("model", sorted(PRESETS))
+@pytest.mark.parametrize("slice_name, chips, per_chip", SLICES)
+def test_model_and_slice_presets_compose_with_the_quickstart_data_config(model, slice_name, chips, per_chip):
+    """quickstart.gin (data settings) + a model file + a slice file parse and validate for the slice's chip
+    count with no tokenizer (vocab_size explicit), with the published parameter count, bf16 compute, fp32
+    params, full remat and scanned layers, FSDP over every chip."""
+    from jaxpt import config as config_lib
+    from jaxpt.model import count_params
+    cfg = config_lib.parse([QUICKSTART, str(REPO / "configs" / "models" / f"{model}.gin"),
+                            str(REPO / "configs" / "slices" / f"{slice_name}.gin")])
+    sizes = config_lib.validate(cfg, chips)
+    assert sizes["fsdp"] == chips
+    assert cfg.global_batch_size == per_chip * chips and cfg.seq_len == 8192
+    m = cfg.model
+    assert count_params(m)["total"] == PRESETS[model]
+    assert (m.param_dtype, m.compute_dtype, m.remat_policy, m.scan_layers) == ("float32", "bfloat16", "full", True)
+    assert m.vocab_size == 128256 and m.rope_theta == 500000.0
