@@ -44,6 +44,9 @@ class ModelConfig:
         :data:`jaxpt.model.attention.ATTENTION` (``xla``: einsums with a materialized [L, M] mask, reports
         ``max_attention_logit``). Changes no parameter, so a checkpoint resumes under another one.
       mlp: the block's MLP, a name registered in :data:`jaxpt.model.mlp.MLPS` (``swiglu``).
+      loss_chunk_size: tokens per chunk (along the sequence) in which the train and eval steps compute the
+        output logits and the cross-entropy, forward and backward, so the [B, L, V] float32 logits never exist
+        whole (:func:`jaxpt.step.chunked_token_losses`); 0: all at once. Changes no parameter.
 
     Raises:
       ConfigError: at construction, naming ``ModelConfig.<field> = <value>``: a wrong type, an unknown dtype
@@ -70,6 +73,7 @@ class ModelConfig:
     remat_policy: RematPolicy = "none"
     attention_impl: str = "xla"
     mlp: str = "swiglu"
+    loss_chunk_size: int = 0
 
     @property
     def jnp_param_dtype(self):
@@ -83,6 +87,7 @@ class ModelConfig:
         check_types(self)
         positive(self, "d_model", "num_layers", "num_heads", "num_kv_heads", "head_dim", "mlp_dim", "max_seq_len",
                  "rope_theta", "norm_eps", "init_std")
+        require(self, "loss_chunk_size", self.loss_chunk_size >= 0, "must be >= 0 (0 = no chunking)")
         require(self, "vocab_size", self.vocab_size >= 0, "must be >= 0 (0 = from the tokenizer)")
         require(self, "head_dim", self.head_dim % 2 == 0, "must be even for rotary embeddings")
         require(self, "num_heads", self.num_heads % self.num_kv_heads == 0,
