@@ -118,3 +118,4 @@ def test_model_and_slice_presets_compose_with_the_quickstart_data_config(model, 
     assert count_params(m)["total"] == PRESETS[model]
     assert (m.param_dtype, m.compute_dtype, m.remat_policy, m.scan_layers) == ("float32", "bfloat16", "full", True)
     assert m.vocab_size == 128256 and m.rope_theta == 500000.0
+    assert (m.attention_impl, m.loss_chunk_size) == ("blockwise", 1024)

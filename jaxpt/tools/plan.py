@@ -393,8 +393,10 @@ def activation_bytes(cfg: ModelConfig, batch: int, seq_len: int, rules, sizes: M
 
 def logits_bytes(cfg: ModelConfig, batch: int, seq_len: int, rules, sizes: Mapping[str, int]) -> int:
     """Per-device bytes of the fp32 logits and their gradient, alive together at the loss (``2 B L V`` x 4,
-    divided by the shards of ``batch`` and ``vocab``)."""
-    return 2 * 4 * local_elements((batch, seq_len, cfg.vocab_size), ("batch", "length", "vocab"), rules, sizes)
+    divided by the shards of ``batch`` and ``vocab``); with ``cfg.loss_chunk_size`` only one chunk's
+    (``2 B chunk V`` x 4: :func:`jaxpt.step.chunked_token_losses`)."""
+    rows = min(cfg.loss_chunk_size, seq_len) if cfg.loss_chunk_size else seq_len
+    return 2 * 4 * local_elements((batch, rows, cfg.vocab_size), ("batch", "length", "vocab"), rules, sizes)
 
 
 def estimate_memory(cfg, sizes: Mapping[str, int], device_bytes: float | None = None,
