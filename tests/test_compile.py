@@ -80,12 +80,15 @@ def test_dcn_mesh_that_disagrees_with_num_slices_is_refused():
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
                     reason="libtpu not installed (pip install -e '.[tpu]'); TPU topology compiles need it")
-def test_two_layer_model_compiles_for_a_v5e_2x2_topology_on_this_host():
-    """The real train step compiles for 4 v5e chips with libtpu's compiler; per-chip bytes are reported against
-    16 GiB of HBM. Run in a subprocess: libtpu stays out of the test process, and other processes may hold it."""
+@pytest.mark.parametrize("impl, seq_len", [("xla", 64), ("splash", 128)])
+def test_two_layer_model_compiles_for_a_v5e_2x2_topology_on_this_host(impl, seq_len):
+    """The real train step compiles for 4 v5e chips with libtpu's compiler (with ``splash``: the Pallas kernel
+    itself, under shard_map); per-chip bytes are reported against 16 GiB of HBM. Run in a subprocess: libtpu stays
+    out of the test process, and other processes may hold it."""
     env = dict(os.environ, JAX_PLATFORMS="cpu", ALLOW_MULTIPLE_LIBTPU_LOAD="1", PYTHONPATH=str(REPO))
-    proc = subprocess.run([sys.executable, "-m", "jaxpt.compile", *_argv("--mesh", "fsdp=-1", "--topology", "v5e:2x2",
-                                                                          "--json")],
+    argv = _argv("--mesh", "fsdp=-1", "--topology", "v5e:2x2", "--json", "--gin", f"TrainConfig.seq_len = {seq_len}",
+                 "--gin", f"ModelConfig.attention_impl = {impl!r}")
+    proc = subprocess.run([sys.executable, "-m", "jaxpt.compile", *argv],
                           env=env, capture_output=True, text=True, timeout=600, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]
     r = json.loads(proc.stdout.strip().splitlines()[-1])
