@@ -266,6 +266,7 @@ def _run_in_process(ckpt_env, run: pathlib.Path, steps: int, **overrides):
     return T.run_training(cfg)
 
 
+@pytest.mark.slow
 def test_other_shape_or_corrupt_state_raise_checkpoint_error(ckpt_env, trained10, tmp_path):
     """Another model shape is refused by name before Orbax is asked; a committed step whose arrays are
     truncated stops the run with CheckpointError naming it, and never restarts at step 0."""
@@ -417,6 +418,7 @@ def test_restore_anywhere_gives_the_trained_model(ckpt_env, trained10):
         jaxpt.restore(trained10, step=7)
 
 
+@pytest.mark.slow
 def test_generate_matches_unpadded_greedy_reference(trained10):
     """Each token the padded fixed-row greedy decoder (jaxpt.decode over NoCacheStep) picks is the argmax of the
     model's logits at the previous position when run once, unpadded, on the prompt plus the generated tokens
