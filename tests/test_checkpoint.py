@@ -266,6 +266,7 @@ def _run_in_process(ckpt_env, run: pathlib.Path, steps: int, **overrides):
     return T.run_training(cfg)
 
 
+@pytest.mark.slow
 def test_other_shape_or_corrupt_state_raise_checkpoint_error(ckpt_env, trained10, tmp_path):
     """Another model shape is refused by name before Orbax is asked; a committed step whose arrays are
     truncated stops the run with CheckpointError naming it, and never restarts at step 0."""
@@ -364,24 +365,35 @@ def test_save_every_steps_and_minutes(tmp_path):
 
 
 def _heldout_loss(model, cfg, tokenizer, heldout_path) -> float:
-    """Mean held-out cross-entropy of ``model``, computed here with the model alone (no train/eval step)."""
+    """Mean held-out cross-entropy of ``model`` as the trainer defines it (each document + EOS cut into rolling
+    windows of ``seq_len`` with stride ``seq_len // 2``, every token after a document's first scored once), computed
+    here with the model alone: one window at a time, unpacked, no scorer and no train/eval step."""
     from flax import nnx
-    from jaxpt.data import loader
+    from jaxpt.data.documents import read_texts
+    from jaxpt.eval.scorer import rolling_windows
     graphdef, state = nnx.split(model)
 
+    L = cfg.seq_len
+
     @jax.jit
-    def sums(state, tokens, segment_ids, positions):
-        logits = nnx.merge(graphdef, state)(tokens, segment_ids, positions)
-        logp = jax.nn.log_softmax(logits, axis=-1)
-        nll = -jnp.take_along_axis(logp[:, :-1], tokens[:, 1:, None], axis=-1)[..., 0]
-        same_doc = (segment_ids[:, 1:] == segment_ids[:, :-1]) & (segment_ids[:, :-1] != 0)
-        return jnp.sum(nll * same_doc), jnp.sum(same_doc)
+    def nll_sum(state, tokens, n, first):
+        # One window per call, right-padded to L (segment 0) so one program serves every length: causal
+        # attention means the padding after the window cannot change its logits.
+        real = jnp.arange(L) < n
+        logits = nnx.merge(graphdef, state)(tokens, real.astype(jnp.int32)[None], jnp.arange(L)[None])
+        logp = jax.nn.log_softmax(logits[0, :-1].astype(jnp.float32), axis=-1)
+        nll = -jnp.take_along_axis(logp, tokens[0, 1:, None], axis=-1)[:, 0]
+        scored = (jnp.arange(1, L) >= first) & (jnp.arange(1, L) < n)
+        return jnp.sum(jnp.where(scored, nll, 0.0))
 
     total = count = 0.0
-    for batch in loader.make_eval_dataset(heldout_path, tokenizer, seq_len=cfg.seq_len,
-                                            batch_size=cfg.global_batch_size):
-        t, n = sums(state, batch["tokens"], batch["segment_ids"], batch["positions"])
-        total, count = total + float(t), count + float(n)
+    for text in read_texts(str(heldout_path)):
+        ids = np.append(np.asarray(tokenizer.encode(text), np.int32), np.int32(tokenizer.eos_id))
+        for w in rolling_windows(ids, L, L // 2):
+            row = np.zeros((1, L), np.int32)
+            row[0, :len(w.tokens)] = w.tokens
+            total += float(nll_sum(state, row, len(w.tokens), w.first))
+            count += w.num_scored
     return total / count
 
 
@@ -406,6 +418,7 @@ def test_restore_anywhere_gives_the_trained_model(ckpt_env, trained10):
         jaxpt.restore(trained10, step=7)
 
 
+@pytest.mark.slow
 def test_generate_matches_unpadded_greedy_reference(trained10):
     """Each token the padded fixed-row greedy decoder (jaxpt.decode over NoCacheStep) picks is the argmax of the
     model's logits at the previous position when run once, unpadded, on the prompt plus the generated tokens

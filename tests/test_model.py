@@ -21,6 +21,7 @@ def logits_of(model, tokens, segs, pos):
     return np.asarray(model(jnp.asarray(tokens)[None], jnp.asarray(segs)[None], jnp.asarray(pos)[None])[0])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scan", [False, True])
 def test_document_logits_same_packed_or_alone(scan):
     cfg = dataclasses.replace(CFG, scan_layers=scan)
@@ -77,6 +78,7 @@ def test_count_params_matches_arrays():
         assert n == count_params(cfg)["total"]
 
 
+@pytest.mark.slow
 def test_initial_loss_is_about_log_vocab():
     from jaxpt.step import loss_fn
     cfg = dataclasses.replace(CFG, vocab_size=1000)

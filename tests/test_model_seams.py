@@ -110,6 +110,7 @@ def split(cfg, seed=0):
 
 
 # ---------------------------------------------------------------- (a) attention implementation by config
+@pytest.mark.slow
 @pytest.mark.parametrize("num_kv_heads", [2, 4])  # xla's grouped and plain multi-head branches
 def test_second_attention_impl_trains_to_the_same_losses(num_kv_heads):
     """An implementation registered from outside the package, selected by ModelConfig.attention_impl, trains
@@ -133,6 +134,7 @@ def test_unknown_impl_is_a_config_error_naming_the_field():
 
 
 # ---------------------------------------------------------------- (b) MLP by config
+@pytest.mark.slow
 def test_second_mlp_trains_to_the_same_losses():
     """A registered MLP variant (same params, silu written out) selected by ModelConfig.mlp trains like swiglu."""
     ref = train_metrics(CFG)
@@ -192,6 +194,7 @@ def stacked_model(model, cfg):
     return nnx.merge(g, jax.tree_util.tree_map_with_path(fill, st))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scan", [False, True])
 def test_max_attention_logit_is_max_over_layers(scan):
     model = Decoder(CFG, rngs=nnx.Rngs(0))
@@ -218,6 +221,7 @@ def test_grad_accumulation_reduces_aux_over_microbatches():
     assert float(aux4["num_target_tokens"]) == float(aux1["num_target_tokens"])
 
 
+@pytest.mark.slow
 def test_declared_aux_loss_is_added_to_the_training_loss():
     """An MLP's aux loss with loss_weight w: total = ce + w * sum over layers of sum(w_down^2) (computed from
     the params); its gradient on each w_down is 2 w w_down; accumulating 4 micro-batches ('mean') agrees."""

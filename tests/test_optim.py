@@ -58,6 +58,7 @@ def test_bad_schedule_raises():
         optim.learning_rate_schedule(optim.OptimizerConfig(warmup_steps=50), 10)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scan", [False, True])
 def test_weight_decay_leaves_norms_and_embeddings_untouched(scan):
     cfg = ModelConfig(vocab_size=50, d_model=16, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=8,
