@@ -6,7 +6,7 @@ devices, then :meth:`jaxpt.builder.Built.lower_train_step` and ``.compile()``. N
 
 Targets (``--topology``):
 
-* ``cpu:N``: the first N local (simulated) CPU devices; no HBM figure unless ``--hbm-gib`` is given.
+* ``cpu:N``: N local (simulated) CPU devices per slice; no HBM figure unless ``--hbm-gib`` is given.
 * an accelerator type as Cloud TPU names it: ``v5p-128``, ``v4-128`` (TensorCores, two per chip: 64
   chips), ``v5e-256``, ``v6e-256`` (chips). The chips form the slice's usual torus (v4/v5p 3-D, e.g.
   ``4x4x4``; v5e/v6e 2-D, e.g. ``16x16``).

@@ -44,8 +44,11 @@ def test_bad_topology_names_are_config_errors_naming_the_flag(name):
 
 def test_cpu_compile_reports_per_chip_bytes_for_two_simulated_slices(capsys):
     """cpu:4 x 2 slices: the DCN axis is data=2 (the default), the state is an argument aliased by its output
-    (donated), and total = arguments + outputs - aliased + temp."""
-    rc = compile_lib.main(_argv("--mesh", "fsdp=2,tensor=2", "--topology", "cpu:4", "--num-slices", "2", "--json"))
+    (donated), and total = arguments + outputs - aliased + temp. With the long-row settings of the slice presets
+    that run off TPU (blockwise attention, chunked loss), so they are compiled sharded too."""
+    rc = compile_lib.main(_argv("--mesh", "fsdp=2,tensor=2", "--topology", "cpu:4", "--num-slices", "2", "--json",
+                                "--gin", "ModelConfig.attention_impl = 'blockwise'",
+                                "--gin", "ModelConfig.loss_chunk_size = 16"))
     assert rc == 0
     r = json.loads(capsys.readouterr().out)
     assert (r["topology"], r["chips"], r["num_slices"], r["dcn_mesh"]) == ("cpu:4", 8, 2, "data=2")
@@ -121,4 +124,4 @@ def test_model_and_slice_presets_compose_with_the_quickstart_data_config(model, 
     assert count_params(m)["total"] == PRESETS[model]
     assert (m.param_dtype, m.compute_dtype, m.remat_policy, m.scan_layers) == ("float32", "bfloat16", "full", True)
     assert m.vocab_size == 128256 and m.rope_theta == 500000.0
-    assert (m.attention_impl, m.loss_chunk_size) == ("blockwise", 1024)
+    assert (m.attention_impl, m.loss_chunk_size) == ("splash", 1024)
