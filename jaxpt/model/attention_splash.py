@@ -62,10 +62,11 @@ def _local(q_BxLxHxHd, k_BxMxKxHd, v_BxMxKxHd, qs_BxL, ks_BxM, *, scale, interpr
 def _platform() -> tuple[str, jax.sharding.Mesh | None, tuple | None]:
     """(platform of the devices the step is built for, mesh, rules) from the activation context, else the default
     backend with no mesh."""
-    ctx = mesh_lib._ACTIVATION_CONTEXT.get()
+    ctx = mesh_lib.current_activation_sharding()
     if ctx is None:
         return jax.default_backend(), None, None
-    return ctx.mesh.devices.flat[0].platform, ctx.mesh, ctx.rules
+    mesh, rules = ctx
+    return mesh.devices.flat[0].platform, mesh, rules
 
 
 def splash_attention(q_BxLxHxHd, k_BxMxKxHd, v_BxMxKxHd, q_segment_ids_BxL, kv_segment_ids_BxM, *, scale):
