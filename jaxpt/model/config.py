@@ -41,8 +41,10 @@ class ModelConfig:
         outputs), ``dots_no_batch`` (save matmuls without batch dims, i.e. weight matmuls),
         ``save_qkv_proj`` (save the q/k/v projections only).
       attention_impl: how softmax(q k^T) v is computed, a name registered in
-        :data:`jaxpt.model.attention.ATTENTION` (``xla``: einsums with a materialized [L, M] mask, reports
-        ``max_attention_logit``). Changes no parameter, so a checkpoint resumes under another one.
+        :data:`jaxpt.model.attention.ATTENTION`: ``xla`` (einsums with a materialized [L, M] mask, reports
+        ``max_attention_logit``), ``blockwise`` (pure-JAX flash-style, memory O(L x block), reports it),
+        ``splash`` (the Pallas TPU kernel; interpret mode elsewhere; no max logit), ``auto`` (splash on TPU,
+        else blockwise for long rows, xla for short). Changes no parameter, so a checkpoint resumes under another.
       mlp: the block's MLP, a name registered in :data:`jaxpt.model.mlp.MLPS` (``swiglu``).
       loss_chunk_size: tokens per chunk (along the sequence) in which the train and eval steps compute the
         output logits and the cross-entropy, forward and backward, so the [B, L, V] float32 logits never exist
