@@ -388,6 +388,13 @@ def activation_sharding(mesh: Mesh, rules: Rules):
         _ACTIVATION_CONTEXT.reset(token)
 
 
+def current_activation_sharding() -> tuple[Mesh, tuple] | None:
+    """``(mesh, rules)`` of the enclosing :func:`activation_sharding` (at trace time), else None. For code that
+    must run per device under ``shard_map`` (a Pallas kernel cannot be auto-partitioned)."""
+    ctx = _ACTIVATION_CONTEXT.get()
+    return None if ctx is None else (ctx.mesh, ctx.rules)
+
+
 def constrain(x: jax.Array, axes: Sequence[str | None]) -> jax.Array:
     """``with_sharding_constraint`` by logical axis names; a no-op outside :func:`activation_sharding`.
 

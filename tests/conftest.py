@@ -24,6 +24,9 @@ def simulated_cpu_flags(devices: int = 8) -> str:
 # Eight simulated CPU devices so sharding is tested on a real mesh, not one device. This must happen before
 # jax is imported anywhere in the test process.
 os.environ["XLA_FLAGS"] = simulated_cpu_flags(8)
+# With the `tpu` extra installed, jax would also try to start libtpu (and take its one-process lockfile);
+# tests run on CPU. Tests that compile for TPU topologies do so in a subprocess (tests/test_compile.py).
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 RAW_V1 = REPO_ROOT.parent / "shared" / "corpus" / "raw-v1"

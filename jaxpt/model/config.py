@@ -41,9 +41,14 @@ class ModelConfig:
         outputs), ``dots_no_batch`` (save matmuls without batch dims, i.e. weight matmuls),
         ``save_qkv_proj`` (save the q/k/v projections only).
       attention_impl: how softmax(q k^T) v is computed, a name registered in
-        :data:`jaxpt.model.attention.ATTENTION` (``xla``: einsums with a materialized [L, M] mask, reports
-        ``max_attention_logit``). Changes no parameter, so a checkpoint resumes under another one.
+        :data:`jaxpt.model.attention.ATTENTION`: ``xla`` (einsums with a materialized [L, M] mask, reports
+        ``max_attention_logit``), ``blockwise`` (pure-JAX flash-style, memory O(L x block), reports it),
+        ``splash`` (the Pallas TPU kernel; interpret mode elsewhere; no max logit), ``auto`` (splash on TPU,
+        else blockwise for long rows, xla for short). Changes no parameter, so a checkpoint resumes under another.
       mlp: the block's MLP, a name registered in :data:`jaxpt.model.mlp.MLPS` (``swiglu``).
+      loss_chunk_size: tokens per chunk (along the sequence) in which the train and eval steps compute the
+        output logits and the cross-entropy, forward and backward, so the [B, L, V] float32 logits never exist
+        whole (:func:`jaxpt.step.chunked_token_losses`); 0: all at once. Changes no parameter.
 
     Raises:
       ConfigError: at construction, naming ``ModelConfig.<field> = <value>``: a wrong type, an unknown dtype
@@ -70,6 +75,7 @@ class ModelConfig:
     remat_policy: RematPolicy = "none"
     attention_impl: str = "xla"
     mlp: str = "swiglu"
+    loss_chunk_size: int = 0
 
     @property
     def jnp_param_dtype(self):
@@ -83,6 +89,7 @@ class ModelConfig:
         check_types(self)
         positive(self, "d_model", "num_layers", "num_heads", "num_kv_heads", "head_dim", "mlp_dim", "max_seq_len",
                  "rope_theta", "norm_eps", "init_std")
+        require(self, "loss_chunk_size", self.loss_chunk_size >= 0, "must be >= 0 (0 = no chunking)")
         require(self, "vocab_size", self.vocab_size >= 0, "must be >= 0 (0 = from the tokenizer)")
         require(self, "head_dim", self.head_dim % 2 == 0, "must be even for rotary embeddings")
         require(self, "num_heads", self.num_heads % self.num_kv_heads == 0,

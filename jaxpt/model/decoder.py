@@ -123,25 +123,30 @@ class Decoder(nnx.Module):
                     per_layer.setdefault(name, []).append(value)
         return x_BxLxD, reduce_aux(self.aux_specs(), per_layer, over="layers")
 
-    def __call__(self, tokens_BxL: jax.Array, segment_ids_BxL: jax.Array, positions_BxL: jax.Array,
-                 *, return_aux: bool = False):
-        """Logits [B, L, V] float32; with ``return_aux``, ``(logits, aux)``: each output of
-        :meth:`aux_specs` reduced over layers (``{"max_attention_logit": float32 scalar}`` by default)."""
-        cfg = self.cfg
-        cd = cfg.jnp_compute_dtype
+    def hidden(self, tokens_BxL: jax.Array, segment_ids_BxL: jax.Array, positions_BxL: jax.Array):
+        """The final hidden states, before the output projection: ``(x [B, L, D] in the compute dtype,
+        after the final norm; aux as in :meth:`__call__`)``. With :meth:`output_weights` this lets a loss
+        compute the logits a chunk at a time (:func:`jaxpt.step.chunked_token_losses`)."""
+        cd = self.cfg.jnp_compute_dtype
         # The lookup gathers from the whole table (as ZeRO-3/FSDP gathers weights before use): a gather from
         # a table split over vocab and embed into batch-sharded activations has no efficient SPMD lowering.
         table_VxD = constrain(self.embedding[...], (None, None))
         x_BxLxD = jnp.take(table_VxD, tokens_BxL, axis=0).astype(cd)
         x_BxLxD = constrain(x_BxLxD, ("batch", "length", "embed"))
         x_BxLxD, aux = self._run_blocks(x_BxLxD, segment_ids_BxL, positions_BxL)
+        return self.final_norm(x_BxLxD), aux
 
-        x_BxLxD = self.final_norm(x_BxLxD)
-        if cfg.tie_embeddings:
-            w_DxV = self.embedding[...].T
-        else:
-            w_DxV = self.output[...]
-        logits_BxLxV = jnp.einsum("bld,dv->blv", x_BxLxD, w_DxV.astype(cd),
+    def output_weights(self) -> jax.Array:
+        """The output projection ``[D, V]`` in the compute dtype (the embedding transposed when tied)."""
+        w_DxV = self.embedding[...].T if self.cfg.tie_embeddings else self.output[...]
+        return w_DxV.astype(self.cfg.jnp_compute_dtype)
+
+    def __call__(self, tokens_BxL: jax.Array, segment_ids_BxL: jax.Array, positions_BxL: jax.Array,
+                 *, return_aux: bool = False):
+        """Logits [B, L, V] float32; with ``return_aux``, ``(logits, aux)``: each output of
+        :meth:`aux_specs` reduced over layers (``{"max_attention_logit": float32 scalar}`` by default)."""
+        x_BxLxD, aux = self.hidden(tokens_BxL, segment_ids_BxL, positions_BxL)
+        logits_BxLxV = jnp.einsum("bld,dv->blv", x_BxLxD, self.output_weights(),
                                   preferred_element_type=jnp.float32)
         logits_BxLxV = constrain(logits_BxLxV, ("batch", "length", "vocab"))
         if return_aux:

@@ -1,0 +1,127 @@
+"""``python -m jaxpt.compile``: topology names, the compile report on local CPU devices, and (with libtpu) on a TPU
+topology compiled from this host."""
+
+import importlib.util
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from jaxpt import compile as compile_lib
+from jaxpt.errors import ConfigError
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+QUICKSTART = str(REPO / "configs" / "quickstart.gin")
+D, LAYERS, H, K, HD, F, V = 64, 2, 4, 2, 16, 128, 512
+TINY = [f"ModelConfig.vocab_size = {V}", f"ModelConfig.d_model = {D}", f"ModelConfig.num_layers = {LAYERS}",
+        f"ModelConfig.num_heads = {H}", f"ModelConfig.num_kv_heads = {K}", f"ModelConfig.head_dim = {HD}",
+        f"ModelConfig.mlp_dim = {F}", "TrainConfig.seq_len = 64", "TrainConfig.global_batch_size = 16"]
+
+
+def _argv(*extra):
+    return ["--config", QUICKSTART, *[a for b in TINY for a in ("--gin", b)], *extra]
+
+
+@pytest.mark.parametrize("name, dims", [
+    # Cloud TPU accelerator types and their published topologies (cloud.google.com/tpu/docs/v5p, /v5e, /v6e, /v4).
+    ("v5p-8", (2, 2, 1)), ("v5p-128", (4, 4, 4)), ("v5p-256", (4, 4, 8)), ("v5p-512", (4, 8, 8)), ("v5p-1024", (8, 8, 8)),
+    ("v4-128", (4, 4, 4)), ("v4-32", (2, 2, 4)), ("v5e-8", (2, 4)), ("v5e-256", (16, 16)), ("v5e-32", (4, 8)),
+    ("v6e-256", (16, 16)), ("v5litepod-16", (4, 4)), ("v5p:4x4x8", (4, 4, 8)), ("v5e:2x2", (2, 2))])
+def test_topology_names_map_to_the_published_torus(name, dims):
+    """Accelerator-type names count TensorCores on v4/v5p (two per chip) and chips on v5e/v6e."""
+    _, got = compile_lib.parse_topology(name)
+    assert got == dims
+
+
+@pytest.mark.parametrize("name", ["v5p-3", "v9-8", "v5e:2x2x2", "v5p:4x4", "tpu", "v5e-12"])
+def test_bad_topology_names_are_config_errors_naming_the_flag(name):
+    with pytest.raises(ConfigError, match="--topology"):
+        compile_lib.parse_topology(name)
+
+
+def test_cpu_compile_reports_per_chip_bytes_for_two_simulated_slices(capsys):
+    """cpu:4 x 2 slices: the DCN axis is data=2 (the default), the state is an argument aliased by its output
+    (donated), and total = arguments + outputs - aliased + temp. With the long-row settings of the slice presets
+    that run off TPU (blockwise attention, chunked loss), so they are compiled sharded too."""
+    rc = compile_lib.main(_argv("--mesh", "fsdp=2,tensor=2", "--topology", "cpu:4", "--num-slices", "2", "--json",
+                                "--gin", "ModelConfig.attention_impl = 'blockwise'",
+                                "--gin", "ModelConfig.loss_chunk_size = 16"))
+    assert rc == 0
+    r = json.loads(capsys.readouterr().out)
+    assert (r["topology"], r["chips"], r["num_slices"], r["dcn_mesh"]) == ("cpu:4", 8, 2, "data=2")
+    assert r["mesh"] == "data=2,fsdp=2,tensor=2"
+    b = r["bytes_per_chip"]
+    assert b["total"] == b["arguments"] + b["outputs"] - b["aliased"] + b["temp"]
+    # fp32 params + two AdamW moments: each device holds at least 1/4 of them (fsdp x tensor = 4 shards)
+    params = V * D * 2 + LAYERS * (D * H * HD * 2 + D * K * HD * 2 + 3 * D * F + 2 * D) + D
+    state_bytes = 3 * 4 * params
+    assert state_bytes / 4 <= b["arguments"] <= state_bytes + 3 * 4 * 16 * 64
+    assert b["aliased"] >= state_bytes / 4 * 0.99
+    assert r["params"] == params
+    assert r["hbm_bytes_per_chip"] is None and r["fits"] is None
+    assert r["compile_seconds"] > 0 and r["planner_bytes_per_chip"] > 0
+
+
+@pytest.mark.slow
+def test_a_step_over_the_given_hbm_exits_1_with_the_numbers(capsys):
+    rc = compile_lib.main(_argv("--topology", "cpu:8", "--hbm-gib", "0.001"))
+    out = capsys.readouterr().out
+    assert rc == 1
+    assert "DOES NOT FIT" in out and "temp" in out and "planner" in out
+
+
+def test_dcn_mesh_that_disagrees_with_num_slices_is_refused():
+    from jaxpt import config as config_lib
+    cfg = config_lib.parse([QUICKSTART], [*TINY, "TrainConfig.dcn_mesh = 'data=4'"])
+    with pytest.raises(ConfigError, match="TrainConfig.dcn_mesh"):
+        compile_lib.with_slices(cfg, 2)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
+                    reason="libtpu not installed (pip install -e '.[tpu]'); TPU topology compiles need it")
+@pytest.mark.parametrize("impl, seq_len", [("xla", 64), ("splash", 128)])
+def test_two_layer_model_compiles_for_a_v5e_2x2_topology_on_this_host(impl, seq_len):
+    """The real train step compiles for 4 v5e chips with libtpu's compiler (with ``splash``: the Pallas kernel
+    itself, under shard_map); per-chip bytes are reported against 16 GiB of HBM. Run in a subprocess: libtpu stays
+    out of the test process, and other processes may hold it."""
+    env = dict(os.environ, JAX_PLATFORMS="cpu", ALLOW_MULTIPLE_LIBTPU_LOAD="1", PYTHONPATH=str(REPO))
+    argv = _argv("--mesh", "fsdp=-1", "--topology", "v5e:2x2", "--json", "--gin", f"TrainConfig.seq_len = {seq_len}",
+                 "--gin", f"ModelConfig.attention_impl = {impl!r}")
+    proc = subprocess.run([sys.executable, "-m", "jaxpt.compile", *argv],
+                          env=env, capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert (r["topology"], r["platform"], r["chips"], r["mesh"]) == ("v5e:2x2", "tpu", 4, "fsdp=4")
+    assert r["hbm_bytes_per_chip"] == 16 * 2 ** 30 and r["fits"] is True
+    b = r["bytes_per_chip"]
+    assert b["total"] == b["arguments"] + b["outputs"] - b["aliased"] + b["temp"] > 0
+
+
+#: Published parameter counts (Meta's Llama 3 / 3.2 model cards: 8,030,261,248; 70,553,706,496; 1,235,814,400).
+PRESETS = {"llama3_1b": 1_235_814_400, "llama3_8b": 8_030_261_248, "llama3_70b": 70_553_706_496}
+#: (slice file, chips, sequences per chip)
+SLICES = [("v5p-128", 64, 2), ("v5p-512", 256, 1), ("v5e-256", 256, 1), ("v6e-256", 256, 1)]
+
+
+@pytest.mark.parametrize("model", sorted(PRESETS))
+@pytest.mark.parametrize("slice_name, chips, per_chip", SLICES)
+def test_model_and_slice_presets_compose_with_the_quickstart_data_config(model, slice_name, chips, per_chip):
+    """quickstart.gin (data settings) + a model file + a slice file parse and validate for the slice's chip
+    count with no tokenizer (vocab_size explicit), with the published parameter count, bf16 compute, fp32
+    params, full remat and scanned layers, FSDP over every chip."""
+    from jaxpt import config as config_lib
+    from jaxpt.model import count_params
+    cfg = config_lib.parse([QUICKSTART, str(REPO / "configs" / "models" / f"{model}.gin"),
+                            str(REPO / "configs" / "slices" / f"{slice_name}.gin")])
+    sizes = config_lib.validate(cfg, chips)
+    assert sizes["fsdp"] == chips
+    assert cfg.global_batch_size == per_chip * chips and cfg.seq_len == 8192
+    m = cfg.model
+    assert count_params(m)["total"] == PRESETS[model]
+    assert (m.param_dtype, m.compute_dtype, m.remat_policy, m.scan_layers) == ("float32", "bfloat16", "full", True)
+    assert m.vocab_size == 128256 and m.rope_theta == 500000.0
+    assert (m.attention_impl, m.loss_chunk_size) == ("splash", 1024)
