@@ -10,6 +10,9 @@ WORKDIR ?= workdirs/quickstart
 XLA_FLAGS ?= --xla_force_host_platform_device_count=8 --xla_cpu_collective_call_warn_stuck_timeout_seconds=60 \
 	--xla_cpu_collective_call_terminate_timeout_seconds=600 --xla_cpu_collective_timeout_seconds=600
 export XLA_FLAGS
+# CPU even where libtpu is installed (the `tpu` extra, part of `dev`): on a TPU VM run python -m jaxpt.train directly.
+JAX_PLATFORMS ?= cpu
+export JAX_PLATFORMS
 
 .PHONY: quickstart test test-fast prepare venv clean
 
