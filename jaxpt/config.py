@@ -13,7 +13,7 @@ are applied as bindings, then every ``--gin 'BINDING'`` (applied last, so it win
 Every config dataclass checks its own fields when it is built (types, ``Literal`` choices, ranges; see
 :mod:`jaxpt.validation`), so :func:`parse` already refuses ``ModelConfig.compute_dtype = 'float8'``.
 :func:`validate` then checks what needs two configs or the devices (mesh sizes, unused mesh axes, batch and
-head divisibility) before anything is compiled. Both raise :class:`ConfigError` naming the offending key.
+head divisibility, learning-rate phases against the run's horizon) before anything is compiled. Both raise :class:`ConfigError` naming the offending key.
 This module never touches ``jax.distributed``.
 """
 
@@ -279,8 +279,8 @@ def validate(cfg: TrainConfig, num_devices: int) -> dict[str, int]:
       ConfigError: naming the key: mesh sizes that do not fit the devices (``TrainConfig.mesh`` /
         ``dcn_mesh``); a mesh axis of size > 1 that no logical-axis rule uses; a global batch not divisible
         by the data-parallel size x ``grad_accum_steps``, or by ``DataConfig.num_shards``; heads or kv heads
-        not divisible by mesh ``tensor``; ``seq_len`` above ``ModelConfig.max_seq_len``; warmup longer than
-        the decay horizon.
+        not divisible by mesh ``tensor``; ``seq_len`` above ``ModelConfig.max_seq_len``; schedule phases that do
+        not fit the decay horizon (:func:`jaxpt.optim.check_schedule`).
     """
     m = cfg.model
     sizes = _mesh_shape(cfg, num_devices).sizes
@@ -293,11 +293,8 @@ def validate(cfg: TrainConfig, num_devices: int) -> dict[str, int]:
         raise ConfigError(f"ModelConfig.num_kv_heads = {m.num_kv_heads} is not divisible by mesh tensor = {tensor}")
     if cfg.seq_len > m.max_seq_len:
         raise ConfigError(f"TrainConfig.seq_len = {cfg.seq_len} exceeds ModelConfig.max_seq_len = {m.max_seq_len}")
-    from jaxpt.optim import learning_rate_schedule
-    try:
-        learning_rate_schedule(cfg.optimizer, cfg.steps)
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
+    from jaxpt.optim import check_schedule
+    check_schedule(cfg.optimizer, cfg.steps)
     return sizes
 
 
