@@ -213,3 +213,46 @@ def drop_partial_last_line(path: str | os.PathLike) -> int:
 def read_objects(path: str | os.PathLike, **kwargs) -> list[dict]:
     """Every object of ``path`` in file order; arguments and errors as :func:`iter_objects`."""
     return [obj for _, obj in iter_objects(path, **kwargs)]
+
+
+def superseded_path(path: str | os.PathLike) -> str:
+    """Where :func:`supersede_after` moves the records of ``path`` that a resume or rollback replaced:
+    ``metrics.jsonl`` -> ``metrics.superseded.jsonl``."""
+    path = str(path)
+    stem = path[:-len(".jsonl")] if path.endswith(".jsonl") else path
+    return stem + ".superseded.jsonl"
+
+
+def supersede_after(path: str | os.PathLike, step: int | None, *, error: type[FileFormatError] = FileFormatError) -> int:
+    """Move every record of the plain JSON Lines file ``path`` whose ``step`` is above ``step`` (every record
+    when ``step`` is None) to :func:`superseded_path`, each tagged ``"superseded_at": step``; the rest stay in
+    order. For an appender about to (re)write steps after ``step``: a run resumed from an older checkpoint, or
+    rolled back, so that ``path`` keeps one record per step. A half-written last line is cut off first
+    (:func:`drop_partial_last_line`). Returns the number of records moved (0 when the file is missing).
+
+    Raises:
+      FileFormatError (``error``): a line breaks the JSON Lines rules (file and line named).
+      OSError: the files cannot be read or written.
+    """
+    if not os.path.isfile(path):
+        return 0
+    drop_partial_last_line(path)
+    keep, moved = [], []
+    with open(path, "rb") as f:
+        raw_lines = f.read().split(b"\n")[:-1]
+    for n, raw in enumerate(raw_lines, 1):
+        try:
+            obj = parse_object(raw.rstrip(b"\r"))
+        except LineError as e:
+            raise error.at(path, n, e.reason, e.detail) from None
+        later = step is None or not isinstance(obj.get("step"), int) or obj["step"] > step
+        (moved.append({**obj, "superseded_at": step}) if later else keep.append(raw))
+    if not moved:
+        return 0
+    with open(superseded_path(path), "a") as f:  # first copy them out, then cut them: never lost
+        f.writelines(json.dumps(obj) + "\n" for obj in moved)
+    tmp = f"{path}.tmp"
+    with open(tmp, "wb") as f:
+        f.writelines(raw + b"\n" for raw in keep)
+    os.replace(tmp, path)
+    return len(moved)

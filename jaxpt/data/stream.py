@@ -109,13 +109,26 @@ def data_version(cfg) -> str:
 
 class BatchDocumentLog:
     """Per-process JSON Lines ``<workdir>/batches/process_<i>.jsonl`` of ``{"step", "doc_index"}``: which
-    documents fed each step (an audit trail for resumption and data debugging)."""
+    documents fed each step (an audit trail for resumption and data debugging).
 
-    def __init__(self, workdir: str):
+    ``start_step``: the step the run starts from; lines of later steps (a session whose last checkpoints were
+    lost; every line for a fresh run, 0) move to ``process_<i>.superseded.jsonl``
+    (:func:`jaxpt.jsonl.supersede_after`), so the log holds one line per step. None: plain append.
+    """
+
+    def __init__(self, workdir: str, start_step: int | None = None):
         os.makedirs(os.path.join(workdir, "batches"), exist_ok=True)
-        path = os.path.join(workdir, "batches", f"process_{jax.process_index()}.jsonl")
-        jsonl.drop_partial_last_line(path)  # a line half-written by a killed run must not end up mid-file
-        self._f = open(path, "a", buffering=1)
+        self.path = os.path.join(workdir, "batches", f"process_{jax.process_index()}.jsonl")
+        jsonl.drop_partial_last_line(self.path)  # a line half-written by a killed run must not end up mid-file
+        if start_step is not None:
+            jsonl.supersede_after(self.path, start_step or None)
+        self._f = open(self.path, "a", buffering=1)
+
+    def rewind(self, step: int) -> None:
+        """The run went back to ``step`` (a rollback): supersede the lines after it."""
+        self._f.close()
+        jsonl.supersede_after(self.path, step)
+        self._f = open(self.path, "a", buffering=1)
 
     def write(self, step: int, doc_index: np.ndarray) -> None:
         """Record the documents (``doc_index >= 0``; -1 is padding) of this process's rows of ``step``."""
