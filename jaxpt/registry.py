@@ -10,7 +10,6 @@ rollbacks, preemptions). ``python -m jaxpt.tools.runs`` reads it.
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 import json
 import os
 import subprocess
@@ -55,7 +54,7 @@ class RunRegistry:
     def start(self, cfg, config_text: str, run, data_version: str) -> None:
         """Create run.json, or add a session to an existing one (a resumed run keeps its id)."""
         import jax
-        from jaxpt import mesh as mesh_lib, state as state_lib
+        from jaxpt import config as config_lib, mesh as mesh_lib, state as state_lib
         if not self.enabled:
             return
         if os.path.exists(self.path):
@@ -67,7 +66,7 @@ class RunRegistry:
                            "sessions": []}
         self.record.update({
             "status": "running",
-            "config_hash": hashlib.sha256(config_text.encode()).hexdigest(),
+            "config_hash": config_lib.config_hash(config_text),
             "data_version": data_version,
             "tokenizer": {"path": os.path.abspath(cfg.data.tokenizer_path), "sha256": run.tokenizer.sha256},
             "git": git_state(os.path.dirname(os.path.abspath(__file__))),

@@ -131,7 +131,7 @@ def test_configs_check_themselves_outside_gin_and_defaults_build():
 def test_heldout_eval_config_is_a_validated_train_config_field():
     cfg = parse("HeldoutEvalConfig.enabled = True", "HeldoutEvalConfig.group_by = ('domain',)")
     assert cfg.heldout_eval.enabled and cfg.heldout_eval.group_by == ("domain",)
-    assert "HeldoutEvalConfig.group_by = ('domain',)" in C.operative_config_str()  # recorded with the run
+    assert "HeldoutEvalConfig.group_by = ('domain',)" in C.operative_config_str(cfg)  # recorded with the run
     assert not parse().heldout_eval.enabled  # off by default
 
 
