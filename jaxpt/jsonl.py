@@ -27,7 +27,7 @@ import gzip
 import json
 import os
 import zlib
-from typing import BinaryIO, Iterator
+from typing import BinaryIO, Iterable, Iterator
 
 from jaxpt.errors import FileFormatError
 
@@ -215,44 +215,34 @@ def read_objects(path: str | os.PathLike, **kwargs) -> list[dict]:
     return [obj for _, obj in iter_objects(path, **kwargs)]
 
 
-def superseded_path(path: str | os.PathLike) -> str:
-    """Where :func:`supersede_after` moves the records of ``path`` that a resume or rollback replaced:
-    ``metrics.jsonl`` -> ``metrics.superseded.jsonl``."""
-    path = str(path)
-    stem = path[:-len(".jsonl")] if path.endswith(".jsonl") else path
-    return stem + ".superseded.jsonl"
+
+#: The key of a supersede marker in an append-only per-step log (``metrics.jsonl``, the batch document log).
+SUPERSEDED_AFTER = "superseded_after"
 
 
-def supersede_after(path: str | os.PathLike, step: int | None, *, error: type[FileFormatError] = FileFormatError) -> int:
-    """Move every record of the plain JSON Lines file ``path`` whose ``step`` is above ``step`` (every record
-    when ``step`` is None) to :func:`superseded_path`, each tagged ``"superseded_at": step``; the rest stay in
-    order. For an appender about to (re)write steps after ``step``: a run resumed from an older checkpoint, or
-    rolled back, so that ``path`` keeps one record per step. A half-written last line is cut off first
-    (:func:`drop_partial_last_line`). Returns the number of records moved (0 when the file is missing).
+def drop_superseded(records: Iterable[dict]) -> list[dict]:
+    """The records of an append-only per-step log with its supersede markers applied, in order.
 
-    Raises:
-      FileFormatError (``error``): a line breaks the JSON Lines rules (file and line named).
-      OSError: the files cannot be read or written.
+    A run resumed from a checkpoint older than its last logged step (the newer saves were lost), or rolled back,
+    rewrites the steps after that checkpoint; its writer first appends a marker ``{"superseded_after": S, ...}``.
+    Each marker drops every *earlier* record whose ``step`` is above ``S`` (``S = -1``: every earlier record, a
+    fresh run in a used workdir), so the result holds one record per step; the markers themselves stay. The file
+    keeps everything (append-only: tailing readers and object stores never see a rewrite).
     """
+    out: list[dict] = []
+    for rec in records:
+        after = rec.get(SUPERSEDED_AFTER)
+        if isinstance(after, int) and not isinstance(after, bool):
+            out = [r for r in out if not (isinstance(r.get("step"), int) and r["step"] > after)]
+        out.append(rec)
+    return out
+
+
+def last_step(path: str | os.PathLike) -> int | None:
+    """The largest ``step`` among the records of ``path`` after :func:`drop_superseded` (None: no file, or no
+    record with a step). A half-written last line is skipped."""
     if not os.path.isfile(path):
-        return 0
-    drop_partial_last_line(path)
-    keep, moved = [], []
-    with open(path, "rb") as f:
-        raw_lines = f.read().split(b"\n")[:-1]
-    for n, raw in enumerate(raw_lines, 1):
-        try:
-            obj = parse_object(raw.rstrip(b"\r"))
-        except LineError as e:
-            raise error.at(path, n, e.reason, e.detail) from None
-        later = step is None or not isinstance(obj.get("step"), int) or obj["step"] > step
-        (moved.append({**obj, "superseded_at": step}) if later else keep.append(raw))
-    if not moved:
-        return 0
-    with open(superseded_path(path), "a") as f:  # first copy them out, then cut them: never lost
-        f.writelines(json.dumps(obj) + "\n" for obj in moved)
-    tmp = f"{path}.tmp"
-    with open(tmp, "wb") as f:
-        f.writelines(raw + b"\n" for raw in keep)
-    os.replace(tmp, path)
-    return len(moved)
+        return None
+    steps = [r["step"] for r in drop_superseded(read_objects(path, partial_last_line=True))
+             if isinstance(r.get("step"), int) and SUPERSEDED_AFTER not in r]
+    return max(steps) if steps else None

@@ -103,10 +103,11 @@ class MetricWriter:
     """Appends one JSON object per record to ``<workdir>/metrics.jsonl`` and mirrors scalars to TensorBoard
     (``<workdir>/tensorboard``). A no-op on processes other than 0.
 
-    ``start_step``: the step the run starts from (a resumed run's restored step, 0 for a fresh run). Records of
-    later steps, left by a session whose last checkpoints were lost (or every record, for a fresh run in a used
-    workdir), are moved to ``metrics.superseded.jsonl`` (:func:`jaxpt.jsonl.supersede_after`) and TensorBoard
-    purges their events (``purge_step``), so every reader sees one value per step. None: plain append.
+    ``start_step``: the step the run starts from (a resumed run's restored step, 0 for a fresh run). When the
+    file already holds records of later steps (a session whose last checkpoints were lost; for a fresh run in a
+    used workdir, any record), a supersede marker ``{"event": "superseded", "superseded_after": start_step}``
+    (-1 for a fresh run) is appended first, which :func:`read_metrics` applies, and TensorBoard purges those
+    steps (``purge_step``): every reader and plot sees one value per step. None: plain append.
     """
 
     def __init__(self, workdir: str, enabled: bool = True, start_step: int | None = None):
@@ -117,10 +118,19 @@ class MetricWriter:
         os.makedirs(workdir, exist_ok=True)
         self.path = os.path.join(workdir, METRICS_FILE)
         jsonl.drop_partial_last_line(self.path)  # a record half-written by a killed run (see read_metrics)
-        if start_step is not None:
-            jsonl.supersede_after(self.path, start_step or None, error=MetricsFormatError)
         self._jsonl = open(self.path, "a", buffering=1)
-        self._open_tensorboard(None if start_step is None else start_step + 1 if start_step else 0)
+        purge = None
+        if start_step is not None:
+            last = jsonl.last_step(self.path)
+            after = start_step if start_step else -1
+            if last is not None and last > after:
+                self._mark_superseded(after, "resume" if start_step else "fresh start")
+            purge = after + 1
+        self._open_tensorboard(purge)
+
+    def _mark_superseded(self, after: int, reason: str) -> None:
+        self._jsonl.write(json.dumps({"step": max(after, 0), "event": "superseded", jsonl.SUPERSEDED_AFTER: after,
+                                      "reason": reason}) + "\n")
 
     def _open_tensorboard(self, purge_step: int | None) -> None:
         try:
@@ -135,9 +145,9 @@ class MetricWriter:
         """The run went back to ``step`` (a rollback): supersede the records after it, as a resume does."""
         if not self.enabled:
             return
-        self.close()
-        jsonl.supersede_after(self.path, step, error=MetricsFormatError)
-        self._jsonl = open(self.path, "a", buffering=1)
+        self._mark_superseded(step, "rollback")
+        if self._tb is not None:
+            self._tb.close()
         self._open_tensorboard(step + 1)
 
     def write(self, record: Mapping[str, Any]) -> None:
@@ -208,8 +218,10 @@ def parse_metrics_line(raw: bytes, path: str, line_no: int) -> dict:
     return check_metrics_record(record, path, line_no)
 
 
-def read_metrics(workdir: str) -> list[dict[str, Any]]:
-    """Every record of ``<workdir>/metrics.jsonl`` (or of the file ``workdir``), in file order.
+def read_metrics(workdir: str, superseded: bool = False) -> list[dict[str, Any]]:
+    """Every record of ``<workdir>/metrics.jsonl`` (or of the file ``workdir``), in file order, supersede markers
+    applied (:func:`jaxpt.jsonl.drop_superseded`: records of steps a resumed or rolled-back run rewrote are left
+    out, so each step has one record); ``superseded=True``: every record as written.
 
     The contract: the JSON Lines rules of :mod:`jaxpt.jsonl`, each record an object with an integer ``step``
     (events, the final report and per-step metrics alike; non-finite floats are the strings ``"nan"``/``"inf"``).
@@ -222,8 +234,9 @@ def read_metrics(workdir: str) -> list[dict[str, Any]]:
       MetricsFormatError: (a ConfigError) any other bad line: names the file, the 1-based line and the reason.
     """
     path = metrics_path(workdir)
-    return [check_metrics_record(rec, path, n)
-            for n, rec in jsonl.iter_objects(path, error=MetricsFormatError, partial_last_line=True)]
+    records = [check_metrics_record(rec, path, n)
+               for n, rec in jsonl.iter_objects(path, error=MetricsFormatError, partial_last_line=True)]
+    return records if superseded else jsonl.drop_superseded(records)
 
 
 class StepTimer:

@@ -364,24 +364,36 @@ def test_save_every_steps_and_minutes(tmp_path):
 
 
 def _heldout_loss(model, cfg, tokenizer, heldout_path) -> float:
-    """Mean held-out cross-entropy of ``model``, computed here with the model alone (no train/eval step)."""
+    """Mean held-out cross-entropy of ``model`` by the README's definition, computed here with the model alone:
+    each document tokenized with EOS appended, every token after its first scored once, the first ``L`` tokens
+    in one window and every later one in a window ending ``L // 2`` tokens further (at least ``L / 2`` tokens of
+    context), each window run on its own (one row, padding masked by segment 0)."""
     from flax import nnx
-    from jaxpt.data import loader
+    from jaxpt.eval import heldout
     graphdef, state = nnx.split(model)
+    L, stride = cfg.seq_len, cfg.seq_len // 2
 
     @jax.jit
-    def sums(state, tokens, segment_ids, positions):
+    def nll_row(state, tokens, segment_ids, positions):
         logits = nnx.merge(graphdef, state)(tokens, segment_ids, positions)
-        logp = jax.nn.log_softmax(logits, axis=-1)
-        nll = -jnp.take_along_axis(logp[:, :-1], tokens[:, 1:, None], axis=-1)[..., 0]
-        same_doc = (segment_ids[:, 1:] == segment_ids[:, :-1]) & (segment_ids[:, :-1] != 0)
-        return jnp.sum(nll * same_doc), jnp.sum(same_doc)
+        logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+        return -jnp.take_along_axis(logp[:, :-1], tokens[:, 1:, None], axis=-1)[0, :, 0]  # [L - 1]: token t+1
 
     total = count = 0.0
-    for batch in loader.make_eval_dataset(heldout_path, tokenizer, seq_len=cfg.seq_len,
-                                            batch_size=cfg.global_batch_size):
-        t, n = sums(state, batch["tokens"], batch["segment_ids"], batch["positions"])
-        total, count = total + float(t), count + float(n)
+    for doc in heldout.load_documents(str(heldout_path)):
+        ids = list(tokenizer.encode(doc.text)) + [tokenizer.eos_id]
+        end, first = min(len(ids), L), 1  # window ids[end - L : end] scores tokens first..end-1
+        while first < len(ids):
+            lo = max(0, end - L)
+            w = ids[lo:end]
+            row = np.zeros((1, L), np.int32)
+            row[0, :len(w)] = w
+            seg = np.zeros((1, L), np.int32)
+            seg[0, :len(w)] = 1
+            nll = np.asarray(nll_row(state, row, seg, np.arange(L, dtype=np.int32)[None]))
+            total += float(np.sum(nll[first - 1 - lo:end - 1 - lo].astype(np.float64)))
+            count += end - first
+            first, end = end, min(len(ids), end + stride)
     return total / count
 
 
