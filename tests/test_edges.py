@@ -103,6 +103,27 @@ def test_reductions_over_no_item_are_nan_not_perfect_scores():
     assert math.isnan(probes.exact_match([], [])["exact_match"])
 
 
+def test_other_reductions_over_nothing_are_refused_or_nan():
+    """The same kind elsewhere: a spike threshold from fewer than 2 steps (mean and std of an empty history are 0:
+    every step would be a spike) is a config error; a near-dup recall over no pair is NaN, not 1; a scaling fit
+    refuses a run whose held-out loss is NaN."""
+    from data_pipelines import neardup_eval
+    from jaxpt.stability import StabilityConfig
+    from jaxpt.tools import scaling
+    with pytest.raises(ConfigError, match=r"StabilityConfig\.spike_min_history = 0: must be >= 2"):
+        StabilityConfig(spike_min_history=0)
+    StabilityConfig(spike_min_history=0, spike_skip=False)
+    docs = [{"id": "a", "text": "one two three four five six", "url_or_path": "x"},
+            {"id": "b", "text": "seven eight nine ten eleven twelve", "url_or_path": "y"}]
+    res = neardup_eval.score(docs, {"none": {}}, extra_pairs=[("a", "b")])["none"]  # one pair, Jaccard 0
+    assert res["n_high"] == 0 and math.isnan(res["recall"])
+    assert res["n_low"] == 1 and res["false_merge_rate"] == 0.0
+    recs = [{"name": f"r{i}", "params": {"non_embedding": 1e6}, "tokens": 1e7, "heldout_loss": v}
+            for i, v in enumerate((3.0, float("nan")))]
+    with pytest.raises(ValueError, match="r1"):
+        scaling.points_from_runs(recs)
+
+
 def _report(ppl: float, score: float) -> dict:
     card = {"name": "c", "version": 1, "content_sha256": "x"}
     return {"card": card, "heldout": {"overall": {"tokens": 100}, "core_grouping": "domain",
