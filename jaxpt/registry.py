@@ -4,7 +4,8 @@
 (sha256 of the operative gin config), ``data_version``, ``tokenizer`` (path, sha256), ``git`` (commit,
 dirty), ``mesh``, ``devices`` (count, kind, processes), ``num_params``, ``started_at`` / ``ended_at``
 (UTC ISO 8601) and ``sessions`` (one per start or resume), ``final`` metrics, and ``events`` (spike skips,
-rollbacks, preemptions). ``python -m jaxpt.tools.runs`` reads it.
+rollbacks, preemptions; an event of a step that a resumed session re-runs, its checkpoint lost, is kept and marked
+``superseded_at: <restored step>``). ``python -m jaxpt.tools.runs`` reads it.
 """
 
 from __future__ import annotations
@@ -76,7 +77,11 @@ class RunRegistry:
             "num_params": state_lib.num_params(run.spec),
             "target_steps": cfg.steps,
         })
-        self.record["sessions"].append({"started_at": _now(), "start_step": int(jax.device_get(run.state.step))})
+        start = int(jax.device_get(run.state.step))
+        for ev in self.record.get("events", []):  # from steps this session re-runs (lost checkpoints): superseded
+            if isinstance(ev.get("step"), int) and ev["step"] > start:
+                ev.setdefault("superseded_at", start)
+        self.record["sessions"].append({"started_at": _now(), "start_step": start})
         self._write()
 
     def add_event(self, event: dict[str, Any]) -> None:

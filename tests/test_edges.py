@@ -311,7 +311,12 @@ def test_resume_after_lost_checkpoints_keeps_one_record_per_step(run6, tmp_path)
     workdir = _copy(run6, tmp_path / "run")
     first = {r["step"]: r for r in monitor.read_metrics(str(workdir)) if "loss" in r and "event" not in r}
     shutil.rmtree(workdir / "checkpoints" / "6")
+    rec = json.loads((workdir / "run.json").read_text())
+    rec["events"] += [{"step": 3, "event": "spike_skip"}, {"step": 5, "event": "spike_skip"}]
+    (workdir / "run.json").write_text(json.dumps(rec))
     train.run_training(_cfg(run6, workdir, 8))
+    events = json.loads((workdir / "run.json").read_text())["events"]
+    assert [(e["step"], e.get("superseded_at")) for e in events] == [(3, None), (5, 4)]
     recs = [r for r in monitor.read_metrics(str(workdir)) if "loss" in r and "event" not in r]
     assert [r["step"] for r in recs] == list(range(1, 9))
     everything = [r["step"] for r in monitor.read_metrics(str(workdir), superseded=True)

@@ -131,7 +131,7 @@ def cmd_plot(recs: list[dict[str, Any]], output: str) -> str:
                 xs, ys = zip(*pts)
                 ax.plot(xs, ys, label=rec.get("run_id", rec["workdir"]))
         for ev in rec.get("events", []):
-            if ev.get("event") in ("rollback", "spike_skip", "nonfinite_skip"):
+            if ev.get("event") in ("rollback", "spike_skip", "nonfinite_skip") and "superseded_at" not in ev:
                 for ax in axes:
                     ax.axvline(ev["step"], color="red", alpha=0.3, lw=0.8)
     for ax, name in zip(axes, ["loss", "grad norm", "learning rate"]):
