@@ -91,6 +91,6 @@ def peak_flops_per_device(device: jax.Device | None = None, dtype=jnp.float32) -
     measured = measure_matmul_peak(dtype=dtype, device=device)
     n_local = jax.local_device_count()
     return measured / n_local, (
-        f"measured on this host: 2048^3 {jnp.dtype(dtype).name} matmul, best of 5 = {measured / 1e9:.1f} GFLOP/s, "
+        f"measured on this host: 2048^3 {jnp.dtype(dtype).name} matmul = {measured / 1e9:.1f} GFLOP/s (best of 5), "
         f"shared by {n_local} local {device.platform} devices; not a spec-sheet peak, so raised to any rate a "
         "step achieves (MFU <= 100%)")
