@@ -1,13 +1,13 @@
 """jaxpt: a JAX pretraining stack for decoder-only language models.
 
-Modules (one-way dependencies, top to bottom): ``config`` (gin + validation), ``mesh`` (devices and
-logical-axis sharding), ``model`` (Flax NNX decoder), ``optim`` (optax), ``data`` (tokenizer, Grain,
-packing), ``state`` (sharded train state), ``step`` (pure train/eval steps), ``flops``/``monitor``
-(MFU and metric writers), ``checkpoint`` (Orbax), ``train`` (the entry point and loop), ``decode`` (the one
-greedy decoder, batched, behind a step interface), ``inference`` (restore a checkpoint anywhere, generate text),
-``drill`` (kill-and-resume recovery drill).
-
-``jaxpt.restore`` and ``jaxpt.generate`` are imported on first use, so ``import jaxpt`` stays light.
+Modules (one-way dependencies, top to bottom): ``errors`` (the one ConfigError), ``config`` (gin + validation),
+``mesh`` (devices and logical-axis sharding), ``model`` (Flax NNX decoder with attention/MLP seams), ``optim``
+(optax), ``data`` (tokenizer, document files, Grain loaders, packing, the run's stream), ``state`` (sharded train
+state), ``step`` (pure train/eval steps), ``builder`` (config -> mesh, state, compiled steps: every entry point
+uses it), ``flops``/``monitor`` (MFU and metric writers), ``checkpoint`` (Orbax), ``hooks`` (the loop's periodic
+actions), ``train`` (the entry point and loop), ``decode`` (the one greedy decoder, batched, behind a step
+interface), ``inference`` (restore a checkpoint anywhere, generate text), ``eval`` (held-out perplexity, probes,
+eval cards). ``jaxpt.tools`` holds the command-line tools (plan, sweep, scaling, drill, runs, evaluate).
 """
 
 __version__ = "0.1.0"

@@ -282,8 +282,8 @@ class Checkpointer:
             return None, 0
         meta = self.read_meta(step)
         where = f"{self.directory}/{step}"
+        check_saved_config(meta, where)  # unknown settings first: one rule, naming them
         check_compatible(meta, model_cfg, where)
-        check_saved_config(meta, where)
         saved_tok = meta.get("tokenizer", {}).get("sha256")
         if saved_tok and tokenizer_sha256 and saved_tok != tokenizer_sha256:
             raise CheckpointError(f"{where} was trained with tokenizer sha256 {saved_tok[:12]}, this run uses "
@@ -334,25 +334,39 @@ def run_meta(cfg: Any, mesh: Any, tokenizer: Any, config_text: str, data_version
 
 
 def check_compatible(meta: dict[str, Any], model_cfg: Any, where: str) -> None:
-    """Compare a checkpoint's recorded model config with the current one.
+    """Refuse a checkpoint whose params do not fit the current model, before Orbax reads any array.
+
+    The params a model of the checkpoint's recorded config (``meta["model"]``) would have are compared,
+    by path, shape and dtype, with those of ``model_cfg`` (:func:`jaxpt.model.compat.compare_params`);
+    fields that change no param (e.g. ``attention_impl``, ``rope_theta``, ``remat_policy``) may differ.
 
     Raises:
-      CheckpointError: naming each field that differs (vocabulary size first, the usual culprit), so a
-        mismatch never surfaces as a shape error deep inside Orbax.
+      CheckpointError: naming each responsible field as ``<field>: checkpoint <saved> vs config <current>``
+        (vocabulary size first, the usual culprit) and the first differing params, so a mismatch never
+        surfaces as a shape error deep inside Orbax; or saying the recorded config cannot build a model.
     """
+    from jaxpt.model.compat import compare_params, config_from_record
     saved = meta.get("model")
     if not saved:
         return
-    current = dataclasses.asdict(model_cfg)
-    shape_keys = ("vocab_size", "d_model", "num_layers", "num_heads", "num_kv_heads", "head_dim", "mlp_dim",
-                  "tie_embeddings", "scan_layers", "param_dtype")
-    diffs = [f"{k}: checkpoint {saved.get(k)!r} vs config {current[k]!r}"
-             for k in shape_keys if k in saved and saved[k] != current[k]]
-    if diffs:
-        hint = ""
-        if any(d.startswith("vocab_size") for d in diffs):
-            hint = " (the tokenizer's vocabulary differs from the one the checkpoint was trained with)"
-        raise CheckpointError(f"{where}: checkpoint does not match this model{hint}: " + "; ".join(diffs))
+    try:
+        saved_cfg = config_from_record(saved)
+        mismatch = compare_params(saved_cfg, model_cfg)
+    except Exception as e:  # noqa: BLE001 -- any failure to rebuild either model is reported as such
+        raise CheckpointError(f"{where}: cannot compare the checkpoint's model with this one: "
+                              f"{type(e).__name__}: {e}") from e
+    if mismatch is None:
+        return
+    diffs = [f"{k}: checkpoint {getattr(saved_cfg, k)!r} vs config {getattr(model_cfg, k)!r}" for k in mismatch.fields]
+    show = lambda sig: "absent" if sig is None else f"{list(sig[0])} {sig[1]}"  # noqa: E731
+    params = [f"{path} {show(a)} vs {show(b)}" for path, a, b in mismatch.params[:4]]
+    if len(mismatch.params) > 4:
+        params.append(f"{len(mismatch.params) - 4} more")
+    hint = ""
+    if "vocab_size" in mismatch.fields:
+        hint = " (the tokenizer's vocabulary differs from the one the checkpoint was trained with)"
+    raise CheckpointError(f"{where}: checkpoint does not match this model{hint}: " + "; ".join(diffs)
+                          + " (params differ: " + ", ".join(params) + ")")
 
 
 # ------------------------------------------------------------------------------------------ saved settings

@@ -100,6 +100,7 @@ def check_resume(cfg: TrainConfig, tokenizer) -> tuple[int, dict, list[str]]:
     finally:
         ckpt.close()
     where = f"{ckpt.directory}/{step}"
+    notes = [f"ignored saved setting {s}" for s in ckpt_lib.check_saved_config(meta, where)]
     ckpt_lib.check_compatible(meta, cfg.model, where)
     saved_tok = (meta.get("tokenizer") or {}).get("sha256")
     if saved_tok and saved_tok != tokenizer.sha256:
@@ -109,7 +110,6 @@ def check_resume(cfg: TrainConfig, tokenizer) -> tuple[int, dict, list[str]]:
     if shards and cfg.data.num_shards and shards != cfg.data.num_shards:
         raise ckpt_lib.CheckpointError(f"{where} has {shards} data shards, DataConfig.num_shards = "
                                        f"{cfg.data.num_shards} (it must stay fixed for a run)")
-    notes = [f"ignored saved setting {s}" for s in ckpt_lib.check_saved_config(meta, where)]
     return step, meta, notes + changed_settings(meta, cfg)
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -12,6 +11,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxpt import mesh as mesh_lib
+from jaxpt.model.auxiliary import AuxSpec, merge_specs, reduce_aux, weighted_aux_loss
 from jaxpt.stability import decide_skip
 from jaxpt.state import StateSpec, TrainState
 
@@ -42,8 +42,27 @@ def token_losses(logits_BxLxV: jax.Array, targets_BxL: jax.Array) -> tuple[jax.A
     return log_z - target_logit, log_z
 
 
-def loss_fn(params, graphdef, batch: dict[str, jax.Array], z_loss_weight: float, num_target_tokens=None):
-    """Mean next-token cross-entropy (+ z-loss) over the batch's target tokens.
+#: Reductions of the outputs :func:`loss_fn` computes itself. ``loss`` and ``z_loss`` are *summed* over
+#: micro-batches because each micro-batch is normalized by the global batch's target-token count.
+#: The model declares its own outputs (:meth:`jaxpt.model.Decoder.aux_specs`).
+LOSS_AUX_SPECS = {"loss": AuxSpec("sum"), "z_loss": AuxSpec("sum"), "num_target_tokens": AuxSpec("sum"),
+                  "max_logit": AuxSpec("max")}
+
+
+def aux_specs(graphdef, params) -> dict[str, AuxSpec]:
+    """Reductions of every output in :func:`loss_fn`'s aux: :data:`LOSS_AUX_SPECS` and the model's.
+
+    Raises:
+      ValueError: the model declares an output named like one of the loss's.
+    """
+    model_specs = nnx.merge(graphdef, params).aux_specs()
+    return merge_specs(("the loss", LOSS_AUX_SPECS), ("the model", model_specs))
+
+
+def loss_fn(params, graphdef, batch: dict[str, jax.Array], z_loss_weight: float, num_target_tokens=None,
+            num_microbatches: int = 1):
+    """Mean next-token cross-entropy (+ z-loss, + the model's weighted auxiliary losses) over the batch's
+    target tokens.
 
     Args:
       params: ``nnx.State`` of params.
@@ -52,9 +71,16 @@ def loss_fn(params, graphdef, batch: dict[str, jax.Array], z_loss_weight: float,
       z_loss_weight: coefficient of ``mean(log(Z)^2)`` (PaLM, Chowdhery et al. 2022, sec. 5); 0 disables.
       num_target_tokens: normalizer; by default the number of target tokens in ``batch``. Gradient
         accumulation passes the global batch's count so micro-batch losses *sum* to the global mean.
+      num_microbatches: how many micro-batches make up the global batch: an auxiliary loss reduced by
+        ``mean`` over micro-batches enters each one's objective divided by this
+        (:meth:`jaxpt.model.auxiliary.AuxSpec.microbatch_loss_scale`).
 
     Returns: ``(total_loss, aux)``; aux holds float32 scalars ``loss`` (cross-entropy), ``z_loss``,
-    ``num_target_tokens`` (of this batch), ``max_logit`` (output) and ``max_attention_logit``.
+    ``num_target_tokens`` (of this batch), ``max_logit`` (output), and the model's auxiliary outputs
+    (unweighted), e.g. ``max_attention_logit`` where the attention implementation provides it.
+
+    Raises:
+      ValueError: the model declares an output named like one of the loss's own (:func:`aux_specs`).
     """
     model = nnx.merge(graphdef, params)
     logits, model_aux = model(batch["tokens"], batch["segment_ids"], batch["positions"], return_aux=True)
@@ -65,8 +91,12 @@ def loss_fn(params, graphdef, batch: dict[str, jax.Array], z_loss_weight: float,
     loss = jnp.sum(ce * weights) / denom
     z_loss = jnp.sum(jnp.square(log_z) * weights) / denom
     total = loss + z_loss_weight * z_loss
+    specs = merge_specs(("the loss", LOSS_AUX_SPECS), ("the model", model.aux_specs()))  # no name clashes
+    extra = weighted_aux_loss(specs, model_aux, num_microbatches)
+    if extra is not None:  # nothing is added (not even 0.0) to a model without auxiliary losses
+        total = total + extra
     aux = {"loss": loss, "z_loss": z_loss, "num_target_tokens": jnp.sum(weights),
-           "max_logit": jnp.max(logits), "max_attention_logit": model_aux["max_attention_logit"]}
+           "max_logit": jnp.max(logits), **model_aux}
     return total, aux
 
 
@@ -89,8 +119,12 @@ def loss_and_grads(params, graphdef, batch, z_loss_weight: float, grad_accum: in
     Every micro-batch's loss is normalized by the target-token count of the *whole* global batch, so the
     sum over micro-batches equals the unaccumulated loss and gradients exactly (up to float rounding),
     whatever the number of real tokens in each micro-batch. Accumulation changes memory, not math.
+    Each aux output is reduced over micro-batches, in order, as its :class:`AuxSpec` declares
+    (:func:`aux_specs`): e.g. ``max_attention_logit`` by max.
 
     Returns: ``(aux, grads)`` with ``aux`` as in :func:`loss_fn` for the global batch.
+    Raises:
+      KeyError: the model returns an aux output it did not declare.
     """
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
     if grad_accum == 1:
@@ -100,22 +134,15 @@ def loss_and_grads(params, graphdef, batch, z_loss_weight: float, grad_accum: in
     n_total = jnp.sum(weights)
     micro = split_microbatches(batch, grad_accum)
 
-    def body(carry, mb):
-        g_acc, a_acc = carry
+    def body(g_acc, mb):
         mb = {k: mesh_lib.constrain(v, ("batch", "length")) for k, v in mb.items()}
-        (_, aux), g = grad_fn(params, graphdef, mb, z_loss_weight, n_total)
-        g_acc = jax.tree.map(jnp.add, g_acc, g)
-        a_acc = {"loss": a_acc["loss"] + aux["loss"], "z_loss": a_acc["z_loss"] + aux["z_loss"],
-                 "num_target_tokens": a_acc["num_target_tokens"] + aux["num_target_tokens"],
-                 "max_logit": jnp.maximum(a_acc["max_logit"], aux["max_logit"]),
-                 "max_attention_logit": jnp.maximum(a_acc["max_attention_logit"], aux["max_attention_logit"])}
-        return (g_acc, a_acc), None
+        (_, aux), g = grad_fn(params, graphdef, mb, z_loss_weight, n_total, grad_accum)
+        return jax.tree.map(jnp.add, g_acc, g), aux
 
     zeros = jax.tree.map(jnp.zeros_like, params)
-    a0 = {"loss": jnp.float32(0), "z_loss": jnp.float32(0), "num_target_tokens": jnp.float32(0),
-          "max_logit": jnp.float32(-jnp.inf), "max_attention_logit": jnp.float32(-jnp.inf)}
-    (grads, aux), _ = jax.lax.scan(body, (zeros, a0), micro)
-    return aux, grads
+    # Aux values come out stacked [grad_accum, ...] and are folded in micro-batch order afterwards.
+    grads, per_microbatch = jax.lax.scan(body, zeros, micro)
+    return reduce_aux(aux_specs(graphdef, params), per_microbatch, over="microbatches"), grads
 
 
 #: Parameter groups for per-group gradient norms, matched on path names (first match wins).
@@ -150,7 +177,8 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], *, spec: StateSpe
 
     Metrics (float32 scalars): ``loss``, ``z_loss``, ``grad_norm`` (global L2, before clipping),
     ``grad_norm/<group>``, ``update_param_ratio`` (||update|| / ||params||), ``learning_rate`` (the rate
-    this update used, damping included), ``num_target_tokens``, ``max_logit``, ``max_attention_logit``,
+    this update used, damping included), ``num_target_tokens``, ``max_logit``, the model's auxiliary outputs
+    (``max_attention_logit`` where the attention implementation reports it; absent otherwise),
     ``skipped``, ``nonfinite``, ``clipped``, ``clipped_fraction``, spike thresholds.
     """
     aux, grads = loss_and_grads(state.params, spec.graphdef, batch, z_loss_weight, grad_accum)

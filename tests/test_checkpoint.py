@@ -266,6 +266,7 @@ def _run_in_process(ckpt_env, run: pathlib.Path, steps: int, **overrides):
     return T.run_training(cfg)
 
 
+@pytest.mark.slow
 def test_other_shape_or_corrupt_state_raise_checkpoint_error(ckpt_env, trained10, tmp_path):
     """Another model shape is refused by name before Orbax is asked; a committed step whose arrays are
     truncated stops the run with CheckpointError naming it, and never restarts at step 0."""
@@ -364,36 +365,35 @@ def test_save_every_steps_and_minutes(tmp_path):
 
 
 def _heldout_loss(model, cfg, tokenizer, heldout_path) -> float:
-    """Mean held-out cross-entropy of ``model`` by the README's definition, computed here with the model alone:
-    each document tokenized with EOS appended, every token after its first scored once, the first ``L`` tokens
-    in one window and every later one in a window ending ``L // 2`` tokens further (at least ``L / 2`` tokens of
-    context), each window run on its own (one row, padding masked by segment 0)."""
+    """Mean held-out cross-entropy of ``model`` as the trainer defines it (each document + EOS cut into rolling
+    windows of ``seq_len`` with stride ``seq_len // 2``, every token after a document's first scored once), computed
+    here with the model alone: one window at a time, unpacked, no scorer and no train/eval step."""
     from flax import nnx
-    from jaxpt.eval import heldout
+    from jaxpt.data.documents import read_texts
+    from jaxpt.eval.scorer import rolling_windows
     graphdef, state = nnx.split(model)
-    L, stride = cfg.seq_len, cfg.seq_len // 2
+
+    L = cfg.seq_len
 
     @jax.jit
-    def nll_row(state, tokens, segment_ids, positions):
-        logits = nnx.merge(graphdef, state)(tokens, segment_ids, positions)
-        logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-        return -jnp.take_along_axis(logp[:, :-1], tokens[:, 1:, None], axis=-1)[0, :, 0]  # [L - 1]: token t+1
+    def nll_sum(state, tokens, n, first):
+        # One window per call, right-padded to L (segment 0) so one program serves every length: causal
+        # attention means the padding after the window cannot change its logits.
+        real = jnp.arange(L) < n
+        logits = nnx.merge(graphdef, state)(tokens, real.astype(jnp.int32)[None], jnp.arange(L)[None])
+        logp = jax.nn.log_softmax(logits[0, :-1].astype(jnp.float32), axis=-1)
+        nll = -jnp.take_along_axis(logp, tokens[0, 1:, None], axis=-1)[:, 0]
+        scored = (jnp.arange(1, L) >= first) & (jnp.arange(1, L) < n)
+        return jnp.sum(jnp.where(scored, nll, 0.0))
 
     total = count = 0.0
-    for doc in heldout.load_documents(str(heldout_path)):
-        ids = list(tokenizer.encode(doc.text)) + [tokenizer.eos_id]
-        end, first = min(len(ids), L), 1  # window ids[end - L : end] scores tokens first..end-1
-        while first < len(ids):
-            lo = max(0, end - L)
-            w = ids[lo:end]
+    for text in read_texts(str(heldout_path)):
+        ids = np.append(np.asarray(tokenizer.encode(text), np.int32), np.int32(tokenizer.eos_id))
+        for w in rolling_windows(ids, L, L // 2):
             row = np.zeros((1, L), np.int32)
-            row[0, :len(w)] = w
-            seg = np.zeros((1, L), np.int32)
-            seg[0, :len(w)] = 1
-            nll = np.asarray(nll_row(state, row, seg, np.arange(L, dtype=np.int32)[None]))
-            total += float(np.sum(nll[first - 1 - lo:end - 1 - lo].astype(np.float64)))
-            count += end - first
-            first, end = end, min(len(ids), end + stride)
+            row[0, :len(w.tokens)] = w.tokens
+            total += float(nll_sum(state, row, len(w.tokens), w.first))
+            count += w.num_scored
     return total / count
 
 
@@ -418,6 +418,7 @@ def test_restore_anywhere_gives_the_trained_model(ckpt_env, trained10):
         jaxpt.restore(trained10, step=7)
 
 
+@pytest.mark.slow
 def test_generate_matches_unpadded_greedy_reference(trained10):
     """Each token the padded fixed-row greedy decoder (jaxpt.decode over NoCacheStep) picks is the argmax of the
     model's logits at the previous position when run once, unpadded, on the prompt plus the generated tokens

@@ -90,6 +90,7 @@ def test_bad_arguments(built, tmp_path):
         corpus.corpus_dataset(str(tmp_path), seed=0)
 
 
+@pytest.mark.slow
 def test_training_switches_to_the_corpus_with_a_gin_switch(built, tmp_path):
     """DataConfig.source = 'corpus' trains on the built shards and evaluates on the version's own held-out
     split (heldout/<domain>.jsonl.gz), per domain, never on another corpus's text."""

@@ -128,6 +128,7 @@ def random_model():
     return Decoder(cfg, rngs=nnx.Rngs(3))
 
 
+@pytest.mark.slow
 def test_scores_do_not_depend_on_packing_or_batch_size(random_model):
     """Window scores equal, for every layout, the model run directly on each window's tokens (no padding,
     no packing, no scorer)."""
@@ -148,6 +149,7 @@ def test_scores_do_not_depend_on_packing_or_batch_size(random_model):
         assert len(scorer.layout(windows, pack=True)) < len(windows)  # packing really shared rows
 
 
+@pytest.mark.slow
 def test_batched_greedy_is_the_argmax_of_an_unpadded_forward_and_equals_one_at_a_time(random_model):
     """decode.greedy over NoCacheStep (fixed [B, L] rows, prompts of different lengths, two batches) picks, at every
     step, the argmax of the model run once, unpadded, on the kept prompt plus the tokens before it (causal masking

@@ -10,7 +10,8 @@ import pytest
 from flax import nnx
 
 from jaxpt.model import Decoder, ModelConfig, count_params
-from jaxpt.model.layers import attention_mask, rope
+from jaxpt.model.attention import attention_mask
+from jaxpt.model.layers import rope
 
 CFG = ModelConfig(vocab_size=97, d_model=32, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8, mlp_dim=64,
                   max_seq_len=32)
@@ -20,6 +21,7 @@ def logits_of(model, tokens, segs, pos):
     return np.asarray(model(jnp.asarray(tokens)[None], jnp.asarray(segs)[None], jnp.asarray(pos)[None])[0])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scan", [False, True])
 def test_document_logits_same_packed_or_alone(scan):
     cfg = dataclasses.replace(CFG, scan_layers=scan)
@@ -76,6 +78,7 @@ def test_count_params_matches_arrays():
         assert n == count_params(cfg)["total"]
 
 
+@pytest.mark.slow
 def test_initial_loss_is_about_log_vocab():
     from jaxpt.step import loss_fn
     cfg = dataclasses.replace(CFG, vocab_size=1000)

@@ -116,6 +116,7 @@ def test_schedule_horizon_from_train_steps_is_checked_by_validate():
     assert lr(ok.optimizer, 100, 100) == pytest.approx(ok.optimizer.peak_learning_rate * ok.optimizer.min_lr_ratio)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scan", [False, True])
 def test_weight_decay_leaves_norms_and_embeddings_untouched(scan):
     cfg = ModelConfig(vocab_size=50, d_model=16, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=8,

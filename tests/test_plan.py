@@ -198,6 +198,7 @@ def _check_against_compiled(mesh, *bindings):
     assert abs(est / measured - 1) <= 0.25, (est, measured)
 
 
+@pytest.mark.slow
 def test_memory_estimate_matches_compiled_quickstart():
     """The quickstart step (mesh data=2,fsdp=2,tensor=2, no remat) on 8 CPU devices: the estimate is within
     25% of XLA's compiled per-device memory (argument + output - alias + temp)."""

@@ -57,6 +57,7 @@ def leaves_equal(a, b):
     return all(np.array_equal(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
 
 
+@pytest.mark.slow
 def test_spike_skip_equals_run_without_the_batch():
     stab = StabilityConfig(spike_window=8, spike_k=4.0, spike_min_history=6)
     spec, fn, put = make_step(stab)
@@ -94,6 +95,7 @@ def test_spike_skip_equals_run_without_the_batch():
     assert float(m["skipped"]) == 0.0 and not leaves_equal(c.params, b.params)
 
 
+@pytest.mark.slow
 def test_nonfinite_step_is_skipped_on_device():
     spec, fn, put = make_step(StabilityConfig())
     s0 = S.init_state(spec, CFG, 0)
@@ -106,6 +108,7 @@ def test_nonfinite_step_is_skipped_on_device():
     assert int(s2.num_updates) == 1 and leaves_equal(s2.opt_state, opt_before)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mesh_spec", ["data=2,fsdp=2,tensor=2", "data=8"])
 def test_grad_accumulation_matches_full_batch(mesh_spec):
     """4 micro-batches == one global batch (rel 1e-5), with micro-batches holding different token counts."""
@@ -192,6 +195,7 @@ def test_repeated_nan_stops_with_a_clear_message(prepared_sample, tmp_path, caps
     assert [e["event"] for e in rec["events"]].count("rollback") == 2
 
 
+@pytest.mark.slow
 def test_runs_cli_list_show_compare_plot(prepared_sample, tmp_path, capsys):
     for name in ("a", "b"):
         run_with(prepared_sample, tmp_path / name, 6)

@@ -89,6 +89,7 @@ def test_bad_shapes_are_reported_not_raised(mesh, key, tmp_path):
     assert r.status == "invalid" and key in r.note and r.compile_s is None
 
 
+@pytest.mark.slow
 def test_shape_over_the_memory_limit_does_not_run(tmp_path):
     r = sweep.sweep_one(_tiny_cfg(), "fsdp=8", steps=1, profile_steps=0, peak=1e11, memory_limit=2 ** 16,
                         out_dir=str(tmp_path))

@@ -16,6 +16,7 @@ def run(prepared, workdir, steps, mesh="data=2,fsdp=2,tensor=2", **overrides):
     return final, monitor.read_metrics(str(workdir))
 
 
+@pytest.mark.slow
 def test_run_writes_records_and_learns(prepared_sample, tmp_path):
     final, records = run(prepared_sample, tmp_path, 30)
     steps = [r for r in records if "loss" in r]
@@ -54,6 +55,7 @@ def _fingerprint_pair(prepared, workdir, **overrides):
     return trained, swept
 
 
+@pytest.mark.slow
 def test_train_and_sweep_compile_the_same_step(prepared_sample, tmp_path):
     """``jaxpt.train`` and ``jaxpt.tools.sweep`` lower the same program for the same config, including gradient
     accumulation and the stability policy; and the fingerprint does see those settings (it is not constant)."""
@@ -83,6 +85,7 @@ def test_malformed_heldout_fails_at_setup(prepared_sample, tmp_path, capsys):
     assert not (workdir / "metrics.jsonl").exists() and not (workdir / "checkpoints").exists()
 
 
+@pytest.mark.slow
 def test_profile_window_hook_writes_a_trace(prepared_sample, tmp_path):
     """``--profile_steps 2:3`` (a loop hook) writes a jax.profiler trace under <workdir>/profile and marks
     the record of its last step."""

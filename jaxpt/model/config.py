@@ -19,7 +19,7 @@ REMAT_POLICIES: tuple[str, ...] = typing.get_args(RematPolicy)
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-    """Shape and numerics of a decoder-only transformer (Llama-style: RMSNorm, RoPE, GQA, SwiGLU).
+    """Shape and numerics of a decoder-only transformer (Llama-style: RMSNorm, RoPE, GQA, SwiGLU by default).
 
     Attributes:
       vocab_size: tokens in the vocabulary; 0 means "take it from the tokenizer" (resolved before build).
@@ -28,7 +28,7 @@ class ModelConfig:
       num_heads: query heads (``heads`` axis).
       num_kv_heads: key/value heads for grouped-query attention (Ainslie et al. 2023); divides ``num_heads``.
       head_dim: width of each head (``head_dim`` axis).
-      mlp_dim: hidden width of the SwiGLU MLP (``mlp`` axis; Shazeer 2020).
+      mlp_dim: hidden width of the MLP (``mlp`` axis; SwiGLU: Shazeer 2020).
       max_seq_len: longest row, in tokens, the model is built and validated for.
       rope_theta: RoPE base frequency (Su et al. 2021).
       tie_embeddings: output projection reuses the embedding table (transposed).
@@ -40,10 +40,14 @@ class ModelConfig:
       remat_policy: activation checkpointing: ``none``, ``full`` (save nothing), ``dots`` (save matmul
         outputs), ``dots_no_batch`` (save matmuls without batch dims, i.e. weight matmuls),
         ``save_qkv_proj`` (save the q/k/v projections only).
+      attention_impl: how softmax(q k^T) v is computed, a name registered in
+        :data:`jaxpt.model.attention.ATTENTION` (``xla``: einsums with a materialized [L, M] mask, reports
+        ``max_attention_logit``). Changes no parameter, so a checkpoint resumes under another one.
+      mlp: the block's MLP, a name registered in :data:`jaxpt.model.mlp.MLPS` (``swiglu``).
 
     Raises:
       ConfigError: at construction, naming ``ModelConfig.<field> = <value>``: a wrong type, an unknown dtype
-        or remat policy, a non-positive size, a negative ``vocab_size``, an odd ``head_dim`` (RoPE rotates
+        or remat policy, an unregistered ``attention_impl`` or ``mlp``, a non-positive size, a negative ``vocab_size``, an odd ``head_dim`` (RoPE rotates
         pairs), ``num_heads`` not a multiple of ``num_kv_heads``, or a non-positive ``rope_theta``,
         ``norm_eps`` or ``init_std``.
     """
@@ -64,6 +68,8 @@ class ModelConfig:
     init_std: float = 0.02
     scan_layers: bool = False
     remat_policy: RematPolicy = "none"
+    attention_impl: str = "xla"
+    mlp: str = "swiglu"
 
     @property
     def jnp_param_dtype(self):
@@ -81,3 +87,8 @@ class ModelConfig:
         require(self, "head_dim", self.head_dim % 2 == 0, "must be even for rotary embeddings")
         require(self, "num_heads", self.num_heads % self.num_kv_heads == 0,
                 f"must be a multiple of ModelConfig.num_kv_heads = {self.num_kv_heads} (grouped-query attention)")
+        # Imported here: those modules import this one. Their registries fill as jaxpt.model is imported.
+        from jaxpt.model.attention import ATTENTION
+        from jaxpt.model.mlp import MLPS
+        ATTENTION.get(self.attention_impl)   # ConfigError "ModelConfig.attention_impl = ...: choose one of"
+        MLPS.get(self.mlp)

@@ -1,5 +1,9 @@
 """The decoder-only transformer: embeddings, a stack of blocks (looped or ``nnx.scan``-ned), final norm,
-output projection (tied or untied)."""
+output projection (tied or untied).
+
+Each block returns its auxiliary outputs (those of its attention implementation and its MLP); the decoder
+reduces them over layers as each one's :class:`jaxpt.model.auxiliary.AuxSpec` declares (:func:`aux_specs`).
+"""
 
 from __future__ import annotations
 
@@ -8,8 +12,11 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxpt.mesh import constrain
+from jaxpt.model.attention import ATTENTION, Attention
+from jaxpt.model.auxiliary import AuxSpec, merge_specs, reduce_aux
 from jaxpt.model.config import ModelConfig
-from jaxpt.model.layers import Block, RMSNorm, _param
+from jaxpt.model.layers import RMSNorm, _param
+from jaxpt.model.mlp import MLPS, build_mlp
 
 #: transform metadata so that ``nnx.vmap``/``nnx.scan`` add/remove the stacked ``layers`` logical axis.
 _LAYERS_AXIS = {nnx.PARTITION_NAME: "layers", "logical_axes": "layers"}
@@ -25,6 +32,39 @@ def _remat_policy(name: str):
     }[name]
 
 
+def aux_specs(cfg: ModelConfig) -> dict[str, AuxSpec]:
+    """Every auxiliary output a :class:`Decoder` of ``cfg`` returns, with its reduction.
+
+    The union of what ``cfg.attention_impl`` and ``cfg.mlp`` declare.
+
+    Raises:
+      ConfigError: an implementation name is not registered.
+      ValueError: both declare the same name.
+    """
+    attn, mlp = ATTENTION.get(cfg.attention_impl), MLPS.get(cfg.mlp)
+    return merge_specs((f"attention_impl {attn.name!r}", attn.aux_specs(cfg)),
+                       (f"mlp {mlp.name!r}", mlp.aux_specs(cfg)))
+
+
+class Block(nnx.Module):
+    """Pre-norm transformer block: ``x + attn(norm(x))`` then ``x + mlp(norm(x))``; the MLP is ``cfg.mlp``."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        pd = cfg.jnp_param_dtype
+        self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps, pd)
+        self.attn = Attention(cfg, rngs=rngs)
+        self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps, pd)
+        self.mlp = build_mlp(cfg, rngs=rngs)
+
+    def __call__(self, x_BxLxD, segment_ids_BxL, positions_BxL):
+        """Returns ``(x [B, L, D], aux)``: aux the union of the attention's and the MLP's for this block."""
+        attn_out, attn_aux = self.attn(self.attn_norm(x_BxLxD), segment_ids_BxL, positions_BxL)
+        x_BxLxD = constrain(x_BxLxD + attn_out, ("batch", "length", "embed"))
+        mlp_out, mlp_aux = self.mlp(self.mlp_norm(x_BxLxD))
+        x_BxLxD = x_BxLxD + mlp_out
+        return constrain(x_BxLxD, ("batch", "length", "embed")), {**attn_aux, **mlp_aux}
+
+
 class Decoder(nnx.Module):
     """Decoder-only language model.
 
@@ -32,11 +72,15 @@ class Decoder(nnx.Module):
     when ``cfg.scan_layers``); ``final_norm`` [D]; ``output`` [D, V] unless ``cfg.tie_embeddings``.
 
     Call with ``tokens``, ``segment_ids``, ``positions`` (all [B, L] int32) to get logits [B, L, V] float32.
+
+    Raises (at build): ValueError: ``vocab_size`` unresolved; ConfigError: an unregistered
+    ``attention_impl`` or ``mlp``.
     """
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         if cfg.vocab_size <= 0:
             raise ValueError("ModelConfig.vocab_size must be resolved (from the tokenizer) before building")
+        aux_specs(cfg)  # unknown implementations fail here, naming the config field, not at the first call
         self.cfg = cfg
         pd = cfg.jnp_param_dtype
         self.embedding = _param(rngs, (cfg.vocab_size, cfg.d_model), ("vocab", "embed"), cfg.init_std, pd)
@@ -54,9 +98,35 @@ class Decoder(nnx.Module):
             # A small std keeps the initial logits near 0, so the initial loss is about ln(V).
             self.output = _param(rngs, (cfg.d_model, cfg.vocab_size), ("embed", "vocab"), cfg.init_std, pd)
 
+    def aux_specs(self) -> dict[str, AuxSpec]:
+        """The auxiliary outputs ``__call__(..., return_aux=True)`` returns: :func:`aux_specs` of the config."""
+        return aux_specs(self.cfg)
+
+    def _run_blocks(self, x_BxLxD, segment_ids_BxL, positions_BxL):
+        """All blocks in order. Returns ``(x [B, L, D], aux reduced over layers)``."""
+        cfg = self.cfg
+
+        def run_block(block: Block, x):
+            return block(x, segment_ids_BxL, positions_BxL)
+
+        if cfg.remat_policy != "none":
+            run_block = nnx.remat(run_block, policy=_remat_policy(cfg.remat_policy), prevent_cse=not cfg.scan_layers)
+        if cfg.scan_layers:
+            # Per-layer aux values come out stacked on a leading [num_layers] axis.
+            x_BxLxD, per_layer = nnx.scan(run_block, in_axes=(0, nnx.Carry), out_axes=(nnx.Carry, 0),
+                                          transform_metadata=_LAYERS_AXIS)(self.blocks, x_BxLxD)
+        else:
+            per_layer = {}
+            for block in self.blocks:
+                x_BxLxD, aux = run_block(block, x_BxLxD)
+                for name, value in aux.items():
+                    per_layer.setdefault(name, []).append(value)
+        return x_BxLxD, reduce_aux(self.aux_specs(), per_layer, over="layers")
+
     def __call__(self, tokens_BxL: jax.Array, segment_ids_BxL: jax.Array, positions_BxL: jax.Array,
                  *, return_aux: bool = False):
-        """Logits [B, L, V] float32; with ``return_aux``, ``(logits, {"max_attention_logit": scalar})``."""
+        """Logits [B, L, V] float32; with ``return_aux``, ``(logits, aux)``: each output of
+        :meth:`aux_specs` reduced over layers (``{"max_attention_logit": float32 scalar}`` by default)."""
         cfg = self.cfg
         cd = cfg.jnp_compute_dtype
         # The lookup gathers from the whole table (as ZeRO-3/FSDP gathers weights before use): a gather from
@@ -64,23 +134,7 @@ class Decoder(nnx.Module):
         table_VxD = constrain(self.embedding[...], (None, None))
         x_BxLxD = jnp.take(table_VxD, tokens_BxL, axis=0).astype(cd)
         x_BxLxD = constrain(x_BxLxD, ("batch", "length", "embed"))
-
-        def run_block(block: Block, carry):
-            x, running_max = carry
-            x, block_max = block(x, segment_ids_BxL, positions_BxL)
-            return x, jnp.maximum(running_max, block_max)
-
-        if cfg.remat_policy != "none":
-            run_block = nnx.remat(run_block, policy=_remat_policy(cfg.remat_policy), prevent_cse=not cfg.scan_layers)
-
-        carry = (x_BxLxD, jnp.asarray(-jnp.inf, jnp.float32))
-        if cfg.scan_layers:
-            carry = nnx.scan(run_block, in_axes=(0, nnx.Carry), out_axes=nnx.Carry,
-                             transform_metadata=_LAYERS_AXIS)(self.blocks, carry)
-        else:
-            for block in self.blocks:
-                carry = run_block(block, carry)
-        x_BxLxD, max_attention_logit = carry
+        x_BxLxD, aux = self._run_blocks(x_BxLxD, segment_ids_BxL, positions_BxL)
 
         x_BxLxD = self.final_norm(x_BxLxD)
         if cfg.tie_embeddings:
@@ -91,7 +145,7 @@ class Decoder(nnx.Module):
                                   preferred_element_type=jnp.float32)
         logits_BxLxV = constrain(logits_BxLxV, ("batch", "length", "vocab"))
         if return_aux:
-            return logits_BxLxV, {"max_attention_logit": max_attention_logit}
+            return logits_BxLxV, aux
         return logits_BxLxV
 
 
@@ -101,6 +155,8 @@ def count_params(cfg: ModelConfig) -> dict[str, int]:
     Returns ``{"total", "embedding", "output", "blocks", "matmul"}`` where ``matmul`` counts params that
     take part in a matmul per token: every block projection plus the output projection (tied or not);
     the embedding lookup is excluded (Kaplan et al. 2020; MaxText/Megatron MFU convention).
+    The MLP term is the dense SwiGLU's ``3 D F`` (the built-in ``swiglu``); an MLP of other shapes
+    (mixture of experts: total vs active params) must extend this.
     """
     D, H, K, Hd, F, V, N = (cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.mlp_dim,
                             cfg.vocab_size, cfg.num_layers)

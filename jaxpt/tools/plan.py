@@ -315,36 +315,34 @@ def _variables_with_paths(params):
 
 
 def _layer_activations(cfg: ModelConfig, batch: int, seq_len: int):
-    """Tensors one block produces, per the model code in :mod:`jaxpt.model.layers`.
+    """Tensors one block produces, per the model code: the block's own (norms, projections, residuals) and
+    those its attention implementation and MLP declare (``saved_tensors`` in :mod:`jaxpt.model.registry`).
 
-    Returns ``[(name, kind, shape, logical axes, bytes per element)]`` where kind is ``input`` (the block
-    input, kept by every policy), ``dot`` (a weight matmul output), ``dot_batch`` (an attention einsum
-    output, whose operands both carry the batch) or ``other``; ``needed`` marks what the plain backward
-    pass reads (the rest is only kept when a remat policy saves it).
+    Returns ``[SavedTensor(name, kind, needed, shape, logical axes, bytes per element)]`` where kind is
+    ``input`` (the block input, kept by every policy), ``dot`` (a weight matmul output), ``dot_batch`` (an
+    attention einsum output, whose operands both carry the batch) or ``other``; ``needed`` marks what the
+    plain backward pass reads (the rest is only kept when a remat policy saves it).
     """
-    B, L, D, H, K, Hd, F = (batch, seq_len, cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
-                            cfg.mlp_dim)
+    from jaxpt.model.attention import ATTENTION
+    from jaxpt.model.mlp import MLPS
+    from jaxpt.model.registry import SavedTensor as T
+    B, L, D, H, K, Hd = batch, seq_len, cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     c = DTYPE_BYTES[cfg.compute_dtype]
     bld, blhd, blkd = ("batch", "length", "embed"), ("batch", "length", "heads", None), \
         ("batch", "length", "kv_heads", None)
-    probs_bytes = 4 + (c if c != 4 else 0)   # softmax in fp32, then cast to the compute dtype for AV
     return [
         # name, kind, needed-by-plain-backward, shape, logical axes, bytes
-        ("x_in", "input", True, (B, L, D), bld, c),
-        ("attn_norm", "other", True, (B, L, D), bld, c),
-        ("q", "dot", True, (B, L, H, Hd), blhd, c),
-        ("k", "dot", True, (B, L, K, Hd), blkd, c),
-        ("v", "dot", True, (B, L, K, Hd), blkd, c),
-        ("scores", "dot_batch", False, (B, L, H, L), blhd, 4),
-        ("probs", "other", True, (B, L, H, L), blhd, probs_bytes),
-        ("attn_out", "dot_batch", True, (B, L, H, Hd), blhd, c),
-        ("attn_proj", "dot", False, (B, L, D), bld, c),
-        ("x_mid", "other", True, (B, L, D), bld, c),
-        ("mlp_norm", "other", True, (B, L, D), bld, c),
-        ("gate", "dot", True, (B, L, F), ("batch", "length", "mlp"), c),
-        ("up", "dot", True, (B, L, F), ("batch", "length", "mlp"), c),
-        ("h", "other", True, (B, L, F), ("batch", "length", "mlp"), c),
-        ("mlp_proj", "dot", False, (B, L, D), bld, c),
+        T("x_in", "input", True, (B, L, D), bld, c),
+        T("attn_norm", "other", True, (B, L, D), bld, c),
+        T("q", "dot", True, (B, L, H, Hd), blhd, c),
+        T("k", "dot", True, (B, L, K, Hd), blkd, c),
+        T("v", "dot", True, (B, L, K, Hd), blkd, c),
+        *ATTENTION.get(cfg.attention_impl).saved_tensors(cfg, batch, seq_len),
+        T("attn_proj", "dot", False, (B, L, D), bld, c),
+        T("x_mid", "other", True, (B, L, D), bld, c),
+        T("mlp_norm", "other", True, (B, L, D), bld, c),
+        *MLPS.get(cfg.mlp).saved_tensors(cfg, batch, seq_len),
+        T("mlp_proj", "dot", False, (B, L, D), bld, c),
     ]
 
 
@@ -352,9 +350,9 @@ def _saved_by_policy(policy: str, name: str, kind: str, needed: bool) -> bool:
     """Whether a block tensor stays alive from the forward to the backward pass under ``policy``.
 
     Policies are those of :func:`jaxpt.model.decoder._remat_policy` (``jax.checkpoint_policies``).
-    ``save_qkv_proj`` is counted as documented (q, k, v kept); note the model does not yet tag any value
-    with ``checkpoint_name('qkv_proj')``, so XLA currently keeps nothing under it (compiled memory equal
-    to ``full`` on the quickstart) and this estimate is high by the q/k/v bytes.
+    ``save_qkv_proj`` is counted as documented: q, k and v kept (tagged ``checkpoint_name('qkv_proj')`` in
+    :class:`jaxpt.model.attention.Attention`). XLA:CPU's compiled temp memory under it still measures
+    within a few KiB of ``full`` (4-layer test model), so on CPU this estimate is high by the q/k/v bytes.
     """
     if kind == "input":
         return True

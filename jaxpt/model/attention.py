@@ -1,0 +1,160 @@
+"""Self-attention: the ``Attention`` layer (projections, RoPE) and the attention math behind a seam.
+
+:func:`dot_product_attention` computes ``softmax(scale q k^T + mask) v`` with causal, document-local masking
+by the implementation ``ModelConfig.attention_impl`` names in :data:`ATTENTION`. An implementation is a
+function
+
+    fn(q_BxLxHxHd, k_BxMxKxHd, v_BxMxKxHd, q_segment_ids_BxL, kv_segment_ids_BxM, *, scale)
+        -> (out_BxLxHxHd, aux)
+
+* ``q`` has RoPE applied and is **not** scaled: the implementation applies ``scale`` (as
+  ``jax.nn.dot_product_attention`` and fused kernels do, which take the scale as an argument; a kernel
+  without one pre-scales q itself). ``k``/``v`` carry K kv heads, K dividing H (grouped-query attention,
+  Ainslie et al. 2023); an implementation must not assume K == H.
+* Masking: query i may attend key j iff ``j <= i`` (indices into the same row: M == L today) and
+  ``q_segment_ids[i] == kv_segment_ids[j]``. Segment ids are per key separately so that a context-parallel
+  implementation (keys from another shard) can pass the keys' own ids; it will add key offsets for causality.
+* All arrays are in the compute dtype; ``out`` is too. Softmax should be accumulated in float32.
+* ``aux`` holds exactly the auxiliary outputs the registration declares (float32 scalars), e.g.
+  ``max_attention_logit`` where the logits exist to be inspected; an implementation that never
+  materializes them (a fused kernel) declares none and the monitor is absent, not faked.
+
+Array names carry shape suffixes: B batch, L query length, M key length, H query heads, K kv heads,
+G = H // K, Hd head_dim, D d_model.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
+
+from jaxpt.mesh import constrain
+from jaxpt.model.auxiliary import AuxSpec
+from jaxpt.model.config import DTYPES, ModelConfig
+from jaxpt.model.layers import _param, rope
+from jaxpt.model.registry import Registry, SavedTensor
+
+#: Attention implementations by ``ModelConfig.attention_impl`` value.
+ATTENTION = Registry("attention_impl")
+register_attention = ATTENTION.register
+
+
+def attention_mask(q_segment_ids_BxL: jax.Array, kv_segment_ids_BxM: jax.Array | None = None) -> jax.Array:
+    """Causal mask that never crosses documents: ``[B, 1, 1, L, M]`` bool (True = may attend).
+
+    Query i may see key j iff j <= i and both belong to the same segment. Padding (segment 0) sees only
+    padding, so every row keeps at least its own position and softmax never divides by zero.
+    ``kv_segment_ids_BxM`` defaults to the query ids (self-attention).
+    """
+    kv_BxM = q_segment_ids_BxL if kv_segment_ids_BxM is None else kv_segment_ids_BxM
+    L, M = q_segment_ids_BxL.shape[1], kv_BxM.shape[1]
+    causal_LxM = jnp.tril(jnp.ones((L, M), dtype=jnp.bool_))
+    same_BxLxM = q_segment_ids_BxL[:, :, None] == kv_BxM[:, None, :]
+    return (same_BxLxM & causal_LxM)[:, None, None, :, :]
+
+
+def _xla_saved_tensors(cfg: ModelConfig, batch: int, seq_len: int) -> list[SavedTensor]:
+    """The [L, M] scores and probabilities (per head) the einsum path materializes, and its output."""
+    B, L, H, Hd = batch, seq_len, cfg.num_heads, cfg.head_dim
+    c = jnp.dtype(DTYPES[cfg.compute_dtype]).itemsize
+    blhd = ("batch", "length", "heads", None)
+    probs_bytes = 4 + (c if c != 4 else 0)   # softmax in fp32, then cast to the compute dtype for AV
+    return [SavedTensor("scores", "dot_batch", False, (B, L, H, L), blhd, 4),
+            SavedTensor("probs", "other", True, (B, L, H, L), blhd, probs_bytes),
+            SavedTensor("attn_out", "dot_batch", True, (B, L, H, Hd), blhd, c)]
+
+
+@register_attention("xla", aux_specs={"max_attention_logit": AuxSpec("max")}, saved_tensors=_xla_saved_tensors)
+def xla_attention(q_BxLxHxHd, k_BxMxKxHd, v_BxMxKxHd, q_segment_ids_BxL, kv_segment_ids_BxM, *, scale):
+    """Einsums over a materialized ``[B, H, L, M]`` float32 logit tensor; memory O(L M) per head.
+
+    Also returns ``max_attention_logit``: the largest scaled logit among allowed query-key pairs (float32
+    scalar), for monitoring logit growth (Dehghani et al. 2023, "Scaling Vision Transformers to 22B").
+    """
+    cd = q_BxLxHxHd.dtype
+    B, L, H, Hd = q_BxLxHxHd.shape
+    K = k_BxMxKxHd.shape[2]
+    G = H // K
+    q_BxLxHxHd = q_BxLxHxHd * jnp.asarray(scale, cd)
+    mask = attention_mask(q_segment_ids_BxL, kv_segment_ids_BxM)
+    if G == 1:  # multi-head attention: plain 4-D einsums (cheaper on CPU than a size-1 group axis)
+        logits_BxHxLxM = jnp.einsum("blhd,bmhd->bhlm", q_BxLxHxHd, k_BxMxKxHd,
+                                    preferred_element_type=jnp.float32)
+        logits_BxHxLxM = jnp.where(mask[:, 0], logits_BxHxLxM, jnp.finfo(jnp.float32).min)
+        max_logit = jnp.max(logits_BxHxLxM)
+        probs = jax.nn.softmax(logits_BxHxLxM, axis=-1).astype(cd)
+        out_BxLxHxHd = jnp.einsum("bhlm,bmhd->blhd", probs, v_BxMxKxHd)
+    else:  # grouped-query: each kv head serves G query heads, without materializing repeated k/v
+        q_BxLxKxGxHd = q_BxLxHxHd.reshape(B, L, K, G, Hd)
+        logits_BxKxGxLxM = jnp.einsum("blkgd,bmkd->bkglm", q_BxLxKxGxHd, k_BxMxKxHd,
+                                      preferred_element_type=jnp.float32)
+        logits_BxKxGxLxM = jnp.where(mask, logits_BxKxGxLxM, jnp.finfo(jnp.float32).min)
+        max_logit = jnp.max(logits_BxKxGxLxM)
+        probs = jax.nn.softmax(logits_BxKxGxLxM, axis=-1).astype(cd)
+        out_BxLxHxHd = jnp.einsum("bkglm,bmkd->blkgd", probs, v_BxMxKxHd).reshape(B, L, H, Hd)
+    return out_BxLxHxHd, {"max_attention_logit": max_logit}
+
+
+def dot_product_attention(q_BxLxHxHd: jax.Array, k_BxMxKxHd: jax.Array, v_BxMxKxHd: jax.Array,
+                          segment_ids_BxL: jax.Array, *, impl: str = "xla",
+                          kv_segment_ids_BxM: jax.Array | None = None,
+                          scale: float | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Causal, document-masked grouped-query attention by the implementation ``impl``.
+
+    Args:
+      q_BxLxHxHd: queries, RoPE applied, not scaled; compute dtype.
+      k_BxMxKxHd, v_BxMxKxHd: keys (RoPE applied) and values; K divides H.
+      segment_ids_BxL: int32 document id of each query (0 = padding).
+      impl: a name registered in :data:`ATTENTION`.
+      kv_segment_ids_BxM: int32 document id of each key; default ``segment_ids_BxL``.
+      scale: logit scale; default ``1 / sqrt(Hd)`` (Vaswani et al. 2017).
+    Returns: ``(out [B, L, H, Hd] in the compute dtype, aux)``, aux as the implementation declares.
+    Raises:
+      ConfigError: ``impl`` is not registered.
+    """
+    entry = ATTENTION.get(impl)
+    if kv_segment_ids_BxM is None:
+        kv_segment_ids_BxM = segment_ids_BxL
+    if scale is None:
+        scale = q_BxLxHxHd.shape[-1] ** -0.5
+    return entry.fn(q_BxLxHxHd, k_BxMxKxHd, v_BxMxKxHd, segment_ids_BxL, kv_segment_ids_BxM, scale=scale)
+
+
+class Attention(nnx.Module):
+    """Grouped-query self-attention (Ainslie et al. 2023) with RoPE and segment masking.
+
+    Params: ``wq`` [D, H, Hd], ``wk``/``wv`` [D, K, Hd], ``wo`` [H, Hd, D]. The attention math is
+    :func:`dot_product_attention` with ``cfg.attention_impl``.
+    """
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        self.cfg = cfg
+        D, H, K, Hd = cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        pd = cfg.jnp_param_dtype
+        out_std = cfg.init_std / math.sqrt(2 * cfg.num_layers)  # GPT-2 style residual scaling
+        self.wq = _param(rngs, (D, H, Hd), ("embed", "heads", "head_dim"), cfg.init_std, pd)
+        self.wk = _param(rngs, (D, K, Hd), ("embed", "kv_heads", "head_dim"), cfg.init_std, pd)
+        self.wv = _param(rngs, (D, K, Hd), ("embed", "kv_heads", "head_dim"), cfg.init_std, pd)
+        self.wo = _param(rngs, (H, Hd, D), ("heads", "head_dim", "embed"), out_std, pd)
+
+    def __call__(self, x_BxLxD, segment_ids_BxL, positions_BxL):
+        """Returns ``(out [B, L, D] in the compute dtype, aux)``, aux as the implementation declares."""
+        cfg = self.cfg
+        cd = cfg.jnp_compute_dtype
+        q_BxLxHxHd = jnp.einsum("bld,dhk->blhk", x_BxLxD, self.wq[...].astype(cd))
+        k_BxMxKxHd = jnp.einsum("bld,dhk->blhk", x_BxLxD, self.wk[...].astype(cd))
+        v_BxMxKxHd = jnp.einsum("bld,dhk->blhk", x_BxLxD, self.wv[...].astype(cd))
+        # Named for the ``save_qkv_proj`` remat policy (jax.checkpoint_policies.save_only_these_names).
+        q_BxLxHxHd = checkpoint_name(constrain(q_BxLxHxHd, ("batch", "length", "heads", "head_dim")), "qkv_proj")
+        k_BxMxKxHd = checkpoint_name(constrain(k_BxMxKxHd, ("batch", "length", "kv_heads", "head_dim")), "qkv_proj")
+        v_BxMxKxHd = checkpoint_name(constrain(v_BxMxKxHd, ("batch", "length", "kv_heads", "head_dim")), "qkv_proj")
+        q_BxLxHxHd = rope(q_BxLxHxHd, positions_BxL, cfg.rope_theta)
+        k_BxMxKxHd = rope(k_BxMxKxHd, positions_BxL, cfg.rope_theta)
+        out_BxLxHxHd, aux = dot_product_attention(q_BxLxHxHd, k_BxMxKxHd, v_BxMxKxHd, segment_ids_BxL,
+                                                  impl=cfg.attention_impl)
+        out_BxLxHxHd = constrain(out_BxLxHxHd, ("batch", "length", "heads", "head_dim"))
+        return jnp.einsum("blhk,hkd->bld", out_BxLxHxHd, self.wo[...].astype(cd)), aux

@@ -1,0 +1,139 @@
+"""Auxiliary outputs of the model and the train step, each with a declared reduction.
+
+A layer (an attention implementation, an MLP) may return, next to its activations, a dict of auxiliary
+values: monitors such as ``max_attention_logit``, or losses such as a future mixture-of-experts load-balancing
+loss. Each name is declared once with an :class:`AuxSpec` saying how per-layer values combine into one per
+model call, how per-micro-batch values combine into one per train step, and whether the value is a loss
+term added to the training objective. The decoder's layer loop and the gradient-accumulation scan carry
+whatever is declared, so a new auxiliary output needs no change to either.
+
+Reductions fold values in order (layer 0 first, micro-batch 0 first) with plain binary ops, so a running
+sum is summed in the same order as a hand-written loop would, bit for bit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+
+#: How values combine: ``max`` (monitors of the worst case), ``sum`` (counts, per-layer losses summed over
+#: layers), ``mean`` (the average of equal-weight parts: layers, or micro-batches of equal row count).
+REDUCTIONS = ("max", "sum", "mean")
+
+
+@dataclasses.dataclass(frozen=True)
+class AuxSpec:
+    """How one auxiliary output is reduced and whether it is a loss term.
+
+    Attributes:
+      reduce: reduction over layers (one of :data:`REDUCTIONS`).
+      over_microbatches: reduction over gradient-accumulation micro-batches; ``None`` means ``reduce``.
+        A per-batch statistic (a load-balancing loss, expert shares) wants ``mean``: each micro-batch holds
+        ``1/grad_accum`` of the global batch's rows, so the mean matches the unaccumulated value (exactly for
+        sums over rows, approximately for nonlinear statistics).
+      loss_weight: if nonzero, ``loss_weight * value`` is added to the training loss (the value reported as
+        a metric stays unweighted). Gradients through a ``max`` over micro-batches cannot be accumulated
+        one micro-batch at a time, so a loss must reduce over micro-batches by ``sum`` or ``mean``.
+
+    Raises:
+      ValueError: an unknown reduction, or a weighted loss reduced by ``max`` over micro-batches.
+    """
+
+    reduce: str
+    over_microbatches: str | None = None
+    loss_weight: float = 0.0
+
+    def __post_init__(self):
+        for name in (self.reduce, self.microbatch_reduce):
+            if name not in REDUCTIONS:
+                raise ValueError(f"AuxSpec reduction {name!r}: choose one of {REDUCTIONS}")
+        if self.loss_weight and self.microbatch_reduce == "max":
+            raise ValueError("an auxiliary loss (loss_weight != 0) must reduce over micro-batches by 'sum' or "
+                             "'mean': gradients of a max cannot be accumulated per micro-batch")
+
+    @property
+    def microbatch_reduce(self) -> str:
+        return self.over_microbatches or self.reduce
+
+    def microbatch_loss_scale(self, num_microbatches: int) -> float:
+        """Factor on one micro-batch's loss term so that gradients summed over micro-batches are those of
+        the reduced value: ``1/num_microbatches`` for ``mean``, 1 for ``sum``."""
+        return 1.0 / num_microbatches if self.microbatch_reduce == "mean" else 1.0
+
+
+def fold(reduction: str, values: Sequence[jax.Array] | jax.Array) -> jax.Array:
+    """Reduce values in order with a left fold: ``((v0 op v1) op v2) ...``; ``mean`` divides the sum by the count.
+
+    Args:
+      reduction: one of :data:`REDUCTIONS`.
+      values: a non-empty sequence of same-shape arrays, or one array whose leading axis indexes them
+        (as stacked by ``scan``).
+    Returns: an array of one value's shape and dtype.
+    """
+    items = [values[i] for i in range(values.shape[0])] if isinstance(values, jax.Array) else list(values)
+    op = jnp.maximum if reduction == "max" else jnp.add
+    acc = items[0]
+    for v in items[1:]:
+        acc = op(acc, v)
+    if reduction == "mean":
+        acc = acc / jnp.asarray(len(items), acc.dtype)
+    return acc
+
+
+def reduce_aux(specs: Mapping[str, AuxSpec], per_part: Mapping[str, Sequence[jax.Array] | jax.Array], *,
+               over: str) -> dict[str, jax.Array]:
+    """Reduce each auxiliary output over layers (``over='layers'``) or micro-batches (``over='microbatches'``).
+
+    Args:
+      specs: the declaration of every name in ``per_part``.
+      per_part: name -> the values of each part (a sequence, or an array stacked on axis 0).
+    Raises:
+      KeyError: a name without a declaration (naming it), so nothing is reduced by an unstated rule.
+      ValueError: ``over`` is neither.
+    """
+    if over not in ("layers", "microbatches"):
+        raise ValueError(f"reduce_aux over={over!r}: 'layers' or 'microbatches'")
+    out = {}
+    for name, values in per_part.items():
+        if name not in specs:
+            raise KeyError(f"auxiliary output {name!r} has no AuxSpec (declared: {sorted(specs)})")
+        spec = specs[name]
+        out[name] = fold(spec.reduce if over == "layers" else spec.microbatch_reduce, values)
+    return out
+
+
+def merge_specs(*named: tuple[str, Mapping[str, AuxSpec]]) -> dict[str, AuxSpec]:
+    """Union of declarations from several sources, e.g. ``("attention 'xla'", {...}), ("mlp 'swiglu'", {...})``.
+
+    Raises:
+      ValueError: two sources declare the same name (their values would silently overwrite each other).
+    """
+    out: dict[str, AuxSpec] = {}
+    owner: dict[str, str] = {}
+    for source, specs in named:
+        for name, spec in specs.items():
+            if name in out:
+                raise ValueError(f"auxiliary output {name!r} is declared by both {owner[name]} and {source}")
+            out[name], owner[name] = spec, source
+    return out
+
+
+def weighted_aux_loss(specs: Mapping[str, AuxSpec], values: Mapping[str, jax.Array],
+                      num_microbatches: int = 1) -> jax.Array | None:
+    """``sum(loss_weight * value * microbatch_loss_scale)`` over the declared losses among ``values``.
+
+    Returns None (not 0.0) when no value is a weighted loss, so a model without auxiliary losses leaves the
+    training objective's computation exactly as it was.
+    """
+    total = None
+    for name in sorted(values):
+        spec = specs[name]
+        if not spec.loss_weight:
+            continue
+        term = values[name] * jnp.asarray(spec.loss_weight * spec.microbatch_loss_scale(num_microbatches),
+                                          values[name].dtype)
+        total = term if total is None else total + term
+    return total

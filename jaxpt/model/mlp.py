@@ -1,0 +1,68 @@
+"""The block's MLP, chosen by ``ModelConfig.mlp`` from :data:`MLPS`.
+
+An MLP is an ``nnx.Module`` class (or factory) called as ``cls(cfg, rngs=rngs)`` whose ``__call__`` maps
+``x [B, L, D]`` (compute dtype, already normalized) to ``(y [B, L, D] in the compute dtype, aux)``, where
+``aux`` holds exactly the auxiliary outputs its registration declares: none for a dense MLP; a
+mixture-of-experts MLP would return e.g. a load-balancing loss declared with a ``loss_weight``
+(:class:`jaxpt.model.auxiliary.AuxSpec`), which the train step adds to the loss. Params carry
+``logical_axes`` metadata like every other param (see :mod:`jaxpt.mesh`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxpt.mesh import constrain
+from jaxpt.model.config import DTYPES, ModelConfig
+from jaxpt.model.layers import _param
+from jaxpt.model.registry import Registry, SavedTensor
+
+#: MLP module classes by ``ModelConfig.mlp`` value.
+MLPS = Registry("mlp")
+register_mlp = MLPS.register
+
+
+def build_mlp(cfg: ModelConfig, *, rngs: nnx.Rngs) -> nnx.Module:
+    """The MLP ``cfg.mlp`` names, initialized from ``rngs``.
+
+    Raises:
+      ConfigError: ``cfg.mlp`` is not registered.
+    """
+    return MLPS.get(cfg.mlp).fn(cfg, rngs=rngs)
+
+
+def _swiglu_saved_tensors(cfg: ModelConfig, batch: int, seq_len: int) -> list[SavedTensor]:
+    c = jnp.dtype(DTYPES[cfg.compute_dtype]).itemsize
+    blf = ("batch", "length", "mlp")
+    shape = (batch, seq_len, cfg.mlp_dim)
+    return [SavedTensor("gate", "dot", True, shape, blf, c), SavedTensor("up", "dot", True, shape, blf, c),
+            SavedTensor("h", "other", True, shape, blf, c)]
+
+
+@register_mlp("swiglu", saved_tensors=_swiglu_saved_tensors)
+class SwiGLU(nnx.Module):
+    """Gated MLP ``down(silu(x @ gate) * (x @ up))`` (Shazeer 2020, "GLU Variants Improve Transformer").
+
+    Params: ``w_gate``, ``w_up`` [D, F], ``w_down`` [F, D]. No auxiliary outputs.
+    """
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        self.cfg = cfg
+        D, F = cfg.d_model, cfg.mlp_dim
+        pd = cfg.jnp_param_dtype
+        out_std = cfg.init_std / math.sqrt(2 * cfg.num_layers)  # GPT-2 style residual scaling
+        self.w_gate = _param(rngs, (D, F), ("embed", "mlp"), cfg.init_std, pd)
+        self.w_up = _param(rngs, (D, F), ("embed", "mlp"), cfg.init_std, pd)
+        self.w_down = _param(rngs, (F, D), ("mlp", "embed"), out_std, pd)
+
+    def __call__(self, x_BxLxD):
+        """Returns ``(y [B, L, D], {})``."""
+        cd = self.cfg.jnp_compute_dtype
+        gate_BxLxF = jnp.einsum("bld,df->blf", x_BxLxD, self.w_gate[...].astype(cd))
+        up_BxLxF = jnp.einsum("bld,df->blf", x_BxLxD, self.w_up[...].astype(cd))
+        h_BxLxF = constrain(jax.nn.silu(gate_BxLxF) * up_BxLxF, ("batch", "length", "mlp"))
+        return jnp.einsum("blf,fd->bld", h_BxLxF, self.w_down[...].astype(cd)), {}
