@@ -266,8 +266,8 @@ class Checkpointer:
         Raises:
           CheckpointError: checkpoints exist but the newest cannot be restored, it is from another model
             (:func:`check_compatible`) or another tokenizer, its saved config has a setting this version does
-            not know that changes shapes or numerics (:func:`check_saved_config`), or the directory holds something that is not a
-            restorable checkpoint. Never silently starts from step 0 over existing checkpoints.
+            not know that changes shapes or numerics (:func:`check_saved_config`), or the directory holds
+            something that is not a restorable checkpoint. Never silently starts from step 0 over existing checkpoints.
         """
         import time
         step = self.latest_step()

@@ -13,8 +13,9 @@ are applied as bindings, then every ``--gin 'BINDING'`` (applied last, so it win
 Every config dataclass checks its own fields when it is built (types, ``Literal`` choices, ranges; see
 :mod:`jaxpt.validation`), so :func:`parse` already refuses ``ModelConfig.compute_dtype = 'float8'``.
 :func:`validate` then checks what needs two configs or the devices (mesh sizes, unused mesh axes, batch and
-head divisibility, learning-rate phases against the run's horizon) before anything is compiled. Both raise :class:`ConfigError` naming the offending key.
-This module never touches ``jax.distributed``.
+head divisibility, learning-rate phases against the run's horizon) before anything is compiled. Both raise
+:class:`ConfigError` naming the offending key (a misspelled one with :func:`did_you_mean`'s suggestion).
+:func:`operative_config_str` renders every setting of a config. This module never touches ``jax.distributed``.
 """
 
 from __future__ import annotations

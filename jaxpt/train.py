@@ -86,8 +86,9 @@ def setup(cfg: TrainConfig, pre: preflight.Preflight | None = None) -> Run:
     cfg = built.cfg
     device = jax.local_devices()[0]
     peak, note = flops_lib.peak_flops_per_device(device, dtype=cfg.model.jnp_compute_dtype)
-    throughput = monitor.Throughput(cfg.global_batch_size * cfg.seq_len, flops_lib.flops_per_token(cfg.model, cfg.seq_len),
-                                    built.mesh.size, peak, flops_lib.table_peak_flops(device.device_kind) is None)
+    throughput = monitor.Throughput(cfg.global_batch_size * cfg.seq_len,
+                                    flops_lib.flops_per_token(cfg.model, cfg.seq_len), built.mesh.size, peak,
+                                    peak_is_measured=flops_lib.table_peak_flops(device.device_kind) is None)
     evaluator = inloop.HeldoutEvaluator(cfg, built.mesh, built.spec.graphdef, built.spec.abstract.params,
                                         pre.tokenizer, pre.heldout_docs, pre.heldout_set)
     return Run(built, built.init_state(), pre.tokenizer, throughput, note, evaluator)
@@ -128,8 +129,7 @@ class LoopContext:
         self.bar = _progress(run.cfg, start)
         self.last: dict[str, Any] = {}
         self.losses = monitor.LossSeries()  # loss / loss_mean / skipped_loss, and the final report's mean of 20
-        # Training wall time through the restored step (from its checkpoint), plus this session's.
-        self._clock0 = time.perf_counter() - train_time_s
+        self._clock0 = time.perf_counter() - train_time_s  # train_time_s: through the restored step
 
     def train_time_s(self) -> float:
         """Seconds of training wall time so far, over every session of the run (carried in checkpoints)."""
@@ -318,10 +318,10 @@ def run_training(cfg: TrainConfig, fault_injector=None) -> dict[str, Any]:
         log.warning("nothing to do: the newest checkpoint of %s is at step %d = TrainConfig.steps; nothing "
                     "written (pass a larger --steps to train on)", cfg.workdir, pre.resume_step)
         return preflight.last_final(cfg.workdir, pre.resume_step)
-    config_text = config_lib.write_operative_config(cfg, write=jax.process_index() == 0)
+    is_main = jax.process_index() == 0
+    config_text = config_lib.write_operative_config(cfg, write=is_main)  # after every check passed
     run = setup(cfg, pre)
     cfg = run.cfg
-    is_main = jax.process_index() == 0
     ckpt = Checkpointer(cfg.workdir, cfg.checkpoint) if cfg.checkpoint.enabled else None
     batches = stream.train_batches(cfg, run.tokenizer,
                                    stream.data_shard_count(cfg, ckpt.saved_data_shards() if ckpt else None))

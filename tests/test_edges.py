@@ -389,7 +389,8 @@ def test_unknown_saved_settings_follow_one_rule_in_resume_and_restore(run6, tmp_
                                "TrainConfig.log_hist": {"default": 0, "bookkeeping": True}})
     notes = preflight.check(_cfg(run6, ok, 8, **{"OptimizerConfig.peak_learning_rate": "0.001"})).notes
     assert notes == ["ignored saved setting CheckpointConfig.compress = 'zstd'",
-                     "ignored saved setting ModelConfig.qk_norm = False", "ignored saved setting TrainConfig.log_hist = 3",
+                     "ignored saved setting ModelConfig.qk_norm = False",
+                     "ignored saved setting TrainConfig.log_hist = 3",
                      "changed since the checkpoint: OptimizerConfig.peak_learning_rate = 0.003 -> 0.001"]
     restored = jaxpt.restore(ok)
     assert restored.step == 6 and restored.config.model.d_model == 64
