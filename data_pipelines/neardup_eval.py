@@ -115,8 +115,9 @@ def score(
         missed = [(a, b, j) for a, b, j in high_pairs if not same(a, b)]
         merged = [(a, b, j) for a, b, j in low_pairs if same(a, b)]
         out[name] = {
-            "recall": 1 - len(missed) / max(1, len(high_pairs)),
-            "false_merge_rate": len(merged) / max(1, len(low_pairs)),
+            # NaN over no pair: a recall of 1 (or no false merge) over nothing would read as a result
+            "recall": 1 - len(missed) / len(high_pairs) if high_pairs else float("nan"),
+            "false_merge_rate": len(merged) / len(low_pairs) if low_pairs else float("nan"),
             "n_high": len(high_pairs),
             "n_low": len(low_pairs),
             "missed": missed[:20],

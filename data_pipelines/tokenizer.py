@@ -368,10 +368,11 @@ def measure(tok: tokenizer_lib.Tokenizer, docs: Sequence[Document]) -> dict[str,
     out = {}
     for name, t in sorted(totals.items()):
         out[name] = {"documents": t["documents"], "bytes": t["bytes"], "tokens": t["tokens"],
-                     "bytes_per_token": t["bytes"] / max(t["tokens"], 1),
+                     # NaN over no token: 0 bytes/token would read as a figure
+                     "bytes_per_token": t["bytes"] / t["tokens"] if t["tokens"] else float("nan"),
                      "tokens_per_document": t["tokens"] / t["documents"]}
     learned = tok.learned_ids()
-    out["pieces"] = {"unused_share": float(np.mean(~used[learned])) if learned.size else 0.0}
+    out["pieces"] = {"unused_share": float(np.mean(~used[learned])) if learned.size else float("nan")}
     return out
 
 

@@ -16,6 +16,7 @@ a process killed inside an asynchronous save leaves no step that :meth:`Checkpoi
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 import platform
@@ -264,8 +265,9 @@ class Checkpointer:
 
         Raises:
           CheckpointError: checkpoints exist but the newest cannot be restored, it is from another model
-            (:func:`check_compatible`) or another tokenizer, or the directory holds something that is not a
-            restorable checkpoint. Never silently starts from step 0 over existing checkpoints.
+            (:func:`check_compatible`) or another tokenizer, its saved config has a setting this version does
+            not know that changes shapes or numerics (:func:`check_saved_config`), or the directory holds
+            something that is not a restorable checkpoint. Never silently starts from step 0 over existing checkpoints.
         """
         import time
         step = self.latest_step()
@@ -280,6 +282,7 @@ class Checkpointer:
             return None, 0
         meta = self.read_meta(step)
         where = f"{self.directory}/{step}"
+        check_saved_config(meta, where)  # unknown settings first: one rule, naming them
         check_compatible(meta, model_cfg, where)
         saved_tok = meta.get("tokenizer", {}).get("sha256")
         if saved_tok and tokenizer_sha256 and saved_tok != tokenizer_sha256:
@@ -310,7 +313,9 @@ def run_meta(cfg: Any, mesh: Any, tokenizer: Any, config_text: str, data_version
              data_shards: int | None) -> dict[str, Any]:
     """What a checkpoint records besides arrays (its ``meta`` item): enough to rebuild the run and to refuse a
     wrong one: operative gin config, resolved model config, mesh, tokenizer path and sha256, data version,
-    process count, logical data shards, batch shape and library versions."""
+    process count, logical data shards, batch shape, library versions, and every setting's default and whether
+    it is bookkeeping (:func:`jaxpt.config.config_fields`, for :func:`check_saved_config` of other versions)."""
+    from jaxpt import config as config_lib
     from jaxpt import mesh as mesh_lib
     return {
         "config_gin": config_text,
@@ -324,6 +329,7 @@ def run_meta(cfg: Any, mesh: Any, tokenizer: Any, config_text: str, data_version
         "global_batch_size": cfg.global_batch_size,
         "seq_len": cfg.seq_len,
         "libraries": library_versions(),
+        "config_fields": config_lib.config_fields(),
     }
 
 
@@ -361,3 +367,91 @@ def check_compatible(meta: dict[str, Any], model_cfg: Any, where: str) -> None:
         hint = " (the tokenizer's vocabulary differs from the one the checkpoint was trained with)"
     raise CheckpointError(f"{where}: checkpoint does not match this model{hint}: " + "; ".join(diffs)
                           + " (params differ: " + ", ".join(params) + ")")
+
+
+# ------------------------------------------------------------------------------------------ saved settings
+
+
+class _Literal:
+    """What a gin reference (``@name``) or macro (``%name``) in a saved config stands for here: its text."""
+
+    def __init__(self, text: str):
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+def saved_settings(meta: dict[str, Any]) -> dict[str, Any]:
+    """``{'ClassName.field': value}`` of a checkpoint: every binding of its operative config (``config_gin``,
+    any gin layout, multi-line values included), and its recorded ``model`` fields as ``ModelConfig.<field>``
+    where the config text lacks them.
+
+    Raises:
+      CheckpointError: the config text is not gin.
+    """
+    from gin import config_parser
+
+    class Delegate(config_parser.ParserDelegate):
+        def configurable_reference(self, name, evaluate):
+            return _Literal(f"@{name}{'()' if evaluate else ''}")
+
+        def macro(self, name):
+            return _Literal(f"%{name}")
+
+    out: dict[str, Any] = {}
+    try:
+        for st in config_parser.ConfigParser(meta.get("config_gin") or "", Delegate()):
+            if isinstance(st, config_parser.BindingStatement):
+                out[f"{st.selector.rsplit('.', 1)[-1]}.{st.arg_name}"] = st.value
+    except SyntaxError as e:
+        raise CheckpointError(f"its saved config is not gin: {e}") from None
+    for k, v in (meta.get("model") or {}).items():
+        out.setdefault(f"ModelConfig.{k}", v)
+    return out
+
+
+def same_value(a: Any, b: Any) -> bool:
+    """Equal as JSON values (a tuple from gin equals a list from JSON)."""
+    try:
+        return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+    except TypeError:
+        return False
+
+
+def check_saved_config(meta: dict[str, Any], where: str) -> list[str]:
+    """The one rule for settings a checkpoint's saved config has and this version of jaxpt does not know, applied
+    by both restore paths (training resume, :func:`jaxpt.restore`).
+
+    Such a setting is harmless, and reported (logged) and ignored, when the checkpoint records it as bookkeeping
+    (:data:`jaxpt.config.BOOKKEEPING` of the writing version) or at its default (the writer's behaviour without
+    it, which is this version's); for an older checkpoint that records neither, when its config is all
+    bookkeeping (``CheckpointConfig``, ``HeldoutEvalConfig``) or not a jaxpt config at all. Any other unknown
+    setting may change shapes or numerics: the checkpoint is refused, naming it.
+
+    Returns the ignored settings as ``'ClassName.field = value'``.
+
+    Raises:
+      CheckpointError: naming every refused setting and its value.
+    """
+    from jaxpt import config as config_lib
+    known = config_lib.config_fields()
+    recorded = meta.get("config_fields") or {}
+    refused, ignored = [], []
+    for key, value in sorted(saved_settings(meta).items()):
+        if key in known:
+            continue
+        info = recorded.get(key)
+        if info is not None:
+            harmless = bool(info.get("bookkeeping")) or same_value(value, info.get("default"))
+        else:
+            harmless = key.split(".")[0] not in config_lib.CONFIG_CLASSES or config_lib.is_bookkeeping(key)
+        (ignored if harmless else refused).append(f"{key} = {value!r}")
+    if refused:
+        raise CheckpointError(f"{where}: its saved config sets {', '.join(refused)}, unknown to this version of "
+                              "jaxpt and able to change shapes or numerics; restore it with the jaxpt that wrote it "
+                              "(run.json names its git commit)")
+    if ignored:
+        log.warning("%s: ignoring saved settings this version does not know (harmless): %s", where,
+                    ", ".join(ignored))
+    return ignored

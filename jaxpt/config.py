@@ -13,16 +13,20 @@ are applied as bindings, then every ``--gin 'BINDING'`` (applied last, so it win
 Every config dataclass checks its own fields when it is built (types, ``Literal`` choices, ranges; see
 :mod:`jaxpt.validation`), so :func:`parse` already refuses ``ModelConfig.compute_dtype = 'float8'``.
 :func:`validate` then checks what needs two configs or the devices (mesh sizes, unused mesh axes, batch and
-head divisibility) before anything is compiled. Both raise :class:`ConfigError` naming the offending key.
-This module never touches ``jax.distributed``.
+head divisibility, learning-rate phases against the run's horizon) before anything is compiled. Both raise
+:class:`ConfigError` naming the offending key (a misspelled one with :func:`did_you_mean`'s suggestion).
+:func:`operative_config_str` renders every setting of a config. This module never touches ``jax.distributed``.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import hashlib
+import json
 import os
+import re
 import typing
 from typing import Literal, Sequence
 
@@ -169,6 +173,53 @@ _GIN = {cls: gin.external_configurable(cls, name=cls.__name__, module="jaxpt")
         for cls in (ModelConfig, OptimizerConfig, DataConfig, CheckpointConfig, StabilityConfig, HeldoutEvalConfig,
                     TrainConfig)}
 
+#: Every config class by its gin name.
+CONFIG_CLASSES: dict[str, type] = {cls.__name__: cls for cls in _GIN}
+
+#: Settings that change neither shapes nor numerics of the model or of training (where files go, how often to
+#: log, evaluate or save, the device layout; ``None``: every field of that config). Every other setting is
+#: taken to change them: :func:`jaxpt.checkpoint.check_saved_config` refuses a checkpoint that has such a
+#: setting this version does not know (unless it holds its default), and reports and ignores the others.
+BOOKKEEPING: dict[str, frozenset[str] | None] = {
+    "CheckpointConfig": None,
+    "HeldoutEvalConfig": None,
+    # Paths move between machines; the data's identity is the data version and the tokenizer's sha256.
+    "DataConfig": frozenset({"train_path", "heldout_path", "tokenizer_path", "corpus_dir"}),
+    "ModelConfig": frozenset({"remat_policy", "attention_impl"}),  # the same math, computed another way
+    "TrainConfig": frozenset({"workdir", "steps", "log_every", "eval_every", "eval_batches", "progress_bar",
+                              "log_batch_documents", "profile_steps", "mesh", "dcn_mesh", "logical_axis_rules",
+                              "grad_accum_steps"}),
+}
+
+
+def is_bookkeeping(key: str) -> bool:
+    """Whether setting ``'ClassName.field'`` is in :data:`BOOKKEEPING` (changes no shape or number)."""
+    cls, _, name = key.partition(".")
+    if cls not in BOOKKEEPING:
+        return False
+    fields = BOOKKEEPING[cls]
+    return fields is None or name in fields
+
+
+def config_fields() -> dict[str, dict]:
+    """``{'ClassName.field': {"default": value, "bookkeeping": bool}}`` for every setting of this version (JSON
+    values; sub-config fields of TrainConfig excluded). Checkpoints record it, so a later or earlier jaxpt that
+    does not know a setting can tell a harmless one from one that changes numerics."""
+    out = {}
+    for name, cls in CONFIG_CLASSES.items():
+        for f in dataclasses.fields(cls):
+            if cls is TrainConfig and f.name in _SUB_CONFIGS:
+                continue
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            out[f"{name}.{f.name}"] = {"default": json.loads(json.dumps(default)),
+                                       "bookkeeping": is_bookkeeping(f"{name}.{f.name}")}
+    return out
+
+
+#: TrainConfig's fields that hold a sub-config (each written under its own class name).
+_SUB_CONFIGS = frozenset(f.name for f in dataclasses.fields(TrainConfig)
+                         if typing.get_type_hints(TrainConfig)[f.name] in _GIN)
+
 # gin appends "In call to configurable ..." to an exception raised inside a configurable; the key is named
 # already, so parse() drops it.
 _GIN_CALL_NOTE = "\n  In call to configurable"
@@ -203,7 +254,7 @@ def parse(config_files: Sequence[str] = (), bindings: Sequence[str] = (), *,
         try:
             gin.parse_config_file(path)
         except (ValueError, SyntaxError) as e:
-            raise ConfigError(f"in config file {path}: {e}") from None
+            raise ConfigError(f"in config file {path}: {e}{did_you_mean(str(e))}") from None
     flag_bindings = []
     if workdir is not None:
         flag_bindings.append(f"TrainConfig.workdir = {workdir!r}")
@@ -215,13 +266,30 @@ def parse(config_files: Sequence[str] = (), bindings: Sequence[str] = (), *,
         try:
             gin.parse_config(binding)
         except (ValueError, SyntaxError) as e:
-            raise ConfigError(f"binding {binding!r}: {e}") from None
+            raise ConfigError(f"binding {binding!r}: {e}{did_you_mean(str(e))}") from None
     try:
         return build_config()
     except ConfigError as e:
         raise ConfigError(str(e).split(_GIN_CALL_NOTE)[0]) from None
     except TypeError as e:
         raise ConfigError(f"config: {e}") from None
+
+
+def did_you_mean(gin_message: str) -> str:
+    """``"\n  did you mean 'ModelConfig.d_model'?"`` for gin's message about an unknown configurable or parameter
+    (closest known names by :func:`difflib.get_close_matches`), else ``""``."""
+    unknown_param = re.search(r"Configurable '(\w+)' doesn't have a parameter named '(\w+)'", gin_message)
+    unknown_cls = re.search(r"No configurable matching '([\w.]+)'", gin_message)
+    if unknown_param and unknown_param.group(1) in CONFIG_CLASSES:
+        cls, name = unknown_param.groups()
+        names = [f.name for f in dataclasses.fields(CONFIG_CLASSES[cls]) if f.name not in
+                 (_SUB_CONFIGS if cls == "TrainConfig" else ())]
+        close = [f"{cls}.{n}" for n in difflib.get_close_matches(name, names, n=3, cutoff=0.6)]
+    elif unknown_cls:
+        close = difflib.get_close_matches(unknown_cls.group(1).split(".")[-1], list(CONFIG_CLASSES), n=3, cutoff=0.6)
+    else:
+        return ""
+    return f"\n  did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
 
 
 def _mesh_shape(cfg: TrainConfig, num_devices: int) -> mesh_lib.MeshShape:
@@ -279,8 +347,8 @@ def validate(cfg: TrainConfig, num_devices: int) -> dict[str, int]:
       ConfigError: naming the key: mesh sizes that do not fit the devices (``TrainConfig.mesh`` /
         ``dcn_mesh``); a mesh axis of size > 1 that no logical-axis rule uses; a global batch not divisible
         by the data-parallel size x ``grad_accum_steps``, or by ``DataConfig.num_shards``; heads or kv heads
-        not divisible by mesh ``tensor``; ``seq_len`` above ``ModelConfig.max_seq_len``; warmup longer than
-        the decay horizon.
+        not divisible by mesh ``tensor``; ``seq_len`` above ``ModelConfig.max_seq_len``; schedule phases that do
+        not fit the decay horizon (:func:`jaxpt.optim.check_schedule`).
     """
     m = cfg.model
     sizes = _mesh_shape(cfg, num_devices).sizes
@@ -293,17 +361,36 @@ def validate(cfg: TrainConfig, num_devices: int) -> dict[str, int]:
         raise ConfigError(f"ModelConfig.num_kv_heads = {m.num_kv_heads} is not divisible by mesh tensor = {tensor}")
     if cfg.seq_len > m.max_seq_len:
         raise ConfigError(f"TrainConfig.seq_len = {cfg.seq_len} exceeds ModelConfig.max_seq_len = {m.max_seq_len}")
-    from jaxpt.optim import learning_rate_schedule
-    try:
-        learning_rate_schedule(cfg.optimizer, cfg.steps)
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
+    from jaxpt.optim import check_schedule
+    check_schedule(cfg.optimizer, cfg.steps)
     return sizes
 
 
-def operative_config_str() -> str:
-    """The gin operative config: every parameter of every configurable that was called, defaults included."""
-    return gin.operative_config_str()
+def operative_config_str(cfg: TrainConfig) -> str:
+    """The operative config of ``cfg``: one gin binding per field of every config, sorted, one a line.
+
+    Rendered from ``cfg`` itself rather than from gin's record of the configurables it called, so every
+    setting the run uses is in it (and in :func:`config_hash`) whenever and however ``cfg`` was made: gin
+    bindings, ``dataclasses.replace``, or gin state cleared or replaced since (``jaxpt.restore`` parses another
+    config). :func:`parse` of these lines gives back a config equal to ``cfg`` (tested).
+    """
+    configs = {TrainConfig: cfg, **{type(getattr(cfg, name)): getattr(cfg, name) for name in _SUB_CONFIGS}}
+    lines = ["# jaxpt operative config: every field of every config, as the run uses it."]
+    for cls in sorted(configs, key=lambda c: c.__name__):
+        lines += [f"{cls.__name__}.{name} = {getattr(configs[cls], name)!r}"
+                  for name in sorted(f.name for f in dataclasses.fields(cls)) if name not in _SUB_CONFIGS]
+    return "\n".join(lines) + "\n"
+
+
+def write_operative_config(cfg: TrainConfig, write: bool = True) -> str:
+    """Write ``<workdir>/config.gin`` (when ``write``: process 0 of a run), :func:`operative_config_str` of
+    ``cfg``; return its text. Called after every check passed, so a refused run leaves no workdir behind."""
+    text = operative_config_str(cfg)
+    if write:
+        os.makedirs(cfg.workdir, exist_ok=True)
+        with open(os.path.join(cfg.workdir, "config.gin"), "w") as f:
+            f.write(text)
+    return text
 
 
 def config_hash(text: str) -> str:

@@ -8,7 +8,9 @@ default:
 * ``on_dispatched(ctx, step)``: step ``step`` was dispatched (``ctx.run.state`` is its output, its metrics
   not read yet), e.g. start a checkpoint save (the device-to-host copy waits for the step, not the host);
 * ``on_reported(ctx, report)``: step ``report.step``'s metrics were read (one step late); a hook may add
-  figures to ``report.record``, which the loop writes when it is due or when a hook asked for it.
+  figures to ``report.record``, which the loop writes when it is due or when a hook asked for it;
+* ``on_rewind(ctx, step)``: a rollback took the run back to ``step``; what a hook logged for later steps is
+  superseded.
 
 Adding a periodic action (an eval, a gate check, a profiler window) is one new hook, not a loop edit.
 """
@@ -61,19 +63,23 @@ class Hook:
     def on_reported(self, ctx, report: StepReport) -> None:
         pass
 
+    def on_rewind(self, ctx, step: int) -> None:
+        pass
+
     def close(self) -> None:
         pass
 
 
 class CheckpointHook(Hook):
-    """Starts an (asynchronous) checkpoint save whenever the checkpointer's save policy wants the step."""
+    """Starts an (asynchronous) checkpoint save whenever the checkpointer's save policy wants the step
+    (``ctx.save_checkpoint``: the loop's state, data position and meta)."""
 
-    def __init__(self, ckpt, meta: dict[str, Any]):
-        self.ckpt, self.meta = ckpt, meta
+    def __init__(self, ckpt):
+        self.ckpt = ckpt
 
     def on_dispatched(self, ctx, step: int) -> None:
         if self.ckpt.should_save(step):
-            self.ckpt.save(step, ctx.run.state, ctx.batches, self.meta)
+            ctx.save_checkpoint(step)
 
 
 class EvalHook(Hook):
@@ -107,12 +113,15 @@ class SkipEventHook(Hook):
 class DocumentLogHook(Hook):
     """Appends, per fetched batch, the documents of this process's rows (:class:`jaxpt.data.stream.BatchDocumentLog`)."""
 
-    def __init__(self, workdir: str):
+    def __init__(self, workdir: str, start_step: int | None = None):
         from jaxpt.data.stream import BatchDocumentLog
-        self.log = BatchDocumentLog(workdir)
+        self.log = BatchDocumentLog(workdir, start_step)
 
     def on_batch(self, ctx, step: int, local_batch: dict[str, np.ndarray]) -> None:
         self.log.write(step, local_batch["doc_index"])
+
+    def on_rewind(self, ctx, step: int) -> None:
+        self.log.rewind(step)
 
     def close(self) -> None:
         self.log.close()

@@ -114,30 +114,42 @@ def config_from_meta(meta: Mapping[str, Any], where: str = "checkpoint"):
     """The :class:`jaxpt.config.TrainConfig` of a checkpoint: its saved operative gin config, with the
     recorded (resolved) model config.
 
+    Saved settings this version does not know follow the one rule of training resume
+    (:func:`jaxpt.checkpoint.check_saved_config`): harmless ones are reported and ignored, any other is refused.
+
     Raises:
-      CheckpointError: the config text is missing or does not parse with this version of jaxpt.
+      CheckpointError: the config text is missing or does not parse with this version of jaxpt, or it sets
+        an unknown setting that may change shapes or numerics (named).
     """
     import gin
 
+    from jaxpt import checkpoint as checkpoint_lib
     from jaxpt import config as config_lib
     from jaxpt.model import ModelConfig
 
-    text = meta.get("config_gin")
-    if not text:
+    if not meta.get("config_gin"):
         raise CheckpointError(f"{where}: the checkpoint records no operative config ('config_gin')")
+    try:
+        settings = checkpoint_lib.saved_settings(dict(meta))
+    except CheckpointError as e:
+        raise CheckpointError(f"{where}: {e}") from None
+    checkpoint_lib.check_saved_config(dict(meta), where)
+    known = config_lib.config_fields()
     gin.clear_config()
     try:
-        gin.parse_config(text, skip_unknown=True)
+        for key, value in settings.items():
+            if key in known and not key.startswith("ModelConfig."):  # the model comes from meta["model"] below
+                gin.bind_parameter(key, value)
         cfg = config_lib.build_config()
     except (ValueError, SyntaxError, TypeError) as e:
         raise CheckpointError(f"{where}: its saved gin config does not parse with this jaxpt: {e}") from e
     finally:
         gin.clear_config()
-    saved_model = meta.get("model")
-    if saved_model:
-        known = {f.name for f in dataclasses.fields(ModelConfig)}
-        cfg = dataclasses.replace(cfg, model=ModelConfig(**{k: v for k, v in saved_model.items() if k in known}))
-    return cfg
+    model_fields = {f.name for f in dataclasses.fields(ModelConfig)}
+    saved_model = {k.split(".", 1)[1]: v for k, v in settings.items()
+                   if k.startswith("ModelConfig.") and k.split(".", 1)[1] in model_fields}
+    saved_model.update({k: v for k, v in (meta.get("model") or {}).items() if k in model_fields})
+    return dataclasses.replace(cfg, model=ModelConfig(**saved_model))
 
 
 def _load_tokenizer(meta: Mapping[str, Any], cfg, explicit, where: str):

@@ -27,7 +27,7 @@ import gzip
 import json
 import os
 import zlib
-from typing import BinaryIO, Iterator
+from typing import BinaryIO, Iterable, Iterator
 
 from jaxpt.errors import FileFormatError
 
@@ -213,3 +213,36 @@ def drop_partial_last_line(path: str | os.PathLike) -> int:
 def read_objects(path: str | os.PathLike, **kwargs) -> list[dict]:
     """Every object of ``path`` in file order; arguments and errors as :func:`iter_objects`."""
     return [obj for _, obj in iter_objects(path, **kwargs)]
+
+
+
+#: The key of a supersede marker in an append-only per-step log (``metrics.jsonl``, the batch document log).
+SUPERSEDED_AFTER = "superseded_after"
+
+
+def drop_superseded(records: Iterable[dict]) -> list[dict]:
+    """The records of an append-only per-step log with its supersede markers applied, in order.
+
+    A run resumed from a checkpoint older than its last logged step (the newer saves were lost), or rolled back,
+    rewrites the steps after that checkpoint; its writer first appends a marker ``{"superseded_after": S, ...}``.
+    Each marker drops every *earlier* record whose ``step`` is above ``S`` (``S = -1``: every earlier record, a
+    fresh run in a used workdir), so the result holds one record per step; the markers themselves stay. The file
+    keeps everything (append-only: tailing readers and object stores never see a rewrite).
+    """
+    out: list[dict] = []
+    for rec in records:
+        after = rec.get(SUPERSEDED_AFTER)
+        if isinstance(after, int) and not isinstance(after, bool):
+            out = [r for r in out if not (isinstance(r.get("step"), int) and r["step"] > after)]
+        out.append(rec)
+    return out
+
+
+def last_step(path: str | os.PathLike) -> int | None:
+    """The largest ``step`` among the records of ``path`` after :func:`drop_superseded` (None: no file, or no
+    record with a step). A half-written last line is skipped."""
+    if not os.path.isfile(path):
+        return None
+    steps = [r["step"] for r in drop_superseded(read_objects(path, partial_last_line=True))
+             if isinstance(r.get("step"), int) and SUPERSEDED_AFTER not in r]
+    return max(steps) if steps else None

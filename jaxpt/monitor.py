@@ -5,6 +5,7 @@ Only the process with index 0 writes files; every process may time.
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import resource
@@ -32,19 +33,27 @@ class Throughput:
       flops_per_token: model FLOPs per token (:func:`jaxpt.flops.flops_per_token`).
       num_devices: devices in the mesh.
       peak_flops_per_device: peak FLOP/s of one device.
+      peak_is_measured: the peak was measured on this host (CPU), not taken from a spec sheet. A measured peak is
+        a lower bound of what the device can do: when a step achieves more, the peak is raised to the achieved
+        rate (and :attr:`peak_raised` counts it), so ``mfu`` never exceeds 1.
     """
 
     def __init__(self, tokens_per_step: int, flops_per_token: float, num_devices: int,
-                 peak_flops_per_device: float):
+                 peak_flops_per_device: float, peak_is_measured: bool = False):
         self.tokens_per_step = tokens_per_step
         self.flops_per_token = flops_per_token
         self.num_devices = num_devices
         self.peak = peak_flops_per_device
+        self.peak_is_measured = peak_is_measured
+        self.peak_raised = 0
 
     def figures(self, step_time_s: float) -> dict[str, float]:
-        """``tokens_per_sec``, ``tflops_per_device`` (model TFLOP/s achieved per device), ``mfu`` (0..1)."""
+        """``step_time_s``, ``tokens_per_sec``, ``tflops_per_device`` (model TFLOP/s achieved per device) and
+        ``mfu`` (achieved / peak, 0..1; PaLM, Chowdhery et al. 2022, appendix B)."""
         step_time_s = max(step_time_s, 1e-9)
         flops_per_device = self.tokens_per_step * self.flops_per_token / self.num_devices / step_time_s
+        if flops_per_device > self.peak and self.peak_is_measured:
+            self.peak, self.peak_raised = flops_per_device, self.peak_raised + 1
         return {
             "step_time_s": step_time_s,
             "tokens_per_sec": self.tokens_per_step / step_time_s,
@@ -52,25 +61,94 @@ class Throughput:
             "mfu": flops_per_device / self.peak,
         }
 
+    def tokens_seen(self, step: int) -> int:
+        """Tokens trained on through ``step`` (``step x tokens_per_step``: from the step, so steps re-run after a
+        resume or rollback are not counted twice)."""
+        return step * self.tokens_per_step
+
+
+class LossSeries:
+    """The train-loss series of the records: ``loss`` is the logged step's own value, ``loss_mean`` the mean
+    over every step since the previous record, and a skipped step's loss (a spike or non-finite step the update
+    skipped) goes to ``skipped_loss`` instead, never into ``loss``, ``loss_mean`` or :meth:`mean_last`."""
+
+    def __init__(self, last: int = 20):
+        self._interval: list[float] = []
+        self._recent: collections.deque = collections.deque(maxlen=last)
+
+    def observe(self, record: dict[str, Any]) -> None:
+        """Take one step's record (``loss``, ``skipped``): count its loss, or move it to ``skipped_loss``."""
+        if record.get("skipped"):
+            record["skipped_loss"] = record.pop("loss")
+        else:
+            self._interval.append(record["loss"])
+            self._recent.append(record["loss"])
+
+    def pop_interval(self) -> dict[str, float]:
+        """``{"loss_mean": ...}`` over the steps observed since the last pop (``{}`` when all were skipped)."""
+        out = {"loss_mean": float(np.mean(self._interval))} if self._interval else {}
+        self._interval.clear()
+        return out
+
+    def reset(self) -> None:
+        """Forget the current interval (a rollback discarded its steps)."""
+        self._interval.clear()
+
+    def mean_last(self) -> float | None:
+        """Mean loss of the last ``last`` non-skipped steps (None before any)."""
+        return float(np.mean(self._recent)) if self._recent else None
+
 
 class MetricWriter:
     """Appends one JSON object per record to ``<workdir>/metrics.jsonl`` and mirrors scalars to TensorBoard
-    (``<workdir>/tensorboard``). A no-op on processes other than 0."""
+    (``<workdir>/tensorboard``). A no-op on processes other than 0.
 
-    def __init__(self, workdir: str, enabled: bool = True):
-        self.enabled = enabled
+    ``start_step``: the step the run starts from (a resumed run's restored step, 0 for a fresh run). When the
+    file already holds records of later steps (a session whose last checkpoints were lost; for a fresh run in a
+    used workdir, any record), a supersede marker ``{"event": "superseded", "superseded_after": start_step}``
+    (-1 for a fresh run) is appended first, which :func:`read_metrics` applies, and TensorBoard purges those
+    steps (``purge_step``): every reader and plot sees one value per step. None: plain append.
+    """
+
+    def __init__(self, workdir: str, enabled: bool = True, start_step: int | None = None):
+        self.enabled, self.workdir = enabled, workdir
         self._tb = None
         if not enabled:
             return
         os.makedirs(workdir, exist_ok=True)
-        path = os.path.join(workdir, METRICS_FILE)
-        jsonl.drop_partial_last_line(path)  # a record half-written by a killed run (see read_metrics)
-        self._jsonl = open(path, "a", buffering=1)
+        self.path = os.path.join(workdir, METRICS_FILE)
+        jsonl.drop_partial_last_line(self.path)  # a record half-written by a killed run (see read_metrics)
+        self._jsonl = open(self.path, "a", buffering=1)
+        purge = None
+        if start_step is not None:
+            last = jsonl.last_step(self.path)
+            after = start_step if start_step else -1
+            if last is not None and last > after:
+                self._mark_superseded(after, "resume" if start_step else "fresh start")
+            purge = after + 1
+        self._open_tensorboard(purge)
+
+    def _mark_superseded(self, after: int, reason: str) -> None:
+        self._jsonl.write(json.dumps({"step": max(after, 0), "event": "superseded", jsonl.SUPERSEDED_AFTER: after,
+                                      "reason": reason}) + "\n")
+
+    def _open_tensorboard(self, purge_step: int | None) -> None:
         try:
             from tensorboardX import SummaryWriter
-            self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
+            self._tb_files = getattr(self, "_tb_files", 0) + 1  # a rewind within the second needs a new file name
+            self._tb = SummaryWriter(os.path.join(self.workdir, "tensorboard"), purge_step=purge_step,
+                                     filename_suffix=f".{os.getpid()}.{self._tb_files}")
         except ImportError:  # TensorBoard is optional; metrics.jsonl is the record of truth.
             self._tb = None
+
+    def rewind(self, step: int) -> None:
+        """The run went back to ``step`` (a rollback): supersede the records after it, as a resume does."""
+        if not self.enabled:
+            return
+        self._mark_superseded(step, "rollback")
+        if self._tb is not None:
+            self._tb.close()
+        self._open_tensorboard(step + 1)
 
     def write(self, record: Mapping[str, Any]) -> None:
         """Write one record; it must hold ``step``. Non-finite floats are written as strings ("nan")."""
@@ -140,8 +218,10 @@ def parse_metrics_line(raw: bytes, path: str, line_no: int) -> dict:
     return check_metrics_record(record, path, line_no)
 
 
-def read_metrics(workdir: str) -> list[dict[str, Any]]:
-    """Every record of ``<workdir>/metrics.jsonl`` (or of the file ``workdir``), in file order.
+def read_metrics(workdir: str, superseded: bool = False) -> list[dict[str, Any]]:
+    """Every record of ``<workdir>/metrics.jsonl`` (or of the file ``workdir``), in file order, supersede markers
+    applied (:func:`jaxpt.jsonl.drop_superseded`: records of steps a resumed or rolled-back run rewrote are left
+    out, so each step has one record); ``superseded=True``: every record as written.
 
     The contract: the JSON Lines rules of :mod:`jaxpt.jsonl`, each record an object with an integer ``step``
     (events, the final report and per-step metrics alike; non-finite floats are the strings ``"nan"``/``"inf"``).
@@ -154,8 +234,9 @@ def read_metrics(workdir: str) -> list[dict[str, Any]]:
       MetricsFormatError: (a ConfigError) any other bad line: names the file, the 1-based line and the reason.
     """
     path = metrics_path(workdir)
-    return [check_metrics_record(rec, path, n)
-            for n, rec in jsonl.iter_objects(path, error=MetricsFormatError, partial_last_line=True)]
+    records = [check_metrics_record(rec, path, n)
+               for n, rec in jsonl.iter_objects(path, error=MetricsFormatError, partial_last_line=True)]
+    return records if superseded else jsonl.drop_superseded(records)
 
 
 class StepTimer:

@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from jaxpt.errors import ConfigError
 from jaxpt.validation import check_types, non_negative, positive, require
 
 Schedule = Literal["cosine", "wsd", "constant"]
@@ -42,8 +43,8 @@ class OptimizerConfig:
       ConfigError: at construction, naming ``OptimizerConfig.<field> = <value>``: a wrong type, an unknown
         schedule, ``peak_learning_rate <= 0``, negative steps, ``weight_decay`` or ``grad_clip_norm``,
         ``min_lr_ratio`` outside [0, 1], ``wsd_decay_fraction`` outside (0, 1], ``b1``/``b2`` outside [0, 1)
-        or ``eps <= 0``. (``warmup_steps`` against the decay horizon needs ``TrainConfig.steps``:
-        :func:`jaxpt.config.validate` checks it.)
+        or ``eps <= 0``; with ``decay_steps`` set, phases that do not fit it (:func:`check_schedule`). (With
+        ``decay_steps = 0`` the horizon is ``TrainConfig.steps``: :func:`jaxpt.config.validate` checks it.)
     """
 
     peak_learning_rate: float = 3e-3
@@ -67,35 +68,72 @@ class OptimizerConfig:
         require(self, "wsd_decay_fraction", 0 < self.wsd_decay_fraction <= 1, "must be in (0, 1]")
         for name in ("b1", "b2"):
             require(self, name, 0 <= getattr(self, name) < 1, "must be in [0, 1)")
+        if self.decay_steps:  # the horizon is known: check the phases now (else validate does, with the steps)
+            check_schedule(self, self.decay_steps)
+
+
+def wsd_decay_length(cfg: OptimizerConfig, total_steps: int) -> int:
+    """Steps of the WSD decay phase: ``round(wsd_decay_fraction * T)``, at least 1 (``T``: the horizon)."""
+    return max(int(round(cfg.wsd_decay_fraction * total_steps)), 1)
+
+
+def check_schedule(cfg: OptimizerConfig, total_steps: int) -> None:
+    """Refuse a schedule whose phases do not fit its horizon ``T`` (``decay_steps``, else ``total_steps``).
+
+    ``cosine`` needs ``warmup_steps < T`` (with ``warmup_steps == T`` the floor is never reached: LR(T) would be
+    the peak); ``wsd`` needs ``warmup_steps + round(wsd_decay_fraction * T) <= T`` (else the decay starts late
+    and the floor is reached after ``T``); ``constant`` needs ``warmup_steps <= T``.
+
+    Raises:
+      ConfigError: naming the keys (``OptimizerConfig.warmup_steps``, ``decay_steps``, ``wsd_decay_fraction``,
+        or ``TrainConfig.steps`` when ``decay_steps`` is 0) and the values.
+    """
+    total = cfg.decay_steps or total_steps
+    horizon = (f"OptimizerConfig.decay_steps = {cfg.decay_steps}" if cfg.decay_steps else
+               f"TrainConfig.steps = {total_steps} (OptimizerConfig.decay_steps = 0)")
+    w = cfg.warmup_steps
+    if cfg.schedule == "cosine" and w >= total:
+        raise ConfigError(f"OptimizerConfig.warmup_steps = {w} must be below the decay horizon {horizon}: a "
+                          "cosine schedule needs steps left to decay to the floor")
+    if cfg.schedule == "constant" and w > total:
+        raise ConfigError(f"OptimizerConfig.warmup_steps = {w} exceeds the horizon {horizon}")
+    if cfg.schedule == "wsd":
+        d = wsd_decay_length(cfg, total)
+        if w + d > total:
+            raise ConfigError(
+                f"OptimizerConfig.warmup_steps = {w} plus the WSD decay of {d} steps (OptimizerConfig."
+                f"wsd_decay_fraction = {cfg.wsd_decay_fraction} of {total}) exceed the decay horizon {horizon}: "
+                f"warmup and decay would overlap; shorten warmup or the decay fraction")
 
 
 def learning_rate_schedule(cfg: OptimizerConfig, total_steps: int) -> optax.Schedule:
     """The schedule as a function of the optimizer's update count (0-based: step ``s`` uses ``lr(s)``).
 
-    Formulas (``p`` = peak, ``w`` = warmup, ``T`` = decay_steps or ``total_steps``, ``m`` = min_lr_ratio):
+    Formulas (``p`` = peak, ``w`` = warmup, ``T`` = decay_steps or ``total_steps``, ``m`` = min_lr_ratio,
+    ``d = max(round(wsd_decay_fraction * T), 1)``):
       warmup (``s < w``): ``p * s / w``.
+      constant: ``p`` for ``s >= w``.
       cosine: ``p * (m + (1 - m) * 0.5 * (1 + cos(pi * (s - w) / (T - w))))`` for ``w <= s <= T``, then ``m * p``.
-      wsd: ``p`` until ``T - d`` with ``d = round(wsd_decay_fraction * T)``, then linear to ``m * p`` at ``T``.
+      wsd: ``p`` for ``w <= s <= T - d``, then ``p - (p - m * p) * (s - (T - d)) / d`` to ``m * p`` at ``T``, then
+        ``m * p`` (Hu et al. 2024, sec. 4).
 
     Raises:
-      ValueError: warmup longer than the decay horizon (config keys named). An unknown schedule cannot reach
-        here: :class:`OptimizerConfig` refuses it at construction.
+      ConfigError: (a ValueError) the phases do not fit the horizon (:func:`check_schedule`). An unknown schedule
+        cannot reach here: :class:`OptimizerConfig` refuses it at construction.
     """
+    check_schedule(cfg, total_steps)
     total = cfg.decay_steps or total_steps
-    if cfg.warmup_steps > total and cfg.schedule != "constant":
-        raise ValueError(f"OptimizerConfig.warmup_steps ({cfg.warmup_steps}) exceeds the decay horizon "
-                         f"({total} steps: OptimizerConfig.decay_steps, or TrainConfig.steps when it is 0)")
     peak, floor = cfg.peak_learning_rate, cfg.peak_learning_rate * cfg.min_lr_ratio
     warmup = optax.linear_schedule(0.0, peak, cfg.warmup_steps)
     if cfg.schedule == "constant":
         rest = optax.constant_schedule(peak)
     elif cfg.schedule == "cosine":
-        rest = optax.cosine_decay_schedule(peak, max(total - cfg.warmup_steps, 1), alpha=cfg.min_lr_ratio)
+        rest = optax.cosine_decay_schedule(peak, total - cfg.warmup_steps, alpha=cfg.min_lr_ratio)
     else:
-        decay = max(int(round(cfg.wsd_decay_fraction * total)), 1)
-        stable = max(total - cfg.warmup_steps - decay, 0)
+        decay = wsd_decay_length(cfg, total)
         rest = optax.join_schedules(
-            [optax.constant_schedule(peak), optax.linear_schedule(peak, floor, decay)], [stable])
+            [optax.constant_schedule(peak), optax.linear_schedule(peak, floor, decay)],
+            [total - cfg.warmup_steps - decay])
     return optax.join_schedules([warmup, rest], [cfg.warmup_steps])
 
 

@@ -4,13 +4,13 @@
 (sha256 of the operative gin config), ``data_version``, ``tokenizer`` (path, sha256), ``git`` (commit,
 dirty), ``mesh``, ``devices`` (count, kind, processes), ``num_params``, ``started_at`` / ``ended_at``
 (UTC ISO 8601) and ``sessions`` (one per start or resume), ``final`` metrics, and ``events`` (spike skips,
-rollbacks, preemptions). ``python -m jaxpt.tools.runs`` reads it.
+rollbacks, preemptions; an event of a step that a resumed session re-runs, its checkpoint lost, is kept and marked
+``superseded_at: <restored step>``). ``python -m jaxpt.tools.runs`` reads it.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 import json
 import os
 import subprocess
@@ -55,7 +55,7 @@ class RunRegistry:
     def start(self, cfg, config_text: str, run, data_version: str) -> None:
         """Create run.json, or add a session to an existing one (a resumed run keeps its id)."""
         import jax
-        from jaxpt import mesh as mesh_lib, state as state_lib
+        from jaxpt import config as config_lib, mesh as mesh_lib, state as state_lib
         if not self.enabled:
             return
         if os.path.exists(self.path):
@@ -67,7 +67,7 @@ class RunRegistry:
                            "sessions": []}
         self.record.update({
             "status": "running",
-            "config_hash": hashlib.sha256(config_text.encode()).hexdigest(),
+            "config_hash": config_lib.config_hash(config_text),
             "data_version": data_version,
             "tokenizer": {"path": os.path.abspath(cfg.data.tokenizer_path), "sha256": run.tokenizer.sha256},
             "git": git_state(os.path.dirname(os.path.abspath(__file__))),
@@ -77,7 +77,11 @@ class RunRegistry:
             "num_params": state_lib.num_params(run.spec),
             "target_steps": cfg.steps,
         })
-        self.record["sessions"].append({"started_at": _now(), "start_step": int(jax.device_get(run.state.step))})
+        start = int(jax.device_get(run.state.step))
+        for ev in self.record.get("events", []):  # from steps this session re-runs (lost checkpoints): superseded
+            if isinstance(ev.get("step"), int) and ev["step"] > start:
+                ev.setdefault("superseded_at", start)
+        self.record["sessions"].append({"started_at": _now(), "start_step": start})
         self._write()
 
     def add_event(self, event: dict[str, Any]) -> None:

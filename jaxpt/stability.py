@@ -44,8 +44,8 @@ class StabilityConfig:
 
     Raises:
       ConfigError: at construction, naming ``StabilityConfig.<field> = <value>``: a wrong type,
-        ``spike_window < 1``, ``spike_k <= 0``, a negative ``spike_min_history``, ``spike_max_consecutive``
-        or ``max_rollbacks``, ``rollback_loss_ratio <= 1``, ``rollback_patience`` or
+        ``spike_window < 1``, ``spike_k <= 0``, ``spike_min_history < 2`` with ``spike_skip``, a negative
+        ``spike_max_consecutive`` or ``max_rollbacks``, ``rollback_loss_ratio <= 1``, ``rollback_patience`` or
         ``rollback_window_steps < 1``, ``rollback_ema`` outside [0, 1), ``lr_damping`` outside (0, 1].
     """
 
@@ -66,6 +66,10 @@ class StabilityConfig:
         check_types(self)
         positive(self, "spike_window", "spike_k", "rollback_patience", "rollback_window_steps")
         non_negative(self, "spike_min_history", "spike_max_consecutive", "max_rollbacks")
+        # The mean and std of fewer than 2 steps are 0 (an empty history divides by nothing): every step would
+        # exceed the threshold and be skipped.
+        require(self, "spike_min_history", not self.spike_skip or self.spike_min_history >= 2,
+                "must be >= 2 when StabilityConfig.spike_skip is True (a spread needs two steps)")
         require(self, "rollback_loss_ratio", self.rollback_loss_ratio > 1, "must be > 1")
         require(self, "rollback_ema", 0 <= self.rollback_ema < 1, "must be in [0, 1)")
         require(self, "lr_damping", 0 < self.lr_damping <= 1, "must be in (0, 1]")

@@ -11,10 +11,8 @@ only then reads the metrics of step t-1, so the host never waits on the device. 
 from __future__ import annotations
 
 import argparse
-import collections
 import dataclasses
 import logging
-import os
 import sys
 import time
 from typing import Any, Iterator
@@ -30,6 +28,7 @@ from jaxpt import flops as flops_lib
 from jaxpt import hooks as hooks_lib
 from jaxpt import mesh as mesh_lib
 from jaxpt import monitor
+from jaxpt import preflight
 from jaxpt import state as state_lib
 from jaxpt.config import TrainConfig
 from jaxpt.data import stream
@@ -74,24 +73,25 @@ class Run:
         return self.evaluator.evaluate(self.state.params, limit)
 
 
-def setup(cfg: TrainConfig) -> Run:
-    """Check the inputs (held-out set, tokenizer), build the run and initialize its sharded state.
+def setup(cfg: TrainConfig, pre: preflight.Preflight | None = None) -> Run:
+    """Build the run on checked inputs (``pre``, else :func:`jaxpt.preflight.check` of ``cfg``) and initialize
+    its sharded state.
 
     Raises:
       ConfigError: naming the key, file or line; before anything compiles.
     """
     from jaxpt.eval import inloop
-    config_lib.validate(cfg, jax.device_count())
-    docs = inloop.load_heldout(cfg)  # a missing or malformed held-out set fails now, not after the last step
-    tokenizer = builder_lib.load_tokenizer(cfg)
-    built = builder_lib.build(cfg, tokenizer=tokenizer)
+    pre = pre or preflight.check(cfg)
+    built = builder_lib.build(pre.cfg, tokenizer=pre.tokenizer)
     cfg = built.cfg
-    peak, note = flops_lib.peak_flops_per_device(dtype=cfg.model.jnp_compute_dtype)
+    device = jax.local_devices()[0]
+    peak, note = flops_lib.peak_flops_per_device(device, dtype=cfg.model.jnp_compute_dtype)
     throughput = monitor.Throughput(cfg.global_batch_size * cfg.seq_len,
-                                    flops_lib.flops_per_token(cfg.model, cfg.seq_len), built.mesh.size, peak)
+                                    flops_lib.flops_per_token(cfg.model, cfg.seq_len), built.mesh.size, peak,
+                                    peak_is_measured=flops_lib.table_peak_flops(device.device_kind) is None)
     evaluator = inloop.HeldoutEvaluator(cfg, built.mesh, built.spec.graphdef, built.spec.abstract.params,
-                                        tokenizer, docs)
-    return Run(built, built.init_state(), tokenizer, throughput, note, evaluator)
+                                        pre.tokenizer, pre.heldout_docs, pre.heldout_set)
+    return Run(built, built.init_state(), pre.tokenizer, throughput, note, evaluator)
 
 
 def _progress(cfg: TrainConfig, start: int):
@@ -116,19 +116,29 @@ class LoopContext:
 
     def __init__(self, run: Run, writer: monitor.MetricWriter, batches: Iterator, ckpt=None,
                  meta: dict | None = None, preemption: "Preemption | None" = None, registry=None,
-                 fault_injector=None, hooks: list[hooks_lib.Hook] | None = None):
+                 fault_injector=None, hooks: list[hooks_lib.Hook] | None = None, train_time_s: float = 0.0):
         from jaxpt.stability import DivergenceMonitor
         self.run, self.writer, self.batches, self.ckpt, self.meta = run, writer, batches, ckpt, meta
         self.preemption, self.registry = preemption, registry
         # ``(step, state) -> state`` applied before dispatching ``step``: fault injection for drills and tests.
         self.fault_injector = fault_injector
-        self.hooks = default_hooks(run.cfg, ckpt, meta) if hooks is None else hooks
+        start = int(jax.device_get(run.state.step))
+        self.hooks = default_hooks(run.cfg, ckpt, start) if hooks is None else hooks
         self.divergence = DivergenceMonitor(run.cfg.stability)
         self.timer = monitor.StepTimer()
-        self.bar = _progress(run.cfg, int(jax.device_get(run.state.step)))
+        self.bar = _progress(run.cfg, start)
         self.last: dict[str, Any] = {}
-        # Per-batch losses vary a lot on mixed-domain data; the final report also gives a windowed mean.
-        self.recent_losses: collections.deque = collections.deque(maxlen=20)
+        self.losses = monitor.LossSeries()  # loss / loss_mean / skipped_loss, and the final report's mean of 20
+        self._clock0 = time.perf_counter() - train_time_s  # train_time_s: through the restored step
+
+    def train_time_s(self) -> float:
+        """Seconds of training wall time so far, over every session of the run (carried in checkpoints)."""
+        return time.perf_counter() - self._clock0
+
+    def save_checkpoint(self, step: int, force: bool = False) -> None:
+        """Start saving ``step`` (the meta item records the training wall time so far)."""
+        self.ckpt.save(step, self.run.state, self.batches, {**self.meta, "train_time_s": self.train_time_s()},
+                       force=force)
 
     def event(self, record: dict[str, Any]) -> None:
         """Log an event to metrics.jsonl and the run registry."""
@@ -145,14 +155,14 @@ class LoopContext:
             self.bar.close()
 
 
-def default_hooks(cfg: TrainConfig, ckpt, meta) -> list[hooks_lib.Hook]:
+def default_hooks(cfg: TrainConfig, ckpt, start_step: int = 0) -> list[hooks_lib.Hook]:
     """The loop's periodic actions for ``cfg``: skip events, held-out evaluation, checkpoints, the document
-    log and the profiler window, each when configured."""
+    log (from ``start_step``: later lines are superseded) and the profiler window, each when configured."""
     hooks: list[hooks_lib.Hook] = [hooks_lib.SkipEventHook(), hooks_lib.EvalHook(cfg.eval_every, cfg.steps)]
     if ckpt is not None:
-        hooks.append(hooks_lib.CheckpointHook(ckpt, meta))
+        hooks.append(hooks_lib.CheckpointHook(ckpt))
     if cfg.log_batch_documents:
-        hooks.append(hooks_lib.DocumentLogHook(cfg.workdir))
+        hooks.append(hooks_lib.DocumentLogHook(cfg.workdir, start_step))
     window = hooks_lib.parse_window(cfg.profile_steps)
     if window is not None:
         hooks.append(hooks_lib.ProfileHook(cfg.workdir, *window))
@@ -201,7 +211,7 @@ def train_loop(ctx: LoopContext) -> dict[str, Any]:
 def _stop_for_preemption(ctx: LoopContext, pending: _Pending, step: int) -> None:
     _report(ctx, pending)
     if ctx.ckpt is not None:
-        ctx.ckpt.save(step, ctx.run.state, ctx.batches, ctx.meta, force=True)
+        ctx.save_checkpoint(step, force=True)
         ctx.ckpt.wait()
     ctx.event({"step": step, "event": "preempted"})
     raise Preempted(step)
@@ -209,7 +219,8 @@ def _stop_for_preemption(ctx: LoopContext, pending: _Pending, step: int) -> None
 
 def _report(ctx: LoopContext, p: _Pending) -> tuple[int, str] | None:
     """Read one step's metrics (blocks until that step is done), run the hooks, and write the record every
-    ``log_every`` steps (and at step 1, the last step, a rollback, or when a hook asks).
+    ``log_every`` steps (and at step 1, the last step, a rollback, or when a hook asks), with the interval's
+    mean loss (:class:`jaxpt.monitor.LossSeries`), tokens seen and training time so far.
     Returns ``(step, reason)`` when the run must roll back."""
     run, cfg = ctx.run, ctx.run.cfg
     values = {k: float(v) for k, v in jax.device_get(p.metrics).items()}
@@ -217,20 +228,20 @@ def _report(ctx: LoopContext, p: _Pending) -> tuple[int, str] | None:
     if ctx.bar is not None:
         ctx.bar.update(1)
         ctx.bar.set_postfix(loss=f"{values['loss']:.3f}")
-    if not values.get("skipped"):
-        ctx.recent_losses.append(values["loss"])
     reason = ctx.divergence.observe(p.step, values["loss"], bool(values.get("nonfinite")))
     report = hooks_lib.StepReport(p.step, values, p.doc_index, p.data_wait, {"step": p.step, **values},
                                   rollback=reason)
     for h in ctx.hooks:
         h.on_reported(ctx, report)
+    ctx.losses.observe(report.record)
     if p.step % cfg.log_every == 0 or p.step == cfg.steps or p.step == 1 or reason or report.write:
         record = report.record
+        record.update(ctx.losses.pop_interval())
         step_time = ctx.timer.pop_mean()
         if step_time is not None:
             record.update(run.throughput.figures(step_time))
-        record["data_wait_s"] = p.data_wait
-        record["host_peak_rss_gib"] = monitor.host_peak_rss_bytes() / 2 ** 30
+        record.update(tokens_seen=run.throughput.tokens_seen(p.step), train_time_s=ctx.train_time_s(),
+                      data_wait_s=p.data_wait, host_peak_rss_gib=monitor.host_peak_rss_bytes() / 2 ** 30)
         ctx.writer.write(record)
         ctx.last = record
     return (p.step, reason) if reason else None
@@ -254,22 +265,16 @@ def rollback(ctx: LoopContext, step: int, reason: str) -> int:
         state, restored_step = ctx.ckpt.rewind(trouble_start, run.spec.abstract)
     run.state = state if state is not None else run.built.init_state()
     run.state = run.state.replace(lr_scale=jnp.asarray(lr_scale, jnp.float32))
+    ctx.writer.rewind(restored_step)  # the records of the discarded steps are superseded: one value per step
+    ctx.losses.reset()
+    for h in ctx.hooks:
+        h.on_rewind(ctx, restored_step)
     ctx.event({"step": step, "event": "rollback", "reason": reason, "restored_step": restored_step,
                "lr_scale": lr_scale, "skipped_batches": [restored_step + 1, step + 1]})
     return restored_step
 
 
-def write_operative_config(cfg: TrainConfig) -> str:
-    """Write ``<workdir>/config.gin`` (process 0) and return its text."""
-    text = config_lib.operative_config_str()
-    if jax.process_index() == 0:
-        os.makedirs(cfg.workdir, exist_ok=True)
-        with open(os.path.join(cfg.workdir, "config.gin"), "w") as f:
-            f.write(text)
-    return text
-
-
-def _log_start(run: Run, writer: monitor.MetricWriter, start: int) -> None:
+def _log_start(run: Run, writer: monitor.MetricWriter, start: int, notes: list[str]) -> None:
     frac = state_lib.replicated_param_fraction(run.spec)
     mesh_text = mesh_lib.format_mesh(mesh_lib.mesh_shape(run.mesh))
     log.info("mesh %s over %d devices (%s); %.2fM params; %.2f%% of param bytes fully replicated", mesh_text,
@@ -277,7 +282,8 @@ def _log_start(run: Run, writer: monitor.MetricWriter, start: int) -> None:
     log.info("MFU peak: %s", run.peak_note)
     writer.write({"step": start, "event": "resume" if start else "start",
                   "num_params": state_lib.num_params(run.spec), "replicated_param_fraction": frac,
-                  "mesh": mesh_text, "peak_flops_note": run.peak_note, "peak_flops_per_device": run.throughput.peak})
+                  "mesh": mesh_text, "peak_flops_note": run.peak_note, "peak_flops_per_device": run.throughput.peak,
+                  **({"notes": notes} if notes else {})})
 
 
 def _final(ctx: LoopContext, last: dict[str, Any]) -> dict[str, Any]:
@@ -285,9 +291,11 @@ def _final(ctx: LoopContext, last: dict[str, Any]) -> dict[str, Any]:
     run = ctx.run
     step = int(jax.device_get(run.state.step))
     if ctx.ckpt is not None:
-        ctx.ckpt.save(step, run.state, ctx.batches, ctx.meta, force=True)
+        ctx.save_checkpoint(step, force=True)
     final = {"step": step, "event": "final", **run.evaluate(max_batches=0), "train_loss": last.get("loss"),
-             "train_loss_mean_last20": float(np.mean(ctx.recent_losses)) if ctx.recent_losses else None}
+             "train_loss_mean_last20": ctx.losses.mean_last(), "train_time_s": ctx.train_time_s()}
+    if run.throughput.peak_raised:
+        final["peak_flops_per_device"] = run.throughput.peak  # the measured CPU peak, raised by achieved steps
     ctx.writer.write(final)
     fmt = lambda v: "n/a" if v is None else f"{v:.4f}"  # noqa: E731
     log.info("step %d: train loss %s (mean of the last 20 steps %s), held-out loss %.4f "
@@ -298,16 +306,22 @@ def _final(ctx: LoopContext, last: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_training(cfg: TrainConfig, fault_injector=None) -> dict[str, Any]:
-    """Set up, resume if the workdir has checkpoints, and train to ``cfg.steps``; returns the final record.
+    """Check every input and the resume target (:func:`jaxpt.preflight.check`; nothing is written or compiled
+    before it passes), set up, resume if the workdir has checkpoints, and train to ``cfg.steps``; returns the
+    final record. A workdir already at ``cfg.steps`` is left untouched (its last final record is returned).
 
     ``fault_injector`` (``(step, state) -> state``, applied before each step) is for drills and tests.
     """
     from jaxpt.checkpoint import Checkpointer, run_meta
-    config_text = write_operative_config(cfg)
-    run = setup(cfg)
-    cfg = run.cfg
+    pre = preflight.check(cfg)
+    if pre.nothing_to_do:
+        log.warning("nothing to do: the newest checkpoint of %s is at step %d = TrainConfig.steps; nothing "
+                    "written (pass a larger --steps to train on)", cfg.workdir, pre.resume_step)
+        return preflight.last_final(cfg.workdir, pre.resume_step)
     is_main = jax.process_index() == 0
-    writer = monitor.MetricWriter(cfg.workdir, enabled=is_main)
+    config_text = config_lib.write_operative_config(cfg, write=is_main)  # after every check passed
+    run = setup(cfg, pre)
+    cfg = run.cfg
     ckpt = Checkpointer(cfg.workdir, cfg.checkpoint) if cfg.checkpoint.enabled else None
     batches = stream.train_batches(cfg, run.tokenizer,
                                    stream.data_shard_count(cfg, ckpt.saved_data_shards() if ckpt else None))
@@ -315,14 +329,16 @@ def run_training(cfg: TrainConfig, fault_injector=None) -> dict[str, Any]:
     if ckpt is not None:
         state, start = ckpt.resume(run.spec.abstract, batches, cfg.model, run.tokenizer.sha256)
         run.state = state if state is not None else run.state
+    writer = monitor.MetricWriter(cfg.workdir, enabled=is_main, start_step=start)
     meta = run_meta(cfg, run.mesh, run.tokenizer, config_text, stream.data_version(cfg), batches.num_shards)
-    _log_start(run, writer, start)
+    _log_start(run, writer, start, pre.notes)
     registry = RunRegistry(cfg.workdir, enabled=is_main)
     registry.start(cfg, config_text, run, stream.data_version(cfg))
     ctx = None
     try:
         with Preemption() as preemption:
-            ctx = LoopContext(run, writer, batches, ckpt, meta, preemption, registry, fault_injector)
+            ctx = LoopContext(run, writer, batches, ckpt, meta, preemption, registry, fault_injector,
+                              train_time_s=float(pre.resume_meta.get("train_time_s", 0.0)) if start else 0.0)
             last = train_loop(ctx)
         final = _final(ctx, last)
         registry.finish("completed", final)
@@ -347,6 +363,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m jaxpt.train", description=__doc__.splitlines()[0])
     config_lib.add_arguments(parser)
     distributed.add_arguments(parser)
+    parser.add_argument("--dry_run", action="store_true", help="check config, mesh, paths, tokenizer and the "
+                        "resume target, print the plan; compile and write nothing (jaxpt.preflight)")
     args = parser.parse_args(argv)
     try:
         cfg = config_lib.from_args(args)  # parse first: a config error needs no cluster
@@ -354,7 +372,10 @@ def main(argv: list[str] | None = None) -> int:
         logging.basicConfig(level=logging.WARNING, force=True,
                             format=f"[%(asctime)s p{jax.process_index()}] %(name)s: %(message)s")
         logging.getLogger("jaxpt").setLevel(logging.INFO)
-        run_training(cfg)
+        if args.dry_run:
+            print(preflight.format_plan(preflight.plan(cfg)))
+        else:
+            run_training(cfg)
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         if "devices are present" in str(e) and jax.default_backend() == "cpu":

@@ -60,7 +60,8 @@ def test_missing_config_file():
     (("ModelConfig.num_heads = 6", "ModelConfig.num_kv_heads = 1"), {"mesh": "data=2,tensor=4"}, "num_heads"),
     (("ModelConfig.num_kv_heads = 1",), {"mesh": "data=4,tensor=2"}, "num_kv_heads"),
     (("TrainConfig.seq_len = 512",), {}, "TrainConfig.seq_len"),                    # longer than max_seq_len
-    (("OptimizerConfig.warmup_steps = 2000",), {}, "OptimizerConfig.warmup_steps"),  # past the decay horizon
+    (("OptimizerConfig.warmup_steps = 2000", "OptimizerConfig.decay_steps = 0"), {},  # past --steps
+     "OptimizerConfig.warmup_steps"),
     (("DataConfig.num_shards = 3",), {}, "DataConfig.num_shards"),                  # does not divide the batch
 ])
 def test_validation_errors_name_the_key(bindings, flags, key):
@@ -81,6 +82,8 @@ def test_validation_errors_name_the_key(bindings, flags, key):
     ("OptimizerConfig.schedule = 'linear'", "OptimizerConfig.schedule = 'linear': choose one of ('cosine', "),
     ("OptimizerConfig.b2 = 1.0", "OptimizerConfig.b2 = 1.0: must be in [0, 1)"),
     ("OptimizerConfig.peak_learning_rate = 0.0", "OptimizerConfig.peak_learning_rate = 0.0: must be positive"),
+    ("OptimizerConfig.warmup_steps = 2000", "OptimizerConfig.warmup_steps = 2000 must be below the decay horizon "
+     "OptimizerConfig.decay_steps = 900"),
     ("DataConfig.source = 'web'", "DataConfig.source = 'web': choose one of ('sample', 'corpus')"),
     ("DataConfig.source = 'corpus'", "DataConfig.corpus_dir = '': must be set when DataConfig.source = 'corpus'"),
     ("CheckpointConfig.keep_last = 0", "CheckpointConfig.keep_last = 0: must be >= 1 when CheckpointConfig.enabled"),
@@ -128,7 +131,7 @@ def test_configs_check_themselves_outside_gin_and_defaults_build():
 def test_heldout_eval_config_is_a_validated_train_config_field():
     cfg = parse("HeldoutEvalConfig.enabled = True", "HeldoutEvalConfig.group_by = ('domain',)")
     assert cfg.heldout_eval.enabled and cfg.heldout_eval.group_by == ("domain",)
-    assert "HeldoutEvalConfig.group_by = ('domain',)" in C.operative_config_str()  # recorded with the run
+    assert "HeldoutEvalConfig.group_by = ('domain',)" in C.operative_config_str(cfg)  # recorded with the run
     assert not parse().heldout_eval.enabled  # off by default
 
 

@@ -58,6 +58,64 @@ def test_bad_schedule_raises():
         optim.learning_rate_schedule(optim.OptimizerConfig(warmup_steps=50), 10)
 
 
+# Hand-computed values at step 0, the end of warmup, the start of decay and the final step of each schedule.
+# cosine: p=1e-3, w=10, T=110, m=0.1: lr(T-1) = p * (m + (1 - m) * 0.5 * (1 + cos(pi * 99 / 100))).
+# wsd: p=2e-3, w=10, T=100, d=round(0.2 * 100)=20, m=0.1: flat to step 80, then -1.8e-3/20 = -9e-5 per step.
+# constant: p=1e-3, w=4: half the peak at step 2.
+SCHEDULE_POINTS = [
+    (dict(schedule="cosine", peak_learning_rate=1e-3, warmup_steps=10, decay_steps=110, min_lr_ratio=0.1),
+     [(0, 0.0), (5, 0.5e-3), (10, 1e-3), (109, 1e-3 * (0.1 + 0.45 * (1 + math.cos(math.pi * 0.99)))),
+      (110, 1e-4), (200, 1e-4)]),
+    (dict(schedule="wsd", peak_learning_rate=2e-3, warmup_steps=10, decay_steps=100, min_lr_ratio=0.1,
+          wsd_decay_fraction=0.2),
+     [(0, 0.0), (10, 2e-3), (80, 2e-3), (81, 1.91e-3), (90, 1.1e-3), (100, 2e-4), (150, 2e-4)]),
+    # warmup and decay exactly adjacent: the end of warmup is the start of decay.
+    (dict(schedule="wsd", peak_learning_rate=1.0, warmup_steps=80, decay_steps=100, min_lr_ratio=0.0,
+          wsd_decay_fraction=0.2),
+     [(0, 0.0), (40, 0.5), (80, 1.0), (90, 0.5), (100, 0.0)]),
+    (dict(schedule="constant", peak_learning_rate=1e-3, warmup_steps=4, decay_steps=50),
+     [(0, 0.0), (2, 0.5e-3), (4, 1e-3), (50, 1e-3)]),
+]
+
+
+@pytest.mark.parametrize("kwargs,points", SCHEDULE_POINTS, ids=["cosine", "wsd", "wsd_adjacent", "constant"])
+def test_every_schedule_at_its_phase_boundaries(kwargs, points):
+    cfg = optim.OptimizerConfig(**kwargs)
+    for step, want in points:
+        assert lr(cfg, 1000, step) == pytest.approx(want, rel=1e-5, abs=1e-12), step
+
+
+@pytest.mark.parametrize("kwargs,keys", [
+    # the issue's case: the floor would be reached at step 110, LR(100) = 0.55 x peak
+    (dict(schedule="wsd", warmup_steps=90, decay_steps=100, wsd_decay_fraction=0.2),
+     ("OptimizerConfig.warmup_steps = 90", "OptimizerConfig.wsd_decay_fraction = 0.2",
+      "OptimizerConfig.decay_steps = 100")),
+    # cosine with no room to decay: LR(T) would be the peak, not the floor
+    (dict(schedule="cosine", warmup_steps=100, decay_steps=100),
+     ("OptimizerConfig.warmup_steps = 100", "OptimizerConfig.decay_steps = 100")),
+    (dict(schedule="constant", warmup_steps=101, decay_steps=100), ("OptimizerConfig.warmup_steps = 101",)),
+])
+def test_impossible_schedule_shapes_are_config_errors_naming_the_keys(kwargs, keys):
+    with pytest.raises(ConfigError) as e:
+        optim.OptimizerConfig(**kwargs)
+    for key in keys:
+        assert key in str(e.value)
+
+
+def test_schedule_horizon_from_train_steps_is_checked_by_validate():
+    """With ``decay_steps = 0`` the horizon is ``TrainConfig.steps``: the same shapes are refused by
+    ``config.validate`` (through ``parse``'s caller) naming ``TrainConfig.steps``."""
+    from jaxpt import config as C
+    cfg = C.parse([], ["OptimizerConfig.schedule = 'wsd'", "OptimizerConfig.warmup_steps = 90",
+                       "OptimizerConfig.decay_steps = 0"], steps=100, mesh="data=8")
+    with pytest.raises(ConfigError, match=r"TrainConfig\.steps = 100"):
+        C.validate(cfg, 8)
+    ok = C.parse([], ["OptimizerConfig.schedule = 'wsd'", "OptimizerConfig.warmup_steps = 80",
+                      "OptimizerConfig.decay_steps = 0"], steps=100, mesh="data=8")
+    C.validate(ok, 8)
+    assert lr(ok.optimizer, 100, 100) == pytest.approx(ok.optimizer.peak_learning_rate * ok.optimizer.min_lr_ratio)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("scan", [False, True])
 def test_weight_decay_leaves_norms_and_embeddings_untouched(scan):

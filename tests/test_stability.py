@@ -177,6 +177,11 @@ def test_nan_rolls_back_damps_lr_and_continues(prepared_sample, tmp_path):
     # Constant-after-warmup LR 3e-3 (decay horizon 100) damped by 0.5 after the rollback.
     assert all(r["learning_rate"] < 3e-3 * 0.5 * 1.0001 for r in after)
     assert recs[-1]["step"] == 24 and np.isfinite(recs[-1]["loss"])
+    # The rollback superseded the records of the discarded steps 11-14 (kept apart): one record per step.
+    assert [r["step"] for r in recs] == list(range(1, 25))
+    every = [r["step"] for r in monitor.read_metrics(str(tmp_path), superseded=True) if "event" not in r
+             and ("loss" in r or "skipped_loss" in r)]
+    assert every == [*range(1, 15), *range(11, 25)]
 
 
 @pytest.mark.slow

@@ -109,13 +109,27 @@ def data_version(cfg) -> str:
 
 class BatchDocumentLog:
     """Per-process JSON Lines ``<workdir>/batches/process_<i>.jsonl`` of ``{"step", "doc_index"}``: which
-    documents fed each step (an audit trail for resumption and data debugging)."""
+    documents fed each step (an audit trail for resumption and data debugging).
 
-    def __init__(self, workdir: str):
+    ``start_step``: the step the run starts from. When the log holds lines of later steps (a session whose last
+    checkpoints were lost; any line, for a fresh run), a marker ``{"step", "superseded_after": start_step}``
+    (-1 for a fresh run) is appended first; :func:`jaxpt.jsonl.drop_superseded` applies it, leaving one line
+    per step. None: plain append.
+    """
+
+    def __init__(self, workdir: str, start_step: int | None = None):
         os.makedirs(os.path.join(workdir, "batches"), exist_ok=True)
-        path = os.path.join(workdir, "batches", f"process_{jax.process_index()}.jsonl")
-        jsonl.drop_partial_last_line(path)  # a line half-written by a killed run must not end up mid-file
-        self._f = open(path, "a", buffering=1)
+        self.path = os.path.join(workdir, "batches", f"process_{jax.process_index()}.jsonl")
+        jsonl.drop_partial_last_line(self.path)  # a line half-written by a killed run must not end up mid-file
+        self._f = open(self.path, "a", buffering=1)
+        if start_step is not None:
+            last, after = jsonl.last_step(self.path), start_step if start_step else -1
+            if last is not None and last > after:
+                self.rewind(after)
+
+    def rewind(self, step: int) -> None:
+        """The run went back to ``step`` (a rollback or resume): supersede the lines after it."""
+        self._f.write(f'{{"step": {max(step, 0)}, "{jsonl.SUPERSEDED_AFTER}": {step}}}\n')
 
     def write(self, step: int, doc_index: np.ndarray) -> None:
         """Record the documents (``doc_index >= 0``; -1 is padding) of this process's rows of ``step``."""

@@ -1,14 +1,18 @@
 """The trainer's held-out evaluation: one scorer for the in-loop, per-group and final figures.
 
-Every held-out evaluation of the loop (``TrainConfig.eval_every`` steps, and the final one) reports
-``heldout_loss``, ``heldout_perplexity`` and ``heldout_tokens`` computed as :func:`jaxpt.eval.heldout.perplexity_report`
-does: document-aligned rolling windows, only real target tokens, independent of batch size and packing; the same
-computation as ``python -m jaxpt.tools.evaluate``. With ``HeldoutEvalConfig.enabled`` the record also breaks it
-down as ``heldout/<grouping>/<group>/loss`` and ``.../perplexity`` (domain, language). The scorer runs on the
-run's mesh with the train state's param shardings and the global batch size and compiles once. In-loop
-evaluations bounded by ``TrainConfig.eval_batches`` score ``eval_batches x global_batch_size`` windows taken
-round-robin over the (domain, language) groups and are marked ``heldout_partial = 1``; the final evaluation
-scores every window. The held-out documents are read and checked at setup (:func:`load_heldout`).
+Every held-out evaluation of the loop (``TrainConfig.eval_every`` steps, and the final one) is computed as
+:func:`jaxpt.eval.heldout.perplexity_report` does: document-aligned rolling windows, only real target tokens,
+independent of batch size and packing; the same computation as ``python -m jaxpt.tools.evaluate``. An evaluation
+of every window reports ``heldout_loss``, ``heldout_perplexity`` and ``heldout_tokens``; one bounded by
+``TrainConfig.eval_batches`` (``eval_batches x global_batch_size`` windows taken round-robin over the (domain,
+language) groups) is a different quantity, on a subset, and is reported under its own names,
+``heldout_partial_loss``, ``heldout_partial_perplexity`` and ``heldout_partial_tokens``, so no curve mixes the
+two. The final evaluation scores every window. With ``HeldoutEvalConfig.enabled`` the record also breaks it down
+as ``heldout/<grouping>/<group>/loss`` and ``.../perplexity`` (``heldout_partial/...`` for a bounded one). The
+scorer runs on the run's mesh with the train state's param shardings and the global batch size and compiles once.
+The held-out documents are read and checked at setup (:func:`load_heldout`, :func:`heldout_set`): a set with no
+scored token (empty, or only 1-token documents with ``DataConfig.add_eos = False``) is a config error, never a
+perfect-looking loss of 0.
 
 The per-group breakdown is off by default (plain runs pay nothing). Its config is ``TrainConfig.heldout_eval``,
 registered with gin and validated with the other configs in :mod:`jaxpt.config`::
@@ -20,11 +24,14 @@ registered with gin and validated with the other configs in :mod:`jaxpt.config`:
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 from jaxpt.errors import ConfigError
 from jaxpt.eval import heldout
 from jaxpt.eval.scorer import Scorer
 from jaxpt.validation import check_types, non_negative, require
+
+log = logging.getLogger("jaxpt.eval.inloop")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,6 +94,24 @@ def load_heldout(train_cfg) -> list[heldout.Document]:
     return docs
 
 
+def heldout_set(train_cfg, docs: list[heldout.Document], tokenizer) -> heldout.HeldoutSet:
+    """Every scoring window of the run's held-out documents (what the final evaluation scores).
+
+    Raises:
+      ConfigError: the windows score no token: every document tokenizes to one token or none, with nothing
+        appended (``DataConfig.add_eos = False``); a loss over 0 tokens would read as a perfect model.
+    """
+    c = train_cfg
+    hset = heldout.HeldoutSet.build(docs, tokenizer, seq_len=c.seq_len, stride=heldout_config(c).stride or None,
+                                    add_eos=c.data.add_eos)
+    if not sum(w.num_scored for w in hset.windows):
+        key = "HeldoutEvalConfig.source" if heldout_config(c).source else "DataConfig.heldout_path"
+        raise ConfigError(f"{key}: the held-out set's {len(docs)} documents have no token to score (a document's "
+                          f"first token is never scored; DataConfig.add_eos = {c.data.add_eos}): a held-out loss "
+                          "over 0 tokens would read as a perfect model")
+    return hset
+
+
 class HeldoutEvaluator:
     """A run's held-out loss: one :class:`jaxpt.eval.scorer.Scorer` on the run's mesh (compiled once, reused by
     every evaluation), over document-aligned rolling windows of the held-out documents, as
@@ -98,15 +123,17 @@ class HeldoutEvaluator:
       mesh, graphdef: the run's mesh and model graph definition.
       tokenizer: the run's tokenizer.
       docs: the held-out documents (:func:`load_heldout`).
+      full_set: their windows, if already built (:func:`heldout_set`, which checks there is a token to score).
     """
 
-    def __init__(self, train_cfg, mesh, graphdef, abstract_params, tokenizer, docs: list[heldout.Document]):
+    def __init__(self, train_cfg, mesh, graphdef, abstract_params, tokenizer, docs: list[heldout.Document],
+                 full_set: heldout.HeldoutSet | None = None):
         self.cfg, self.eval_cfg = train_cfg, heldout_config(train_cfg)
         self.tokenizer, self.docs = tokenizer, docs
         self.scorer = Scorer(graphdef, abstract_params, mesh, train_cfg.logical_axis_rules,
                              seq_len=train_cfg.seq_len, batch_size=train_cfg.global_batch_size,
                              pad_id=tokenizer.pad_id, place_params=False)
-        self._sets: dict[int, heldout.HeldoutSet] = {}
+        self._sets: dict[int, heldout.HeldoutSet] = {} if full_set is None else {0: full_set}
 
     def _windows(self, limit: int) -> heldout.HeldoutSet:
         if limit not in self._sets:
@@ -117,9 +144,11 @@ class HeldoutEvaluator:
         return self._sets[limit]
 
     def evaluate(self, params, limit: int) -> dict[str, float]:
-        """Held-out figures of ``params``: ``heldout_loss`` (nats per scored token), ``heldout_perplexity``,
-        ``heldout_tokens`` (scored tokens) and ``heldout_partial`` (1.0 when ``limit`` bounded the windows),
-        plus ``heldout/<grouping>/<group>/loss|perplexity`` when ``HeldoutEvalConfig.enabled``.
+        """Held-out figures of ``params``: ``heldout_loss`` (nats per scored token), ``heldout_perplexity`` and
+        ``heldout_tokens`` (scored tokens) when every window is scored, ``heldout_partial_loss``,
+        ``heldout_partial_perplexity`` and ``heldout_partial_tokens`` when ``limit`` bounded the windows; plus
+        ``<that prefix>/<grouping>/<group>/loss|perplexity`` when ``HeldoutEvalConfig.enabled``. Over 0 scored
+        tokens the loss and perplexity are NaN (written ``"nan"``) and a warning is logged.
 
         ``limit``: 0 scores every window; else ``limit x global_batch_size`` windows, round-robin over groups.
         """
@@ -131,10 +160,13 @@ class HeldoutEvaluator:
         finally:
             self.scorer.params = None  # the train state is donated every step: never hold on to its buffers
         overall = report["overall"]
-        out = {"heldout_loss": overall["loss"], "heldout_perplexity": overall["perplexity"],
-               "heldout_tokens": float(overall["tokens"]), "heldout_partial": float(hset.subset)}
+        if not overall["tokens"]:
+            log.warning("held-out evaluation scored 0 tokens: loss and perplexity are NaN, not figures")
+        prefix = "heldout_partial" if hset.subset else "heldout"
+        out = {f"{prefix}_loss": overall["loss"], f"{prefix}_perplexity": overall["perplexity"],
+               f"{prefix}_tokens": float(overall["tokens"])}
         if group_by:
-            out.update({k: v for k, v in heldout.flat_figures(report).items() if "/overall/" not in k})
+            out.update({k: v for k, v in heldout.flat_figures(report, prefix).items() if "/overall/" not in k})
         return out
 
     def compiled_programs(self) -> int:

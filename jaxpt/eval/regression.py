@@ -9,6 +9,7 @@ refused rather than compared.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Mapping
 
 
@@ -34,11 +35,21 @@ def _check_same(base: Mapping[str, Any], new: Mapping[str, Any]) -> None:
                                   f"{hn.get('tokens')} scored tokens")
 
 
+def _row(row: dict[str, Any]) -> dict[str, Any]:
+    """A core row whose base or new figure is not a finite number (an evaluation over nothing, a NaN loss) is
+    flagged with a note: every comparison with NaN is False, so it would otherwise pass as no regression."""
+    finite = all(isinstance(row[k], (int, float)) and math.isfinite(row[k]) for k in ("base", "new"))
+    if not finite and row["core"]:
+        row.update(flagged=True, note="a figure is not a number (nothing was scored?)")
+    return row
+
+
 def compare(base: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
     """Compare ``new`` against ``base``.
 
     Returns ``{"ok": bool, "card": ..., "rows": [...], "flagged": [...]}``; each row names the metric, both
-    values, the change and the tolerance, and ``flagged`` lists the rows whose drop exceeds it.
+    values, the change and the tolerance, and ``flagged`` lists the core rows whose drop exceeds it or whose
+    figure on either side is not a finite number (with a ``note``).
 
     Raises:
       IncompatibleReports: different cards, example sets or held-out text.
@@ -53,9 +64,9 @@ def compare(base: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
         b, n = tb["metrics"][metric], tn["metrics"][metric]
         tol = float(tb.get("regression_tolerance", 0.0))
         drop = b - n
-        rows.append({"kind": "task", "name": name, "metric": metric, "base": b, "new": n, "change": -drop,
-                     "tolerance": tol, "core": bool(tb.get("core")),
-                     "flagged": bool(tb.get("core")) and drop > tol + 1e-12})
+        rows.append(_row({"kind": "task", "name": name, "metric": metric, "base": b, "new": n, "change": -drop,
+                          "tolerance": tol, "core": bool(tb.get("core")),
+                          "flagged": bool(tb.get("core")) and drop > tol + 1e-12}))
     ppl = base.get("heldout", {})
     grouping = ppl.get("core_grouping")
     tol = float(ppl.get("regression_tolerance", 0.0))
@@ -67,9 +78,9 @@ def compare(base: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
             if fn is None:
                 raise IncompatibleReports(f"perplexity group {grouping}={g} is missing from the new report")
             rise = fn["perplexity"] / fb["perplexity"] - 1.0
-            rows.append({"kind": "perplexity", "name": f"{grouping}={g}", "metric": "perplexity",
-                         "base": fb["perplexity"], "new": fn["perplexity"], "change": rise, "tolerance": tol,
-                         "core": True, "flagged": rise > tol + 1e-12})
+            rows.append(_row({"kind": "perplexity", "name": f"{grouping}={g}", "metric": "perplexity",
+                              "base": fb["perplexity"], "new": fn["perplexity"], "change": rise, "tolerance": tol,
+                              "core": True, "flagged": rise > tol + 1e-12}))
     flagged = [r for r in rows if r["flagged"]]
     return {"ok": not flagged, "card": base.get("card"), "base_checkpoint": base.get("checkpoint"),
             "new_checkpoint": new.get("checkpoint"), "rows": rows, "flagged": flagged}

@@ -268,17 +268,18 @@ def _watch(proc, tail: MetricsTail, launch: Launch, kill: Kill | None, workdir: 
 
 
 def step_records(workdir: str) -> dict[int, list[dict]]:
-    """Every per-step metrics record of a workdir, grouped by step (a resumed step appears more than once).
-    Raises as :func:`jaxpt.monitor.read_metrics`."""
+    """Every per-step metrics record of a workdir, grouped by step, superseded ones included (a step re-run after
+    a resume appears more than once: each must match the reference). Raises as :func:`jaxpt.monitor.read_metrics`."""
     out: dict[int, list[dict]] = {}
-    for rec in monitor.read_metrics(workdir):
+    for rec in monitor.read_metrics(workdir, superseded=True):
         if "loss" in rec and "event" not in rec:
             out.setdefault(rec["step"], []).append(rec)
     return out
 
 
 def batch_documents(workdir: str) -> dict[int, list[list[int]]]:
-    """Per step, every logged list of document indices (process 0's rows).
+    """Per step, every logged list of document indices (process 0's rows), superseded ones included (supersede
+    markers are skipped).
 
     Raises:
       FileFormatError: a line of ``batches/process_0.jsonl`` breaks the JSON Lines rules (a half-written last
@@ -287,6 +288,8 @@ def batch_documents(workdir: str) -> dict[int, list[list[int]]]:
     path = os.path.join(workdir, "batches", "process_0.jsonl")
     out: dict[int, list[list[int]]] = {}
     for n, rec in jsonl.iter_objects(path, partial_last_line=True):
+        if jsonl.SUPERSEDED_AFTER in rec:
+            continue
         if not isinstance(rec.get("step"), int) or not isinstance(rec.get("doc_index"), list):
             raise FileFormatError.at(path, n, "bad_record", "needs an integer 'step' and a 'doc_index' list")
         out.setdefault(rec["step"], []).append(rec["doc_index"])

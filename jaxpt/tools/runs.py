@@ -58,15 +58,16 @@ def find_runs(root: str) -> list[dict[str, Any]]:
 
 def read_curves(workdir: str) -> dict[str, list[tuple[int, float]]]:
     """``{metric: [(step, value), ...]}`` for loss, grad_norm and learning_rate from metrics.jsonl (empty lists
-    when there is none). Raises MetricsFormatError as :func:`jaxpt.monitor.read_metrics`."""
-    curves: dict[str, list[tuple[int, float]]] = {"loss": [], "grad_norm": [], "learning_rate": []}
-    if not os.path.exists(monitor.metrics_path(workdir)):
-        return curves
-    for rec in monitor.read_metrics(workdir):
-        for k in curves:
-            if isinstance(rec.get(k), (int, float)):
-                curves[k].append((rec["step"], float(rec[k])))
-    return curves
+    when there is none), one value per step in step order: :func:`jaxpt.monitor.read_metrics` leaves out records a
+    resume or rollback superseded, and of any step still logged twice (a log written before supersede markers)
+    the last value is kept. Raises MetricsFormatError as :func:`jaxpt.monitor.read_metrics`."""
+    curves: dict[str, dict[int, float]] = {"loss": {}, "grad_norm": {}, "learning_rate": {}}
+    if os.path.exists(monitor.metrics_path(workdir)):
+        for rec in monitor.read_metrics(workdir):
+            for k in curves:
+                if isinstance(rec.get(k), (int, float)) and "event" not in rec:
+                    curves[k][rec["step"]] = float(rec[k])
+    return {k: sorted(v.items()) for k, v in curves.items()}
 
 
 def _fmt(v: Any) -> str:
@@ -130,7 +131,7 @@ def cmd_plot(recs: list[dict[str, Any]], output: str) -> str:
                 xs, ys = zip(*pts)
                 ax.plot(xs, ys, label=rec.get("run_id", rec["workdir"]))
         for ev in rec.get("events", []):
-            if ev.get("event") in ("rollback", "spike_skip", "nonfinite_skip"):
+            if ev.get("event") in ("rollback", "spike_skip", "nonfinite_skip") and "superseded_at" not in ev:
                 for ax in axes:
                     ax.axvline(ev["step"], color="red", alpha=0.3, lw=0.8)
     for ax, name in zip(axes, ["loss", "grad norm", "learning rate"]):

@@ -330,6 +330,9 @@ def points_from_runs(records: Sequence[dict[str, Any]], n_kind: str = "non_embed
     n = np.array([r["params"][n_kind] for r in records], dtype=np.float64)
     d = np.array([r["tokens"] for r in records], dtype=np.float64)
     y = np.array([r["heldout_loss"] for r in records], dtype=np.float64)
+    bad = [r["name"] for r, v in zip(records, y) if not np.isfinite(v)]
+    if bad:  # a NaN loss (an evaluation over nothing) must not enter a fit as a number
+        raise ValueError(f"runs without a finite held-out loss: {', '.join(bad)}")
     return n, d, y, [r["name"] for r in records]
 
 

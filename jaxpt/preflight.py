@@ -1,0 +1,196 @@
+"""Checks before anything is created or compiled, and the plan ``python -m jaxpt.train --dry_run`` prints.
+
+:func:`check` is what :func:`jaxpt.train.run_training` runs first, before it creates the workdir or compiles
+anything, so a bad input costs seconds, not a booked slice: the config across its parts and against the devices
+(:func:`jaxpt.config.validate`), every input path (training data, tokenizer, held-out set, with a token to score),
+and the resume target: the newest committed checkpoint of the workdir must be of this model, tokenizer and data
+layout, its saved settings must pass :func:`jaxpt.checkpoint.check_saved_config`, and ``TrainConfig.steps`` must
+not be below its step. :func:`plan` adds what the run will cost (parameters, per-device memory estimate, tokens
+per step and in all), still without compiling.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from typing import Any
+
+import jax
+
+from jaxpt import builder as builder_lib
+from jaxpt import config as config_lib
+from jaxpt.config import TrainConfig
+from jaxpt.errors import ConfigError
+
+log = logging.getLogger("jaxpt.preflight")
+
+
+@dataclasses.dataclass
+class Preflight:
+    """What :func:`check` found.
+
+    Attributes:
+      cfg: the config with ``ModelConfig.vocab_size`` resolved from the tokenizer.
+      sizes: the resolved mesh sizes ``{axis: size}``.
+      tokenizer: the run's loaded tokenizer.
+      heldout_docs, heldout_set: the held-out documents and all their scoring windows.
+      resume_step: the newest committed checkpoint's step (0: none, the run starts fresh).
+      resume_meta: that checkpoint's ``meta`` item ({} when none).
+      notes: saved settings ignored, and settings changed since the checkpoint (reported, not refused).
+    """
+
+    cfg: TrainConfig
+    sizes: dict[str, int]
+    tokenizer: Any
+    heldout_docs: list
+    heldout_set: Any
+    resume_step: int = 0
+    resume_meta: dict = dataclasses.field(default_factory=dict)
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def nothing_to_do(self) -> bool:
+        """The newest checkpoint is already at ``TrainConfig.steps``."""
+        return self.resume_step > 0 and self.resume_step == self.cfg.steps
+
+
+def check_paths(cfg: TrainConfig) -> None:
+    """Every input path of the run exists and the workdir can be one.
+
+    Raises:
+      ConfigError: naming the key and the path: a missing ``DataConfig.train_path`` (sample source), a
+        ``DataConfig.corpus_dir`` that is not a corpus version (corpus source), or a ``TrainConfig.workdir``
+        that is a file. (The tokenizer and held-out set are checked as they are loaded.)
+    """
+    from jaxpt.data import corpus
+    d = cfg.data
+    if d.source == "sample" and not os.path.isfile(d.train_path):
+        raise ConfigError(f"DataConfig.train_path = {d.train_path!r}: no such file "
+                          "(run `python -m jaxpt.data.prepare --output artifacts/sample` first)")
+    if d.source == "corpus" and not (os.path.isdir(d.corpus_dir) and corpus.is_corpus_version(d.corpus_dir)):
+        raise ConfigError(f"DataConfig.corpus_dir = {d.corpus_dir!r}: not a corpus version directory "
+                          "(no mixture.json; build one with `python -m data_pipelines.build`)")
+    if os.path.isfile(cfg.workdir):
+        raise ConfigError(f"TrainConfig.workdir = {cfg.workdir!r}: a file, not a directory")
+
+
+def check_resume(cfg: TrainConfig, tokenizer) -> tuple[int, dict, list[str]]:
+    """The resume target: ``(newest committed step or 0, its meta, notes)``; reads, never writes.
+
+    Raises:
+      ConfigError: ``TrainConfig.steps`` is below the newest checkpoint's step (training cannot go back).
+      CheckpointError: the checkpoint is of another model (:func:`jaxpt.checkpoint.check_compatible`), another
+        tokenizer or data-shard count, or saves an unknown setting that changes numerics.
+    """
+    from jaxpt import checkpoint as ckpt_lib
+    directory = os.path.join(cfg.workdir, "checkpoints")
+    if not cfg.checkpoint.enabled or not os.path.isdir(directory):
+        return 0, {}, []
+    ckpt = ckpt_lib.Checkpointer(cfg.workdir, cfg.checkpoint, read_only=True)
+    try:
+        step = ckpt.latest_step()
+        if step is None:
+            return 0, {}, []  # only leftovers: Checkpointer.resume decides (start over, or refuse junk)
+        if cfg.steps < step:
+            raise ConfigError(f"TrainConfig.steps = {cfg.steps} is below step {step} of the newest checkpoint in "
+                              f"{ckpt.directory}: training cannot go back; pass --steps above {step}, or another "
+                              "--workdir")
+        meta = ckpt.read_meta(step)
+    finally:
+        ckpt.close()
+    where = f"{ckpt.directory}/{step}"
+    notes = [f"ignored saved setting {s}" for s in ckpt_lib.check_saved_config(meta, where)]
+    ckpt_lib.check_compatible(meta, cfg.model, where)
+    saved_tok = (meta.get("tokenizer") or {}).get("sha256")
+    if saved_tok and saved_tok != tokenizer.sha256:
+        raise ckpt_lib.CheckpointError(f"{where} was trained with tokenizer sha256 {saved_tok[:12]}, this run uses "
+                                       f"{tokenizer.sha256[:12]} (DataConfig.tokenizer_path)")
+    shards = meta.get("data_shards")
+    if shards and cfg.data.num_shards and shards != cfg.data.num_shards:
+        raise ckpt_lib.CheckpointError(f"{where} has {shards} data shards, DataConfig.num_shards = "
+                                       f"{cfg.data.num_shards} (it must stay fixed for a run)")
+    return step, meta, notes + changed_settings(meta, cfg)
+
+
+def changed_settings(meta: dict, cfg: TrainConfig) -> list[str]:
+    """Settings that change numerics and differ between the checkpoint's saved config and ``cfg`` (reported on
+    resume: a deliberate change, such as a new learning rate, is allowed, but never silent)."""
+    from jaxpt import checkpoint as ckpt_lib
+    saved = ckpt_lib.saved_settings({"config_gin": meta.get("config_gin")})
+    now = ckpt_lib.saved_settings({"config_gin": config_lib.operative_config_str(cfg)})
+    return [f"changed since the checkpoint: {k} = {saved[k]!r} -> {now[k]!r}" for k in sorted(now)
+            if k in saved and not config_lib.is_bookkeeping(k) and k != "ModelConfig.vocab_size"
+            and not ckpt_lib.same_value(saved[k], now[k])]
+
+
+def check(cfg: TrainConfig) -> Preflight:
+    """Every check of the module docstring, in order; creates and compiles nothing.
+
+    Raises:
+      ConfigError: naming the key, file or line (exit 2).
+      CheckpointError: the resume target cannot continue this run (exit 3).
+    """
+    from jaxpt.eval import inloop
+    sizes = config_lib.validate(cfg, jax.device_count())
+    check_paths(cfg)
+    docs = inloop.load_heldout(cfg)  # a missing or malformed held-out set fails now, not after the last step
+    tokenizer = builder_lib.load_tokenizer(cfg)
+    resolved = builder_lib.resolve_vocab(cfg, tokenizer)
+    hset = inloop.heldout_set(resolved, docs, tokenizer)
+    step, meta, notes = check_resume(resolved, tokenizer)
+    for note in notes:
+        log.warning("%s", note)
+    return Preflight(resolved, sizes, tokenizer, docs, hset, step, meta, notes)
+
+
+def plan(cfg: TrainConfig) -> dict[str, Any]:
+    """:func:`check`, then what the run will cost, without compiling: parameters, the per-device memory estimate
+    of :func:`jaxpt.tools.plan.estimate_memory` (against the device's memory when the runtime reports it), tokens
+    per step, steps and tokens left to train, and the held-out tokens scored by each full evaluation.
+
+    Raises: as :func:`check`.
+    """
+    from jaxpt import mesh as mesh_lib
+    from jaxpt.model.decoder import count_params
+    from jaxpt.tools import plan as plan_lib
+    pre = check(cfg)
+    c = pre.cfg
+    try:
+        stats = jax.devices()[0].memory_stats() or {}
+    except Exception:  # some backends (CPU) report no memory statistics
+        stats = {}
+    mem = plan_lib.estimate_memory(c, pre.sizes, stats.get("bytes_limit"))
+    tokens_per_step = c.global_batch_size * c.seq_len
+    return {"workdir": os.path.abspath(c.workdir), "mesh": mesh_lib.format_mesh(pre.sizes),
+            "devices": {"count": jax.device_count(), "kind": jax.devices()[0].device_kind},
+            "params": count_params(c.model)["total"], "vocab_size": c.model.vocab_size,
+            "memory_per_device": mem.as_dict(), "tokens_per_step": tokens_per_step,
+            "resume_step": pre.resume_step, "target_steps": c.steps, "steps_to_train": c.steps - pre.resume_step,
+            "tokens_to_train": (c.steps - pre.resume_step) * tokens_per_step,
+            "heldout_tokens": int(sum(w.num_scored for w in pre.heldout_set.windows)),
+            "data_source": c.data.corpus_dir if c.data.source == "corpus" else c.data.train_path,
+            "tokenizer_sha256": pre.tokenizer.sha256, "notes": pre.notes}
+
+
+def last_final(workdir: str, step: int) -> dict[str, Any]:
+    """The last ``final`` record of ``<workdir>/metrics.jsonl`` (what a run already at its target step returns),
+    or ``{"step": step, "event": "nothing_to_do"}`` when there is none."""
+    from jaxpt import monitor
+    path = monitor.metrics_path(workdir)
+    finals = [r for r in monitor.read_metrics(workdir) if r.get("event") == "final"] if os.path.exists(path) else []
+    return finals[-1] if finals else {"step": step, "event": "nothing_to_do"}
+
+
+def format_plan(p: dict[str, Any]) -> str:
+    """The :func:`plan` as lines of text."""
+    mem = p["memory_per_device"]
+    fits = {None: "device memory unknown", True: "fits", False: "DOES NOT FIT"}[mem["fits"]]
+    lines = [f"dry run: every check passed; nothing compiled, nothing written ({p['workdir']})",
+             f"  mesh {p['mesh']} over {p['devices']['count']} x {p['devices']['kind']}",
+             f"  params {p['params']:,} (vocabulary {p['vocab_size']:,})",
+             f"  memory per device (estimate, a floor): {mem['total'] / 2 ** 30:.3f} GiB ({fits})",
+             f"  tokens per step {p['tokens_per_step']:,}; steps {p['resume_step']} -> {p['target_steps']} "
+             f"({p['steps_to_train']:,} steps, {p['tokens_to_train']:,} tokens)",
+             f"  held-out tokens per full evaluation {p['heldout_tokens']:,}"]
+    return "\n".join(lines + [f"  note: {n}" for n in p["notes"]])
