@@ -330,6 +330,8 @@ def format_table(results: Sequence[Result]) -> str:
             ("compiled MiB", "compiled_memory_bytes", "mib"), ("est. MiB", "estimated_memory_bytes", "mib"),
             ("step s", "step_time_s", "f3"), ("tokens/s", "tokens_per_sec", "f0"), ("MFU", "mfu", "pct"),
             ("collectives", "collective_share", "pct"), ("loss@1", "first_loss", "f3")]
+    if any(r.topology_memory_bytes is not None for r in results):
+        cols.insert(4, ("TPU MiB", "topology_memory_bytes", "mib"))
     rows = [[h for h, _, _ in cols]] + [[_fmt(getattr(r, k), kind) for _, k, kind in cols] for r in results]
     widths = [max(len(row[i]) for row in rows) for i in range(len(cols))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)) for row in rows]
@@ -399,6 +401,9 @@ def run_sweep(cfg: TrainConfig, meshes: Sequence[str], *, steps: int, profile_st
         if reason:
             log.warning("%s", reason)
             print(f"note: {reason}; sweeping the {jax.device_count()} local devices only")
+        else:
+            print(f"TPU topology {topology}: {len(topo_devices)} compile-only devices (libtpu); each shape's "
+                  "compiled bytes per TPU device are in the 'TPU MiB' column")
     limit = device_memory_limit(device_memory_gib)
     results = []
     for m in meshes:
