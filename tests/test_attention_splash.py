@@ -24,7 +24,8 @@ def _splash(*a, scale):
     return dot_product_attention(*a[:4], impl="splash", kv_segment_ids_BxM=a[4], scale=scale)
 
 
-def _compare(out, grads, want_out, want_grads):
+def assert_matches_xla(out, grads, want_out, want_grads):
+    """Splash output and q/k/v gradients equal xla's within RTOL/ATOL (raises AssertionError otherwise)."""
     np.testing.assert_allclose(out, want_out, rtol=RTOL, atol=ATOL)
     for name, got, want in zip("qkv", grads, want_grads):
         np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL, err_msg=f"d/d{name}")
@@ -44,7 +45,7 @@ def test_splash_equals_xla_in_interpret_mode(monkeypatch):
         assert aux == {}
         return jnp.sum(out * cot), out
     (_, out), grads = jax.value_and_grad(f, argnums=(0, 1, 2), has_aux=True)(q, k, v)
-    _compare(out, grads, want_out, want_grads)
+    assert_matches_xla(out, grads, want_out, want_grads)
 
 
 @pytest.mark.slow
@@ -62,7 +63,7 @@ def test_splash_under_a_sharded_mesh_equals_xla():
             return _attend(_splash_no_aux, q, k, v, segs, cot)
 
     out, _, grads = run(q, k, v)
-    _compare(out, grads, want_out, want_grads)
+    assert_matches_xla(out, grads, want_out, want_grads)
 
 
 def _splash_no_aux(*a, scale):
