@@ -189,14 +189,6 @@ class _Compiled:
     built: "builder_lib.Built"
     executable: Any
 
-    @property
-    def cfg(self) -> TrainConfig:
-        return self.built.cfg
-
-    @property
-    def mesh(self) -> jax.sharding.Mesh:
-        return self.built.mesh
-
 
 def lower(cfg: TrainConfig, devices) -> "builder_lib.Built":
     """The run's program for ``cfg`` on ``devices``, built by :func:`jaxpt.builder.build` exactly as
@@ -213,7 +205,7 @@ def _build(cfg: TrainConfig, devices) -> tuple[_Compiled, float]:
 
 
 def _device_batches(c: _Compiled, n: int = 2) -> list[dict[str, jax.Array]]:
-    cfg = c.cfg
+    cfg = c.built.cfg
     lo = jax.process_index() * (cfg.global_batch_size // jax.process_count())
     hi = lo + cfg.global_batch_size // jax.process_count()
     out = []
@@ -226,7 +218,7 @@ def _device_batches(c: _Compiled, n: int = 2) -> list[dict[str, jax.Array]]:
 
 def _run(c: _Compiled, steps: int, profile_steps: int, peak: float, trace_dir: str) -> dict[str, float]:
     """Warm-up step, ``steps`` timed steps, ``profile_steps`` traced steps. Returns the figures."""
-    cfg = c.cfg
+    cfg = c.built.cfg
     state = c.built.init_state()
     batches = _device_batches(c)
     state, metrics = c.executable(state, batches[0])
@@ -237,7 +229,7 @@ def _run(c: _Compiled, steps: int, profile_steps: int, peak: float, trace_dir: s
     jax.block_until_ready(state)
     elapsed = time.perf_counter() - t0
     throughput = monitor.Throughput(cfg.global_batch_size * cfg.seq_len,
-                                    flops_lib.flops_per_token(cfg.model, cfg.seq_len), c.mesh.size, peak)
+                                    flops_lib.flops_per_token(cfg.model, cfg.seq_len), c.built.mesh.size, peak)
     figures = throughput.figures(elapsed / steps)
     figures.update(first_loss=first_loss, last_loss=float(metrics["loss"]))
     if profile_steps > 0:
@@ -248,7 +240,7 @@ def _run(c: _Compiled, steps: int, profile_steps: int, peak: float, trace_dir: s
             jax.block_until_ready(state)
             traced_wall = time.perf_counter() - t0
         coll_us, _ = collective_time_us(trace_dir)
-        figures["collective_share"] = min(coll_us / 1e6 / c.mesh.size / traced_wall, 1.0)
+        figures["collective_share"] = min(coll_us / 1e6 / c.built.mesh.size / traced_wall, 1.0)
     return figures
 
 
