@@ -347,6 +347,11 @@ def _check_context_parallel(cfg: TrainConfig, sizes: dict[str, int]) -> None:
         raise ConfigError(
             f"ModelConfig.attention_impl = {cfg.model.attention_impl!r} does not run with context parallelism "
             f"(mesh {mesh_lib.format_mesh(sizes)}); choose one of {', '.join(context_parallel.SUPPORTED)}")
+    if cfg.model.attention_impl == "splash":
+        bad = context_parallel.splash_misfit(cfg.seq_len, shards)
+        if bad:
+            raise ConfigError(f"TrainConfig.seq_len = {cfg.seq_len} with ModelConfig.attention_impl = 'splash' over "
+                              f"mesh sequence = {shards}: {bad}")
 
 
 def validate(cfg: TrainConfig, num_devices: int) -> dict[str, int]:
@@ -368,7 +373,7 @@ def validate(cfg: TrainConfig, num_devices: int) -> dict[str, int]:
         by the data-parallel size x ``grad_accum_steps``, or by ``DataConfig.num_shards``; heads or kv heads
         not divisible by mesh ``tensor``; ``seq_len`` above ``ModelConfig.max_seq_len``; with the row split over
         ``sequence`` (context parallelism), ``seq_len`` not divisible by 2 x its size, or an ``attention_impl``
-        that does not support it; schedule phases that do
+        that does not support it, or rows splash cannot block; schedule phases that do
         not fit the decay horizon (:func:`jaxpt.optim.check_schedule`).
     """
     m = cfg.model

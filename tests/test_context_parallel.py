@@ -159,6 +159,11 @@ def test_seq_len_must_split_into_two_chunks_per_device():
     with pytest.raises(ConfigError, match=r"TrainConfig\.seq_len = 36 is not divisible by 2 x 4"):
         C.validate(C.parse([QUICKSTART], ["TrainConfig.seq_len = 36"], mesh="sequence=4,fsdp=2"), 8)
     assert C.validate(C.parse([QUICKSTART], ["TrainConfig.seq_len = 40"], mesh="sequence=4,fsdp=2"), 8)["sequence"] == 4
+    # splash's query chunks must be whole 128-multiple blocks: 512 / (2 x 4) = 64 tokens are not.
+    splash = ["ModelConfig.attention_impl = 'splash'", "ModelConfig.max_seq_len = 1024"]
+    with pytest.raises(ConfigError, match=r"TrainConfig\.seq_len = 512 with ModelConfig\.attention_impl = 'splash'"):
+        C.validate(C.parse([QUICKSTART], splash + ["TrainConfig.seq_len = 512"], mesh="sequence=4,fsdp=2"), 8)
+    assert C.validate(C.parse([QUICKSTART], splash + ["TrainConfig.seq_len = 1024"], mesh="sequence=4,fsdp=2"), 8)
     # Not checked without context parallelism.
     assert C.validate(C.parse([QUICKSTART], ["TrainConfig.seq_len = 36"], mesh="data=8"), 8)["sequence"] == 1
 

@@ -160,6 +160,22 @@ def _splash_local(q_BxLxHxHd, k_BxMxKxHd, v_BxMxKxHd, qs_BxL, ks_BxM, q_index_L,
     return jnp.concatenate(outs, axis=1), {}
 
 
+def splash_misfit(seq_len: int, shards: int) -> str:
+    """Why :func:`_splash_local`'s kernels cannot take rows of ``seq_len`` over ``shards`` devices, or ``""``.
+
+    Its query chunks (``seq_len / (2 shards)``) and key windows (``seq_len / 2``, ``seq_len``) must each be whole
+    blocks of ``min(512, size)`` tokens, a multiple of 128 (the kernel's lane width, needed with segment ids).
+    """
+    from jaxpt.model.attention_splash import BLOCK
+    for what, n in (("query chunks", seq_len // (2 * shards)), ("front key windows", seq_len // 2),
+                    ("back key windows", seq_len)):
+        block = min(BLOCK, n)
+        if n % block or block % 128:
+            return (f"splash's {what} of {n} tokens are not whole blocks of {block} tokens in multiples of 128 "
+                    f"(use a longer seq_len, a smaller sequence axis, or attention_impl 'blockwise')")
+    return ""
+
+
 def _local_fn(name: str):
     """The per-device attention for implementation ``name``: ``(q, k, v, qs, ks, q_index, kv_index, *, scale,
     shards) -> (out, aux)``, k/v/ks the whole (gathered) row in zigzag order."""
