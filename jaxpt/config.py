@@ -331,6 +331,29 @@ def _check_batch(cfg: TrainConfig, sizes: dict[str, int]) -> None:
                           f"{cfg.global_batch_size}")
 
 
+def _check_context_parallel(cfg: TrainConfig, sizes: dict[str, int]) -> None:
+    """With the row split over devices (``length`` -> ``sequence``), each holds two equal chunks (causal load
+    balancing, :mod:`jaxpt.model.context_parallel`) and the attention implementation must support it."""
+    from jaxpt.model import context_parallel
+    shards = mesh_lib.logical_axis_size(sizes, cfg.logical_axis_rules, "length")
+    if shards == 1:
+        return
+    if cfg.seq_len % (2 * shards):
+        raise ConfigError(
+            f"TrainConfig.seq_len = {cfg.seq_len} is not divisible by 2 x {shards} (mesh "
+            f"{mesh_lib.format_mesh(sizes)} splits each row over {shards} devices, each holding a front and a "
+            f"back chunk for causal load balancing)")
+    if cfg.model.attention_impl not in context_parallel.SUPPORTED:
+        raise ConfigError(
+            f"ModelConfig.attention_impl = {cfg.model.attention_impl!r} does not run with context parallelism "
+            f"(mesh {mesh_lib.format_mesh(sizes)}); choose one of {', '.join(context_parallel.SUPPORTED)}")
+    if cfg.model.attention_impl == "splash":
+        bad = context_parallel.splash_misfit(cfg.seq_len, shards)
+        if bad:
+            raise ConfigError(f"TrainConfig.seq_len = {cfg.seq_len} with ModelConfig.attention_impl = 'splash' over "
+                              f"mesh sequence = {shards}: {bad}")
+
+
 def validate(cfg: TrainConfig, num_devices: int) -> dict[str, int]:
     """Check the config across its parts and against the device count, before any compile.
 
@@ -348,7 +371,9 @@ def validate(cfg: TrainConfig, num_devices: int) -> dict[str, int]:
       ConfigError: naming the key: mesh sizes that do not fit the devices (``TrainConfig.mesh`` /
         ``dcn_mesh``); a mesh axis of size > 1 that no logical-axis rule uses; a global batch not divisible
         by the data-parallel size x ``grad_accum_steps``, or by ``DataConfig.num_shards``; heads or kv heads
-        not divisible by mesh ``tensor``; ``seq_len`` above ``ModelConfig.max_seq_len``; schedule phases that do
+        not divisible by mesh ``tensor``; ``seq_len`` above ``ModelConfig.max_seq_len``; with the row split over
+        ``sequence`` (context parallelism), ``seq_len`` not divisible by 2 x its size, or an ``attention_impl``
+        that does not support it, or rows splash cannot block; schedule phases that do
         not fit the decay horizon (:func:`jaxpt.optim.check_schedule`).
     """
     m = cfg.model
@@ -362,6 +387,7 @@ def validate(cfg: TrainConfig, num_devices: int) -> dict[str, int]:
         raise ConfigError(f"ModelConfig.num_kv_heads = {m.num_kv_heads} is not divisible by mesh tensor = {tensor}")
     if cfg.seq_len > m.max_seq_len:
         raise ConfigError(f"TrainConfig.seq_len = {cfg.seq_len} exceeds ModelConfig.max_seq_len = {m.max_seq_len}")
+    _check_context_parallel(cfg, sizes)
     from jaxpt.optim import check_schedule
     check_schedule(cfg.optimizer, cfg.steps)
     return sizes

@@ -31,10 +31,12 @@ LOGICAL_AXES: tuple[str, ...] = (
 )
 
 #: Default rules: FSDP (ZeRO-3) shards params on ``embed``; Megatron tensor parallelism shards ``heads``,
-#: ``kv_heads``, ``mlp`` and ``vocab`` over ``tensor``; the batch goes over ``data`` and ``fsdp``.
+#: ``kv_heads``, ``mlp`` and ``vocab`` over ``tensor``; the batch goes over ``data`` and ``fsdp``; the tokens of
+#: a row over ``sequence`` (context parallelism, :mod:`jaxpt.model.context_parallel`; no parameter has a
+#: ``length`` axis, and at ``sequence=1`` the axis is dropped from every spec, so the program is unchanged).
 DEFAULT_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
     ("batch", ("data", "fsdp")),
-    ("length", None),
+    ("length", "sequence"),
     ("embed", "fsdp"),
     ("vocab", "tensor"),
     ("heads", "tensor"),
@@ -345,7 +347,13 @@ def batch_sharding(mesh: Mesh, rules: Rules) -> NamedSharding:
 
 def data_parallel_size(mesh_sizes: Mapping[str, int], rules: Rules) -> int:
     """Number of shards the batch dimension is split into under ``rules`` (product of its mesh axes)."""
-    axes = _rules_dict(rules).get("batch", ())
+    return logical_axis_size(mesh_sizes, rules, "batch")
+
+
+def logical_axis_size(mesh_sizes: Mapping[str, int], rules: Rules, logical: str) -> int:
+    """Number of shards the logical axis ``logical`` is split into under ``rules`` (product of its mesh axes);
+    e.g. ``length``: how many devices one row's tokens are split over (context parallelism)."""
+    axes = _rules_dict(rules).get(logical, ())
     return math.prod(mesh_sizes.get(a, 1) for a in axes)
 
 

@@ -136,11 +136,15 @@ def test_heldout_eval_config_is_a_validated_train_config_field():
 
 
 def test_mesh_axes_no_rule_uses_are_refused():
-    """sequence and expert are used by no default rule: size 2 on them would only replicate work."""
+    """expert is used by no default rule (sequence is: length -> sequence): size 2 on it would only replicate work."""
     with pytest.raises(C.ConfigError) as e:
         C.validate(parse(mesh="data=2,expert=2,sequence=2"), 8)
     assert "TrainConfig.mesh = 'data=2,expert=2,sequence=2'" in str(e.value)
-    assert "'sequence' (size 2), 'expert' (size 2)" in str(e.value)
+    assert "'expert' (size 2)" in str(e.value) and "'sequence'" not in str(e.value)
+    # Rules that leave `length` unmapped make `sequence` unused again, and it is refused.
+    no_cp = "TrainConfig.logical_axis_rules = (('batch', ('data', 'fsdp')), ('length', None))"
+    with pytest.raises(C.ConfigError, match=r"'sequence' \(size 2\)"):
+        C.validate(parse(no_cp, mesh="data=4,sequence=2"), 8)
     # Across slices (DCN) too: the axis size is the ICI x DCN product.
     with pytest.raises(C.ConfigError, match=r"TrainConfig\.dcn_mesh = 'expert=2'.*'expert' \(size 2\)"):
         C.validate(parse("TrainConfig.dcn_mesh = 'expert=2'", mesh="data=2,tensor=2"), 8)
@@ -168,4 +172,4 @@ def test_cli_refuses_unused_mesh_axes_before_compiling(capsys):
     rc = train.main(["--config", QUICKSTART, "--mesh", "data=2,expert=2,sequence=2", "--workdir", "/tmp/jaxpt-never"])
     assert rc == 2
     err = capsys.readouterr().err
-    assert "'sequence' (size 2)" in err and "'expert' (size 2)" in err and "TrainConfig.mesh" in err
+    assert "'expert' (size 2)" in err and "TrainConfig.mesh" in err

@@ -13,7 +13,10 @@ function
   Ainslie et al. 2023); an implementation must not assume K == H.
 * Masking: query i may attend key j iff ``j <= i`` (indices into the same row: M == L today) and
   ``q_segment_ids[i] == kv_segment_ids[j]``. Segment ids are per key separately so that a context-parallel
-  implementation (keys from another shard) can pass the keys' own ids; it will add key offsets for causality.
+  caller (keys from other shards) can pass the keys' own ids; when the ``length`` axis is sharded over
+  the ``sequence`` mesh axis, :func:`dot_product_attention` hands the call to
+  :func:`jaxpt.model.context_parallel.context_parallel_attention`, which runs the implementation per device
+  with the row indices of its queries and keys.
 * All arrays are in the compute dtype; ``out`` is too. Softmax should be accumulated in float32.
 * ``aux`` holds exactly the auxiliary outputs the registration declares (float32 scalars), e.g.
   ``max_attention_logit`` where the logits exist to be inspected; an implementation that never
@@ -43,16 +46,22 @@ ATTENTION = Registry("attention_impl")
 register_attention = ATTENTION.register
 
 
-def attention_mask(q_segment_ids_BxL: jax.Array, kv_segment_ids_BxM: jax.Array | None = None) -> jax.Array:
+def attention_mask(q_segment_ids_BxL: jax.Array, kv_segment_ids_BxM: jax.Array | None = None, *,
+                   q_index_L: jax.Array | None = None, kv_index_M: jax.Array | None = None) -> jax.Array:
     """Causal mask that never crosses documents: ``[B, 1, 1, L, M]`` bool (True = may attend).
 
     Query i may see key j iff j <= i and both belong to the same segment. Padding (segment 0) sees only
     padding, so every row keeps at least its own position and softmax never divides by zero.
-    ``kv_segment_ids_BxM`` defaults to the query ids (self-attention).
+    ``kv_segment_ids_BxM`` defaults to the query ids (self-attention). ``q_index_L``/``kv_index_M`` (int32)
+    give each query's and key's index in the original row when the arrays hold a permuted part of it
+    (context parallelism, :mod:`jaxpt.model.context_parallel`); by default the array index is the row index.
     """
     kv_BxM = q_segment_ids_BxL if kv_segment_ids_BxM is None else kv_segment_ids_BxM
     L, M = q_segment_ids_BxL.shape[1], kv_BxM.shape[1]
-    causal_LxM = jnp.tril(jnp.ones((L, M), dtype=jnp.bool_))
+    if q_index_L is None:
+        causal_LxM = jnp.tril(jnp.ones((L, M), dtype=jnp.bool_))
+    else:
+        causal_LxM = q_index_L[:, None] >= kv_index_M[None, :]
     same_BxLxM = q_segment_ids_BxL[:, :, None] == kv_BxM[:, None, :]
     return (same_BxLxM & causal_LxM)[:, None, None, :, :]
 
@@ -69,8 +78,12 @@ def _xla_saved_tensors(cfg: ModelConfig, batch: int, seq_len: int) -> list[Saved
 
 
 @register_attention("xla", aux_specs={"max_attention_logit": AuxSpec("max")}, saved_tensors=_xla_saved_tensors)
-def xla_attention(q_BxLxHxHd, k_BxMxKxHd, v_BxMxKxHd, q_segment_ids_BxL, kv_segment_ids_BxM, *, scale):
+def xla_attention(q_BxLxHxHd, k_BxMxKxHd, v_BxMxKxHd, q_segment_ids_BxL, kv_segment_ids_BxM, *, scale,
+                  q_index_L=None, kv_index_M=None):
     """Einsums over a materialized ``[B, H, L, M]`` float32 logit tensor; memory O(L M) per head.
+
+    ``q_index_L``/``kv_index_M``: row indices for causality when q and k/v are permuted parts of the row
+    (context parallelism); see :func:`attention_mask`.
 
     Also returns ``max_attention_logit``: the largest scaled logit among allowed query-key pairs (float32
     scalar), for monitoring logit growth (Dehghani et al. 2023, "Scaling Vision Transformers to 22B").
@@ -80,7 +93,7 @@ def xla_attention(q_BxLxHxHd, k_BxMxKxHd, v_BxMxKxHd, q_segment_ids_BxL, kv_segm
     K = k_BxMxKxHd.shape[2]
     G = H // K
     q_BxLxHxHd = q_BxLxHxHd * jnp.asarray(scale, cd)
-    mask = attention_mask(q_segment_ids_BxL, kv_segment_ids_BxM)
+    mask = attention_mask(q_segment_ids_BxL, kv_segment_ids_BxM, q_index_L=q_index_L, kv_index_M=kv_index_M)
     if G == 1:  # multi-head attention: plain 4-D einsums (cheaper on CPU than a size-1 group axis)
         logits_BxHxLxM = jnp.einsum("blhd,bmhd->bhlm", q_BxLxHxHd, k_BxMxKxHd,
                                     preferred_element_type=jnp.float32)
@@ -117,6 +130,14 @@ def dot_product_attention(q_BxLxHxHd: jax.Array, k_BxMxKxHd: jax.Array, v_BxMxKx
       ConfigError: ``impl`` is not registered.
     """
     entry = ATTENTION.get(impl)
+    from jaxpt.model import context_parallel   # imports this module
+    if context_parallel.current_shards() > 1:
+        if kv_segment_ids_BxM is not None and kv_segment_ids_BxM is not segment_ids_BxL:
+            raise ValueError("context parallelism runs self-attention only (kv_segment_ids_BxM must be the queries')")
+        if scale is None:
+            scale = q_BxLxHxHd.shape[-1] ** -0.5
+        return context_parallel.context_parallel_attention(impl, q_BxLxHxHd, k_BxMxKxHd, v_BxMxKxHd,
+                                                           segment_ids_BxL, scale=scale)
     if kv_segment_ids_BxM is None:
         kv_segment_ids_BxM = segment_ids_BxL
     if scale is None:

@@ -57,38 +57,49 @@ def _tile(carry, q_BxCxKxGxHd, qs_BxC, q_pos_C, k_BxTxKxHd, v_BxTxKxHd, ks_BxT, 
     return m_new, l, acc * correction[..., None] + pv
 
 
-def _query_block(i, q_BxCxKxGxHd, qs_BxC, k_NxBxTxKxHd, v_NxBxTxKxHd, ks_NxBxT):
+def _query_block(i, q_BxCxKxGxHd, qs_BxC, k_NxBxTxKxHd, v_NxBxTxKxHd, ks_NxBxT, q_pos_C=None, k_pos_NxT=None):
     """Attention of query block ``i`` over all key blocks (skipping those wholly in its future).
+
+    ``q_pos_C``/``k_pos_NxT``: the row index of each query and key (context parallelism: permuted parts of
+    the row); by default block ``i``'s queries are at ``i * C + arange(C)`` and key block ``j``'s at
+    ``j * T + arange(T)``.
 
     Returns ``(out [B, K, G, C, Hd] float32, m [B, K, G, C] float32)``."""
     B, C, K, G, Hd = q_BxCxKxGxHd.shape
     T = k_NxBxTxKxHd.shape[2]
-    q_pos = i * C + jnp.arange(C)
+    n = k_NxBxTxKxHd.shape[0]
+    q_pos = i * C + jnp.arange(C) if q_pos_C is None else q_pos_C
     init = (jnp.full((B, K, G, C), -jnp.inf, jnp.float32), jnp.zeros((B, K, G, C), jnp.float32),
             jnp.zeros((B, K, G, C, Hd), jnp.float32))
 
     @jax.checkpoint
     def step(carry, xs):
-        j, k_j, v_j, ks_j = xs
-        k_pos = j * T + jnp.arange(T)
-        visible = j * T <= i * C + C - 1   # the block's first key is not after the last query
+        j, k_j, v_j, ks_j = xs[:4]
+        if k_pos_NxT is None:
+            k_pos = j * T + jnp.arange(T)
+            visible = j * T <= i * C + C - 1   # the block's first key is not after the last query
+        else:
+            k_pos = xs[4]
+            visible = jnp.min(k_pos) <= jnp.max(q_pos)
         new = jax.lax.cond(visible, lambda c: _tile(c, q_BxCxKxGxHd, qs_BxC, q_pos, k_j, v_j, ks_j, k_pos),
                            lambda c: c, carry)
         return new, None
 
-    n = k_NxBxTxKxHd.shape[0]
-    (m, l, acc), _ = jax.lax.scan(step, init, (jnp.arange(n), k_NxBxTxKxHd, v_NxBxTxKxHd, ks_NxBxT))
+    xs = (jnp.arange(n), k_NxBxTxKxHd, v_NxBxTxKxHd, ks_NxBxT) + (() if k_pos_NxT is None else (k_pos_NxT,))
+    (m, l, acc), _ = jax.lax.scan(step, init, xs)
     # Only a padded query row can see no key (when the keys need less padding than the queries): l = 0 there,
     # and dividing by it would send 0 / 0 = NaN into the gradients even though the row is dropped.
     return acc / jnp.where(l == 0.0, 1.0, l)[..., None], m
 
 
 def blockwise_attention(q_BxLxHxHd, k_BxMxKxHd, v_BxMxKxHd, q_segment_ids_BxL, kv_segment_ids_BxM, *, scale,
-                        block_q: int = BLOCK, block_k: int = BLOCK):
+                        block_q: int = BLOCK, block_k: int = BLOCK, q_index_L=None, kv_index_M=None):
     """Causal, document-masked grouped-query attention, one [block_q, block_k] tile at a time.
 
-    Args and masking as :mod:`jaxpt.model.attention` specifies for every implementation (M == L).
-    ``block_q``/``block_k``: tile sizes in tokens (capped at L and M).
+    Args and masking as :mod:`jaxpt.model.attention` specifies for every implementation (M == L by
+    default). ``block_q``/``block_k``: tile sizes in tokens (capped at L and M). ``q_index_L``/``kv_index_M``
+    (int32, given together): the row index of each query and key when q and k/v are permuted parts of the
+    row (context parallelism; M may then differ from L); a key is visible iff its index is <= the query's.
     Returns: ``(out [B, L, H, Hd] in q's dtype, {"max_attention_logit": float32 scalar})``, the largest scaled
     logit among allowed query-key pairs (as ``xla`` reports it).
     """
@@ -107,7 +118,19 @@ def blockwise_attention(q_BxLxHxHd, k_BxMxKxHd, v_BxMxKxHd, q_segment_ids_BxL, k
         i, q_i, qs_i = xs
         return None, _query_block(i, q_i, qs_i, k_blocks, v_blocks, ks_blocks)
 
-    _, (out, m) = jax.lax.scan(step, None, (jnp.arange(q_blocks.shape[0]), q_blocks, qs_blocks))
+    if q_index_L is None:
+        _, (out, m) = jax.lax.scan(step, None, (jnp.arange(q_blocks.shape[0]), q_blocks, qs_blocks))
+    else:
+        # Padded queries get index -1 and padded keys index M-or-more: neither widens a block's visible range.
+        qi_blocks = _blocks(q_index_L[None], C, -1)[:, 0]               # [N, C]
+        ki_blocks = _blocks(kv_index_M[None], T, jnp.iinfo(jnp.int32).max)[:, 0]   # [N, T]
+
+        @jax.checkpoint
+        def step_indexed(_, xs):
+            i, q_i, qs_i, qi_i = xs
+            return None, _query_block(i, q_i, qs_i, k_blocks, v_blocks, ks_blocks, qi_i, ki_blocks)
+
+        _, (out, m) = jax.lax.scan(step_indexed, None, (jnp.arange(q_blocks.shape[0]), q_blocks, qs_blocks, qi_blocks))
     # [N, B, K, G, C, Hd] -> [B, N * C, K, G, Hd] -> [B, L, H, Hd]
     out = jnp.transpose(out, (1, 0, 4, 2, 3, 5)).reshape(B, -1, H, Hd)[:, :L]
     max_logit = jnp.max(jnp.transpose(m, (1, 0, 4, 2, 3)).reshape(B, -1, H)[:, :L])

@@ -7,7 +7,8 @@ Forward and backward are fused kernels: no [L, M] tensor exists in HBM.
 
 * A Pallas kernel cannot be auto-partitioned, so inside the train step (:func:`jaxpt.mesh.activation_sharding`)
   it runs under ``jax.shard_map``: each device attends its own batch rows and heads (the ``batch`` and
-  ``heads``/``kv_heads`` rules); the sequence must not be sharded (``length`` unmapped, as by default).
+  ``heads``/``kv_heads`` rules). With the sequence sharded (``sequence`` > 1: context parallelism)
+  :mod:`jaxpt.model.context_parallel` calls :func:`_local` per query chunk instead.
 * Off TPU (tests on CPU) the kernel runs in Pallas interpret mode: slow, for correctness at small shapes.
   The platform is the mesh's devices' (so compile-only TPU topology devices get the real kernel on a CPU host).
 * Row lengths must be multiples of the block size (``min(512, L)``, and of 128 on TPU).
@@ -31,27 +32,34 @@ from jaxpt.model.registry import SavedTensor
 BLOCK = 512
 
 
-def _kernel(L: int, H: int, interpret: bool):
-    """The splash kernel for rows of ``L`` tokens and ``H`` query heads (``[H, L, Hd]`` queries).
+def _kernel(L: int, H: int, interpret: bool, M: int | None = None, offset: int = 0):
+    """The splash kernel for ``L`` queries, ``M`` keys (default ``L``) and ``H`` query heads (``[H, L, Hd]``
+    queries), with the causal mask ``q + offset >= k`` (``offset = M - L`` aligns the last query with the last
+    key: a window of keys ending at the queries, as :mod:`jaxpt.model.context_parallel` passes them).
 
     Raises:
-      ValueError: ``L`` is not a multiple of the block size.
+      ValueError: ``L`` or ``M`` is not a multiple of its block size.
     """
     from jax.experimental.pallas.ops.tpu import splash_attention as sa
-    block = min(BLOCK, L)
-    if L % block:
-        raise ValueError(f"splash attention: row length {L} is not a multiple of the block size {block}")
-    sizes = sa.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block, block_q_dkv=block,
-                          block_kv_dkv=block, block_kv_dkv_compute=block, block_q_dq=block, block_kv_dq=block)
-    mask = sa.MultiHeadMask([sa.CausalMask((L, L)) for _ in range(H)])
+    M = L if M is None else M
+    block, block_kv = min(BLOCK, L), min(BLOCK, M)
+    if L % block or M % block_kv:
+        raise ValueError(f"splash attention: row length {L} (keys {M}) is not a multiple of the block size "
+                         f"{block} ({block_kv})")
+    sizes = sa.BlockSizes(block_q=block, block_kv=block_kv, block_kv_compute=block_kv, block_q_dkv=block,
+                          block_kv_dkv=block_kv, block_kv_dkv_compute=block_kv, block_q_dq=block,
+                          block_kv_dq=block_kv)
+    mask = sa.MultiHeadMask([sa.CausalMask((L, M), offset=offset) for _ in range(H)])
     return sa.make_splash_mha(mask, block_sizes=sizes, head_shards=1, q_seq_shards=1, interpret=interpret)
 
 
-def _local(q_BxLxHxHd, k_BxMxKxHd, v_BxMxKxHd, qs_BxL, ks_BxM, *, scale, interpret):
-    """Splash on one device's rows and heads: ``[B, L, H, Hd]`` -> ``[B, L, H, Hd]``."""
+def _local(q_BxLxHxHd, k_BxMxKxHd, v_BxMxKxHd, qs_BxL, ks_BxM, *, scale, interpret, offset: int = 0):
+    """Splash on one device's rows and heads: ``[B, L, H, Hd]`` -> ``[B, L, H, Hd]``; the mask
+    ``q + offset >= k`` (:func:`_kernel`) and segment ids."""
     from jax.experimental.pallas.ops.tpu import splash_attention as sa
     B, L, H, Hd = q_BxLxHxHd.shape
-    kernel = _kernel(L, H, interpret)
+    M = k_BxMxKxHd.shape[1]
+    kernel = _kernel(L, H, interpret) if M == L and offset == 0 else _kernel(L, H, interpret, M, offset)
     q = jnp.swapaxes(q_BxLxHxHd * jnp.asarray(scale, q_BxLxHxHd.dtype), 1, 2)   # [B, H, L, Hd]
     k, v = jnp.swapaxes(k_BxMxKxHd, 1, 2), jnp.swapaxes(v_BxMxKxHd, 1, 2)      # [B, K, M, Hd]
     out = jax.vmap(lambda q, k, v, qs, ks: kernel(q, k, v, segment_ids=sa.SegmentIds(qs, ks)))(

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxpt.mesh import constrain
+from jaxpt.model import context_parallel
 from jaxpt.model.attention import ATTENTION, Attention
 from jaxpt.model.auxiliary import AuxSpec, merge_specs, reduce_aux
 from jaxpt.model.config import ModelConfig
@@ -126,15 +127,26 @@ class Decoder(nnx.Module):
     def hidden(self, tokens_BxL: jax.Array, segment_ids_BxL: jax.Array, positions_BxL: jax.Array):
         """The final hidden states, before the output projection: ``(x [B, L, D] in the compute dtype,
         after the final norm; aux as in :meth:`__call__`)``. With :meth:`output_weights` this lets a loss
-        compute the logits a chunk at a time (:func:`jaxpt.step.chunked_token_losses`)."""
+        compute the logits a chunk at a time (:func:`jaxpt.step.chunked_token_losses`).
+
+        With context parallelism (the ``length`` axis sharded, :mod:`jaxpt.model.context_parallel`) the blocks
+        run on the row in load-balanced (zigzag) order; the hidden states come back in the natural order."""
         cd = self.cfg.jnp_compute_dtype
+        shards = context_parallel.current_shards()
+        if shards > 1:
+            tokens_BxL, segment_ids_BxL, positions_BxL = (
+                constrain(context_parallel.to_zigzag(a, shards), ("batch", "length"))
+                for a in (tokens_BxL, segment_ids_BxL, positions_BxL))
         # The lookup gathers from the whole table (as ZeRO-3/FSDP gathers weights before use): a gather from
         # a table split over vocab and embed into batch-sharded activations has no efficient SPMD lowering.
         table_VxD = constrain(self.embedding[...], (None, None))
         x_BxLxD = jnp.take(table_VxD, tokens_BxL, axis=0).astype(cd)
         x_BxLxD = constrain(x_BxLxD, ("batch", "length", "embed"))
         x_BxLxD, aux = self._run_blocks(x_BxLxD, segment_ids_BxL, positions_BxL)
-        return self.final_norm(x_BxLxD), aux
+        x_BxLxD = self.final_norm(x_BxLxD)
+        if shards > 1:
+            x_BxLxD = constrain(context_parallel.from_zigzag(x_BxLxD, shards), ("batch", "length", "embed"))
+        return x_BxLxD, aux
 
     def output_weights(self) -> jax.Array:
         """The output projection ``[D, V]`` in the compute dtype (the embedding transposed when tied)."""
