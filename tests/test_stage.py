@@ -113,13 +113,15 @@ def test_extension_stage_keeps_params_and_optimizer(prepared_sample, parent_run,
         train.run_training(_stage2(prepared_sample, workdir, f"{parent_run}@3", steps=12))
 
 
-@pytest.mark.slow
 def test_extension_stage_can_reset_the_optimizer(prepared_sample, parent_run, tmp_path):
+    """The stage's first state with ``reset_optimizer`` (built as run_training builds it, without the loop)."""
+    from jaxpt import preflight, stage
     cfg = _stage2(prepared_sample, tmp_path / "reset", f"{parent_run}@3", steps=5,
                   **{"TrainConfig.reset_optimizer": True})
-    seen: dict = {}
-    train.run_training(cfg, fault_injector=_capture(seen))
-    start = seen[4]
+    pre = preflight.check(cfg)
+    assert pre.cfg.init_from == f"{parent_run.resolve()}@3" and pre.parent.step == 3
+    built = builder.build(pre.cfg, tokenizer=pre.tokenizer)
+    start = jax.device_get(stage.begin_stage(built, pre.parent))
     parent = _parent_state(prepared_sample, parent_run, cfg, 3)
     for a, b in zip(jax.tree.leaves(start.params), jax.tree.leaves(parent["params"])):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
@@ -127,9 +129,10 @@ def test_extension_stage_can_reset_the_optimizer(prepared_sample, parent_run, tm
         assert all(np.abs(a).max() == 0 for a in _leaves(start.opt_state, name))
         assert any(np.abs(a).max() > 0 for a in _leaves(parent["opt_state"], name))
     assert [int(c) for c in _leaves(start.opt_state, "count")] == [0, 0]
-    run = json.loads((tmp_path / "reset" / "run.json").read_text())
-    assert run["stages"][-1]["parent"]["step"] == 3 and run["stages"][-1]["reset_optimizer"] is True
-    assert run["stages"][0]["end_step"] == 3
+    assert int(start.step) == 3 and int(start.num_updates) == 0
+    record = stage.stage_record(pre.cfg, pre.parent)
+    assert record["parent"] == {"path": str(parent_run.resolve()), "step": 3} and record["reset_optimizer"] is True
+    assert stage.parent_stages(pre.parent)[-1]["end_step"] == 3
 
 
 def test_stage_settings_are_checked(prepared_sample, tmp_path):
@@ -139,3 +142,32 @@ def test_stage_settings_are_checked(prepared_sample, tmp_path):
         _cfg(prepared_sample, tmp_path, 4, **{"TrainConfig.init_from": "'x@0'"})
     with pytest.raises(ConfigError, match="holds no checkpoints"):
         train.run_training(_stage2(prepared_sample, tmp_path / "s", str(tmp_path / "nowhere")))
+
+
+@pytest.mark.slow
+def test_extrapolation_report_of_a_checkpoint(prepared_sample, parent_run, tmp_path):
+    """``python -m jaxpt.evaluate --lengths``: JSON and PNG written; the loss at one length equals a direct
+    computation (model called on the same windows, log-softmax in numpy)."""
+    import jaxpt
+    from jaxpt import evaluate
+    from jaxpt.data.loader import load_texts
+    out = tmp_path / "extra.json"
+    assert evaluate.main(["--workdir", str(parent_run), "--lengths", "16,64", "--max-tokens", "256",
+                          "--tolerance", "0.1", "--output", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert (tmp_path / "extra.png").stat().st_size > 0 and report["plot"] == str(tmp_path / "extra.png")
+    assert sorted(report["lengths"], key=int) == ["16", "32", "64"]  # the trained length 32 is always measured
+    assert report["trained_length"] == 32 and report["tokens_per_length"] == 256
+    assert report["effective_extrapolation_length"] in (32, 64)
+
+    restored = jaxpt.restore(str(parent_run))
+    tok = restored.tokenizer
+    stream = np.concatenate([np.array(tok.encode(t) + [tok.eos_id], np.int32)
+                             for t in load_texts(prepared_sample / "heldout.jsonl.gz")])[:256]
+    rows = stream.reshape(8, 32)
+    logits = np.asarray(jax.device_get(restored.model(rows, np.ones_like(rows), np.tile(np.arange(32), (8, 1)))),
+                        np.float64)
+    logz = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) + logits.max(-1)
+    nll = logz[:, :-1] - np.take_along_axis(logits[:, :-1], rows[:, 1:, None], -1)[..., 0]
+    assert report["lengths"]["32"]["loss"] == pytest.approx(nll.mean(), rel=1e-4)
+    assert report["lengths"]["32"]["tail_loss"] == pytest.approx(nll[:, 15:].mean(), rel=1e-4)
