@@ -93,7 +93,7 @@ def find_parent(cfg, tokenizer_sha256: str | None) -> Parent:
     from jaxpt import checkpoint as ckpt_lib
     path, step = parse_init_from(cfg.init_from)
     where = f"TrainConfig.init_from = {cfg.init_from!r}"
-    workdir = os.path.abspath(path)
+    workdir = os.path.realpath(path)  # symlinks resolved: one parent, one name
     if not os.path.isdir(os.path.join(workdir, "checkpoints")):
         raise ConfigError(f"{where}: {workdir} holds no checkpoints/ directory")
     ckpt = ckpt_lib.Checkpointer(workdir, ckpt_lib.CheckpointConfig(enabled=False), read_only=True)
@@ -135,7 +135,8 @@ def check_resumed_stage(cfg, resume_meta: dict, where: str) -> str:
     if not cfg.init_from and not saved:
         return ""
     path, step = parse_init_from(cfg.init_from)
-    if saved and path and os.path.abspath(path) == saved["path"] and step in (None, saved["step"]):
+    same_path = bool(path) and saved and os.path.realpath(path) == os.path.realpath(saved["path"])
+    if same_path and step in (None, saved["step"]):
         return saved_spec
     raise ConfigError(f"TrainConfig.init_from = {cfg.init_from!r}, but the checkpoint {where} this run resumes "
                       + (f"belongs to a stage begun from {saved_spec!r}: set that" if saved else

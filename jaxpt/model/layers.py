@@ -1,4 +1,4 @@
-"""Primitives shared by the decoder's parts: initialized params, RMSNorm, RoPE (from :mod:`jaxpt.model.rope`).
+"""Primitives shared by the decoder's parts: initialized params and RMSNorm (RoPE is :mod:`jaxpt.model.rope`).
 
 Attention is in :mod:`jaxpt.model.attention`, MLPs in :mod:`jaxpt.model.mlp`, the block and the decoder in
 :mod:`jaxpt.model.decoder`.
@@ -14,8 +14,6 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 from flax import nnx
-
-from jaxpt.model.rope import rope  # noqa: F401 -- re-exported: the unscaled rotation, for tests and tools
 
 
 def _param(rngs: nnx.Rngs, shape, logical_axes, std: float, dtype) -> nnx.Param:
