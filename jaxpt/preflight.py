@@ -198,12 +198,14 @@ def plan(cfg: TrainConfig) -> dict[str, Any]:
         stats = {}
     mem = plan_lib.estimate_memory(c, pre.sizes, stats.get("bytes_limit"))
     tokens_per_step = c.global_batch_size * c.seq_len
+    start = pre.resume_step or (pre.parent.step if pre.parent is not None else 0)  # a new stage: its parent's step
     return {"workdir": os.path.abspath(c.workdir), "mesh": mesh_lib.format_mesh(pre.sizes),
             "devices": {"count": jax.device_count(), "kind": jax.devices()[0].device_kind},
             "params": count_params(c.model)["total"], "vocab_size": c.model.vocab_size,
             "memory_per_device": mem.as_dict(), "tokens_per_step": tokens_per_step,
-            "resume_step": pre.resume_step, "target_steps": c.steps, "steps_to_train": c.steps - pre.resume_step,
-            "tokens_to_train": (c.steps - pre.resume_step) * tokens_per_step,
+            "resume_step": start, "target_steps": c.steps, "steps_to_train": c.steps - start,
+            "tokens_to_train": (c.steps - start) * tokens_per_step,
+            **({"stage_parent": pre.parent.spec} if pre.parent is not None else {}),
             "heldout_tokens": int(sum(w.num_scored for w in pre.heldout_set.windows)),
             "data_source": c.data.corpus_dir if c.data.source == "corpus" else c.data.train_path,
             "tokenizer_sha256": pre.tokenizer.sha256, "notes": pre.notes}
@@ -229,4 +231,6 @@ def format_plan(p: dict[str, Any]) -> str:
              f"  tokens per step {p['tokens_per_step']:,}; steps {p['resume_step']} -> {p['target_steps']} "
              f"({p['steps_to_train']:,} steps, {p['tokens_to_train']:,} tokens)",
              f"  held-out tokens per full evaluation {p['heldout_tokens']:,}"]
+    if "stage_parent" in p:
+        lines.append(f"  a new stage from {p['stage_parent']} (jaxpt.stage)")
     return "\n".join(lines + [f"  note: {n}" for n in p["notes"]])
