@@ -171,3 +171,19 @@ def test_extrapolation_report_of_a_checkpoint(prepared_sample, parent_run, tmp_p
     nll = logz[:, :-1] - np.take_along_axis(logits[:, :-1], rows[:, 1:, None], -1)[..., 0]
     assert report["lengths"]["32"]["loss"] == pytest.approx(nll.mean(), rel=1e-4)
     assert report["lengths"]["32"]["tail_loss"] == pytest.approx(nll[:, 15:].mean(), rel=1e-4)
+
+
+def test_length_mixture_upweights_long_documents():
+    """``DataConfig.long_doc_weight``: the share of long documents drawn is the weight, not the file's share."""
+    from jaxpt.data.loader import _length_mixture
+    texts = ["short"] * 10 + ["x" * 3000] * 2  # long documents: 2 of 12 in the file
+    draws = [int(i) for i in _length_mixture(texts, 2000, 0.8, seed=0, shuffle=True)[:4000]]
+    share = sum(i >= 10 for i in draws) / len(draws)
+    assert abs(share - 0.8) < 0.03  # binomial std at n = 4000 is 0.006
+    assert set(draws) == set(range(12))  # every document still drawn
+    with pytest.raises(ValueError, match="no long documents"):
+        _length_mixture(["a", "b"], 2000, 0.5, seed=0, shuffle=True)
+    with pytest.raises(ConfigError, match="DataConfig.long_doc_min_chars = 0"):
+        C.DataConfig(long_doc_weight=0.5)
+    with pytest.raises(ConfigError, match="DataConfig.long_doc_weight = 1.5"):
+        C.DataConfig(long_doc_weight=1.5, long_doc_min_chars=10)
