@@ -133,7 +133,8 @@ class TrainConfig:
     Raises:
       ConfigError: at construction, naming ``TrainConfig.<field> = <value>``: a wrong type (sub-configs
         included), a malformed ``mesh``/``dcn_mesh`` (unknown axis, non-integer or non-positive size, two
-        -1s; -1 at all in ``dcn_mesh``), an unknown axis in ``logical_axis_rules``, or a count out of range.
+        -1s; -1 at all in ``dcn_mesh``), an unknown axis in ``logical_axis_rules``, a count out of range, an
+        ``init_from`` whose ``@step`` is not a positive integer, or ``reset_optimizer`` without ``init_from``.
         Checks against the other configs and the devices are :func:`validate`'s.
       init_from: start this run as a new *stage* from another run's checkpoint: ``'<run dir>[@step]'`` (the newest
         committed step without ``@step``); params and optimizer state are taken from it, the step count goes on
