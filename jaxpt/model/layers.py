@@ -15,6 +15,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+# Kept importable from here for code written before RoPE moved to its own module; new code: jaxpt.model.rope.
+from jaxpt.model.rope import rope  # noqa: F401
+
 
 def _param(rngs: nnx.Rngs, shape, logical_axes, std: float, dtype) -> nnx.Param:
     """A truncated-normal param (±2 std) with logical axis names attached as metadata."""
