@@ -177,9 +177,9 @@ def test_length_mixture_upweights_long_documents():
     """``DataConfig.long_doc_weight``: the share of long documents drawn is the weight, not the file's share."""
     from jaxpt.data.loader import _length_mixture
     texts = ["short"] * 10 + ["x" * 3000] * 2  # long documents: 2 of 12 in the file
-    draws = [int(i) for i in _length_mixture(texts, 2000, 0.8, seed=0, shuffle=True)[:4000]]
+    draws = [int(i) for i in _length_mixture(texts, 2000, 0.8, seed=0, shuffle=True)[:1000]]
     share = sum(i >= 10 for i in draws) / len(draws)
-    assert abs(share - 0.8) < 0.03  # binomial std at n = 4000 is 0.006
+    assert abs(share - 0.8) < 0.05  # binomial std at n = 1000 is 0.013; the file's share would be 0.17
     assert set(draws) == set(range(12))  # every document still drawn
     with pytest.raises(ValueError, match="no long documents"):
         _length_mixture(["a", "b"], 2000, 0.5, seed=0, shuffle=True)
