@@ -23,6 +23,7 @@ import jax.numpy as jnp
 from jaxpt import config as config_lib
 from jaxpt import mesh as mesh_lib
 from jaxpt import optim
+from jaxpt import stage as stage_lib
 from jaxpt import state as state_lib
 from jaxpt import step as step_lib
 from jaxpt.config import TrainConfig
@@ -127,9 +128,10 @@ def build(cfg: TrainConfig, *, devices: Sequence[Any] | None = None, tokenizer=N
     cfg = resolve_vocab(cfg, tokenizer)
     mesh = mesh_lib.mesh_from_config(cfg.mesh, cfg.dcn_mesh, devices)
     rules = cfg.logical_axis_rules
-    lr_schedule = optim.learning_rate_schedule(cfg.optimizer, cfg.steps)
+    horizon = cfg.steps - stage_lib.start_step(cfg)  # a stage's schedule starts afresh at its first step
+    lr_schedule = optim.learning_rate_schedule(cfg.optimizer, horizon)
     spec = state_lib.make_state_spec(
-        cfg.model, lambda p: optim.make_optimizer(cfg.optimizer, cfg.steps, p), mesh, rules, cfg.stability)
+        cfg.model, lambda p: optim.make_optimizer(cfg.optimizer, horizon, p), mesh, rules, cfg.stability)
     train_step = step_lib.jit_train_step(spec, mesh, rules, z_loss_weight=cfg.z_loss_weight,
                                          lr_schedule=lr_schedule, grad_clip_norm=cfg.optimizer.grad_clip_norm,
                                          grad_accum=cfg.grad_accum_steps)

@@ -250,6 +250,25 @@ class Checkpointer:
             raise CheckpointError(f"checkpoint {self.directory}/{step}: cannot restore its params: "
                                   f"{type(e).__name__}: {e}") from e
 
+    def restore_fields(self, step: int, abstract_state: Any, fields: tuple[str, ...]) -> dict[str, Any]:
+        """Restore only the train-state ``fields`` (e.g. ``("params", "opt_state", "rng")``) of ``step``, an Orbax
+        partial restore placed by ``abstract_state``'s shardings (the other fields, e.g. a spike history sized by
+        another ``StabilityConfig``, are not read).
+
+        Returns ``{field: restored}``.
+
+        Raises:
+          CheckpointError: naming the checkpoint and what failed (e.g. an optimizer of another structure).
+        """
+        item = {name: getattr(abstract_state, name) for name in fields}
+        args = ocp.args.PyTreeRestore(item=item, restore_args=ocp.checkpoint_utils.construct_restore_args(item),
+                                      partial_restore=True)
+        try:
+            return dict(self.manager.restore(step, args=ocp.args.Composite(state=args))["state"])
+        except Exception as e:  # Orbax raises many types; name the checkpoint instead.
+            raise CheckpointError(f"checkpoint {self.directory}/{step}: cannot restore {', '.join(fields)}: "
+                                  f"{type(e).__name__}: {e}") from e
+
     # ------------------------------------------------------------------ what the loop needs
     def saved_data_shards(self) -> int | None:
         """The logical data shard count recorded by the newest checkpoint (None: no checkpoint or not recorded)."""

@@ -33,6 +33,7 @@ from typing import Literal, Sequence
 import gin
 
 from jaxpt import mesh as mesh_lib
+from jaxpt import stage as stage_lib
 from jaxpt.checkpoint import CheckpointConfig
 from jaxpt.errors import ConfigError
 from jaxpt.eval.inloop import HeldoutEvalConfig
@@ -60,10 +61,18 @@ class DataConfig:
         runs a contiguous block of them. 0: one per process at the run's start, then kept (recorded in
         checkpoints). Fixed for a run, so a resume on another process count continues exactly (see
         :mod:`jaxpt.data.shards`).
+      mixture_weights: ``(('domain', weight), ...)`` replacing the corpus version's ``mixture.json`` weights
+        (``source='corpus'``; a domain left out is not read); empty: the corpus's own weights.
+      long_doc_min_chars, long_doc_weight: a length mixture for ``source='sample'`` (e.g. a long-context stage
+        upweighting long documents): with ``long_doc_weight`` > 0, each next document is one of at least
+        ``long_doc_min_chars`` characters with probability ``long_doc_weight``, else a shorter one
+        (:func:`jaxpt.data.loader.make_train_dataset`); 0: the file's natural proportion.
 
     Raises:
       ConfigError: at construction, naming ``DataConfig.<field> = <value>``: a wrong type, an unknown
-        source, a negative ``num_shards``, or ``source='corpus'`` without a ``corpus_dir``.
+        source, a negative ``num_shards``, or ``source='corpus'`` without a ``corpus_dir``; a
+        ``long_doc_weight`` outside [0, 1], or above 0 without ``long_doc_min_chars``; a non-positive
+        ``mixture_weights`` weight or a malformed entry.
     """
 
     source: Literal["sample", "corpus"] = "sample"
@@ -74,10 +83,20 @@ class DataConfig:
     shuffle: bool = True
     add_eos: bool = True
     num_shards: int = 0
+    mixture_weights: tuple = ()
+    long_doc_min_chars: int = 0
+    long_doc_weight: float = 0.0
 
     def __post_init__(self) -> None:
         check_types(self)
-        non_negative(self, "num_shards")
+        non_negative(self, "num_shards", "long_doc_min_chars")
+        require(self, "long_doc_weight", 0.0 <= self.long_doc_weight <= 1.0, "must be in [0, 1]")
+        require(self, "long_doc_min_chars", self.long_doc_weight == 0 or self.long_doc_min_chars > 0,
+                "must be > 0 when DataConfig.long_doc_weight > 0 (it splits long from short documents)")
+        require(self, "mixture_weights", all(
+            isinstance(e, (tuple, list)) and len(e) == 2 and isinstance(e[0], str)
+            and isinstance(e[1], (int, float)) and e[1] >= 0 for e in self.mixture_weights),
+            "(('domain', weight >= 0), ...)")
         require(self, "corpus_dir", self.source != "corpus" or bool(self.corpus_dir),
                 "must be set when DataConfig.source = 'corpus'")
 
@@ -114,8 +133,16 @@ class TrainConfig:
     Raises:
       ConfigError: at construction, naming ``TrainConfig.<field> = <value>``: a wrong type (sub-configs
         included), a malformed ``mesh``/``dcn_mesh`` (unknown axis, non-integer or non-positive size, two
-        -1s; -1 at all in ``dcn_mesh``), an unknown axis in ``logical_axis_rules``, or a count out of range.
+        -1s; -1 at all in ``dcn_mesh``), an unknown axis in ``logical_axis_rules``, a count out of range, an
+        ``init_from`` whose ``@step`` is not a positive integer, or ``reset_optimizer`` without ``init_from``.
         Checks against the other configs and the devices are :func:`validate`'s.
+      init_from: start this run as a new *stage* from another run's checkpoint: ``'<run dir>[@step]'`` (the newest
+        committed step without ``@step``); params and optimizer state are taken from it, the step count goes on
+        from its step, and the learning-rate schedule starts afresh with horizon ``steps - step``
+        (:mod:`jaxpt.stage`). Empty: start from scratch (or resume this workdir's own checkpoints).
+      stage_name: the stage's name in ``run.json`` and checkpoint meta (default ``base``, or ``extension`` with
+        ``init_from``).
+      reset_optimizer: with ``init_from``: a fresh optimizer state instead of the parent's moments.
       profile_steps: ``'START:STOP'``: trace steps START..STOP (inclusive) with ``jax.profiler`` into
         ``<workdir>/profile`` (TensorBoard's profile plugin, Perfetto); empty: no trace.
     """
@@ -142,9 +169,18 @@ class TrainConfig:
     progress_bar: bool = True
     log_batch_documents: bool = False
     profile_steps: str = ""
+    init_from: str = ""
+    stage_name: str = ""
+    reset_optimizer: bool = False
 
     def __post_init__(self) -> None:
         check_types(self)
+        try:
+            stage_lib.parse_init_from(self.init_from)
+        except ValueError as e:
+            raise field_error(self, "init_from", f"'<run dir>[@step]': {e}") from None
+        require(self, "reset_optimizer", self.init_from or not self.reset_optimizer,
+                "only means something with TrainConfig.init_from (a stage starting from a checkpoint)")
         if self.profile_steps:
             try:
                 start, stop = (int(x) for x in self.profile_steps.split(":"))
@@ -189,7 +225,7 @@ BOOKKEEPING: dict[str, frozenset[str] | None] = {
     "ModelConfig": frozenset({"remat_policy", "attention_impl", "loss_chunk_size"}),
     "TrainConfig": frozenset({"workdir", "steps", "log_every", "eval_every", "eval_batches", "progress_bar",
                               "log_batch_documents", "profile_steps", "mesh", "dcn_mesh", "logical_axis_rules",
-                              "grad_accum_steps"}),
+                              "grad_accum_steps", "stage_name"}),
 }
 
 
@@ -373,8 +409,9 @@ def validate(cfg: TrainConfig, num_devices: int) -> dict[str, int]:
         by the data-parallel size x ``grad_accum_steps``, or by ``DataConfig.num_shards``; heads or kv heads
         not divisible by mesh ``tensor``; ``seq_len`` above ``ModelConfig.max_seq_len``; with the row split over
         ``sequence`` (context parallelism), ``seq_len`` not divisible by 2 x its size, or an ``attention_impl``
-        that does not support it, or rows splash cannot block; schedule phases that do
-        not fit the decay horizon (:func:`jaxpt.optim.check_schedule`).
+        that does not support it, or rows splash cannot block; schedule phases that do not fit the decay horizon
+        (:func:`jaxpt.optim.check_schedule`; a stage's horizon is ``steps`` minus its start step,
+        :func:`jaxpt.stage.start_step`).
     """
     m = cfg.model
     sizes = _mesh_shape(cfg, num_devices).sizes
@@ -389,7 +426,7 @@ def validate(cfg: TrainConfig, num_devices: int) -> dict[str, int]:
         raise ConfigError(f"TrainConfig.seq_len = {cfg.seq_len} exceeds ModelConfig.max_seq_len = {m.max_seq_len}")
     _check_context_parallel(cfg, sizes)
     from jaxpt.optim import check_schedule
-    check_schedule(cfg.optimizer, cfg.steps)
+    check_schedule(cfg.optimizer, cfg.steps - stage_lib.start_step(cfg))
     return sizes
 
 

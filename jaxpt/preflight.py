@@ -38,6 +38,8 @@ class Preflight:
       resume_step: the newest committed checkpoint's step (0: none, the run starts fresh).
       resume_meta: that checkpoint's ``meta`` item ({} when none).
       notes: saved settings ignored, and settings changed since the checkpoint (reported, not refused).
+      parent: the checkpoint a new stage starts from (``TrainConfig.init_from``, :class:`jaxpt.stage.Parent`);
+        None when the run resumes its own checkpoint or starts from scratch.
     """
 
     cfg: TrainConfig
@@ -48,6 +50,7 @@ class Preflight:
     resume_step: int = 0
     resume_meta: dict = dataclasses.field(default_factory=dict)
     notes: list[str] = dataclasses.field(default_factory=list)
+    parent: Any = None
 
     @property
     def nothing_to_do(self) -> bool:
@@ -139,9 +142,42 @@ def check(cfg: TrainConfig) -> Preflight:
     resolved = builder_lib.resolve_vocab(cfg, tokenizer)
     hset = inloop.heldout_set(resolved, docs, tokenizer)
     step, meta, notes = check_resume(resolved, tokenizer)
+    resolved, parent, stage_notes = check_stage(resolved, tokenizer, step, meta)
+    notes = notes + stage_notes
     for note in notes:
         log.warning("%s", note)
-    return Preflight(resolved, sizes, tokenizer, docs, hset, step, meta, notes)
+    return Preflight(resolved, sizes, tokenizer, docs, hset, step, meta, notes, parent)
+
+
+def check_stage(cfg: TrainConfig, tokenizer, resume_step: int, resume_meta: dict):
+    """``(cfg with TrainConfig.init_from resolved to '<abs dir>@<step>', parent or None, notes)``.
+
+    A run resuming its own checkpoint must name the parent that checkpoint records (or none);
+    a new stage's parent is found and checked (:func:`jaxpt.stage.find_parent`), and the settings changed since
+    it are noted. The schedule is checked again against the stage's horizon.
+
+    Raises:
+      ConfigError, CheckpointError: as :func:`jaxpt.stage.check_resumed_stage` and :func:`jaxpt.stage.find_parent`.
+    """
+    from jaxpt import stage as stage_lib
+    from jaxpt.optim import check_schedule
+    parent, notes = None, []
+    if resume_step:
+        where = os.path.join(os.path.abspath(cfg.workdir), "checkpoints", str(resume_step))
+        init_from = stage_lib.check_resumed_stage(cfg, resume_meta, where)
+    elif cfg.init_from:
+        parent = stage_lib.find_parent(cfg, tokenizer.sha256)
+        init_from = parent.spec
+    else:
+        return cfg, None, []
+    cfg = dataclasses.replace(cfg, init_from=init_from)
+    check_schedule(cfg.optimizer, cfg.steps - stage_lib.start_step(cfg))
+    if parent is not None:
+        changed = [n.split(": ", 1)[1] for n in changed_settings(parent.meta, cfg)
+                   if "TrainConfig.init_from" not in n]
+        parent = dataclasses.replace(parent, changed=tuple(changed))
+        notes = [f"stage {cfg.stage_name or 'extension'} from {parent.spec} changes {c}" for c in changed]
+    return cfg, parent, notes
 
 
 def plan(cfg: TrainConfig) -> dict[str, Any]:
@@ -162,12 +198,14 @@ def plan(cfg: TrainConfig) -> dict[str, Any]:
         stats = {}
     mem = plan_lib.estimate_memory(c, pre.sizes, stats.get("bytes_limit"))
     tokens_per_step = c.global_batch_size * c.seq_len
+    start = pre.resume_step or (pre.parent.step if pre.parent is not None else 0)  # a new stage: its parent's step
     return {"workdir": os.path.abspath(c.workdir), "mesh": mesh_lib.format_mesh(pre.sizes),
             "devices": {"count": jax.device_count(), "kind": jax.devices()[0].device_kind},
             "params": count_params(c.model)["total"], "vocab_size": c.model.vocab_size,
             "memory_per_device": mem.as_dict(), "tokens_per_step": tokens_per_step,
-            "resume_step": pre.resume_step, "target_steps": c.steps, "steps_to_train": c.steps - pre.resume_step,
-            "tokens_to_train": (c.steps - pre.resume_step) * tokens_per_step,
+            "resume_step": start, "target_steps": c.steps, "steps_to_train": c.steps - start,
+            "tokens_to_train": (c.steps - start) * tokens_per_step,
+            **({"stage_parent": pre.parent.spec} if pre.parent is not None else {}),
             "heldout_tokens": int(sum(w.num_scored for w in pre.heldout_set.windows)),
             "data_source": c.data.corpus_dir if c.data.source == "corpus" else c.data.train_path,
             "tokenizer_sha256": pre.tokenizer.sha256, "notes": pre.notes}
@@ -193,4 +231,6 @@ def format_plan(p: dict[str, Any]) -> str:
              f"  tokens per step {p['tokens_per_step']:,}; steps {p['resume_step']} -> {p['target_steps']} "
              f"({p['steps_to_train']:,} steps, {p['tokens_to_train']:,} tokens)",
              f"  held-out tokens per full evaluation {p['heldout_tokens']:,}"]
+    if "stage_parent" in p:
+        lines.append(f"  a new stage from {p['stage_parent']} (jaxpt.stage)")
     return "\n".join(lines + [f"  note: {n}" for n in p["notes"]])

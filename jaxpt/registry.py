@@ -3,7 +3,9 @@
 ``run.json`` holds: ``run_id``, ``status`` (running, completed, preempted, failed), ``config_hash``
 (sha256 of the operative gin config), ``data_version``, ``tokenizer`` (path, sha256), ``git`` (commit,
 dirty), ``mesh``, ``devices`` (count, kind, processes), ``num_params``, ``started_at`` / ``ended_at``
-(UTC ISO 8601) and ``sessions`` (one per start or resume), ``final`` metrics, and ``events`` (spike skips,
+(UTC ISO 8601) and ``sessions`` (one per start or resume), ``stages`` (the stages that led to this run, the
+parent's first, each with its name, workdir, start step, parent checkpoint ``{path, step}`` or null, and ``end_step``
+where a later stage left it; see :mod:`jaxpt.stage`), ``final`` metrics, and ``events`` (spike skips,
 rollbacks, preemptions; an event of a step that a resumed session re-runs, its checkpoint lost, is kept and marked
 ``superseded_at: <restored step>``). ``python -m jaxpt.tools.runs`` reads it.
 """
@@ -52,8 +54,9 @@ class RunRegistry:
             json.dump(self.record, f, indent=2, default=str)
         os.replace(tmp, self.path)  # atomic: a reader never sees half a file
 
-    def start(self, cfg, config_text: str, run, data_version: str) -> None:
-        """Create run.json, or add a session to an existing one (a resumed run keeps its id)."""
+    def start(self, cfg, config_text: str, run, data_version: str, stages: list[dict] | None = None) -> None:
+        """Create run.json, or add a session to an existing one (a resumed run keeps its id). ``stages``: the
+        run's stages (:mod:`jaxpt.stage`), recorded when run.json is new or has none (a resume keeps its own)."""
         import jax
         from jaxpt import config as config_lib, mesh as mesh_lib, state as state_lib
         if not self.enabled:
@@ -81,6 +84,8 @@ class RunRegistry:
         for ev in self.record.get("events", []):  # from steps this session re-runs (lost checkpoints): superseded
             if isinstance(ev.get("step"), int) and ev["step"] > start:
                 ev.setdefault("superseded_at", start)
+        if stages and not self.record.get("stages"):
+            self.record["stages"] = stages
         self.record["sessions"].append({"started_at": _now(), "start_step": start})
         self._write()
 

@@ -29,6 +29,7 @@ from jaxpt import hooks as hooks_lib
 from jaxpt import mesh as mesh_lib
 from jaxpt import monitor
 from jaxpt import preflight
+from jaxpt import stage as stage_lib
 from jaxpt import state as state_lib
 from jaxpt.config import TrainConfig
 from jaxpt.data import stream
@@ -274,13 +275,15 @@ def rollback(ctx: LoopContext, step: int, reason: str) -> int:
     return restored_step
 
 
-def _log_start(run: Run, writer: monitor.MetricWriter, start: int, notes: list[str]) -> None:
+def _log_start(run: Run, writer: monitor.MetricWriter, start: int, notes: list[str], stage: dict) -> None:
     frac = state_lib.replicated_param_fraction(run.spec)
     mesh_text = mesh_lib.format_mesh(mesh_lib.mesh_shape(run.mesh))
     log.info("mesh %s over %d devices (%s); %.2fM params; %.2f%% of param bytes fully replicated", mesh_text,
              run.mesh.size, jax.devices()[0].device_kind, state_lib.num_params(run.spec) / 1e6, 100 * frac)
     log.info("MFU peak: %s", run.peak_note)
-    writer.write({"step": start, "event": "resume" if start else "start",
+    new_stage = stage.get("parent") is not None and start == stage.get("start_step")
+    writer.write({"step": start, "event": "stage_start" if new_stage else "resume" if start else "start",
+                  "stage": stage["name"],
                   "num_params": state_lib.num_params(run.spec), "replicated_param_fraction": frac,
                   "mesh": mesh_text, "peak_flops_note": run.peak_note, "peak_flops_per_device": run.throughput.peak,
                   **({"notes": notes} if notes else {})})
@@ -329,11 +332,17 @@ def run_training(cfg: TrainConfig, fault_injector=None) -> dict[str, Any]:
     if ckpt is not None:
         state, start = ckpt.resume(run.spec.abstract, batches, cfg.model, run.tokenizer.sha256)
         run.state = state if state is not None else run.state
+    stage = (pre.resume_meta.get("stage") if start else None) or stage_lib.stage_record(cfg, pre.parent)
+    if start == 0 and pre.parent is not None:  # a new stage: its first state from the parent checkpoint
+        run.state = stage_lib.begin_stage(run.built, pre.parent)
+        start = pre.parent.step
     writer = monitor.MetricWriter(cfg.workdir, enabled=is_main, start_step=start)
     meta = run_meta(cfg, run.mesh, run.tokenizer, config_text, stream.data_version(cfg), batches.num_shards)
-    _log_start(run, writer, start, pre.notes)
+    meta["stage"] = stage
+    _log_start(run, writer, start, pre.notes, stage)
     registry = RunRegistry(cfg.workdir, enabled=is_main)
-    registry.start(cfg, config_text, run, stream.data_version(cfg))
+    registry.start(cfg, config_text, run, stream.data_version(cfg),
+                   stages=[*(stage_lib.parent_stages(pre.parent) if pre.parent else []), stage])
     ctx = None
     try:
         with Preemption() as preemption:

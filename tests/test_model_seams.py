@@ -17,7 +17,7 @@ from jaxpt.errors import ConfigError
 from jaxpt.model import Decoder, ModelConfig
 from jaxpt.model.attention import register_attention
 from jaxpt.model.auxiliary import AuxSpec, fold, merge_specs, reduce_aux
-from jaxpt.model.layers import rope
+from jaxpt.model.rope import rope
 from jaxpt.model.mlp import SwiGLU, register_mlp
 
 CFG = ModelConfig(vocab_size=64, d_model=32, num_layers=3, num_heads=4, num_kv_heads=2, head_dim=8, mlp_dim=64,

@@ -160,12 +160,14 @@ class _ForPacking:
 
 
 def packed_corpus_dataset(corpus_dir: str, tokenizer, *, seq_len: int, local_batch_size: int, seed: int,
-                          process_index: int = 0, process_count: int = 1, add_eos: bool = True):
-    """The training stream of a corpus version: mixed by the corpus weights, packed like the sample path
-    (:mod:`jaxpt.data.packing`), batched to ``[local_batch_size, seq_len]`` dicts. Checkpointable."""
+                          process_index: int = 0, process_count: int = 1, add_eos: bool = True,
+                          weights: Mapping[str, float] | None = None):
+    """The training stream of a corpus version: mixed by ``weights`` (domain -> weight; default the corpus's
+    ``mixture.json`` weights), packed like the sample path (:mod:`jaxpt.data.packing`), batched to
+    ``[local_batch_size, seq_len]`` dicts. Checkpointable."""
     from jaxpt.data import packing
     ds = _mixed(corpus_dir, seed=seed, process_index=process_index, process_count=process_count,
-                record_fn=_ForPacking())
+                weights=weights, record_fn=_ForPacking())
     ds = packing.PackedIterDataset(ds, seq_len, pad_id=tokenizer.pad_id,
                                    eos_id=tokenizer.eos_id if add_eos else None)
     return ds.batch(local_batch_size, drop_remainder=True)

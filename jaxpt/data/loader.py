@@ -83,6 +83,8 @@ def make_train_dataset(
     shuffle: bool = True,
     add_eos: bool = True,
     read_threads: int = 2,
+    long_doc_min_chars: int = 0,
+    long_doc_weight: float = 0.0,
 ) -> grain.IterDataset:
     """Infinite stream of packed training batches for one process.
 
@@ -101,6 +103,11 @@ def make_train_dataset(
       shuffle: if False, documents come in file order (each epoch the same).
       add_eos: append `tokenizer.eos_id` to every document.
       read_threads: threads tokenizing ahead (0: tokenize in the iterating thread).
+      long_doc_min_chars, long_doc_weight: a length mixture (e.g. a long-context stage upweighting long
+        documents): when ``long_doc_weight > 0``, documents of at least ``long_doc_min_chars`` characters form
+        one stream and the others another (each shuffled, ``seed`` and ``seed + 1``, repeated forever), and
+        each next document is drawn from the long stream with probability ``long_doc_weight``
+        (``grain.MapDataset.mix``). 0: every document in one stream, in the natural proportion.
 
     Returns:
       A `grain.IterDataset` whose elements are dicts of int32 numpy arrays of shape
@@ -119,15 +126,42 @@ def make_train_dataset(
     texts = load_texts(documents_path)
     if not texts:
         raise ConfigError(f"{documents_path}: no documents")
-    ds = grain.MapDataset.range(len(texts))
-    if shuffle:
-        ds = ds.shuffle(seed=seed)
-    ds = ds.repeat(None)[process_index::process_count]
+    if long_doc_weight > 0:
+        ds = _length_mixture(texts, long_doc_min_chars, long_doc_weight, seed, shuffle)
+    else:
+        ds = grain.MapDataset.range(len(texts))
+        if shuffle:
+            ds = ds.shuffle(seed=seed)
+        ds = ds.repeat(None)
+    ds = ds[process_index::process_count]
     ds = ds.map(_Tokenize(texts, tokenizer))
     it = ds.to_iter_dataset(grain.ReadOptions(num_threads=read_threads, prefetch_buffer_size=8 * max(read_threads, 1)))
     it = packing.PackedIterDataset(it, seq_len, pad_id=tokenizer.pad_id,
                                    eos_id=tokenizer.eos_id if add_eos else None)
     return it.batch(local_batch_size, drop_remainder=True)
+
+
+def _length_mixture(texts: list[str], min_chars: int, weight: float, seed: int, shuffle: bool) -> grain.MapDataset:
+    """Infinite doc-index stream mixing short and long (``>= min_chars``) documents ``1 - weight : weight``.
+
+    Raises:
+      ValueError: ``weight`` not in (0, 1], or a weighted part with no documents.
+    """
+    if not 0 < weight <= 1:
+        raise ValueError(f"long_doc_weight = {weight}: must be in (0, 1]")
+    long_ids = [i for i, t in enumerate(texts) if len(t) >= min_chars]
+    short_ids = [i for i, t in enumerate(texts) if len(t) < min_chars]
+    parts, weights = [], []
+    for k, (ids, w) in enumerate(((short_ids, 1.0 - weight), (long_ids, weight))):
+        if w <= 0:
+            continue
+        if not ids:
+            raise ValueError(f"long_doc_min_chars = {min_chars}: no {'long' if k else 'short'} documents to give "
+                             f"weight {w}")
+        part = grain.MapDataset.source(ids)
+        parts.append((part.shuffle(seed=seed + k) if shuffle else part).repeat(None))
+        weights.append(w)
+    return grain.MapDataset.mix(parts, weights) if len(parts) > 1 else parts[0]
 
 
 def make_eval_dataset(

@@ -43,11 +43,13 @@ def _shard_iterator(cfg, tokenizer, k: int, n: int):
         from jaxpt.data.corpus import packed_corpus_dataset
         return iter(packed_corpus_dataset(
             cfg.data.corpus_dir, tokenizer, seq_len=cfg.seq_len, local_batch_size=cfg.global_batch_size // n,
-            seed=cfg.seed, process_index=k, process_count=n, add_eos=cfg.data.add_eos))
+            seed=cfg.seed, process_index=k, process_count=n, add_eos=cfg.data.add_eos,
+            weights=dict(cfg.data.mixture_weights) or None))
     from jaxpt.data import loader
     return iter(loader.make_train_dataset(
         cfg.data.train_path, tokenizer, seq_len=cfg.seq_len, local_batch_size=cfg.global_batch_size // n,
-        seed=cfg.seed, process_index=k, process_count=n, shuffle=cfg.data.shuffle, add_eos=cfg.data.add_eos))
+        seed=cfg.seed, process_index=k, process_count=n, shuffle=cfg.data.shuffle, add_eos=cfg.data.add_eos,
+        long_doc_min_chars=cfg.data.long_doc_min_chars, long_doc_weight=cfg.data.long_doc_weight))
 
 
 def train_batches(cfg, tokenizer, num_shards: int):

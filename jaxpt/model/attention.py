@@ -38,7 +38,8 @@ from jax.ad_checkpoint import checkpoint_name
 from jaxpt.mesh import constrain
 from jaxpt.model.auxiliary import AuxSpec
 from jaxpt.model.config import DTYPES, ModelConfig
-from jaxpt.model.layers import _param, rope
+from jaxpt.model.layers import _param
+from jaxpt.model.rope import apply_rope, rope_frequencies
 from jaxpt.model.registry import Registry, SavedTensor
 
 #: Attention implementations by ``ModelConfig.attention_impl`` value.
@@ -173,8 +174,9 @@ class Attention(nnx.Module):
         q_BxLxHxHd = checkpoint_name(constrain(q_BxLxHxHd, ("batch", "length", "heads", "head_dim")), "qkv_proj")
         k_BxMxKxHd = checkpoint_name(constrain(k_BxMxKxHd, ("batch", "length", "kv_heads", "head_dim")), "qkv_proj")
         v_BxMxKxHd = checkpoint_name(constrain(v_BxMxKxHd, ("batch", "length", "kv_heads", "head_dim")), "qkv_proj")
-        q_BxLxHxHd = rope(q_BxLxHxHd, positions_BxL, cfg.rope_theta)
-        k_BxMxKxHd = rope(k_BxMxKxHd, positions_BxL, cfg.rope_theta)
+        inv_freq, attention_factor = rope_frequencies(cfg)  # host constants: the one RoPE of train/eval/decode
+        q_BxLxHxHd = apply_rope(q_BxLxHxHd, positions_BxL, inv_freq, attention_factor)
+        k_BxMxKxHd = apply_rope(k_BxMxKxHd, positions_BxL, inv_freq, attention_factor)
         out_BxLxHxHd, aux = dot_product_attention(q_BxLxHxHd, k_BxMxKxHd, v_BxMxKxHd, segment_ids_BxL,
                                                   impl=cfg.attention_impl)
         out_BxLxHxHd = constrain(out_BxLxHxHd, ("batch", "length", "heads", "head_dim"))

@@ -8,6 +8,7 @@ from typing import Literal
 
 import jax.numpy as jnp
 
+from jaxpt.model.rope import RopeScaling
 from jaxpt.validation import check_types, positive, require
 
 Dtype = Literal["float32", "bfloat16", "float16"]
@@ -31,6 +32,20 @@ class ModelConfig:
       mlp_dim: hidden width of the MLP (``mlp`` axis; SwiGLU: Shazeer 2020).
       max_seq_len: longest row, in tokens, the model is built and validated for.
       rope_theta: RoPE base frequency (Su et al. 2021).
+      rope_scaling: how RoPE frequencies are rescaled for a longer context (:mod:`jaxpt.model.rope`, with the
+        formulas and sources): ``none``, ``linear`` (position interpolation, Chen et al. 2023), ``llama3``
+        (Llama 3.1's frequency scaling), ``yarn`` (Peng et al. 2023, with its attention temperature). Changes no
+        parameter, so a checkpoint continues under another scaling (a long-context extension stage).
+      rope_scaling_factor: ``s``, how many times longer than ``rope_original_max_len`` the context becomes
+        (``linear``, ``llama3``, ``yarn``).
+      rope_original_max_len: ``L0``, the context length the model was trained at before scaling (``llama3``,
+        ``yarn``; Hugging Face ``original_max_position_embeddings``).
+      rope_low_freq_factor, rope_high_freq_factor: ``llama3``: wavelengths above ``L0 / low`` are interpolated by
+        ``s``, below ``L0 / high`` kept, smoothly in between (Llama 3.1: 1 and 4).
+      rope_beta_fast, rope_beta_slow: ``yarn``: dimensions rotating more than ``beta_fast`` times over ``L0`` are
+        kept, fewer than ``beta_slow`` times interpolated, a linear ramp between (paper: 32 and 1).
+      rope_attention_factor: ``yarn``: multiplier of rotated queries and keys (logits scale by its square);
+        0: ``0.1 ln(s) + 1`` (Peng et al. 2023, eq. 22).
       tie_embeddings: output projection reuses the embedding table (transposed).
       param_dtype: dtype params are stored and optimized in (``float32`` usual).
       compute_dtype: dtype of activations and matmul inputs (``bfloat16`` usual on accelerators).
@@ -54,7 +69,10 @@ class ModelConfig:
       ConfigError: at construction, naming ``ModelConfig.<field> = <value>``: a wrong type, an unknown dtype
         or remat policy, an unregistered ``attention_impl`` or ``mlp``, a non-positive size, a negative ``vocab_size``, an odd ``head_dim`` (RoPE rotates
         pairs), ``num_heads`` not a multiple of ``num_kv_heads``, or a non-positive ``rope_theta``,
-        ``norm_eps`` or ``init_std``.
+        ``norm_eps`` or ``init_std``; an unknown ``rope_scaling``; for a scaling other than ``none``, a
+        ``rope_scaling_factor`` below 1; for ``llama3``/``yarn``, no ``rope_original_max_len``; for ``llama3``,
+        ``rope_high_freq_factor <= rope_low_freq_factor`` or a non-positive one; for ``yarn``,
+        ``rope_beta_fast <= rope_beta_slow`` or a non-positive one, or a negative ``rope_attention_factor``.
     """
 
     vocab_size: int = 8192
@@ -66,6 +84,14 @@ class ModelConfig:
     mlp_dim: int = 1024
     max_seq_len: int = 256
     rope_theta: float = 10_000.0
+    rope_scaling: RopeScaling = "none"
+    rope_scaling_factor: float = 1.0
+    rope_original_max_len: int = 0
+    rope_low_freq_factor: float = 1.0
+    rope_high_freq_factor: float = 4.0
+    rope_beta_fast: float = 32.0
+    rope_beta_slow: float = 1.0
+    rope_attention_factor: float = 0.0
     tie_embeddings: bool = False
     param_dtype: Dtype = "float32"
     compute_dtype: Dtype = "float32"
@@ -94,8 +120,29 @@ class ModelConfig:
         require(self, "head_dim", self.head_dim % 2 == 0, "must be even for rotary embeddings")
         require(self, "num_heads", self.num_heads % self.num_kv_heads == 0,
                 f"must be a multiple of ModelConfig.num_kv_heads = {self.num_kv_heads} (grouped-query attention)")
+        self._check_rope_scaling()
         # Imported here: those modules import this one. Their registries fill as jaxpt.model is imported.
         from jaxpt.model.attention import ATTENTION
         from jaxpt.model.mlp import MLPS
         ATTENTION.get(self.attention_impl)   # ConfigError "ModelConfig.attention_impl = ...: choose one of"
         MLPS.get(self.mlp)
+
+    def _check_rope_scaling(self) -> None:
+        kind = self.rope_scaling
+        if kind == "none":
+            return
+        require(self, "rope_scaling_factor", self.rope_scaling_factor >= 1.0,
+                f"must be >= 1 with ModelConfig.rope_scaling = {kind!r} (how many times longer the context gets)")
+        if kind in ("llama3", "yarn"):
+            require(self, "rope_original_max_len", self.rope_original_max_len > 0,
+                    f"must be set (> 0: the pre-extension context length) with ModelConfig.rope_scaling = {kind!r}")
+        if kind == "llama3":
+            positive(self, "rope_low_freq_factor", "rope_high_freq_factor")
+            require(self, "rope_high_freq_factor", self.rope_high_freq_factor > self.rope_low_freq_factor,
+                    f"must exceed ModelConfig.rope_low_freq_factor = {self.rope_low_freq_factor}")
+        if kind == "yarn":
+            positive(self, "rope_beta_fast", "rope_beta_slow")
+            require(self, "rope_beta_fast", self.rope_beta_fast > self.rope_beta_slow,
+                    f"must exceed ModelConfig.rope_beta_slow = {self.rope_beta_slow}")
+            require(self, "rope_attention_factor", self.rope_attention_factor >= 0,
+                    "must be >= 0 (0: 0.1 ln(s) + 1)")

@@ -1,4 +1,4 @@
-"""Primitives shared by the decoder's parts: initialized params, RMSNorm, RoPE.
+"""Primitives shared by the decoder's parts: initialized params and RMSNorm (RoPE is :mod:`jaxpt.model.rope`).
 
 Attention is in :mod:`jaxpt.model.attention`, MLPs in :mod:`jaxpt.model.mlp`, the block and the decoder in
 :mod:`jaxpt.model.decoder`.
@@ -14,6 +14,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 from flax import nnx
+
+# Kept importable from here for code written before RoPE moved to its own module; new code: jaxpt.model.rope.
+from jaxpt.model.rope import rope  # noqa: F401
 
 
 def _param(rngs: nnx.Rngs, shape, logical_axes, std: float, dtype) -> nnx.Param:
@@ -36,22 +39,3 @@ class RMSNorm(nnx.Module):
         x32 = x_BxLxD.astype(jnp.float32)
         inv = jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
         return (x32 * inv * self.scale[...].astype(jnp.float32)).astype(x_BxLxD.dtype)
-
-
-def rope(x_BxLxNxHd: jax.Array, positions_BxL: jax.Array, theta: float) -> jax.Array:
-    """Rotary position embedding (Su et al. 2021, "RoFormer"), rotate-half layout as in GPT-NeoX/Llama.
-
-    Args:
-      x_BxLxNxHd: queries or keys, any float dtype; Hd must be even.
-      positions_BxL: int32 position of each token *within its document* (restarts at 0 per segment).
-      theta: base frequency.
-    Returns: same shape and dtype as ``x``; angles computed in float32.
-    """
-    hd = x_BxLxNxHd.shape[-1]
-    inv_freq = 1.0 / (theta ** (jnp.arange(0, hd, 2, dtype=jnp.float32) / hd))            # [Hd/2]
-    angles_BxLxHd2 = positions_BxL.astype(jnp.float32)[..., None] * inv_freq
-    cos = jnp.cos(angles_BxLxHd2)[:, :, None, :]
-    sin = jnp.sin(angles_BxLxHd2)[:, :, None, :]
-    x1, x2 = jnp.split(x_BxLxNxHd.astype(jnp.float32), 2, axis=-1)
-    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
-    return out.astype(x_BxLxNxHd.dtype)
