@@ -216,7 +216,9 @@ def compile_report(cfg, target: Target) -> dict[str, Any]:
     Returns: one JSON-able dict: ``topology``, ``platform``, ``chips``, ``num_slices``, ``mesh``,
     ``bytes_per_chip`` (:func:`memory_bytes`), ``hbm_bytes_per_chip`` (None: unknown), ``headroom_bytes``,
     ``headroom_fraction``, ``fits`` (None when the HBM is unknown), ``lower_seconds``, ``compile_seconds``,
-    ``planner_bytes_per_chip``, ``planner_ratio`` (planner / compiled), ``params``.
+    ``planner_bytes_per_chip``, ``planner_ratio`` (planner / compiled), ``params``, ``pipeline`` (None
+    unpipelined; else stages, micro-batches, repeats, bubble fraction and the planner's per-stage activation
+    stash and buffer bytes).
     Raises:
       ConfigError: from :func:`jaxpt.builder.build` (naming the key).
     """
@@ -232,7 +234,8 @@ def compile_report(cfg, target: Target) -> dict[str, Any]:
     compiled = lowered.compile()
     t2 = time.perf_counter()
     b = memory_bytes(compiled)
-    planned = plan.estimate_memory(built.cfg, built.sizes).total
+    estimate = plan.estimate_memory(built.cfg, built.sizes)
+    planned = estimate.total
     hbm = target.hbm_bytes
     return {
         "topology": target.topology or target.name, "platform": target.platform, "chips": target.chips,
@@ -245,6 +248,11 @@ def compile_report(cfg, target: Target) -> dict[str, Any]:
         "planner_bytes_per_chip": planned, "planner_ratio": planned / max(b["total"], 1),
         "params": count_params(built.cfg.model)["total"],
         "global_batch_size": built.cfg.global_batch_size, "seq_len": built.cfg.seq_len,
+        # Pipelined: stages, micro-batches, repeats, bubble; the planner's activation stash of the in-flight
+        # micro-batches and buffers, per stage (the compiled bytes above are per chip, i.e. per stage share).
+        "pipeline": None if estimate.pipeline is None else {
+            **estimate.pipeline, "planner_activation_bytes": estimate.activations,
+            "planner_buffer_bytes": estimate.stash},
     }
 
 
@@ -261,6 +269,11 @@ def format_report(r: dict[str, Any]) -> str:
     if host:
         lines.append(f"  {'host':<10}{g(host)}  (pinned host memory)")
     lines.append(f"planner    {g(r['planner_bytes_per_chip'])}  ({r['planner_ratio']:.2f} x compiled)")
+    if r.get("pipeline"):
+        p = r["pipeline"]
+        lines.append(f"pipeline   {p['stages']} stages x {p['repeats']} repeats, {p['microbatches']} micro-batches, "
+                     f"bubble {100 * p['bubble_fraction']:.1f}%; per-stage stash {g(p['planner_activation_bytes'])}"
+                     f" + buffers {g(p['planner_buffer_bytes'])} (planner)")
     if r["hbm_bytes_per_chip"] is None:
         lines.append("HBM        unknown for this target (--hbm-gib to compare)")
     else:
