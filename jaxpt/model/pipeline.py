@@ -106,6 +106,8 @@ def run_pipeline(group_fn: LayerGroupFn, params: Any, x_BxLxD: jax.Array, side: 
             valid = (i >= 0) & (i < M * R)
             ic = jnp.clip(i, 0, M * R - 1)
             r, m = ic // M, ic % M
+            # In the bubble (not valid) a stage computes on a placeholder whose result nothing reads: SPMD runs
+            # one program on every stage, so idling would not be faster than computing.
             x_in = jnp.where(s == 0, jax.lax.dynamic_index_in_dim(buf, m, 0, keepdims=False), recv)
             p_K = jax.tree.map(lambda a: jax.lax.dynamic_index_in_dim(a, r, 0, keepdims=False), p_RxK)
             y, aux = group_fn(p_K, x_in, *(jax.lax.dynamic_index_in_dim(a, m, 0, keepdims=False) for a in side_M))
@@ -122,6 +124,7 @@ def run_pipeline(group_fn: LayerGroupFn, params: Any, x_BxLxD: jax.Array, side: 
             return (buf, sent, aux_acc), None
 
         (buf, _, aux_acc), _ = jax.lax.scan(step, (buf0, recv0, aux0), jnp.arange(T))
+        # Stage 0 holds the finished micro-batches; the sum hands them to every stage (for the head and loss).
         out = jax.lax.psum(jnp.where(s == 0, buf, jnp.zeros_like(buf)), PIPELINE_AXIS)
         return out, aux_acc
 
