@@ -350,6 +350,10 @@ def _check_pipeline(cfg: TrainConfig, sizes: dict[str, int]) -> None:
             f"ModelConfig.pipeline_microbatches = {M} does not divide the {rows} rows of each model call "
             f"(TrainConfig.global_batch_size = {cfg.global_batch_size} / TrainConfig.grad_accum_steps = "
             f"{cfg.grad_accum_steps}) into micro-batches that split evenly over the data-parallel size {dp}")
+    if m.attention_impl == "splash":
+        raise ConfigError(f"ModelConfig.attention_impl = 'splash' cannot run inside the pipeline {where}: its Pallas "
+                          "kernel's own shard_map does not nest in the pipeline's yet; use 'blockwise' (or 'auto', "
+                          "which picks it there)")
     groups = S * m.pipeline_repeats
     if m.num_layers % groups:
         raise ConfigError(f"ModelConfig.num_layers = {m.num_layers} is not divisible by {S} stages x "
@@ -374,8 +378,8 @@ def validate(cfg: TrainConfig, num_devices: int) -> dict[str, int]:
         ``dcn_mesh``); a mesh axis of size > 1 that no logical-axis rule uses; a global batch not divisible
         by the data-parallel size x ``grad_accum_steps``, or by ``DataConfig.num_shards``; with mesh
         ``stage > 1``, ``ModelConfig.pipeline_microbatches`` below the stage count or not dividing each model
-        call's rows into data-parallel-divisible micro-batches, or ``ModelConfig.num_layers`` not divisible by
-        stages x ``ModelConfig.pipeline_repeats``; heads or kv heads
+        call's rows into data-parallel-divisible micro-batches, ``ModelConfig.num_layers`` not divisible by
+        stages x ``ModelConfig.pipeline_repeats``, or ``attention_impl = 'splash'``; heads or kv heads
         not divisible by mesh ``tensor``; ``seq_len`` above ``ModelConfig.max_seq_len``; schedule phases that do
         not fit the decay horizon (:func:`jaxpt.optim.check_schedule`).
     """
