@@ -153,7 +153,7 @@ def test_slices_come_from_slice_index_then_process_then_blocks():
 
 
 def test_unused_mesh_axes_follow_the_rules():
-    assert M.rule_mesh_axes(M.DEFAULT_RULES) == {"data", "fsdp", "tensor"}
+    assert M.rule_mesh_axes(M.DEFAULT_RULES) == {"stage", "data", "fsdp", "tensor"}
     sizes = {"data": 2, "fsdp": 1, "sequence": 2, "expert": 2, "tensor": 1}
     assert M.unused_mesh_axes(sizes, M.DEFAULT_RULES) == {"sequence": 2, "expert": 2}
     # Axes inside a tuple count; a later rule for the same logical axis never applies (first match wins).
