@@ -86,13 +86,6 @@ def splash_attention(q_BxLxHxHd, k_BxMxKxHd, v_BxMxKxHd, q_segment_ids_BxL, kv_s
     seg_spec = spec(("batch", "length"))
     if any(len(s) > 1 and s[1] is not None for s in (q_spec, seg_spec)):
         raise ValueError("splash attention: the sequence ('length') must not be sharded")
-    inner = jax.sharding.get_abstract_mesh()
-    manual = {} if inner.empty else set(inner.manual_axes)
-    if manual:  # inside the pipeline's shard_map (manual over 'stage'): map over the other axes only
-        mesh, free = inner, {a for a in inner.axis_names if a not in manual}
-        out = jax.shard_map(fn, mesh=mesh, in_specs=(q_spec, kv_spec, kv_spec, seg_spec, seg_spec),
-                            out_specs=q_spec, axis_names=free, check_vma=False)(*args)
-        return out, {}
     out = jax.shard_map(fn, mesh=mesh, in_specs=(q_spec, kv_spec, kv_spec, seg_spec, seg_spec), out_specs=q_spec,
                         check_vma=False)(*args)
     return out, {}
