@@ -117,10 +117,13 @@ def test_restores_across_pipeline_layouts(tmp_path):
      r"pipeline_microbatches = 4 does not divide the 8 rows .*TrainConfig.grad_accum_steps = 2.* size 4"),
     (["ModelConfig.pipeline_repeats = 3"], "stage=2,data=4",
      r"ModelConfig.num_layers = 4 is not divisible by 2 stages x ModelConfig.pipeline_repeats = 3"),
+    (["ModelConfig.attention_impl = 'splash'"], "stage=2,data=4",
+     r"ModelConfig.attention_impl = 'splash' cannot run inside the pipeline"),
 ])
 def test_pipeline_config_errors_name_the_key(bindings, mesh, message):
     """Micro-batches fewer than stages, not splitting each model call's rows into data-parallel-divisible
-    parts, or layers not divisible by stages x repeats: ConfigErrors naming the key, before anything is built."""
+    parts, layers not divisible by stages x repeats, or splash attention (whose shard_map does not nest in the
+    pipeline's): ConfigErrors naming the key, before anything is built."""
     cfg = C.parse([], ["ModelConfig.vocab_size = 256", "TrainConfig.global_batch_size = 16",
                        "ModelConfig.num_layers = 4", *bindings], mesh=mesh)
     with pytest.raises(ConfigError, match=message):
