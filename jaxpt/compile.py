@@ -16,7 +16,8 @@ TPU targets need libtpu (``pip install -e '.[tpu]'``): its compiler runs on this
 devices (:func:`jax.experimental.topologies.get_topology_desc`). Only one process may load libtpu at a
 time unless ``ALLOW_MULTIPLE_LIBTPU_LOAD=1``. ``--num-slices N`` compiles for N such slices over the
 data-center network: the config's ``TrainConfig.dcn_mesh`` says which axis spans them (default
-``data=N``).
+``stage=N`` for a pipelined config, ``ModelConfig.pipeline_microbatches > 0`` or a ``stage`` in the mesh:
+stages across slices, as the pipeline sends the least traffic; else ``data=N``).
 
 The report gives per-chip bytes from ``compiled.memory_analysis()`` (arguments, outputs, aliased,
 temp; total = arguments + outputs - aliased + temp), the chip's HBM and the headroom, the compile time
@@ -174,7 +175,10 @@ def make_target(name: str, num_slices: int = 1, hbm_gib: float | None = None) ->
 
 
 def with_slices(cfg, num_slices: int):
-    """``cfg`` with ``TrainConfig.dcn_mesh`` defaulted to ``data=N`` for ``N > 1`` slices.
+    """``cfg`` with ``TrainConfig.dcn_mesh`` defaulted for ``N > 1`` slices: ``stage=N`` when the config pipelines
+    (``ModelConfig.pipeline_microbatches > 0``, or a ``stage`` axis > 1 in ``TrainConfig.mesh``), so the stages
+    span the slices and only one micro-batch's activations cross the data-center network per step; else
+    ``data=N``.
 
     Raises:
       ConfigError: the config's ``dcn_mesh`` spans a different number of slices.
@@ -183,7 +187,9 @@ def with_slices(cfg, num_slices: int):
     if num_slices == 1 and not cfg.dcn_mesh:
         return cfg
     if not cfg.dcn_mesh:
-        return dataclasses.replace(cfg, dcn_mesh=f"data={num_slices}")
+        pipelined = (cfg.model.pipeline_microbatches > 0
+                     or mesh_lib.parse_mesh_spec(cfg.mesh)[mesh_lib.PIPELINE_AXIS] not in (1,))
+        return dataclasses.replace(cfg, dcn_mesh=f"{'stage' if pipelined else 'data'}={num_slices}")
     n = math.prod(mesh_lib.parse_mesh_spec(cfg.dcn_mesh).values())
     if n != num_slices:
         raise ConfigError(f"TrainConfig.dcn_mesh = {cfg.dcn_mesh!r} spans {n} slices, --num-slices is {num_slices}")
@@ -210,7 +216,9 @@ def compile_report(cfg, target: Target) -> dict[str, Any]:
     Returns: one JSON-able dict: ``topology``, ``platform``, ``chips``, ``num_slices``, ``mesh``,
     ``bytes_per_chip`` (:func:`memory_bytes`), ``hbm_bytes_per_chip`` (None: unknown), ``headroom_bytes``,
     ``headroom_fraction``, ``fits`` (None when the HBM is unknown), ``lower_seconds``, ``compile_seconds``,
-    ``planner_bytes_per_chip``, ``planner_ratio`` (planner / compiled), ``params``.
+    ``planner_bytes_per_chip``, ``planner_ratio`` (planner / compiled), ``params``, ``pipeline`` (None
+    unpipelined; else stages, micro-batches, repeats, bubble fraction and the planner's per-stage activation
+    stash and buffer bytes).
     Raises:
       ConfigError: from :func:`jaxpt.builder.build` (naming the key).
     """
@@ -226,7 +234,8 @@ def compile_report(cfg, target: Target) -> dict[str, Any]:
     compiled = lowered.compile()
     t2 = time.perf_counter()
     b = memory_bytes(compiled)
-    planned = plan.estimate_memory(built.cfg, built.sizes).total
+    estimate = plan.estimate_memory(built.cfg, built.sizes)
+    planned = estimate.total
     hbm = target.hbm_bytes
     return {
         "topology": target.topology or target.name, "platform": target.platform, "chips": target.chips,
@@ -239,6 +248,11 @@ def compile_report(cfg, target: Target) -> dict[str, Any]:
         "planner_bytes_per_chip": planned, "planner_ratio": planned / max(b["total"], 1),
         "params": count_params(built.cfg.model)["total"],
         "global_batch_size": built.cfg.global_batch_size, "seq_len": built.cfg.seq_len,
+        # Pipelined: stages, micro-batches, repeats, bubble; the planner's activation stash of the in-flight
+        # micro-batches and buffers, per stage (the compiled bytes above are per chip, i.e. per stage share).
+        "pipeline": None if estimate.pipeline is None else {
+            **estimate.pipeline, "planner_activation_bytes": estimate.activations,
+            "planner_buffer_bytes": estimate.stash},
     }
 
 
@@ -255,6 +269,11 @@ def format_report(r: dict[str, Any]) -> str:
     if host:
         lines.append(f"  {'host':<10}{g(host)}  (pinned host memory)")
     lines.append(f"planner    {g(r['planner_bytes_per_chip'])}  ({r['planner_ratio']:.2f} x compiled)")
+    if r.get("pipeline"):
+        p = r["pipeline"]
+        lines.append(f"pipeline   {p['stages']} stages x {p['repeats']} repeats, {p['microbatches']} micro-batches, "
+                     f"bubble {100 * p['bubble_fraction']:.1f}%; per-stage stash {g(p['planner_activation_bytes'])}"
+                     f" + buffers {g(p['planner_buffer_bytes'])} (planner)")
     if r["hbm_bytes_per_chip"] is None:
         lines.append("HBM        unknown for this target (--hbm-gib to compare)")
     else:
@@ -270,7 +289,8 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     config_lib.add_arguments(p)  # --config/--gin/--mesh/...
     p.add_argument("--topology", required=True, help="cpu:N, v5p-128, v5e-256, v6e-256, v4-128 or v5p:4x4x4")
-    p.add_argument("--num-slices", type=int, default=1, help="slices over DCN (TrainConfig.dcn_mesh; default data=N)")
+    p.add_argument("--num-slices", type=int, default=1, help="slices over DCN (TrainConfig.dcn_mesh; default stage=N for a pipelined "
+                   "config, else data=N)")
     p.add_argument("--hbm-gib", type=float, help="memory per chip to compare with (default: the chip's HBM)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     return p

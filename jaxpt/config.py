@@ -222,7 +222,8 @@ BOOKKEEPING: dict[str, frozenset[str] | None] = {
     # Paths move between machines; the data's identity is the data version and the tokenizer's sha256.
     "DataConfig": frozenset({"train_path", "heldout_path", "tokenizer_path", "corpus_dir"}),
     # The same math, computed another way (recomputed, blockwise, in sequence chunks).
-    "ModelConfig": frozenset({"remat_policy", "attention_impl", "loss_chunk_size"}),
+    "ModelConfig": frozenset({"remat_policy", "attention_impl", "loss_chunk_size", "pipeline_microbatches",
+                              "pipeline_repeats"}),
     "TrainConfig": frozenset({"workdir", "steps", "log_every", "eval_every", "eval_batches", "progress_bar",
                               "log_batch_documents", "profile_steps", "mesh", "dcn_mesh", "logical_axis_rules",
                               "grad_accum_steps", "stage_name"}),
@@ -390,6 +391,37 @@ def _check_context_parallel(cfg: TrainConfig, sizes: dict[str, int]) -> None:
                               f"mesh sequence = {shards}: {bad}")
 
 
+def _check_pipeline(cfg: TrainConfig, sizes: dict[str, int]) -> None:
+    """With ``stage > 1``: the micro-batches cover the stages, split each model call's batch evenly over the
+    data-parallel shards, and the layers split into ``stages x pipeline_repeats`` equal groups."""
+    m, S = cfg.model, sizes[mesh_lib.PIPELINE_AXIS]
+    if S == 1:
+        return
+    M = m.pipeline_microbatches or S
+    where = f"(mesh stage = {S})"
+    if M < S:
+        raise ConfigError(f"ModelConfig.pipeline_microbatches = {m.pipeline_microbatches} is fewer than the {S} "
+                          f"pipeline stages {where}: every stage must have a micro-batch to work on")
+    rows = cfg.global_batch_size // cfg.grad_accum_steps
+    dp = mesh_lib.data_parallel_size(sizes, cfg.logical_axis_rules)
+    if rows % (M * dp):
+        raise ConfigError(
+            f"ModelConfig.pipeline_microbatches = {M} does not divide the {rows} rows of each model call "
+            f"(TrainConfig.global_batch_size = {cfg.global_batch_size} / TrainConfig.grad_accum_steps = "
+            f"{cfg.grad_accum_steps}) into micro-batches that split evenly over the data-parallel size {dp}")
+    if m.attention_impl == "splash":
+        raise ConfigError(f"ModelConfig.attention_impl = 'splash' cannot run inside the pipeline {where}: its Pallas "
+                          "kernel's own shard_map does not nest in the pipeline's yet; use 'blockwise' (or 'auto', "
+                          "which picks it there)")
+    if mesh_lib.logical_axis_size(sizes, cfg.logical_axis_rules, "length") > 1:
+        raise ConfigError(f"TrainConfig.mesh = {cfg.mesh!r}: context parallelism (the row split over `sequence`) "
+                          f"does not run inside the pipeline {where} yet; use one or the other")
+    groups = S * m.pipeline_repeats
+    if m.num_layers % groups:
+        raise ConfigError(f"ModelConfig.num_layers = {m.num_layers} is not divisible by {S} stages x "
+                          f"ModelConfig.pipeline_repeats = {m.pipeline_repeats} {where}")
+
+
 def validate(cfg: TrainConfig, num_devices: int) -> dict[str, int]:
     """Check the config across its parts and against the device count, before any compile.
 
@@ -406,17 +438,21 @@ def validate(cfg: TrainConfig, num_devices: int) -> dict[str, int]:
     Raises:
       ConfigError: naming the key: mesh sizes that do not fit the devices (``TrainConfig.mesh`` /
         ``dcn_mesh``); a mesh axis of size > 1 that no logical-axis rule uses; a global batch not divisible
-        by the data-parallel size x ``grad_accum_steps``, or by ``DataConfig.num_shards``; heads or kv heads
-        not divisible by mesh ``tensor``; ``seq_len`` above ``ModelConfig.max_seq_len``; with the row split over
-        ``sequence`` (context parallelism), ``seq_len`` not divisible by 2 x its size, or an ``attention_impl``
-        that does not support it, or rows splash cannot block; schedule phases that do not fit the decay horizon
-        (:func:`jaxpt.optim.check_schedule`; a stage's horizon is ``steps`` minus its start step,
-        :func:`jaxpt.stage.start_step`).
+        by the data-parallel size x ``grad_accum_steps``, or by ``DataConfig.num_shards``; with mesh
+        ``stage > 1``, ``ModelConfig.pipeline_microbatches`` below the stage count or not dividing each model
+        call's rows into data-parallel-divisible micro-batches, ``ModelConfig.num_layers`` not divisible by
+        stages x ``ModelConfig.pipeline_repeats``, ``attention_impl = 'splash'``, or the row also split over
+        ``sequence``; heads or kv heads not divisible by mesh ``tensor``; ``seq_len`` above
+        ``ModelConfig.max_seq_len``; with the row split over ``sequence`` (context parallelism), ``seq_len`` not
+        divisible by 2 x its size, or an ``attention_impl`` that does not support it, or rows splash cannot
+        block; schedule phases that do not fit the decay horizon (:func:`jaxpt.optim.check_schedule`; a stage's
+        horizon is ``steps`` minus its start step, :func:`jaxpt.stage.start_step`).
     """
     m = cfg.model
     sizes = _mesh_shape(cfg, num_devices).sizes
     _check_mesh_axes_used(cfg, sizes)
     _check_batch(cfg, sizes)
+    _check_pipeline(cfg, sizes)
     tensor = sizes["tensor"]
     if m.num_heads % tensor:
         raise ConfigError(f"ModelConfig.num_heads = {m.num_heads} is not divisible by mesh tensor = {tensor}")

@@ -2,8 +2,11 @@
 
 Every parameter and every activation that matters carries *logical* axis names (``embed``, ``vocab``,
 ``heads``, ``kv_heads``, ``head_dim``, ``mlp``, ``layers``, ``batch``, ``length``). A rule list, set in the
-config, maps each logical axis to zero, one or several *mesh* axes (``data``, ``fsdp``, ``tensor``,
+config, maps each logical axis to zero, one or several *mesh* axes (``stage``, ``data``, ``fsdp``, ``tensor``,
 ``sequence``, ``expert``). This module is the only place where the two vocabularies meet.
+
+``stage`` is the pipeline axis (:mod:`jaxpt.model.pipeline`): only the stacked ``layers`` axis of the weights
+maps to it (each stage stores its share of the layer stack); the schedule moves activations along it.
 
 The model calls :func:`constrain` on activations; outside an :func:`activation_sharding` context that call
 is a no-op, so the model runs unsharded in a notebook exactly as it does under ``jax.jit`` on a mesh.
@@ -21,9 +24,15 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
-#: Mesh axes in the order they are laid out over devices (outermost first). ``data`` is outermost so it
-#: lands on the slowest links (DCN across slices); ``tensor`` is innermost, on the fastest (ICI / NVLink).
-MESH_AXES: tuple[str, ...] = ("data", "fsdp", "sequence", "expert", "tensor")
+#: Mesh axes in the order they are laid out over devices (outermost first). ``stage`` and then ``data`` are
+#: outermost so they land on the slowest links (DCN across slices): a pipeline sends one micro-batch's
+#: activations per step between neighbours, the least traffic of any split; ``tensor`` is innermost, on the
+#: fastest (ICI / NVLink).
+MESH_AXES: tuple[str, ...] = ("stage", "data", "fsdp", "sequence", "expert", "tensor")
+
+#: The pipeline-parallel mesh axis. It is used by the pipeline schedule (a ``shard_map`` over it) whenever its
+#: size is > 1, whatever the rules say; among the rules only ``layers`` may map to it.
+PIPELINE_AXIS = "stage"
 
 #: Logical axis names the model uses.
 LOGICAL_AXES: tuple[str, ...] = (
@@ -33,7 +42,8 @@ LOGICAL_AXES: tuple[str, ...] = (
 #: Default rules: FSDP (ZeRO-3) shards params on ``embed``; Megatron tensor parallelism shards ``heads``,
 #: ``kv_heads``, ``mlp`` and ``vocab`` over ``tensor``; the batch goes over ``data`` and ``fsdp``; the tokens of
 #: a row over ``sequence`` (context parallelism, :mod:`jaxpt.model.context_parallel`; no parameter has a
-#: ``length`` axis, and at ``sequence=1`` the axis is dropped from every spec, so the program is unchanged).
+#: ``length`` axis, and at ``sequence=1`` the axis is dropped from every spec, so the program is unchanged);
+#: the stacked layers over ``stage`` (a no-op unless the mesh has ``stage > 1``).
 DEFAULT_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
     ("batch", ("data", "fsdp")),
     ("length", "sequence"),
@@ -43,7 +53,7 @@ DEFAULT_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
     ("kv_heads", "tensor"),
     ("head_dim", None),
     ("mlp", "tensor"),
-    ("layers", None),
+    ("layers", "stage"),
     ("norm", None),
 )
 
@@ -287,9 +297,10 @@ def unused_mesh_axes(mesh_sizes: Mapping[str, int], rules: Rules) -> dict[str, i
     """``{axis: size}`` of mesh axes of size > 1 that no rule uses, in :data:`MESH_AXES` order.
 
     Nothing is sharded over such an axis, so every array is replicated along it and each of its devices
-    repeats the same work.
+    repeats the same work. :data:`PIPELINE_AXIS` is never unused: the pipeline schedule splits the layers
+    over it even where no rule stores the weights split (then each stage holds them all).
     """
-    used = rule_mesh_axes(rules)
+    used = rule_mesh_axes(rules) | {PIPELINE_AXIS}
     return {a: s for a, s in mesh_sizes.items() if s > 1 and a not in used}
 
 
@@ -297,7 +308,8 @@ def validate_rules(rules: Rules) -> None:
     """Check a rule list: logical names known, mesh names known.
 
     Raises:
-      ValueError: naming the offending rule (config key ``logical_axis_rules``).
+      ValueError: naming the offending rule (config key ``logical_axis_rules``), also a logical axis other
+        than ``layers`` mapped to :data:`PIPELINE_AXIS`.
     """
     for entry in rules:
         if not isinstance(entry, (tuple, list)) or len(entry) != 2:
@@ -312,6 +324,9 @@ def validate_rules(rules: Rules) -> None:
         for n in names:
             if n not in MESH_AXES:
                 raise ValueError(f"logical_axis_rules: {logical!r} maps to unknown mesh axis {n!r}")
+            if n == PIPELINE_AXIS and logical != "layers":
+                raise ValueError(f"logical_axis_rules: {logical!r} maps to {n!r}, the pipeline axis; only 'layers' "
+                                 "may (the schedule moves everything else between stages itself)")
 
 
 def logical_to_spec(axes: Sequence[str | None], rules: Rules, mesh: Mesh | None = None) -> PartitionSpec:
@@ -414,4 +429,10 @@ def constrain(x: jax.Array, axes: Sequence[str | None]) -> jax.Array:
     ctx = _ACTIVATION_CONTEXT.get()
     if ctx is None:
         return x
-    return jax.lax.with_sharding_constraint(x, named_sharding(ctx.mesh, axes, ctx.rules))
+    mesh = ctx.mesh
+    inner = jax.sharding.get_abstract_mesh()
+    if not inner.empty and inner.manual_axes:
+        # Inside a shard_map manual over some axes (the pipeline's ``stage``): constrain over the others, on
+        # the mesh as the shard_map sees it (its manual axes typed Manual; the rules never name them).
+        mesh = inner
+    return jax.lax.with_sharding_constraint(x, named_sharding(mesh, axes, ctx.rules))

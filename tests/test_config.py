@@ -17,7 +17,7 @@ def parse(*bindings, **flags):
 def test_quickstart_parses_and_validates_on_8_devices():
     cfg = parse()
     sizes = C.validate(cfg, 8)
-    assert sizes == {"data": 2, "fsdp": 2, "sequence": 1, "expert": 1, "tensor": 2}
+    assert sizes == {"stage": 1, "data": 2, "fsdp": 2, "sequence": 1, "expert": 1, "tensor": 2}
     assert cfg.model.d_model == 256 and cfg.seq_len == 128
 
 

@@ -108,8 +108,8 @@ def test_mesh_spec_parsing_errors():
 
 def test_resolve_mesh_multiplies_ici_by_dcn_and_names_the_field_at_fault():
     shape = M.resolve_mesh("fsdp=-1,tensor=2", "data=2", 8)
-    assert dict(shape.ici) == {"data": 1, "fsdp": 2, "sequence": 1, "expert": 1, "tensor": 2}  # 8 / 2 slices
-    assert shape.sizes == {"data": 2, "fsdp": 2, "sequence": 1, "expert": 1, "tensor": 2}
+    assert dict(shape.ici) == {"stage": 1, "data": 1, "fsdp": 2, "sequence": 1, "expert": 1, "tensor": 2}  # 8 / 2 slices
+    assert shape.sizes == {"stage": 1, "data": 2, "fsdp": 2, "sequence": 1, "expert": 1, "tensor": 2}
     assert shape.num_slices == 2 and M.resolve_mesh("data=-1", "", 8).num_slices == 1
     for mesh_spec, dcn_spec, key, text in [("data=-1", "data=3", "dcn_mesh", "3 slices do not divide 8"),
                                            ("data=-1", "data=-1", "dcn_mesh", "-1 is not allowed"),
@@ -122,7 +122,7 @@ def test_resolve_mesh_multiplies_ici_by_dcn_and_names_the_field_at_fault():
 
 def test_mesh_from_config_plain_is_make_mesh():
     mesh = M.mesh_from_config("data=2,fsdp=-1,tensor=2")
-    assert M.mesh_shape(mesh) == {"data": 2, "fsdp": 2, "sequence": 1, "expert": 1, "tensor": 2}
+    assert M.mesh_shape(mesh) == {"stage": 1, "data": 2, "fsdp": 2, "sequence": 1, "expert": 1, "tensor": 2}
     assert (mesh.devices == M.make_mesh("data=2,fsdp=2,tensor=2").devices).all()
     assert M.mesh_from_config("fsdp=4", "", jax.devices()[:4]).size == 4
 
@@ -153,7 +153,7 @@ def test_slices_come_from_slice_index_then_process_then_blocks():
 
 
 def test_unused_mesh_axes_follow_the_rules():
-    assert M.rule_mesh_axes(M.DEFAULT_RULES) == {"data", "fsdp", "sequence", "tensor"}
+    assert M.rule_mesh_axes(M.DEFAULT_RULES) == {"stage", "data", "fsdp", "sequence", "tensor"}
     sizes = {"data": 2, "fsdp": 1, "sequence": 2, "expert": 2, "tensor": 1}
     assert M.unused_mesh_axes(sizes, M.DEFAULT_RULES) == {"expert": 2}
     assert M.unused_mesh_axes(sizes, (("batch", "data"),)) == {"sequence": 2, "expert": 2}

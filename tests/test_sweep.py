@@ -82,7 +82,8 @@ def test_tpu_topology_unsupported_here_is_reported():
 
 
 @pytest.mark.parametrize("mesh,key", [("data=3", "TrainConfig.mesh"), ("tensor=8", "ModelConfig.num_heads"),
-                                      ("data=8,fsdp=2", "TrainConfig.mesh"), ("bogus=8", "unknown mesh axis")])
+                                      ("data=8,fsdp=2", "TrainConfig.mesh"), ("bogus=8", "unknown mesh axis"),
+                                      ("stage=8", "ModelConfig.num_layers")])
 def test_bad_shapes_are_reported_not_raised(mesh, key, tmp_path):
     r = sweep.sweep_one(_tiny_cfg(), mesh, steps=1, profile_steps=0, peak=1e11, memory_limit=None,
                         out_dir=str(tmp_path))

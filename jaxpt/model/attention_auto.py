@@ -31,9 +31,14 @@ def choose(platform: str, seq_len: int) -> str:
 
 def auto_attention(q_BxLxHxHd, k_BxMxKxHd, v_BxMxKxHd, q_segment_ids_BxL, kv_segment_ids_BxM, *, scale):
     """Dispatch to :func:`choose`'s implementation. Returns ``(out [B, L, H, Hd], {})``."""
+    import jax
     platform, _, _ = attention_splash._platform()
+    name = choose(platform, q_BxLxHxHd.shape[1])
+    inner = jax.sharding.get_abstract_mesh()
+    if name == "splash" and not inner.empty and inner.manual_axes:
+        name = "blockwise"  # inside the pipeline's shard_map splash's own shard_map cannot nest (yet)
     fn = {"splash": attention_splash.splash_attention, "blockwise": attention_blockwise.blockwise_attention,
-          "xla": xla_attention}[choose(platform, q_BxLxHxHd.shape[1])]
+          "xla": xla_attention}[name]
     out, _ = fn(q_BxLxHxHd, k_BxMxKxHd, v_BxMxKxHd, q_segment_ids_BxL, kv_segment_ids_BxM, scale=scale)
     return out, {}
 

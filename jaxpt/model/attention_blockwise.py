@@ -57,6 +57,13 @@ def _tile(carry, q_BxCxKxGxHd, qs_BxC, q_pos_C, k_BxTxKxHd, v_BxTxKxHd, ks_BxT, 
     return m_new, l, acc * correction[..., None] + pv
 
 
+def _varying_axes(x) -> frozenset:
+    """The manual mesh axes ``x`` varies over inside a ``shard_map`` (empty outside one)."""
+    t = jax.typeof(x)
+    mat = getattr(t, "manual_axis_type", None)
+    return frozenset(getattr(mat, "varying", ()) or getattr(t, "vma", ()) or ())
+
+
 def _query_block(i, q_BxCxKxGxHd, qs_BxC, k_NxBxTxKxHd, v_NxBxTxKxHd, ks_NxBxT, q_pos_C=None, k_pos_NxT=None):
     """Attention of query block ``i`` over all key blocks (skipping those wholly in its future).
 
@@ -71,6 +78,10 @@ def _query_block(i, q_BxCxKxGxHd, qs_BxC, k_NxBxTxKxHd, v_NxBxTxKxHd, ks_NxBxT, 
     q_pos = i * C + jnp.arange(C) if q_pos_C is None else q_pos_C
     init = (jnp.full((B, K, G, C), -jnp.inf, jnp.float32), jnp.zeros((B, K, G, C), jnp.float32),
             jnp.zeros((B, K, G, C, Hd), jnp.float32))
+    vma = tuple(sorted(set().union(*(_varying_axes(a) for a in
+                                     (q_BxCxKxGxHd, qs_BxC, k_NxBxTxKxHd, v_NxBxTxKxHd, ks_NxBxT)))))
+    if vma:  # inside a shard_map (the pipeline's): the running stats vary over its axes as the inputs do
+        init = jax.lax.pcast(init, vma, to="varying")
 
     @jax.checkpoint
     def step(carry, xs):

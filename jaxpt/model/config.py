@@ -64,15 +64,25 @@ class ModelConfig:
       loss_chunk_size: tokens per chunk (along the sequence) in which the train and eval steps compute the
         output logits and the cross-entropy, forward and backward, so the [B, L, V] float32 logits never exist
         whole (:func:`jaxpt.step.chunked_token_losses`); 0: all at once. Changes no parameter.
+      pipeline_microbatches: with a ``stage`` mesh axis of size S > 1, the micro-batches ``M`` each model call's
+        batch is cut into and streamed through the stages (:mod:`jaxpt.model.pipeline`); 0: ``M = S``. More
+        micro-batches shrink the bubble ``(S - 1) / (M R + S - 1)`` at the cost of smaller matmuls. Unused
+        without stages; changes no parameter. Checked against the batch and the mesh by
+        :func:`jaxpt.config.validate`.
+      pipeline_repeats: ``R``, layer groups per stage: 1 is GPipe (each stage one block of ``num_layers / S``
+        consecutive layers); ``R > 1`` is the circular schedule (each stage ``R`` groups of
+        ``num_layers / (S R)`` layers, micro-batches go round the stages ``R`` times), whose bubble is ``R``
+        times smaller for the same ``M``. Changes no parameter.
 
     Raises:
       ConfigError: at construction, naming ``ModelConfig.<field> = <value>``: a wrong type, an unknown dtype
         or remat policy, an unregistered ``attention_impl`` or ``mlp``, a non-positive size, a negative ``vocab_size``, an odd ``head_dim`` (RoPE rotates
-        pairs), ``num_heads`` not a multiple of ``num_kv_heads``, or a non-positive ``rope_theta``,
-        ``norm_eps`` or ``init_std``; an unknown ``rope_scaling``; for a scaling other than ``none``, a
-        ``rope_scaling_factor`` below 1; for ``llama3``/``yarn``, no ``rope_original_max_len``; for ``llama3``,
-        ``rope_high_freq_factor <= rope_low_freq_factor`` or a non-positive one; for ``yarn``,
-        ``rope_beta_fast <= rope_beta_slow`` or a non-positive one, or a negative ``rope_attention_factor``.
+        pairs), ``num_heads`` not a multiple of ``num_kv_heads``, a non-positive ``rope_theta``,
+        ``norm_eps``, ``init_std`` or ``pipeline_repeats``, or a negative ``pipeline_microbatches``; an unknown
+        ``rope_scaling``; for a scaling other than ``none``, a ``rope_scaling_factor`` below 1; for
+        ``llama3``/``yarn``, no ``rope_original_max_len``; for ``llama3``, ``rope_high_freq_factor <=
+        rope_low_freq_factor`` or a non-positive one; for ``yarn``, ``rope_beta_fast <= rope_beta_slow`` or a
+        non-positive one, or a negative ``rope_attention_factor``.
     """
 
     vocab_size: int = 8192
@@ -102,6 +112,8 @@ class ModelConfig:
     attention_impl: str = "xla"
     mlp: str = "swiglu"
     loss_chunk_size: int = 0
+    pipeline_microbatches: int = 0
+    pipeline_repeats: int = 1
 
     @property
     def jnp_param_dtype(self):
@@ -116,6 +128,8 @@ class ModelConfig:
         positive(self, "d_model", "num_layers", "num_heads", "num_kv_heads", "head_dim", "mlp_dim", "max_seq_len",
                  "rope_theta", "norm_eps", "init_std")
         require(self, "loss_chunk_size", self.loss_chunk_size >= 0, "must be >= 0 (0 = no chunking)")
+        require(self, "pipeline_microbatches", self.pipeline_microbatches >= 0, "must be >= 0 (0 = one per stage)")
+        positive(self, "pipeline_repeats")
         require(self, "vocab_size", self.vocab_size >= 0, "must be >= 0 (0 = from the tokenizer)")
         require(self, "head_dim", self.head_dim % 2 == 0, "must be even for rotary embeddings")
         require(self, "num_heads", self.num_heads % self.num_kv_heads == 0,

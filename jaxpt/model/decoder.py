@@ -11,13 +11,14 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxpt.mesh import constrain
+from jaxpt.mesh import PIPELINE_AXIS, constrain, current_activation_sharding
 from jaxpt.model import context_parallel
 from jaxpt.model.attention import ATTENTION, Attention
 from jaxpt.model.auxiliary import AuxSpec, merge_specs, reduce_aux
 from jaxpt.model.config import ModelConfig
 from jaxpt.model.layers import RMSNorm, _param
 from jaxpt.model.mlp import MLPS, build_mlp
+from jaxpt.model.pipeline import run_pipeline
 
 #: transform metadata so that ``nnx.vmap``/``nnx.scan`` add/remove the stacked ``layers`` logical axis.
 _LAYERS_AXIS = {nnx.PARTITION_NAME: "layers", "logical_axes": "layers"}
@@ -103,9 +104,56 @@ class Decoder(nnx.Module):
         """The auxiliary outputs ``__call__(..., return_aux=True)`` returns: :func:`aux_specs` of the config."""
         return aux_specs(self.cfg)
 
-    def _run_blocks(self, x_BxLxD, segment_ids_BxL, positions_BxL):
-        """All blocks in order. Returns ``(x [B, L, D], aux reduced over layers)``."""
+    def _pipeline_mesh(self, batch: int):
+        """The mesh to pipeline over, or None: a ``stage`` axis > 1 in the enclosing activation sharding, and a
+        batch the micro-batches divide (a batch they do not, e.g. one-row decoding, runs the layers unpipelined;
+        training batches are checked by :func:`jaxpt.config.validate`)."""
+        ctx = current_activation_sharding()
+        if ctx is None or ctx[0].shape.get(PIPELINE_AXIS, 1) == 1:
+            return None
+        stages = ctx[0].shape[PIPELINE_AXIS]
+        m = self.cfg.pipeline_microbatches or stages
+        return ctx[0] if batch % m == 0 and self.cfg.num_layers % (stages * self.cfg.pipeline_repeats) == 0 else None
+
+    def _run_pipelined(self, mesh, x_BxLxD, segment_ids_BxL, positions_BxL):
+        """All blocks as a pipeline over ``mesh``'s stages (:func:`jaxpt.model.pipeline.run_pipeline`).
+
+        The per-layer weights go in stacked ``[num_layers, ...]``: as stored with ``scan_layers``, else
+        stacked here from the list of blocks (correct, but then every stage holds every layer's weights)."""
         cfg = self.cfg
+        if cfg.scan_layers:
+            stacked = nnx.to_pure_dict(nnx.split(self.blocks)[1])
+        else:
+            per_block = [nnx.to_pure_dict(nnx.split(b)[1]) for b in self.blocks]
+            stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *per_block)
+        block_def, block_state = nnx.split(nnx.eval_shape(lambda: Block(cfg, rngs=nnx.Rngs(0))))
+
+        def run_block(p, x, seg, pos):
+            state = jax.tree.map(lambda v: v, block_state)
+            nnx.replace_by_pure_dict(state, p)
+            return nnx.merge(block_def, state)(x, seg, pos)
+
+        if cfg.remat_policy != "none":
+            run_block = jax.checkpoint(run_block, policy=_remat_policy(cfg.remat_policy), prevent_cse=False)
+
+        def group(p_K, x, seg, pos):
+            def body(x, p):
+                return run_block(p, x, seg, pos)
+            return jax.lax.scan(body, x, p_K)
+
+        stages = mesh.shape[PIPELINE_AXIS]
+        return run_pipeline(group, stacked, x_BxLxD, (segment_ids_BxL, positions_BxL), mesh=mesh,
+                            microbatches=cfg.pipeline_microbatches or stages, repeats=cfg.pipeline_repeats,
+                            aux_specs=self.aux_specs())
+
+    def _run_blocks(self, x_BxLxD, segment_ids_BxL, positions_BxL):
+        """All blocks in order. Returns ``(x [B, L, D], aux reduced over layers)``.
+
+        Under a mesh with ``stage > 1`` (see :meth:`_pipeline_mesh`) the blocks run as a pipeline."""
+        cfg = self.cfg
+        mesh = self._pipeline_mesh(x_BxLxD.shape[0])
+        if mesh is not None:
+            return self._run_pipelined(mesh, x_BxLxD, segment_ids_BxL, positions_BxL)
 
         def run_block(block: Block, x):
             return block(x, segment_ids_BxL, positions_BxL)

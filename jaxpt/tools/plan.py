@@ -226,6 +226,8 @@ class MemoryEstimate:
     logits: int
     device_bytes: float | None = None
     usable_fraction: float = 0.9
+    stash: int = 0
+    pipeline: dict[str, Any] | None = None
 
     @property
     def state(self) -> int:
@@ -234,9 +236,10 @@ class MemoryEstimate:
 
     @property
     def total(self) -> int:
-        """Peak bytes: state + gradients + update + gathered weights + saved activations + logits buffers."""
+        """Peak bytes: state + gradients + update + gathered weights + saved activations + logits buffers
+        (+ the pipeline's micro-batch buffers)."""
         return (self.params + self.grads + self.opt_state + self.update + self.gathered_params
-                + self.activations + self.logits)
+                + self.activations + self.logits + self.stash)
 
     @property
     def fits(self) -> bool | None:
@@ -247,7 +250,8 @@ class MemoryEstimate:
 
     def as_dict(self) -> dict[str, Any]:
         return {"params": self.params, "grads": self.grads, "opt_state": self.opt_state, "update": self.update,
-                "gathered_params": self.gathered_params, "activations": self.activations, "logits": self.logits, "total": self.total,
+                "gathered_params": self.gathered_params, "activations": self.activations, "logits": self.logits, "stash": self.stash,
+                "pipeline": self.pipeline, "total": self.total,
                 "device_bytes": self.device_bytes, "usable_fraction": self.usable_fraction, "fits": self.fits}
 
 
@@ -374,6 +378,36 @@ def _saved_by_policy(policy: str, name: str, kind: str, needed: bool) -> bool:
     return False  # full
 
 
+@dataclasses.dataclass(frozen=True)
+class PipelineShape:
+    """How :mod:`jaxpt.model.pipeline` runs the layers on a mesh: ``stages`` S, ``microbatches`` M, ``repeats``
+    R, ``layers_per_group`` K = N / (S R), ``iterations`` T = M R + S - 1 (every stage runs its K-layer group
+    T times, M R of them on real micro-batches: the rest is the bubble)."""
+
+    stages: int
+    microbatches: int
+    repeats: int
+    layers_per_group: int
+    iterations: int
+
+    @property
+    def bubble_fraction(self) -> float:
+        """``(S - 1) / (M R + S - 1)`` (:func:`jaxpt.model.pipeline.bubble_fraction`)."""
+        return (self.stages - 1) / self.iterations
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "bubble_fraction": self.bubble_fraction}
+
+
+def pipeline_shape(cfg: ModelConfig, sizes: Mapping[str, int]) -> PipelineShape | None:
+    """The :class:`PipelineShape` of ``cfg`` on mesh ``sizes``, or None without stages (``stage`` = 1)."""
+    S = sizes.get(mesh_lib.PIPELINE_AXIS, 1)
+    if S == 1:
+        return None
+    M, R = cfg.pipeline_microbatches or S, cfg.pipeline_repeats
+    return PipelineShape(S, M, R, cfg.num_layers // (S * R), M * R + S - 1)
+
+
 def activation_bytes(cfg: ModelConfig, batch: int, seq_len: int, rules, sizes: Mapping[str, int]) -> int:
     """Per-device bytes of activations held for the backward pass under ``cfg.remat_policy``.
 
@@ -382,6 +416,10 @@ def activation_bytes(cfg: ModelConfig, batch: int, seq_len: int, rules, sizes: M
     dropout): sum, over the tensors of :func:`_layer_activations` that the policy keeps, of their
     per-device shard bytes, times ``num_layers``; with any remat policy, add one block's full set for the
     block being recomputed in the backward pass. Plus the final norm's input and output.
+
+    Pipelined (mesh ``stage`` > 1, :func:`pipeline_shape`): per stage, ``T x K`` layer passes over one
+    micro-batch of ``B / M`` rows each (the in-flight micro-batches' stash, bubble iterations included), in
+    place of ``N`` layers over ``B`` rows; the remat block is one micro-batch's.
     """
     layer = _layer_activations(cfg, batch, seq_len)
 
@@ -390,12 +428,40 @@ def activation_bytes(cfg: ModelConfig, batch: int, seq_len: int, rules, sizes: M
 
     policy = cfg.remat_policy
     kept = [e for e in layer if _saved_by_policy(policy, e[0], e[1], e[2])]
-    total = cfg.num_layers * nbytes(kept)
-    if policy != "none":
-        total += nbytes([e for e in layer if e[2]])
+    pipe = pipeline_shape(cfg, sizes)
+    if pipe is None:
+        total = cfg.num_layers * nbytes(kept)
+        if policy != "none":
+            total += nbytes([e for e in layer if e[2]])
+    else:
+        # Per stage: every one of its T iterations keeps its K layers' tensors of one micro-batch for the
+        # backward pass (bubble iterations too: the scan saves them), i.e. N/S layers x B rows x
+        # (1 + (S - 1) / (M R)): the stash of the in-flight micro-batches.
+        micro = _layer_activations(cfg, batch // pipe.microbatches, seq_len)
+        kept_m = [e for e in micro if _saved_by_policy(policy, e[0], e[1], e[2])]
+        total = pipe.iterations * pipe.layers_per_group * nbytes(kept_m)
+        if policy != "none":
+            total += nbytes([e for e in micro if e[2]])
     final = ("final", "other", True, (batch, seq_len, cfg.d_model), ("batch", "length", "embed"),
              DTYPE_BYTES[cfg.compute_dtype])
     return total + 2 * nbytes([final])
+
+
+def pipeline_buffer_bytes(cfg: ModelConfig, batch: int, seq_len: int, rules, sizes: Mapping[str, int]) -> int:
+    """Per-stage bytes of the pipeline's own buffers (0 without stages): the ``M`` micro-batches' inputs and
+    the circulating buffer stage 0 refills from the last stage, each ``[B, L, D]`` in the compute dtype, and,
+    for the circular schedule (``R > 1``), the stage's layer groups gathered from the ``[N, ...]`` stored layout
+    (a stage's layers are not contiguous there; :mod:`jaxpt.model.pipeline`)."""
+    pipe = pipeline_shape(cfg, sizes)
+    if pipe is None:
+        return 0
+    x = local_elements((batch, seq_len, cfg.d_model), ("batch", "length", "embed"), rules, sizes)
+    regroup = 0
+    if pipe.repeats > 1 and cfg.scan_layers:
+        from jaxpt.model.decoder import count_params
+        regroup = count_params(cfg)["blocks"] // pipe.stages * DTYPE_BYTES[cfg.param_dtype]
+        regroup //= math.prod(sizes.get(a, 1) for a in ("fsdp", "tensor"))
+    return 2 * x * DTYPE_BYTES[cfg.compute_dtype] + regroup
 
 
 def logits_bytes(cfg: ModelConfig, batch: int, seq_len: int, rules, sizes: Mapping[str, int]) -> int:
@@ -437,7 +503,10 @@ def estimate_memory(cfg, sizes: Mapping[str, int], device_bytes: float | None = 
     rules = cfg.logical_axis_rules
     stored, gathered, lookup = param_elements(m, rules, sizes)
     p = stored * DTYPE_BYTES[m.param_dtype]
+    pipe = pipeline_shape(m, sizes)
     return MemoryEstimate(
+        stash=pipeline_buffer_bytes(m, cfg.global_batch_size, cfg.seq_len, rules, sizes),
+        pipeline=None if pipe is None else pipe.as_dict(),
         params=p, grads=p, opt_state=2 * p, update=p,
         gathered_params=gathered * DTYPE_BYTES[m.compute_dtype] + lookup * DTYPE_BYTES[m.param_dtype],
         activations=activation_bytes(m, cfg.global_batch_size, cfg.seq_len, rules, sizes),
@@ -561,6 +630,10 @@ def format_plan(plan: dict[str, Any]) -> str:
 def _format_memory(mem: dict[str, Any], mesh: str, policy: str) -> str:
     parts = ", ".join(f"{k} {mem[k] / GIB:.3f}" for k in ("params", "grads", "opt_state", "update", "gathered_params",
                                                            "activations", "logits"))
+    if mem.get("pipeline"):
+        pp = mem["pipeline"]
+        parts += (f", stash {mem['stash'] / GIB:.3f} (per stage of {pp['stages']}: {pp['microbatches']} micro-batches"
+                  f" x {pp['repeats']} repeats, bubble {pp['bubble_fraction']:.1%})")
     line = f"memory per device (mesh {mesh}, remat {policy!r}), GiB: {parts}; total {mem['total'] / GIB:.3f}"
     if mem["fits"] is None:
         return line + " (no --hardware: device memory unknown)"
