@@ -193,7 +193,9 @@ def with_slices(cfg, num_slices: int):
 def memory_bytes(compiled) -> dict[str, int]:
     """Per-chip bytes of a compiled step from ``memory_analysis()``: ``arguments``, ``outputs``,
     ``aliased`` (outputs sharing a donated argument's buffer), ``temp``, ``total`` (= arguments + outputs
-    - aliased + temp), and the ``host_*`` figures of buffers placed in host memory."""
+    - aliased + temp), and the same for buffers placed in host memory (``pinned_host``, e.g. an offloaded
+    optimizer state): ``host_argument``, ``host_output``, ``host_alias``, ``host_temp``, ``host_total``. The CPU
+    backend reports every buffer under the first set (its host_* figures are 0)."""
     ma = compiled.memory_analysis()
     get = lambda f: int(getattr(ma, f, 0) or 0)  # noqa: E731
     out = {"arguments": get("argument_size_in_bytes"), "outputs": get("output_size_in_bytes"),
@@ -201,6 +203,7 @@ def memory_bytes(compiled) -> dict[str, int]:
     out["total"] = out["arguments"] + out["outputs"] - out["aliased"] + out["temp"]
     for f in ("argument", "output", "alias", "temp"):
         out[f"host_{f}"] = get(f"host_{f}_size_in_bytes")
+    out["host_total"] = out["host_argument"] + out["host_output"] - out["host_alias"] + out["host_temp"]
     return out
 
 
@@ -210,7 +213,8 @@ def compile_report(cfg, target: Target) -> dict[str, Any]:
     Returns: one JSON-able dict: ``topology``, ``platform``, ``chips``, ``num_slices``, ``mesh``,
     ``bytes_per_chip`` (:func:`memory_bytes`), ``hbm_bytes_per_chip`` (None: unknown), ``headroom_bytes``,
     ``headroom_fraction``, ``fits`` (None when the HBM is unknown), ``lower_seconds``, ``compile_seconds``,
-    ``planner_bytes_per_chip``, ``planner_ratio`` (planner / compiled), ``params``.
+    ``planner_bytes_per_chip``, ``planner_ratio`` (planner / compiled), ``params``, ``offload_optimizer_state``.
+    ``fits`` and the headroom compare the device ``total`` with the HBM; host bytes (``host_total``) do not count.
     Raises:
       ConfigError: from :func:`jaxpt.builder.build` (naming the key).
     """
@@ -239,6 +243,7 @@ def compile_report(cfg, target: Target) -> dict[str, Any]:
         "planner_bytes_per_chip": planned, "planner_ratio": planned / max(b["total"], 1),
         "params": count_params(built.cfg.model)["total"],
         "global_batch_size": built.cfg.global_batch_size, "seq_len": built.cfg.seq_len,
+        "offload_optimizer_state": built.cfg.offload_optimizer_state,
     }
 
 
@@ -250,10 +255,12 @@ def format_report(r: dict[str, Any]) -> str:
              f"mesh {r['mesh']}" + (f", dcn {r['dcn_mesh']}" if r["dcn_mesh"] else ""),
              f"model      {r['params'] / 1e9:.2f}B params, batch {r['global_batch_size']} x {r['seq_len']} tokens",
              "per chip   (compiled, memory_analysis)"]
-    lines += [f"  {k:<10}{g(b[k])}" for k in ("arguments", "outputs", "aliased", "temp", "total")]
-    host = sum(b[f"host_{f}"] for f in ("argument", "output", "temp")) - b["host_alias"]
-    if host:
-        lines.append(f"  {'host':<10}{g(host)}  (pinned host memory)")
+    lines.append(f"  {'':<10}{'device':>12}{'host':>14}")
+    lines += [f"  {k:<10}{g(b[k])}  {g(b['host_' + h])}"
+              for k, h in (("arguments", "argument"), ("outputs", "output"), ("aliased", "alias"), ("temp", "temp"),
+                           ("total", "total"))]
+    if r.get("offload_optimizer_state"):
+        lines.append("  optimizer state offloaded to pinned host memory (TrainConfig.offload_optimizer_state)")
     lines.append(f"planner    {g(r['planner_bytes_per_chip'])}  ({r['planner_ratio']:.2f} x compiled)")
     if r["hbm_bytes_per_chip"] is None:
         lines.append("HBM        unknown for this target (--hbm-gib to compare)")
