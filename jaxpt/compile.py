@@ -213,17 +213,21 @@ def compile_report(cfg, target: Target) -> dict[str, Any]:
     Returns: one JSON-able dict: ``topology``, ``platform``, ``chips``, ``num_slices``, ``mesh``,
     ``bytes_per_chip`` (:func:`memory_bytes`), ``hbm_bytes_per_chip`` (None: unknown), ``headroom_bytes``,
     ``headroom_fraction``, ``fits`` (None when the HBM is unknown), ``lower_seconds``, ``compile_seconds``,
-    ``planner_bytes_per_chip``, ``planner_ratio`` (planner / compiled), ``params``, ``offload_optimizer_state``.
+    ``planner_bytes_per_chip``, ``planner_ratio`` (planner / compiled), ``params``, ``offload_optimizer_state``, ``attention_impl`` (requested) and ``attention_impl_used`` (what runs on this target,
+    :func:`jaxpt.model.attention_auto.resolve_for`) with ``attention_fallback_reason`` (empty unless it fell back).
     ``fits`` and the headroom compare the device ``total`` with the HBM; host bytes (``host_total``) do not count.
     Raises:
-      ConfigError: from :func:`jaxpt.builder.build` (naming the key).
+      ConfigError: from :func:`jaxpt.builder.build` (naming the key); ``attention_impl = 'cudnn'`` for a target
+        that is not a CUDA GPU.
     """
     from jaxpt import builder
     from jaxpt import mesh as mesh_lib
+    from jaxpt.model import attention_auto
     from jaxpt.model.decoder import count_params
     from jaxpt.tools import plan
 
     built = builder.build(with_slices(cfg, target.num_slices), devices=target.devices)
+    attention = attention_auto.resolve_for(built.cfg.model, built.cfg.seq_len, target.devices)
     t0 = time.perf_counter()
     lowered = built.lower_train_step()
     t1 = time.perf_counter()
@@ -244,6 +248,8 @@ def compile_report(cfg, target: Target) -> dict[str, Any]:
         "params": count_params(built.cfg.model)["total"],
         "global_batch_size": built.cfg.global_batch_size, "seq_len": built.cfg.seq_len,
         "offload_optimizer_state": built.cfg.offload_optimizer_state,
+        "attention_impl": built.cfg.model.attention_impl, "attention_impl_used": attention.name,
+        "attention_fallback_reason": attention.reason,
     }
 
 
@@ -261,6 +267,9 @@ def format_report(r: dict[str, Any]) -> str:
                            ("total", "total"))]
     if r.get("offload_optimizer_state"):
         lines.append("  optimizer state offloaded to pinned host memory (TrainConfig.offload_optimizer_state)")
+    used = r["attention_impl_used"]
+    lines.append(f"attention  {r['attention_impl']}" + (f" -> {used}" if used != r["attention_impl"] else "")
+                 + (f" (fallback: {r['attention_fallback_reason']})" if r["attention_fallback_reason"] else ""))
     lines.append(f"planner    {g(r['planner_bytes_per_chip'])}  ({r['planner_ratio']:.2f} x compiled)")
     if r["hbm_bytes_per_chip"] is None:
         lines.append("HBM        unknown for this target (--hbm-gib to compare)")

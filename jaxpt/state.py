@@ -68,13 +68,16 @@ HOST_MEMORY = "pinned_host"
 
 
 def check_host_offload(mesh: Mesh) -> None:
-    """Raise unless every device of ``mesh`` has :data:`HOST_MEMORY` memory (TPU, GPU and, in jax 0.10.2,
+    """Raise unless every device of ``mesh`` in this process has :data:`HOST_MEMORY` memory (TPU, GPU and, in jax 0.10.2,
     the CPU backend and compile-only TPU topology devices do).
 
     Raises:
       ConfigError: naming ``TrainConfig.offload_optimizer_state`` and the platform.
     """
-    for d in mesh.devices.flat:
+    flat = list(mesh.devices.flat)
+    # Only this process's devices show their memories (a compile-only topology's other hosts show none).
+    local = [d for d in flat if d.process_index == jax.process_index()] or flat[:1]
+    for d in local:
         try:
             kinds = {m.kind for m in d.addressable_memories()}
         except Exception:  # noqa: BLE001 - some backends do not implement memory spaces at all
