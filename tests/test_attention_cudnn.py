@@ -121,3 +121,14 @@ def test_on_gpu_fp32_cudnn_falls_back_with_a_warning(gpu_platform, caplog):
     said = [r for r in caplog.records if r.name == "jaxpt.attention"]
     assert len(said) == 1 and said[0].levelno == logging.WARNING
     assert "runs as 'xla'" in said[0].getMessage() and "float32" in said[0].getMessage()
+
+
+def test_compile_for_cpu_with_cudnn_exits_2_naming_the_key(capsys):
+    """``python -m jaxpt.compile`` refuses ``cudnn`` for a CPU target before compiling (exit 2, the key named)."""
+    import pathlib
+    from jaxpt import compile as compile_lib
+    quickstart = str(pathlib.Path(__file__).resolve().parents[1] / "configs" / "quickstart.gin")
+    rc = compile_lib.main(["--config", quickstart, "--gin", "ModelConfig.vocab_size = 256", "--gin",
+                           "ModelConfig.attention_impl = 'cudnn'", "--topology", "cpu:8"])
+    assert rc == 2
+    assert "ModelConfig.attention_impl = 'cudnn'" in capsys.readouterr().err

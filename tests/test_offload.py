@@ -69,13 +69,16 @@ def test_offloaded_optimizer_state_trains_to_the_same_numbers():
 
 
 def test_compile_report_carries_host_figures_and_offloaded_arguments(capsys):
-    """cpu:8: the report has ``host_*`` fields and says the state is offloaded (the CPU backend counts every buffer
+    """cpu:8: the report has ``host_*`` fields, says the state is offloaded and what ``auto`` runs as (``xla`` for
+    32-token rows on CPU) (the CPU backend counts every buffer
     as device memory, so its host_* figures are 0: the TPU test below checks the figures themselves)."""
     argv = ["--config", QUICKSTART, *[a for b in TINY for a in ("--gin", b)], "--gin",
-            "TrainConfig.offload_optimizer_state = True", "--topology", "cpu:8", "--json"]
+            "TrainConfig.offload_optimizer_state = True", "--gin", "ModelConfig.attention_impl = 'auto'",
+            "--topology", "cpu:8", "--json"]
     assert compile_lib.main(argv) == 0
     r = json.loads(capsys.readouterr().out)
     assert r["offload_optimizer_state"] is True
+    assert (r["attention_impl"], r["attention_impl_used"], r["attention_fallback_reason"]) == ("auto", "xla", "")
     b = r["bytes_per_chip"]
     assert {"host_argument", "host_output", "host_alias", "host_temp", "host_total"} <= set(b)
     assert b["host_total"] == b["host_argument"] + b["host_output"] - b["host_alias"] + b["host_temp"]
@@ -87,12 +90,12 @@ def test_compile_report_carries_host_figures_and_offloaded_arguments(capsys):
 def test_offload_moves_the_optimizer_state_from_hbm_to_host_on_a_v5e_2x2_topology():
     """A 2-layer model compiled for 4 v5e chips (fsdp=4) with and without offload: with it, the device argument
     bytes fall and the host argument bytes rise by the optimizer state's per-chip bytes (two fp32 AdamW moments of
-    1/4 of the params, plus the replicated step counts; within 1%)."""
+    1/4 of the params, plus the replicated step counts; within 2%)."""
     env = dict(os.environ, JAX_PLATFORMS="cpu", ALLOW_MULTIPLE_LIBTPU_LOAD="1", PYTHONPATH=str(REPO))
     reports = {}
     for offload in (False, True):
         argv = ["--config", QUICKSTART, *[a for b in TINY for a in ("--gin", b)], "--mesh", "fsdp=-1",
-                "--gin", "TrainConfig.mesh = 'fsdp=-1'", "--gin", f"TrainConfig.offload_optimizer_state = {offload}",
+                "--gin", f"TrainConfig.offload_optimizer_state = {offload}",
                 "--topology", "v5e:2x2", "--json"]
         proc = subprocess.run([sys.executable, "-m", "jaxpt.compile", *argv],
                               env=env, capture_output=True, text=True, timeout=600, cwd=REPO)
@@ -103,5 +106,5 @@ def test_offload_moves_the_optimizer_state_from_hbm_to_host_on_a_v5e_2x2_topolog
     params = count_params(_cfg(False).model)["total"]
     moments = 2 * 4 * params / 4
     assert off["host_argument"] == 0 and on["host_argument"] > 0
-    assert on["host_argument"] == pytest.approx(moments, rel=0.01)
-    assert off["arguments"] - on["arguments"] == pytest.approx(moments, rel=0.01)
+    assert on["host_argument"] == pytest.approx(moments, rel=0.02)
+    assert off["arguments"] - on["arguments"] == pytest.approx(moments, rel=0.02)
