@@ -249,6 +249,9 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], *, spec: StateSpe
     clipped = (grad_norm > grad_clip_norm) if grad_clip_norm > 0 else jnp.asarray(False)
     old_opt_state = state.opt_state
     if spec.opt_state_device_shardings is not None:  # offloaded: host -> device for the update
+        # The barrier makes the copy wait for the gradients: otherwise XLA may prefetch the state to the device
+        # early, where it sits beside the backward pass's activations and the offload saves nothing at the peak.
+        grads, old_opt_state = jax.lax.optimization_barrier((grads, old_opt_state))
         old_opt_state = jax.device_put(old_opt_state, spec.opt_state_device_shardings)
     updates, opt_state = spec.tx.update(grads, old_opt_state, state.params)
     updates = jax.tree.map(lambda u: u * state.lr_scale.astype(u.dtype), updates)
