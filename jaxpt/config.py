@@ -120,9 +120,10 @@ class TrainConfig:
         ``<workdir>/profile`` (TensorBoard's profile plugin, Perfetto); empty: no trace.
       offload_optimizer_state: keep the optimizer state (Adam moments, counts) in the host's pinned memory
         (``memory_kind="pinned_host"``) between steps; each step copies it to the device for the update and
-        back. Frees ~2x the fp32 parameter bytes of HBM for host-link traffic each step: a last resort when
-        a model does not fit otherwise (:func:`jaxpt.state.make_state_spec`; ``python -m jaxpt.compile``
-        shows the host bytes). The same numbers as without it.
+        back. Moves ~2x the fp32 parameter bytes (per chip: divided by FSDP) out of the persistent device
+        state, for host-link traffic each step; whether the step's peak falls depends on where that peak is,
+        so check ``python -m jaxpt.compile`` (device and host bytes). A last resort
+        (:func:`jaxpt.state.make_state_spec`). The same numbers as without it.
     """
 
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
