@@ -89,8 +89,8 @@ def test_compile_report_carries_host_figures_and_offloaded_arguments(capsys):
                     reason="libtpu not installed (pip install -e '.[tpu]'); TPU topology compiles need it")
 def test_offload_moves_the_optimizer_state_from_hbm_to_host_on_a_v5e_2x2_topology():
     """A 2-layer model compiled for 4 v5e chips (fsdp=4) with and without offload: with it, the device argument
-    bytes fall and the host argument bytes rise by the optimizer state's per-chip bytes (two fp32 AdamW moments of
-    1/4 of the params, plus the replicated step counts; within 2%)."""
+    bytes fall by what the host argument bytes rise (within 1%), at least the two fp32 AdamW moments of 1/4 of the
+    params; without it there are no host bytes."""
     env = dict(os.environ, JAX_PLATFORMS="cpu", ALLOW_MULTIPLE_LIBTPU_LOAD="1", PYTHONPATH=str(REPO))
     reports = {}
     for offload in (False, True):
@@ -103,8 +103,7 @@ def test_offload_moves_the_optimizer_state_from_hbm_to_host_on_a_v5e_2x2_topolog
         reports[offload] = json.loads(proc.stdout.strip().splitlines()[-1])["bytes_per_chip"]
     off, on = reports[False], reports[True]
     from jaxpt.model import count_params
-    params = count_params(_cfg(False).model)["total"]
-    moments = 2 * 4 * params / 4
-    assert off["host_argument"] == 0 and on["host_argument"] > 0
-    assert on["host_argument"] == pytest.approx(moments, rel=0.02)
-    assert off["arguments"] - on["arguments"] == pytest.approx(moments, rel=0.02)
+    moments = 2 * 4 * count_params(_cfg(False).model)["total"] / 4   # unpadded: TPU tiles pad small arrays
+    assert off["host_argument"] == off["host_total"] == 0
+    assert on["host_argument"] >= moments and on["host_total"] == on["host_argument"]
+    assert off["arguments"] - on["arguments"] == pytest.approx(on["host_argument"], rel=0.01)
