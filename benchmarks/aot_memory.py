@@ -77,7 +77,8 @@ def main() -> None:
     args = p.parse_args()
     rows = [("jaxpt", jaxpt_figures(args.gin))]
     if args.offload:
-        rows.append(("jaxpt, opt state on host", jaxpt_figures([*args.gin, "TrainConfig.offload_optimizer_state = True"])))
+        offload = [*args.gin, "TrainConfig.offload_optimizer_state = True"]
+        rows.append(("jaxpt, opt state on host", jaxpt_figures(offload)))
     python = os.environ.get("MAXTEXT_PYTHON")
     rows.append(("MaxText (measured now)", maxtext_figures(python)) if python else ("MaxText (recorded)", ANCHOR))
     print(f"{'per chip, GB (device)':<28}{'arguments':>10}{'temp':>10}{'total':>10}{'host':>10}{'compile s':>11}")

@@ -213,8 +213,10 @@ def compile_report(cfg, target: Target) -> dict[str, Any]:
     Returns: one JSON-able dict: ``topology``, ``platform``, ``chips``, ``num_slices``, ``mesh``,
     ``bytes_per_chip`` (:func:`memory_bytes`), ``hbm_bytes_per_chip`` (None: unknown), ``headroom_bytes``,
     ``headroom_fraction``, ``fits`` (None when the HBM is unknown), ``lower_seconds``, ``compile_seconds``,
-    ``planner_bytes_per_chip``, ``planner_ratio`` (planner / compiled), ``params``, ``offload_optimizer_state``, ``attention_impl`` (requested) and ``attention_impl_used`` (what runs on this target,
-    :func:`jaxpt.model.attention_auto.resolve_for`) with ``attention_fallback_reason`` (empty unless it fell back).
+    ``planner_bytes_per_chip``, ``planner_ratio`` (planner / compiled), ``params``,
+    ``offload_optimizer_state``, ``attention_impl`` (requested) and ``attention_impl_used`` (what runs on this
+    target, :func:`jaxpt.model.attention_auto.resolve_for`) with ``attention_fallback_reason`` (empty unless it
+    fell back).
     ``fits`` and the headroom compare the device ``total`` with the HBM; host bytes (``host_total``) do not count.
     Raises:
       ConfigError: from :func:`jaxpt.builder.build` (naming the key); ``attention_impl = 'cudnn'`` for a target

@@ -68,8 +68,8 @@ HOST_MEMORY = "pinned_host"
 
 
 def check_host_offload(mesh: Mesh) -> None:
-    """Raise unless every device of ``mesh`` in this process has :data:`HOST_MEMORY` memory (TPU, GPU and, in jax 0.10.2,
-    the CPU backend and compile-only TPU topology devices do).
+    """Raise unless every device of ``mesh`` in this process has :data:`HOST_MEMORY` memory (TPU, GPU and, in
+    jax 0.10.2, the CPU backend and compile-only TPU topology devices do).
 
     Raises:
       ConfigError: naming ``TrainConfig.offload_optimizer_state`` and the platform.

@@ -41,7 +41,8 @@ def test_cudnn_arguments_run_by_xla_equal_the_xla_implementation(H, K):
         return lambda q, k, v: jnp.sum(fn(q, k, v) * cot)
 
     ref = lambda q, k, v: xla_attention(q, k, v, segs, segs, scale=Hd ** -0.5)[0]  # noqa: E731
-    via = lambda q, k, v: attention_cudnn.dot_product_attention_via("xla", q, k, v, segs, segs, scale=Hd ** -0.5)  # noqa: E731
+    via = lambda q, k, v: attention_cudnn.dot_product_attention_via(  # noqa: E731
+        "xla", q, k, v, segs, segs, scale=Hd ** -0.5)
     np.testing.assert_allclose(jax.jit(via)(q, k, v), jax.jit(ref)(q, k, v), rtol=RTOL, atol=ATOL)
     grads = [jax.jit(jax.grad(loss(fn), (0, 1, 2)))(q, k, v) for fn in (via, ref)]
     for got, want in zip(*grads):
@@ -51,7 +52,8 @@ def test_cudnn_arguments_run_by_xla_equal_the_xla_implementation(H, K):
 @pytest.mark.parametrize("impl, platform, kw, want", [
     ("auto", "gpu", {}, "cudnn"), ("auto", "cuda", {"seq_len": 512}, "cudnn"), ("cudnn", "gpu", {}, "cudnn"),
     ("cudnn", "gpu", {"dtype": "float32"}, "blockwise"), ("cudnn", "gpu", {"dtype": "float32", "seq_len": 512}, "xla"),
-    ("auto", "gpu", {"head_dim": 160}, "blockwise"), ("auto", "gpu", {"head_dim": 160, "compute_capability": "9.0"}, "cudnn"),
+    ("auto", "gpu", {"head_dim": 160}, "blockwise"),
+    ("auto", "gpu", {"head_dim": 160, "compute_capability": "9.0"}, "cudnn"),
     ("auto", "gpu", {"head_dim": 12}, "blockwise"), ("cudnn", "gpu", {"seq_len": 8191}, "blockwise"),
     ("auto", "tpu", {}, "splash"), ("auto", "cpu", {}, "blockwise"), ("auto", "rocm", {}, "blockwise"),
     ("xla", "gpu", {}, "xla")])
