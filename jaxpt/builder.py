@@ -131,7 +131,8 @@ def build(cfg: TrainConfig, *, devices: Sequence[Any] | None = None, tokenizer=N
     horizon = cfg.steps - stage_lib.start_step(cfg)  # a stage's schedule starts afresh at its first step
     lr_schedule = optim.learning_rate_schedule(cfg.optimizer, horizon)
     spec = state_lib.make_state_spec(
-        cfg.model, lambda p: optim.make_optimizer(cfg.optimizer, horizon, p), mesh, rules, cfg.stability)
+        cfg.model, lambda p: optim.make_optimizer(cfg.optimizer, horizon, p), mesh, rules, cfg.stability,
+        offload_optimizer_state=cfg.offload_optimizer_state)
     train_step = step_lib.jit_train_step(spec, mesh, rules, z_loss_weight=cfg.z_loss_weight,
                                          lr_schedule=lr_schedule, grad_clip_norm=cfg.optimizer.grad_clip_norm,
                                          grad_accum=cfg.grad_accum_steps)

@@ -199,7 +199,9 @@ def with_slices(cfg, num_slices: int):
 def memory_bytes(compiled) -> dict[str, int]:
     """Per-chip bytes of a compiled step from ``memory_analysis()``: ``arguments``, ``outputs``,
     ``aliased`` (outputs sharing a donated argument's buffer), ``temp``, ``total`` (= arguments + outputs
-    - aliased + temp), and the ``host_*`` figures of buffers placed in host memory."""
+    - aliased + temp), and the same for buffers placed in host memory (``pinned_host``, e.g. an offloaded
+    optimizer state): ``host_argument``, ``host_output``, ``host_alias``, ``host_temp``, ``host_total``. The CPU
+    backend reports every buffer under the first set (its host_* figures are 0)."""
     ma = compiled.memory_analysis()
     get = lambda f: int(getattr(ma, f, 0) or 0)  # noqa: E731
     out = {"arguments": get("argument_size_in_bytes"), "outputs": get("output_size_in_bytes"),
@@ -207,6 +209,7 @@ def memory_bytes(compiled) -> dict[str, int]:
     out["total"] = out["arguments"] + out["outputs"] - out["aliased"] + out["temp"]
     for f in ("argument", "output", "alias", "temp"):
         out[f"host_{f}"] = get(f"host_{f}_size_in_bytes")
+    out["host_total"] = out["host_argument"] + out["host_output"] - out["host_alias"] + out["host_temp"]
     return out
 
 
@@ -218,16 +221,22 @@ def compile_report(cfg, target: Target) -> dict[str, Any]:
     ``headroom_fraction``, ``fits`` (None when the HBM is unknown), ``lower_seconds``, ``compile_seconds``,
     ``planner_bytes_per_chip``, ``planner_ratio`` (planner / compiled), ``params``, ``pipeline`` (None
     unpipelined; else stages, micro-batches, repeats, bubble fraction and the planner's per-stage activation
-    stash and buffer bytes).
+    stash and buffer bytes), ``offload_optimizer_state``, ``attention_impl`` (requested) and
+    ``attention_impl_used`` (what runs on this target, :func:`jaxpt.model.attention_auto.resolve_for`) with
+    ``attention_fallback_reason`` (empty unless it fell back).
+    ``fits`` and the headroom compare the device ``total`` with the HBM; host bytes (``host_total``) do not count.
     Raises:
-      ConfigError: from :func:`jaxpt.builder.build` (naming the key).
+      ConfigError: from :func:`jaxpt.builder.build` (naming the key); ``attention_impl = 'cudnn'`` for a target
+        that is not a CUDA GPU.
     """
     from jaxpt import builder
     from jaxpt import mesh as mesh_lib
+    from jaxpt.model import attention_auto
     from jaxpt.model.decoder import count_params
     from jaxpt.tools import plan
 
     built = builder.build(with_slices(cfg, target.num_slices), devices=target.devices)
+    attention = attention_auto.resolve_for(built.cfg.model, built.cfg.seq_len, target.devices)
     t0 = time.perf_counter()
     lowered = built.lower_train_step()
     t1 = time.perf_counter()
@@ -253,6 +262,9 @@ def compile_report(cfg, target: Target) -> dict[str, Any]:
         "pipeline": None if estimate.pipeline is None else {
             **estimate.pipeline, "planner_activation_bytes": estimate.activations,
             "planner_buffer_bytes": estimate.stash},
+        "offload_optimizer_state": built.cfg.offload_optimizer_state,
+        "attention_impl": built.cfg.model.attention_impl, "attention_impl_used": attention.name,
+        "attention_fallback_reason": attention.reason,
     }
 
 
@@ -264,10 +276,15 @@ def format_report(r: dict[str, Any]) -> str:
              f"mesh {r['mesh']}" + (f", dcn {r['dcn_mesh']}" if r["dcn_mesh"] else ""),
              f"model      {r['params'] / 1e9:.2f}B params, batch {r['global_batch_size']} x {r['seq_len']} tokens",
              "per chip   (compiled, memory_analysis)"]
-    lines += [f"  {k:<10}{g(b[k])}" for k in ("arguments", "outputs", "aliased", "temp", "total")]
-    host = sum(b[f"host_{f}"] for f in ("argument", "output", "temp")) - b["host_alias"]
-    if host:
-        lines.append(f"  {'host':<10}{g(host)}  (pinned host memory)")
+    lines.append(f"  {'':<10}{'device':>12}{'host':>14}")
+    lines += [f"  {k:<10}{g(b[k])}  {g(b['host_' + h])}"
+              for k, h in (("arguments", "argument"), ("outputs", "output"), ("aliased", "alias"), ("temp", "temp"),
+                           ("total", "total"))]
+    if r.get("offload_optimizer_state"):
+        lines.append("  optimizer state offloaded to pinned host memory (TrainConfig.offload_optimizer_state)")
+    used = r["attention_impl_used"]
+    lines.append(f"attention  {r['attention_impl']}" + (f" -> {used}" if used != r["attention_impl"] else "")
+                 + (f" (fallback: {r['attention_fallback_reason']})" if r["attention_fallback_reason"] else ""))
     lines.append(f"planner    {g(r['planner_bytes_per_chip'])}  ({r['planner_ratio']:.2f} x compiled)")
     if r.get("pipeline"):
         p = r["pipeline"]

@@ -145,6 +145,12 @@ class TrainConfig:
       reset_optimizer: with ``init_from``: a fresh optimizer state instead of the parent's moments.
       profile_steps: ``'START:STOP'``: trace steps START..STOP (inclusive) with ``jax.profiler`` into
         ``<workdir>/profile`` (TensorBoard's profile plugin, Perfetto); empty: no trace.
+      offload_optimizer_state: keep the optimizer state (Adam moments, counts) in the host's pinned memory
+        (``memory_kind="pinned_host"``) between steps; each step copies it to the device for the update and
+        back. Moves ~2x the fp32 parameter bytes (per chip: divided by FSDP) out of the persistent device
+        state, for host-link traffic each step; whether the step's peak falls depends on where that peak is,
+        so check ``python -m jaxpt.compile`` (device and host bytes). A last resort
+        (:func:`jaxpt.state.make_state_spec`). The same numbers as without it.
     """
 
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
@@ -172,6 +178,7 @@ class TrainConfig:
     init_from: str = ""
     stage_name: str = ""
     reset_optimizer: bool = False
+    offload_optimizer_state: bool = False
 
     def __post_init__(self) -> None:
         check_types(self)
@@ -226,7 +233,7 @@ BOOKKEEPING: dict[str, frozenset[str] | None] = {
                               "pipeline_repeats"}),
     "TrainConfig": frozenset({"workdir", "steps", "log_every", "eval_every", "eval_batches", "progress_bar",
                               "log_batch_documents", "profile_steps", "mesh", "dcn_mesh", "logical_axis_rules",
-                              "grad_accum_steps", "stage_name"}),
+                              "grad_accum_steps", "stage_name", "offload_optimizer_state"}),
 }
 
 

@@ -17,6 +17,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxpt import mesh as mesh_lib
+from jaxpt.errors import ConfigError
 from jaxpt.model import Decoder, ModelConfig
 from jaxpt.stability import StabilityConfig, init_history
 
@@ -46,13 +47,44 @@ class TrainState(flax.struct.PyTreeNode):
 
 @dataclasses.dataclass(frozen=True)
 class StateSpec:
-    """Static pieces for a run: the model's graph definition, the optimizer, and the state shardings."""
+    """Static pieces for a run: the model's graph definition, the optimizer, and the state shardings.
+
+    ``opt_state_device_shardings`` is None unless the optimizer state is offloaded to host memory
+    (``TrainConfig.offload_optimizer_state``): then ``shardings.opt_state`` are ``pinned_host`` shardings
+    (where the state lives between steps) and these are the same shardings in device memory (where the
+    train step brings it for the update, :func:`jaxpt.step.train_step`).
+    """
 
     graphdef: Any
     tx: optax.GradientTransformation
     abstract: TrainState          # ShapeDtypeStructs with ``.sharding`` set
     shardings: TrainState         # NamedSharding per leaf
     stability: StabilityConfig
+    opt_state_device_shardings: Any = None
+
+
+#: The memory kind offloaded optimizer state lives in: host RAM the accelerator can DMA from directly.
+HOST_MEMORY = "pinned_host"
+
+
+def check_host_offload(mesh: Mesh) -> None:
+    """Raise unless every device of ``mesh`` in this process has :data:`HOST_MEMORY` memory (TPU, GPU and, in
+    jax 0.10.2, the CPU backend and compile-only TPU topology devices do).
+
+    Raises:
+      ConfigError: naming ``TrainConfig.offload_optimizer_state`` and the platform.
+    """
+    flat = list(mesh.devices.flat)
+    # Only this process's devices show their memories (a compile-only topology's other hosts show none).
+    local = [d for d in flat if d.process_index == jax.process_index()] or flat[:1]
+    for d in local:
+        try:
+            kinds = {m.kind for m in d.addressable_memories()}
+        except Exception:  # noqa: BLE001 - some backends do not implement memory spaces at all
+            kinds = set()
+        if HOST_MEMORY not in kinds:
+            raise ConfigError(f"TrainConfig.offload_optimizer_state = True: {d.platform} device {d.id} has no "
+                              f"{HOST_MEMORY!r} memory (its memories: {sorted(kinds) or 'none'})")
 
 
 def _logical_axes_of(var: nnx.Variable) -> tuple:
@@ -79,7 +111,8 @@ def abstract_model(cfg: ModelConfig) -> tuple[Any, Any]:
 
 
 def make_state_spec(model_cfg: ModelConfig, tx_factory, mesh: Mesh, rules,
-                    stability_cfg: StabilityConfig | None = None) -> StateSpec:
+                    stability_cfg: StabilityConfig | None = None, *,
+                    offload_optimizer_state: bool = False) -> StateSpec:
     """Build the abstract train state and its shardings.
 
     Args:
@@ -87,6 +120,13 @@ def make_state_spec(model_cfg: ModelConfig, tx_factory, mesh: Mesh, rules,
       tx_factory: ``params -> optax.GradientTransformation`` (needs the params tree for the decay mask).
       mesh, rules: where and how to shard.
       stability_cfg: sizes the spike-detection history (default :class:`StabilityConfig`).
+      offload_optimizer_state: keep every optimizer-state leaf in ``pinned_host`` memory between steps
+        (same sharding, host memory kind); the device shardings are kept in
+        ``StateSpec.opt_state_device_shardings``.
+
+    Raises:
+      ConfigError: ``offload_optimizer_state`` and the mesh's devices have no ``pinned_host`` memory
+        (naming ``TrainConfig.offload_optimizer_state``).
     """
     stability_cfg = stability_cfg or StabilityConfig()
     graphdef, abs_params = abstract_model(model_cfg)
@@ -98,6 +138,10 @@ def make_state_spec(model_cfg: ModelConfig, tx_factory, mesh: Mesh, rules,
     o_shard = optax.tree_map_params(
         tx, lambda _, s: s, abs_opt, p_shard,
         transform_non_params=lambda _: replicated, is_leaf=lambda x: isinstance(x, nnx.Variable))
+    o_device = None
+    if offload_optimizer_state:
+        check_host_offload(mesh)
+        o_device, o_shard = o_shard, jax.tree.map(lambda s: s.with_memory_kind(HOST_MEMORY), o_shard)
     abs_hist = jax.eval_shape(lambda: init_history(stability_cfg))
     shardings = TrainState(step=replicated, params=p_shard, opt_state=o_shard, rng=replicated,
                            num_updates=replicated, lr_scale=replicated,
@@ -111,7 +155,7 @@ def make_state_spec(model_cfg: ModelConfig, tx_factory, mesh: Mesh, rules,
     abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                             abs_state, shardings)
     return StateSpec(graphdef=graphdef, tx=tx, abstract=abstract, shardings=shardings,
-                     stability=stability_cfg)
+                     stability=stability_cfg, opt_state_device_shardings=o_device)
 
 
 def init_state(spec: StateSpec, model_cfg: ModelConfig, seed: int) -> TrainState:

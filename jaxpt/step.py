@@ -239,11 +239,21 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], *, spec: StateSpe
     this update used, damping included), ``num_target_tokens``, ``max_logit``, the model's auxiliary outputs
     (``max_attention_logit`` where the attention implementation reports it; absent otherwise),
     ``skipped``, ``nonfinite``, ``clipped``, ``clipped_fraction``, spike thresholds.
+
+    With ``spec.opt_state_device_shardings`` set (optimizer state offloaded to ``pinned_host`` memory), the
+    optimizer state is copied to device memory for the update and the new state back to host memory; the
+    numbers are the same as without offload.
     """
     aux, grads = loss_and_grads(state.params, spec.graphdef, batch, z_loss_weight, grad_accum)
     grad_norm = optax.global_norm(grads)
     clipped = (grad_norm > grad_clip_norm) if grad_clip_norm > 0 else jnp.asarray(False)
-    updates, opt_state = spec.tx.update(grads, state.opt_state, state.params)
+    old_opt_state = state.opt_state
+    if spec.opt_state_device_shardings is not None:  # offloaded: host -> device for the update
+        # The barrier makes the copy wait for the gradients: otherwise XLA may prefetch the state to the device
+        # early, where it sits beside the backward pass's activations and the offload saves nothing at the peak.
+        grads, old_opt_state = jax.lax.optimization_barrier((grads, old_opt_state))
+        old_opt_state = jax.device_put(old_opt_state, spec.opt_state_device_shardings)
+    updates, opt_state = spec.tx.update(grads, old_opt_state, state.params)
     updates = jax.tree.map(lambda u: u * state.lr_scale.astype(u.dtype), updates)
     params = optax.apply_updates(state.params, updates)
     skip, history, stab_metrics = decide_skip(spec.stability, state.stability, aux["loss"], grad_norm, clipped)
@@ -254,8 +264,11 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], *, spec: StateSpe
     metrics.update({f"grad_norm/{g}": v for g, v in group_norms(grads).items()})
     metrics["update_param_ratio"] = optax.global_norm(updates) / jnp.maximum(optax.global_norm(state.params), 1e-12)
     metrics["learning_rate"] = jnp.asarray(lr_schedule(state.num_updates), jnp.float32) * state.lr_scale
+    opt_state = keep(opt_state, old_opt_state)
+    if spec.opt_state_device_shardings is not None:  # and back to host memory until the next step
+        opt_state = jax.device_put(opt_state, spec.shardings.opt_state)
     new_state = state.replace(
-        step=state.step + 1, params=keep(params, state.params), opt_state=keep(opt_state, state.opt_state),
+        step=state.step + 1, params=keep(params, state.params), opt_state=opt_state,
         rng=rng, num_updates=state.num_updates + (~skip).astype(jnp.int32), stability=history)
     return new_state, metrics
 

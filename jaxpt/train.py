@@ -34,6 +34,7 @@ from jaxpt import state as state_lib
 from jaxpt.config import TrainConfig
 from jaxpt.data import stream
 from jaxpt.errors import ConfigError
+from jaxpt.model import attention_auto
 from jaxpt.preemption import PREEMPTED_EXIT_CODE, Preempted, Preemption
 from jaxpt.registry import RunRegistry
 
@@ -281,9 +282,14 @@ def _log_start(run: Run, writer: monitor.MetricWriter, start: int, notes: list[s
     log.info("mesh %s over %d devices (%s); %.2fM params; %.2f%% of param bytes fully replicated", mesh_text,
              run.mesh.size, jax.devices()[0].device_kind, state_lib.num_params(run.spec) / 1e6, 100 * frac)
     log.info("MFU peak: %s", run.peak_note)
+    attention = attention_auto.resolve_for(run.cfg.model, run.cfg.seq_len, list(run.mesh.devices.flat))
+    log.info("attention_impl %r runs as %r%s", run.cfg.model.attention_impl, attention.name,
+             f" (fallback: {attention.reason})" if attention.reason else "")
     new_stage = stage.get("parent") is not None and start == stage.get("start_step")
     writer.write({"step": start, "event": "stage_start" if new_stage else "resume" if start else "start",
                   "stage": stage["name"],
+                  "attention_impl": run.cfg.model.attention_impl, "attention_impl_used": attention.name,
+                  **({"attention_fallback_reason": attention.reason} if attention.reason else {}),
                   "num_params": state_lib.num_params(run.spec), "replicated_param_fraction": frac,
                   "mesh": mesh_text, "peak_flops_note": run.peak_note, "peak_flops_per_device": run.throughput.peak,
                   **({"notes": notes} if notes else {})})

@@ -13,9 +13,11 @@ from test_attention_blockwise import _inputs, _packed_segments
 
 @pytest.mark.parametrize("platform, seq_len, want", [
     ("tpu", 8192, "splash"), ("tpu", 256, "splash"), ("tpu", 200, "blockwise"), ("tpu", 64, "blockwise"),
-    ("cpu", LONG_ROW, "blockwise"), ("cpu", LONG_ROW - 1, "xla"), ("gpu", 8192, "blockwise"), ("gpu", 512, "xla")])
+    ("cpu", LONG_ROW, "blockwise"), ("cpu", LONG_ROW - 1, "xla"), ("gpu", 8192, "cudnn"), ("gpu", 512, "cudnn"),
+    ("rocm", 8192, "blockwise"), ("rocm", 512, "xla")])
 def test_auto_choice_by_platform_and_row_length(platform, seq_len, want):
-    """TPU: splash for whole 128-multiple blocks; elsewhere blockwise from LONG_ROW tokens, xla below."""
+    """TPU: splash for whole 128-multiple blocks; CUDA GPU: cudnn (bf16, head_dim 128); elsewhere blockwise from
+    LONG_ROW tokens, xla below."""
     assert choose(platform, seq_len) == want
 
 

@@ -8,6 +8,7 @@ auxiliary outputs carry declared reductions (:class:`AuxSpec`).
 from jaxpt.model.attention import dot_product_attention, register_attention
 from jaxpt.model import attention_blockwise  # noqa: F401  registers attention_impl 'blockwise'
 from jaxpt.model import attention_splash  # noqa: F401  registers attention_impl 'splash'
+from jaxpt.model import attention_cudnn  # noqa: F401  registers attention_impl 'cudnn'
 from jaxpt.model import attention_auto  # noqa: F401  registers attention_impl 'auto'
 from jaxpt.model.auxiliary import AuxSpec
 from jaxpt.model.config import ModelConfig

@@ -58,8 +58,11 @@ class ModelConfig:
       attention_impl: how softmax(q k^T) v is computed, a name registered in
         :data:`jaxpt.model.attention.ATTENTION`: ``xla`` (einsums with a materialized [L, M] mask, reports
         ``max_attention_logit``), ``blockwise`` (pure-JAX flash-style, memory O(L x block), reports it),
-        ``splash`` (the Pallas TPU kernel; interpret mode elsewhere; no max logit), ``auto`` (splash on TPU,
-        else blockwise for long rows, xla for short). Changes no parameter, so a checkpoint resumes under another.
+        ``splash`` (the Pallas TPU kernel; interpret mode elsewhere; no max logit), ``cudnn`` (cuDNN's fused
+        kernel via ``jax.nn.dot_product_attention``, CUDA GPUs only: a ConfigError elsewhere, a logged fallback
+        where cuDNN cannot take the shapes; no max logit), ``auto`` (splash on TPU, cudnn on CUDA GPUs, else
+        blockwise for long rows, xla for short; :func:`jaxpt.model.attention_auto.resolve`). Changes no
+        parameter, so a checkpoint resumes under another.
       mlp: the block's MLP, a name registered in :data:`jaxpt.model.mlp.MLPS` (``swiglu``).
       loss_chunk_size: tokens per chunk (along the sequence) in which the train and eval steps compute the
         output logits and the cross-entropy, forward and backward, so the [B, L, V] float32 logits never exist
