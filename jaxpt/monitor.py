@@ -259,3 +259,65 @@ class StepTimer:
         mean = float(np.mean(self._times))
         self._times.clear()
         return mean
+
+
+#: Goodput categories, in the order tables and plots show them (seconds of one session's wall time each).
+GOODPUT_CATEGORIES = ("productive_s", "startup_s", "compile_s", "data_wait_s", "checkpoint_s", "eval_s", "redone_s")
+
+
+class Goodput:
+    """Time accounting of one training session (one process start): where its wall time went.
+
+    Categories (seconds): ``startup_s`` (from :func:`jaxpt.train.run_training` to the first step: checks,
+    build, restore), ``compile_s`` (the first dispatch of the train step, which traces and compiles),
+    ``data_wait_s`` (waiting for batches), ``checkpoint_s`` (the loop blocked by checkpoint saves, including
+    the final save's wait), ``eval_s`` (held-out evaluation), ``redone_s`` (steps trained again: a resumed
+    session re-running steps a lost session had already trained, or the steps a rollback discards; each
+    counted at the session's mean step time) and ``productive_s`` (the rest: steps that count). They sum to
+    ``wall_s``. Time between sessions (a dead process, a queue) is not a session's and is not counted.
+
+    Args:
+      redo_until: the highest step an earlier session reached; steps up to it are redone work.
+    """
+
+    def __init__(self, redo_until: int = 0, t0: float | None = None):
+        self.t0 = time.perf_counter() if t0 is None else t0
+        self.seconds = dict.fromkeys(GOODPUT_CATEGORIES[1:-1], 0.0)
+        self.redo_until = redo_until
+        self.steps_run = 0
+        self.redone_steps = 0
+        self.checkpoint_saves = 0
+        self.loop_started: float | None = None
+
+    def start_loop(self) -> None:
+        """The loop begins: what came before is startup."""
+        if self.loop_started is None:
+            self.loop_started = time.perf_counter()
+            self.seconds["startup_s"] = self.loop_started - self.t0
+
+    def add(self, category: str, seconds: float) -> None:
+        """Count ``seconds`` under ``category`` (one of :data:`GOODPUT_CATEGORIES` but productive/redone)."""
+        self.seconds[category] += seconds
+
+    def step(self, step: int) -> None:
+        """Step ``step`` was dispatched; redone when an earlier session or a discarded window had it."""
+        self.steps_run += 1
+        if step <= self.redo_until:
+            self.redone_steps += 1
+
+    def rewound(self, from_step: int) -> None:
+        """A rollback discarded the steps after the restored step up to ``from_step``: they will be redone."""
+        self.redo_until = max(self.redo_until, from_step)
+
+    def summary(self) -> dict[str, float]:
+        """``{category: seconds}`` (summing to ``wall_s``), plus ``wall_s``, ``goodput`` (productive / wall),
+        ``steps_run``, ``redone_steps`` and ``checkpoint_saves``."""
+        wall = time.perf_counter() - self.t0
+        out = dict(self.seconds)
+        stepping = max(wall - sum(out.values()), 0.0)
+        out["redone_s"] = stepping * self.redone_steps / self.steps_run if self.steps_run else 0.0
+        out["productive_s"] = stepping - out["redone_s"]
+        out = {k: out[k] for k in GOODPUT_CATEGORIES}
+        out.update(wall_s=wall, goodput=out["productive_s"] / wall if wall > 0 else 0.0, steps_run=self.steps_run,
+                   redone_steps=self.redone_steps, checkpoint_saves=self.checkpoint_saves)
+        return out
