@@ -223,8 +223,8 @@ def check_grad_norm(records: list[dict], cfg: GateConfig) -> Criterion:
     recs = [r for r in step_records(records) if _finite(r.get("grad_norm"))]
     thr = (f"last/first quarter median <= {cfg.grad_norm_growth:g}; second-half max <= "
            f"{cfg.grad_norm_spike_ratio:g} x median; clipped share rise <= {cfg.clip_rise_tolerance:.0%}")
-    if len(recs) < 8:
-        return Criterion("grad_norm_stable", f"{len(recs)} log points", thr, FAIL, "too few grad norms (need 8)")
+    if len(recs) < 6:
+        return Criterion("grad_norm_stable", f"{len(recs)} log points", thr, FAIL, "too few grad norms (need 6)")
     steps = np.array([r["step"] for r in recs])
     gn = np.array([r["grad_norm"] for r in recs], np.float64)
     q1, q2, q3 = _quarters(steps)

@@ -321,3 +321,71 @@ class Goodput:
         out.update(wall_s=wall, goodput=out["productive_s"] / wall if wall > 0 else 0.0, steps_run=self.steps_run,
                    redone_steps=self.redone_steps, checkpoint_saves=self.checkpoint_saves)
         return out
+
+
+class StragglerMonitor:
+    """Finds a slow process among the processes of a multi-process run, from per-process figures the loop
+    gathers every log interval.
+
+    Each process measures, per step, its wall time between metric reads (``step_time_s``), the time it
+    waited for its batch (``data_wait_s``) and the time it was blocked reading the step's metrics, i.e.
+    waiting for the devices (and, through the collectives, for its slowest peer). Its *own* time,
+    ``own_time_s = step_time_s - blocked``, is the time its host spent on the step: a slow host (slow input,
+    a busy CPU) has the largest own time, while its peers spend the same time blocked. The slowest process is
+    the one with the largest own time; its ratio is that over the median own time of all processes.
+
+    Args:
+      threshold: a ratio above this is a slow interval.
+      patience: consecutive slow intervals of the same process before :meth:`observe` flags a straggler.
+
+    Raises:
+      ValueError: ``threshold <= 1`` or ``patience < 1``.
+    """
+
+    def __init__(self, threshold: float = 1.5, patience: int = 3):
+        if threshold <= 1 or patience < 1:
+            raise ValueError(f"threshold = {threshold} (> 1), patience = {patience} (>= 1)")
+        self.threshold, self.patience = threshold, patience
+        self._slow: tuple[int, int] | None = None  # (process, consecutive slow intervals)
+
+    def observe(self, figures: np.ndarray) -> dict[str, Any]:
+        """``figures``: float [num_processes, 3], each row ``(step_time_s, data_wait_s, own_time_s)`` of one
+        process (interval means). Returns the metrics.jsonl fields ``process_step_time_s``,
+        ``process_data_wait_s``, ``process_own_time_s`` (lists by process index), ``slowest_process``,
+        ``slowest_ratio`` and ``straggler`` (True once the same process was slow ``patience`` intervals in a
+        row)."""
+        figures = np.asarray(figures, np.float64)
+        own = figures[:, 2]
+        slowest = int(np.argmax(own))
+        ratio = float(own[slowest] / max(float(np.median(own)), 1e-9))
+        if ratio > self.threshold:
+            n = self._slow[1] + 1 if self._slow and self._slow[0] == slowest else 1
+            self._slow = (slowest, n)
+        else:
+            self._slow = None
+        return {"process_step_time_s": figures[:, 0].tolist(), "process_data_wait_s": figures[:, 1].tolist(),
+                "process_own_time_s": own.tolist(), "slowest_process": slowest, "slowest_ratio": ratio,
+                "straggler": bool(self._slow and self._slow[1] >= self.patience)}
+
+
+class HostTimes:
+    """This process's per-step host figures over one log interval (see :class:`StragglerMonitor`)."""
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self) -> None:
+        self.t0, self.steps, self.data_wait, self.blocked = time.perf_counter(), 0, 0.0, 0.0
+
+    def add(self, data_wait: float, blocked: float) -> None:
+        self.steps += 1
+        self.data_wait += data_wait
+        self.blocked += blocked
+
+    def pop(self) -> np.ndarray:
+        """float [3]: interval means ``(step_time_s, data_wait_s, own_time_s)``; resets the interval."""
+        n = max(self.steps, 1)
+        step = (time.perf_counter() - self.t0) / n
+        out = np.array([step, self.data_wait / n, step - self.blocked / n], np.float64)
+        self.reset()
+        return out

@@ -120,12 +120,14 @@ class LoopContext:
     def __init__(self, run: Run, writer: monitor.MetricWriter, batches: Iterator, ckpt=None,
                  meta: dict | None = None, preemption: "Preemption | None" = None, registry=None,
                  fault_injector=None, hooks: list[hooks_lib.Hook] | None = None, train_time_s: float = 0.0,
-                 goodput: monitor.Goodput | None = None):
+                 goodput: monitor.Goodput | None = None, batch_injector=None):
         from jaxpt.stability import DivergenceMonitor
         self.run, self.writer, self.batches, self.ckpt, self.meta = run, writer, batches, ckpt, meta
         self.preemption, self.registry = preemption, registry
         # ``(step, state) -> state`` applied before dispatching ``step``: fault injection for drills and tests.
         self.fault_injector = fault_injector
+        # ``(step, local_batch) -> local_batch`` applied to each fetched batch: a bad batch, for drills and tests.
+        self.batch_injector = batch_injector
         start = int(jax.device_get(run.state.step))
         self.hooks = default_hooks(run.cfg, ckpt, start) if hooks is None else hooks
         self.divergence = DivergenceMonitor(run.cfg.stability)
@@ -135,6 +137,8 @@ class LoopContext:
         self.losses = monitor.LossSeries()  # loss / loss_mean / skipped_loss, and the final report's mean of 20
         self._clock0 = time.perf_counter() - train_time_s  # train_time_s: through the restored step
         self.goodput = goodput if goodput is not None else monitor.Goodput()
+        self.host_times = monitor.HostTimes()
+        self.stragglers = monitor.StragglerMonitor() if jax.process_count() > 1 else None
         self._goodput_written = time.perf_counter()
 
     def train_time_s(self) -> float:
@@ -209,6 +213,8 @@ def train_loop(ctx: LoopContext) -> dict[str, Any]:
     while step < run.cfg.steps:
         t0 = time.perf_counter()
         local = next(ctx.batches)
+        if ctx.batch_injector is not None:
+            local = ctx.batch_injector(step + 1, local)
         batch = stream.to_device(run.mesh, run.cfg.logical_axis_rules, local)
         data_wait = time.perf_counter() - t0
         for h in ctx.hooks:
@@ -254,7 +260,9 @@ def _report(ctx: LoopContext, p: _Pending) -> tuple[int, str] | None:
     mean loss (:class:`jaxpt.monitor.LossSeries`), tokens seen and training time so far.
     Returns ``(step, reason)`` when the run must roll back."""
     run, cfg = ctx.run, ctx.run.cfg
+    t0 = time.perf_counter()
     values = {k: float(v) for k, v in jax.device_get(p.metrics).items()}
+    ctx.host_times.add(p.data_wait, time.perf_counter() - t0)
     ctx.timer.tick()
     if ctx.bar is not None:
         ctx.bar.update(1)
@@ -265,6 +273,8 @@ def _report(ctx: LoopContext, p: _Pending) -> tuple[int, str] | None:
     for h in ctx.hooks:
         h.on_reported(ctx, report)
     ctx.losses.observe(report.record)
+    if ctx.stragglers is not None and p.step % cfg.log_every == 0:  # every process, on the same steps
+        _check_stragglers(ctx, report)
     if p.step % cfg.log_every == 0 or p.step == cfg.steps or p.step == 1 or reason or report.write:
         record = report.record
         record.update(ctx.losses.pop_interval())
@@ -278,6 +288,23 @@ def _report(ctx: LoopContext, p: _Pending) -> tuple[int, str] | None:
         if time.perf_counter() - ctx._goodput_written > GOODPUT_EVERY_S:
             ctx.record_goodput(p.step)
     return (p.step, reason) if reason else None
+
+
+def _check_stragglers(ctx: LoopContext, report: hooks_lib.StepReport) -> None:
+    """Gather every process's host figures of the interval (a collective: all processes call it on the same
+    steps), add them to the record and log the slowest process; a persistent one is a ``straggler`` event."""
+    from jax.experimental import multihost_utils
+    figures = np.asarray(multihost_utils.process_allgather(ctx.host_times.pop()))
+    out = ctx.stragglers.observe(figures.reshape(jax.process_count(), 3))
+    report.record.update(out)
+    if jax.process_index() != 0:
+        return
+    log.info("step %d: slowest process %d, own time %.3f s/step = %.2fx the median", report.step,
+             out["slowest_process"], out["process_own_time_s"][out["slowest_process"]], out["slowest_ratio"])
+    if out["straggler"]:
+        ctx.event({"step": report.step, "event": "straggler", "process": out["slowest_process"],
+                   "ratio": out["slowest_ratio"], "threshold": ctx.stragglers.threshold,
+                   "intervals": ctx.stragglers.patience})
 
 
 def rollback(ctx: LoopContext, step: int, reason: str) -> int:
@@ -339,12 +366,13 @@ def _final(ctx: LoopContext, last: dict[str, Any]) -> dict[str, Any]:
     return final
 
 
-def run_training(cfg: TrainConfig, fault_injector=None) -> dict[str, Any]:
+def run_training(cfg: TrainConfig, fault_injector=None, batch_injector=None) -> dict[str, Any]:
     """Check every input and the resume target (:func:`jaxpt.preflight.check`; nothing is written or compiled
     before it passes), set up, resume if the workdir has checkpoints, and train to ``cfg.steps``; returns the
     final record. A workdir already at ``cfg.steps`` is left untouched (its last final record is returned).
 
-    ``fault_injector`` (``(step, state) -> state``, applied before each step) is for drills and tests.
+    ``fault_injector`` (``(step, state) -> state``, applied before each step) and ``batch_injector``
+    (``(step, local_batch) -> local_batch``, applied to each fetched batch) are for drills and tests.
     """
     from jaxpt.checkpoint import Checkpointer, run_meta
     t_start = time.perf_counter()
@@ -375,7 +403,7 @@ def run_training(cfg: TrainConfig, fault_injector=None) -> dict[str, Any]:
             goodput = monitor.Goodput(redo_until=registry.steps_reached_before(), t0=t_start)
             ctx = LoopContext(run, writer, batches, ckpt, meta, preemption, registry, fault_injector,
                               train_time_s=float(pre.resume_meta.get("train_time_s", 0.0)) if start else 0.0,
-                              goodput=goodput)
+                              goodput=goodput, batch_injector=batch_injector)
             last = train_loop(ctx)
         final = _final(ctx, last)
         ctx.record_goodput(final["step"])

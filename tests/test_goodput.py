@@ -65,3 +65,15 @@ def test_goodput_across_a_restart_counts_redone_steps(prepared_sample, tmp_path)
         assert g["compile_s"] > 0 and g["startup_s"] > 0 and g["checkpoint_s"] > 0 and g["eval_s"] > 0
         assert g["checkpoint_saves"] >= 2
     assert g1["redone_s"] > 0 and g0["redone_s"] == 0
+
+
+def test_straggler_monitor_names_the_slowest_and_waits_for_persistence():
+    """Own times 0.5, 0.05, 0.06 s: median 0.06, ratio 0.5 / 0.06 = 8.33 > 1.5; flagged on the 2nd interval."""
+    m = monitor.StragglerMonitor(threshold=1.5, patience=2)
+    figures = [[1.0, 0.4, 0.5], [1.0, 0.0, 0.05], [1.0, 0.0, 0.06]]
+    first = m.observe(figures)
+    assert first["slowest_process"] == 0 and first["slowest_ratio"] == pytest.approx(0.5 / 0.06)
+    assert not first["straggler"] and m.observe(figures)["straggler"]
+    assert not m.observe([[1.0, 0.0, 0.06], [1.0, 0.0, 0.05], [1.0, 0.0, 0.055]])["straggler"]  # ratio 1.09
+    with pytest.raises(ValueError):
+        monitor.StragglerMonitor(threshold=1.0)

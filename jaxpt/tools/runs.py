@@ -4,6 +4,7 @@
     python -m jaxpt.tools.runs show RUN [--goodput-plot goodput.png]   # RUN is a workdir or a run id under ROOT
     python -m jaxpt.tools.runs compare RUN RUN            # config and final-metric differences side by side
     python -m jaxpt.tools.runs plot RUN... --output loss.png   # loss, grad norm and learning rate curves
+    python -m jaxpt.tools.runs diagnose WORKDIR --step N  # replay a skipped spike: bad batch or optimizer state?
 """
 
 from __future__ import annotations
@@ -207,6 +208,18 @@ def cmd_plot(recs: list[dict[str, Any]], output: str) -> str:
     return output
 
 
+def cmd_diagnose(args) -> str:
+    """Run :func:`jaxpt.tools.diagnose.diagnose` for ``args.workdir`` at ``args.step``; its text."""
+    from jaxpt.tools import diagnose
+    injector = None
+    if args.inject_random_tokens is not None:
+        from jaxpt import config as config_lib
+        from jaxpt.builder import resolve_vocab
+        cfg = resolve_vocab(config_lib.parse([os.path.join(args.workdir, "config.gin")]))
+        injector = diagnose.RandomTokens(args.inject_random_tokens, cfg.model.vocab_size, args.inject_seed)
+    return diagnose.diagnose(args.workdir, args.step, args.refs, injector).text()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m jaxpt.tools.runs", description="Inspect runs (run.json).")
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -223,6 +236,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("runs", nargs="+")
     p.add_argument("--root", default="workdirs")
     p.add_argument("--output", default="loss.png")
+    p = sub.add_parser("diagnose", help="replay step N from the checkpoint before it (jaxpt.tools.diagnose)")
+    p.add_argument("workdir")
+    p.add_argument("--step", type=int, required=True, help="the step whose spike to diagnose")
+    p.add_argument("--refs", type=int, default=4, help="reference batches after the step for the control")
+    p.add_argument("--inject-random-tokens", type=int, metavar="STEP",
+                   help="the run was trained with jaxpt.tools.diagnose.RandomTokens at STEP (a drill): replay it")
+    p.add_argument("--inject-seed", type=int, default=0, help="RandomTokens seed of that drill")
     args = ap.parse_args(argv)
     try:
         if args.cmd == "list":
@@ -234,6 +254,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(plot_goodput(rec, args.goodput_plot))
         elif args.cmd == "compare":
             print(cmd_compare(*(load_run(r, args.root) for r in args.runs)))
+        elif args.cmd == "diagnose":
+            print(cmd_diagnose(args))
         else:
             print(cmd_plot([load_run(r, args.root) for r in args.runs], args.output))
     except ConfigError as e:  # a malformed metrics.jsonl (file and line named)
