@@ -153,6 +153,7 @@ def plot_goodput(rec: dict[str, Any], output: str) -> str:
         bottom = [b + v for b, v in zip(bottom, vals)]
     for x, r in enumerate(rows):
         ax.text(x, r["wall_s"], f"{r['goodput']:.0%}", ha="center", va="bottom", fontsize=9)
+    ax.set_ylim(0, 1.1 * max(r["wall_s"] for r in rows))
     ax.set_ylabel("seconds of wall time")
     ax.set_title(f"goodput of {rec.get('run_id', '')} (label: productive share)")
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
