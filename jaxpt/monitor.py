@@ -329,10 +329,12 @@ class StragglerMonitor:
 
     Each process measures, per step, its wall time between metric reads (``step_time_s``), the time it
     waited for its batch (``data_wait_s``) and the time it was blocked reading the step's metrics, i.e.
-    waiting for the devices (and, through the collectives, for its slowest peer). Its *own* time,
+    waiting for the devices (and, through the collectives, for its slowest peer), plus the time its dispatches
+    blocked (on CPU a dispatch waits for the previous step). Its *own* time,
     ``own_time_s = step_time_s - blocked``, is the time its host spent on the step: a slow host (slow input,
     a busy CPU) has the largest own time, while its peers spend the same time blocked. The slowest process is
-    the one with the largest own time; its ratio is that over the median own time of all processes.
+    the one with the largest own time; its ratio is that over the median own time of the other processes
+    (with two processes, the other one's).
 
     Args:
       threshold: a ratio above this is a slow interval.
@@ -352,12 +354,13 @@ class StragglerMonitor:
         """``figures``: float [num_processes, 3], each row ``(step_time_s, data_wait_s, own_time_s)`` of one
         process (interval means). Returns the metrics.jsonl fields ``process_step_time_s``,
         ``process_data_wait_s``, ``process_own_time_s`` (lists by process index), ``slowest_process``,
-        ``slowest_ratio`` and ``straggler`` (True once the same process was slow ``patience`` intervals in a
+        ``slowest_ratio`` (over the median of the others) and ``straggler`` (True once the same process was slow ``patience`` intervals in a
         row)."""
         figures = np.asarray(figures, np.float64)
         own = figures[:, 2]
         slowest = int(np.argmax(own))
-        ratio = float(own[slowest] / max(float(np.median(own)), 1e-9))
+        others = np.delete(own, slowest) if len(own) > 1 else own
+        ratio = float(own[slowest] / max(float(np.median(others)), 1e-9))
         if ratio > self.threshold:
             n = self._slow[1] + 1 if self._slow and self._slow[0] == slowest else 1
             self._slow = (slowest, n)
@@ -378,9 +381,14 @@ class HostTimes:
         self.t0, self.steps, self.data_wait, self.blocked = time.perf_counter(), 0, 0.0, 0.0
 
     def add(self, data_wait: float, blocked: float) -> None:
+        """One step read back: its batch wait and the seconds the read blocked on the devices."""
         self.steps += 1
         self.data_wait += data_wait
         self.blocked += blocked
+
+    def add_blocked(self, seconds: float) -> None:
+        """Seconds a dispatch blocked on the devices (asynchronous dispatch returns at once; on CPU it waits)."""
+        self.blocked += seconds
 
     def pop(self) -> np.ndarray:
         """float [3]: interval means ``(step_time_s, data_wait_s, own_time_s)``; resets the interval."""

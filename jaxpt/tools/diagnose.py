@@ -153,7 +153,10 @@ def diagnose(workdir: str, step: int, refs: int = 4,
     inject = batch_injector or (lambda s, b: b)
     local = {s: inject(s, next(batches)) for s in range(c + 1, step + refs + 1)}
     on_device = {s: stream.to_device(run.mesh, cfg.logical_axis_rules, b) for s, b in local.items()}
-    copy = lambda st: jax.tree.map(jnp.copy, st)  # noqa: E731  (the train step donates its state)
+    # The train step donates its state: copies keep a state for the next batch. Every program is waited for
+    # before the next is dispatched: with several sharded programs in flight, XLA's CPU collectives can wait on
+    # each other (a rendezvous that never completes).
+    copy = lambda st: jax.block_until_ready(jax.tree.map(jnp.copy, st))  # noqa: E731
 
     def metrics_on(st, s) -> dict[str, float]:
         _, m = run.train_step(copy(st), on_device[s])
@@ -161,7 +164,7 @@ def diagnose(workdir: str, step: int, refs: int = 4,
 
     at_checkpoint = copy(state)
     for s in range(c + 1, step):
-        state, _ = run.train_step(state, on_device[s])
+        state, _ = jax.block_until_ready(run.train_step(state, on_device[s]))
     replay = metrics_on(state, step)
     controls = {}
     for name, st in (("replayed", state), ("checkpoint", at_checkpoint)):
