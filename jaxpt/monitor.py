@@ -354,8 +354,8 @@ class StragglerMonitor:
         """``figures``: float [num_processes, 3], each row ``(step_time_s, data_wait_s, own_time_s)`` of one
         process (interval means). Returns the metrics.jsonl fields ``process_step_time_s``,
         ``process_data_wait_s``, ``process_own_time_s`` (lists by process index), ``slowest_process``,
-        ``slowest_ratio`` (over the median of the others) and ``straggler`` (True once the same process was slow ``patience`` intervals in a
-        row)."""
+        ``slowest_ratio`` (over the median of the others) and ``straggler`` (True once the same process was
+        slow ``patience`` intervals in a row)."""
         figures = np.asarray(figures, np.float64)
         own = figures[:, 2]
         slowest = int(np.argmax(own))

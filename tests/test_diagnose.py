@@ -10,11 +10,12 @@ from conftest import tiny_bindings
 from jaxpt import config as C
 from jaxpt import monitor, train
 from jaxpt.data import documents
-from jaxpt.tools import diagnose, runs
+from jaxpt.tools import diagnose
 
 
 def test_random_tokens_injector_changes_only_its_step_and_keeps_padding():
-    local = {"tokens": np.arange(12, dtype=np.int32).reshape(2, 6), "segment_ids": np.array([[1] * 6, [1] * 4 + [0] * 2]),
+    local = {"tokens": np.arange(12, dtype=np.int32).reshape(2, 6),
+             "segment_ids": np.array([[1] * 6, [1] * 4 + [0] * 2]),
              "positions": np.zeros((2, 6), np.int32), "doc_index": np.zeros((2, 6), np.int32)}
     inj = diagnose.RandomTokens(step=3, vocab_size=50, seed=1)
     assert inj(2, local) is local
