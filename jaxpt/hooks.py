@@ -92,7 +92,7 @@ class EvalHook(Hook):
     def on_reported(self, ctx, report: StepReport) -> None:
         s = report.step
         if self.every and s % self.every == 0 and s != self.last_step and report.rollback is None:
-            report.record.update(ctx.run.evaluate())
+            report.record.update(ctx.evaluate())
             report.write = True
 
 

@@ -259,3 +259,141 @@ class StepTimer:
         mean = float(np.mean(self._times))
         self._times.clear()
         return mean
+
+
+#: Goodput categories, in the order tables and plots show them (seconds of one session's wall time each).
+GOODPUT_CATEGORIES = ("productive_s", "startup_s", "compile_s", "data_wait_s", "checkpoint_s", "eval_s", "redone_s")
+
+
+class Goodput:
+    """Time accounting of one training session (one process start): where its wall time went.
+
+    Categories (seconds): ``startup_s`` (from :func:`jaxpt.train.run_training` to the first step: checks,
+    build, restore), ``compile_s`` (the first dispatch of the train step, which traces and compiles),
+    ``data_wait_s`` (waiting for batches), ``checkpoint_s`` (the loop blocked by checkpoint saves, including
+    the final save's wait), ``eval_s`` (held-out evaluation), ``redone_s`` (steps trained again: a resumed
+    session re-running steps a lost session had already trained, or the steps a rollback discards; each
+    counted at the session's mean step time) and ``productive_s`` (the rest: steps that count). They sum to
+    ``wall_s``. Time between sessions (a dead process, a queue) is not a session's and is not counted.
+
+    Args:
+      redo_until: the highest step an earlier session reached; steps up to it are redone work.
+    """
+
+    def __init__(self, redo_until: int = 0, t0: float | None = None):
+        self.t0 = time.perf_counter() if t0 is None else t0
+        self.seconds = dict.fromkeys(GOODPUT_CATEGORIES[1:-1], 0.0)
+        self.redo_until = redo_until
+        self.steps_run = 0
+        self.redone_steps = 0
+        self.checkpoint_saves = 0
+        self.loop_started: float | None = None
+
+    def start_loop(self) -> None:
+        """The loop begins: what came before is startup."""
+        if self.loop_started is None:
+            self.loop_started = time.perf_counter()
+            self.seconds["startup_s"] = self.loop_started - self.t0
+
+    def add(self, category: str, seconds: float) -> None:
+        """Count ``seconds`` under ``category`` (one of :data:`GOODPUT_CATEGORIES` but productive/redone)."""
+        self.seconds[category] += seconds
+
+    def step(self, step: int) -> None:
+        """Step ``step`` was dispatched; redone when an earlier session or a discarded window had it."""
+        self.steps_run += 1
+        if step <= self.redo_until:
+            self.redone_steps += 1
+
+    def rewound(self, from_step: int) -> None:
+        """A rollback discarded the steps after the restored step up to ``from_step``: they will be redone."""
+        self.redo_until = max(self.redo_until, from_step)
+
+    def summary(self) -> dict[str, float]:
+        """``{category: seconds}`` (summing to ``wall_s``), plus ``wall_s``, ``goodput`` (productive / wall),
+        ``steps_run``, ``redone_steps`` and ``checkpoint_saves``."""
+        wall = time.perf_counter() - self.t0
+        out = dict(self.seconds)
+        stepping = max(wall - sum(out.values()), 0.0)
+        out["redone_s"] = stepping * self.redone_steps / self.steps_run if self.steps_run else 0.0
+        out["productive_s"] = stepping - out["redone_s"]
+        out = {k: out[k] for k in GOODPUT_CATEGORIES}
+        out.update(wall_s=wall, goodput=out["productive_s"] / wall if wall > 0 else 0.0, steps_run=self.steps_run,
+                   redone_steps=self.redone_steps, checkpoint_saves=self.checkpoint_saves)
+        return out
+
+
+class StragglerMonitor:
+    """Finds a slow process among the processes of a multi-process run, from per-process figures the loop
+    gathers every log interval.
+
+    Each process measures, per step, its wall time between metric reads (``step_time_s``), the time it
+    waited for its batch (``data_wait_s``) and the time it was blocked reading the step's metrics, i.e.
+    waiting for the devices (and, through the collectives, for its slowest peer), plus the time its dispatches
+    blocked (on CPU a dispatch waits for the previous step). Its *own* time,
+    ``own_time_s = step_time_s - blocked``, is the time its host spent on the step: a slow host (slow input,
+    a busy CPU) has the largest own time, while its peers spend the same time blocked. The slowest process is
+    the one with the largest own time; its ratio is that over the median own time of the other processes
+    (with two processes, the other one's).
+
+    Args:
+      threshold: a ratio above this is a slow interval.
+      patience: consecutive slow intervals of the same process before :meth:`observe` flags a straggler.
+
+    Raises:
+      ValueError: ``threshold <= 1`` or ``patience < 1``.
+    """
+
+    def __init__(self, threshold: float = 1.5, patience: int = 3):
+        if threshold <= 1 or patience < 1:
+            raise ValueError(f"threshold = {threshold} (> 1), patience = {patience} (>= 1)")
+        self.threshold, self.patience = threshold, patience
+        self._slow: tuple[int, int] | None = None  # (process, consecutive slow intervals)
+
+    def observe(self, figures: np.ndarray) -> dict[str, Any]:
+        """``figures``: float [num_processes, 3], each row ``(step_time_s, data_wait_s, own_time_s)`` of one
+        process (interval means). Returns the metrics.jsonl fields ``process_step_time_s``,
+        ``process_data_wait_s``, ``process_own_time_s`` (lists by process index), ``slowest_process``,
+        ``slowest_ratio`` (over the median of the others) and ``straggler`` (True once the same process was
+        slow ``patience`` intervals in a row)."""
+        figures = np.asarray(figures, np.float64)
+        own = figures[:, 2]
+        slowest = int(np.argmax(own))
+        others = np.delete(own, slowest) if len(own) > 1 else own
+        ratio = float(own[slowest] / max(float(np.median(others)), 1e-9))
+        if ratio > self.threshold:
+            n = self._slow[1] + 1 if self._slow and self._slow[0] == slowest else 1
+            self._slow = (slowest, n)
+        else:
+            self._slow = None
+        return {"process_step_time_s": figures[:, 0].tolist(), "process_data_wait_s": figures[:, 1].tolist(),
+                "process_own_time_s": own.tolist(), "slowest_process": slowest, "slowest_ratio": ratio,
+                "straggler": bool(self._slow and self._slow[1] >= self.patience)}
+
+
+class HostTimes:
+    """This process's per-step host figures over one log interval (see :class:`StragglerMonitor`)."""
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self) -> None:
+        self.t0, self.steps, self.data_wait, self.blocked = time.perf_counter(), 0, 0.0, 0.0
+
+    def add(self, data_wait: float, blocked: float) -> None:
+        """One step read back: its batch wait and the seconds the read blocked on the devices."""
+        self.steps += 1
+        self.data_wait += data_wait
+        self.blocked += blocked
+
+    def add_blocked(self, seconds: float) -> None:
+        """Seconds a dispatch blocked on the devices (asynchronous dispatch returns at once; on CPU it waits)."""
+        self.blocked += seconds
+
+    def pop(self) -> np.ndarray:
+        """float [3]: interval means ``(step_time_s, data_wait_s, own_time_s)``; resets the interval."""
+        n = max(self.steps, 1)
+        step = (time.perf_counter() - self.t0) / n
+        out = np.array([step, self.data_wait / n, step - self.blocked / n], np.float64)
+        self.reset()
+        return out

@@ -3,9 +3,10 @@
 ``run.json`` holds: ``run_id``, ``status`` (running, completed, preempted, failed), ``config_hash``
 (sha256 of the operative gin config), ``data_version``, ``tokenizer`` (path, sha256), ``git`` (commit,
 dirty), ``mesh``, ``devices`` (count, kind, processes), ``num_params``, ``started_at`` / ``ended_at``
-(UTC ISO 8601) and ``sessions`` (one per start or resume), ``stages`` (the stages that led to this run, the
-parent's first, each with its name, workdir, start step, parent checkpoint ``{path, step}`` or null, and ``end_step``
-where a later stage left it; see :mod:`jaxpt.stage`), ``final`` metrics, and ``events`` (spike skips,
+(UTC ISO 8601) and ``sessions`` (one per start or resume, each with ``start_step``, ``last_step`` and
+``goodput``, the session's time accounting, :class:`jaxpt.monitor.Goodput`), ``stages`` (the stages that led to
+this run, the parent's first, each with its name, workdir, start step, parent checkpoint ``{path, step}`` or null,
+and ``end_step`` where a later stage left it; see :mod:`jaxpt.stage`), ``final`` metrics, and ``events`` (spike skips,
 rollbacks, preemptions; an event of a step that a resumed session re-runs, its checkpoint lost, is kept and marked
 ``superseded_at: <restored step>``). ``python -m jaxpt.tools.runs`` reads it.
 """
@@ -88,6 +89,18 @@ class RunRegistry:
             self.record["stages"] = stages
         self.record["sessions"].append({"started_at": _now(), "start_step": start})
         self._write()
+
+    def steps_reached_before(self) -> int:
+        """The highest ``last_step`` an earlier session recorded (0 when none did): a resumed session that
+        starts below it trains those steps again."""
+        return max((s.get("last_step", 0) for s in self.record.get("sessions", [])[:-1]), default=0)
+
+    def update_session(self, fields: dict[str, Any]) -> None:
+        """Merge ``fields`` (``last_step``, ``goodput``: :meth:`jaxpt.monitor.Goodput.summary`) into the current
+        session's record and rewrite run.json."""
+        if self.enabled and self.record.get("sessions"):
+            self.record["sessions"][-1].update(fields)
+            self._write()
 
     def add_event(self, event: dict[str, Any]) -> None:
         if self.enabled:

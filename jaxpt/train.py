@@ -40,6 +40,9 @@ from jaxpt.registry import RunRegistry
 
 log = logging.getLogger("jaxpt.train")
 
+#: Seconds between run.json updates of the session's goodput (also written at every checkpoint and at the end).
+GOODPUT_EVERY_S = 10.0
+
 
 @dataclasses.dataclass
 class Run:
@@ -118,12 +121,15 @@ class LoopContext:
 
     def __init__(self, run: Run, writer: monitor.MetricWriter, batches: Iterator, ckpt=None,
                  meta: dict | None = None, preemption: "Preemption | None" = None, registry=None,
-                 fault_injector=None, hooks: list[hooks_lib.Hook] | None = None, train_time_s: float = 0.0):
+                 fault_injector=None, hooks: list[hooks_lib.Hook] | None = None, train_time_s: float = 0.0,
+                 goodput: monitor.Goodput | None = None, batch_injector=None):
         from jaxpt.stability import DivergenceMonitor
         self.run, self.writer, self.batches, self.ckpt, self.meta = run, writer, batches, ckpt, meta
         self.preemption, self.registry = preemption, registry
         # ``(step, state) -> state`` applied before dispatching ``step``: fault injection for drills and tests.
         self.fault_injector = fault_injector
+        # ``(step, local_batch) -> local_batch`` applied to each fetched batch: a bad batch, for drills and tests.
+        self.batch_injector = batch_injector
         start = int(jax.device_get(run.state.step))
         self.hooks = default_hooks(run.cfg, ckpt, start) if hooks is None else hooks
         self.divergence = DivergenceMonitor(run.cfg.stability)
@@ -132,15 +138,39 @@ class LoopContext:
         self.last: dict[str, Any] = {}
         self.losses = monitor.LossSeries()  # loss / loss_mean / skipped_loss, and the final report's mean of 20
         self._clock0 = time.perf_counter() - train_time_s  # train_time_s: through the restored step
+        self.goodput = goodput if goodput is not None else monitor.Goodput()
+        self.host_times = monitor.HostTimes()
+        self.stragglers = monitor.StragglerMonitor() if jax.process_count() > 1 else None
+        self._goodput_written = time.perf_counter()
 
     def train_time_s(self) -> float:
         """Seconds of training wall time so far, over every session of the run (carried in checkpoints)."""
         return time.perf_counter() - self._clock0
 
-    def save_checkpoint(self, step: int, force: bool = False) -> None:
-        """Start saving ``step`` (the meta item records the training wall time so far)."""
-        self.ckpt.save(step, self.run.state, self.batches, {**self.meta, "train_time_s": self.train_time_s()},
-                       force=force)
+    def save_checkpoint(self, step: int, force: bool = False, wait: bool = False) -> None:
+        """Save ``step`` (asynchronously unless ``wait``; the meta item records the training wall time so
+        far); the time the loop is blocked counts as checkpoint time, and the run's goodput is recorded."""
+        t0 = time.perf_counter()
+        saved = self.ckpt.save(step, self.run.state, self.batches,
+                               {**self.meta, "train_time_s": self.train_time_s()}, force=force)
+        if wait:
+            self.ckpt.wait()
+        self.goodput.add("checkpoint_s", time.perf_counter() - t0)
+        self.goodput.checkpoint_saves += bool(saved)
+        self.record_goodput(step)
+
+    def evaluate(self, max_batches: int | None = None) -> dict[str, float]:
+        """:meth:`Run.evaluate`, its time counted as evaluation time."""
+        t0 = time.perf_counter()
+        out = self.run.evaluate(max_batches)
+        self.goodput.add("eval_s", time.perf_counter() - t0)
+        return out
+
+    def record_goodput(self, step: int) -> None:
+        """Write this session's time accounting and last step into run.json (:meth:`RunRegistry.update_session`)."""
+        if self.registry is not None:
+            self.registry.update_session({"last_step": step, "goodput": self.goodput.summary()})
+        self._goodput_written = time.perf_counter()
 
     def event(self, record: dict[str, Any]) -> None:
         """Log an event to metrics.jsonl and the run registry."""
@@ -181,17 +211,29 @@ def train_loop(ctx: LoopContext) -> dict[str, Any]:
     run = ctx.run
     step = int(jax.device_get(run.state.step))
     pending: _Pending | None = None
+    ctx.goodput.start_loop()
     while step < run.cfg.steps:
         t0 = time.perf_counter()
         local = next(ctx.batches)
+        if ctx.batch_injector is not None:
+            local = ctx.batch_injector(step + 1, local)
         batch = stream.to_device(run.mesh, run.cfg.logical_axis_rules, local)
         data_wait = time.perf_counter() - t0
         for h in ctx.hooks:
             h.on_batch(ctx, step + 1, local)
         if ctx.fault_injector is not None:
             run.state = ctx.fault_injector(step + 1, run.state)
+        t1 = time.perf_counter()
         run.state, metrics = run.train_step(run.state, batch)
+        dispatch_s = time.perf_counter() - t1
+        if ctx.goodput.steps_run == 0:  # the first dispatch traces and compiles
+            ctx.goodput.add("compile_s", dispatch_s)
+            ctx.host_times.reset()  # compile time is no process's slowness
+        else:
+            ctx.host_times.add_blocked(dispatch_s)  # a dispatch may wait for the devices (CPU: it does)
+        ctx.goodput.add("data_wait_s", data_wait)
         step += 1
+        ctx.goodput.step(step)
         trouble = _report(ctx, pending) if pending is not None else None
         pending = _Pending(step, metrics, data_wait, local["doc_index"])
         if trouble is not None:
@@ -213,8 +255,7 @@ def train_loop(ctx: LoopContext) -> dict[str, Any]:
 def _stop_for_preemption(ctx: LoopContext, pending: _Pending, step: int) -> None:
     _report(ctx, pending)
     if ctx.ckpt is not None:
-        ctx.save_checkpoint(step, force=True)
-        ctx.ckpt.wait()
+        ctx.save_checkpoint(step, force=True, wait=True)
     ctx.event({"step": step, "event": "preempted"})
     raise Preempted(step)
 
@@ -225,7 +266,9 @@ def _report(ctx: LoopContext, p: _Pending) -> tuple[int, str] | None:
     mean loss (:class:`jaxpt.monitor.LossSeries`), tokens seen and training time so far.
     Returns ``(step, reason)`` when the run must roll back."""
     run, cfg = ctx.run, ctx.run.cfg
+    t0 = time.perf_counter()
     values = {k: float(v) for k, v in jax.device_get(p.metrics).items()}
+    ctx.host_times.add(p.data_wait, time.perf_counter() - t0)
     ctx.timer.tick()
     if ctx.bar is not None:
         ctx.bar.update(1)
@@ -236,6 +279,8 @@ def _report(ctx: LoopContext, p: _Pending) -> tuple[int, str] | None:
     for h in ctx.hooks:
         h.on_reported(ctx, report)
     ctx.losses.observe(report.record)
+    if ctx.stragglers is not None and p.step % cfg.log_every == 0:  # every process, on the same steps
+        _check_stragglers(ctx, report)
     if p.step % cfg.log_every == 0 or p.step == cfg.steps or p.step == 1 or reason or report.write:
         record = report.record
         record.update(ctx.losses.pop_interval())
@@ -246,7 +291,26 @@ def _report(ctx: LoopContext, p: _Pending) -> tuple[int, str] | None:
                       data_wait_s=p.data_wait, host_peak_rss_gib=monitor.host_peak_rss_bytes() / 2 ** 30)
         ctx.writer.write(record)
         ctx.last = record
+        if time.perf_counter() - ctx._goodput_written > GOODPUT_EVERY_S:
+            ctx.record_goodput(p.step)
     return (p.step, reason) if reason else None
+
+
+def _check_stragglers(ctx: LoopContext, report: hooks_lib.StepReport) -> None:
+    """Gather every process's host figures of the interval (a collective: all processes call it on the same
+    steps), add them to the record and log the slowest process; a persistent one is a ``straggler`` event."""
+    from jax.experimental import multihost_utils
+    figures = np.asarray(multihost_utils.process_allgather(ctx.host_times.pop()))
+    out = ctx.stragglers.observe(figures.reshape(jax.process_count(), 3))
+    report.record.update(out)
+    if jax.process_index() != 0:
+        return
+    log.info("step %d: slowest process %d, own time %.3f s/step = %.2fx the median", report.step,
+             out["slowest_process"], out["process_own_time_s"][out["slowest_process"]], out["slowest_ratio"])
+    if out["straggler"]:
+        ctx.event({"step": report.step, "event": "straggler", "process": out["slowest_process"],
+                   "ratio": out["slowest_ratio"], "threshold": ctx.stragglers.threshold,
+                   "intervals": ctx.stragglers.patience})
 
 
 def rollback(ctx: LoopContext, step: int, reason: str) -> int:
@@ -267,6 +331,7 @@ def rollback(ctx: LoopContext, step: int, reason: str) -> int:
         state, restored_step = ctx.ckpt.rewind(trouble_start, run.spec.abstract)
     run.state = state if state is not None else run.built.init_state()
     run.state = run.state.replace(lr_scale=jnp.asarray(lr_scale, jnp.float32))
+    ctx.goodput.rewound(step)
     ctx.writer.rewind(restored_step)  # the records of the discarded steps are superseded: one value per step
     ctx.losses.reset()
     for h in ctx.hooks:
@@ -300,8 +365,8 @@ def _final(ctx: LoopContext, last: dict[str, Any]) -> dict[str, Any]:
     run = ctx.run
     step = int(jax.device_get(run.state.step))
     if ctx.ckpt is not None:
-        ctx.save_checkpoint(step, force=True)
-    final = {"step": step, "event": "final", **run.evaluate(max_batches=0), "train_loss": last.get("loss"),
+        ctx.save_checkpoint(step, force=True, wait=True)
+    final = {"step": step, "event": "final", **ctx.evaluate(max_batches=0), "train_loss": last.get("loss"),
              "train_loss_mean_last20": ctx.losses.mean_last(), "train_time_s": ctx.train_time_s()}
     if run.throughput.peak_raised:
         final["peak_flops_per_device"] = run.throughput.peak  # the measured CPU peak, raised by achieved steps
@@ -314,14 +379,16 @@ def _final(ctx: LoopContext, last: dict[str, Any]) -> dict[str, Any]:
     return final
 
 
-def run_training(cfg: TrainConfig, fault_injector=None) -> dict[str, Any]:
+def run_training(cfg: TrainConfig, fault_injector=None, batch_injector=None) -> dict[str, Any]:
     """Check every input and the resume target (:func:`jaxpt.preflight.check`; nothing is written or compiled
     before it passes), set up, resume if the workdir has checkpoints, and train to ``cfg.steps``; returns the
     final record. A workdir already at ``cfg.steps`` is left untouched (its last final record is returned).
 
-    ``fault_injector`` (``(step, state) -> state``, applied before each step) is for drills and tests.
+    ``fault_injector`` (``(step, state) -> state``, applied before each step) and ``batch_injector``
+    (``(step, local_batch) -> local_batch``, applied to each fetched batch) are for drills and tests.
     """
     from jaxpt.checkpoint import Checkpointer, run_meta
+    t_start = time.perf_counter()
     pre = preflight.check(cfg)
     if pre.nothing_to_do:
         log.warning("nothing to do: the newest checkpoint of %s is at step %d = TrainConfig.steps; nothing "
@@ -352,16 +419,22 @@ def run_training(cfg: TrainConfig, fault_injector=None) -> dict[str, Any]:
     ctx = None
     try:
         with Preemption() as preemption:
+            goodput = monitor.Goodput(redo_until=registry.steps_reached_before(), t0=t_start)
             ctx = LoopContext(run, writer, batches, ckpt, meta, preemption, registry, fault_injector,
-                              train_time_s=float(pre.resume_meta.get("train_time_s", 0.0)) if start else 0.0)
+                              train_time_s=float(pre.resume_meta.get("train_time_s", 0.0)) if start else 0.0,
+                              goodput=goodput, batch_injector=batch_injector)
             last = train_loop(ctx)
         final = _final(ctx, last)
+        ctx.record_goodput(final["step"])
         registry.finish("completed", final)
         return final
-    except Preempted:
+    except Preempted as e:
+        ctx.record_goodput(e.args[0])
         registry.finish("preempted", {})
         raise
     except Exception as e:
+        if ctx is not None:
+            ctx.record_goodput(int(jax.device_get(run.state.step)))
         registry.finish("failed", {"error": f"{type(e).__name__}: {e}"})
         raise
     finally:

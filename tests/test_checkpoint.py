@@ -503,3 +503,11 @@ def test_kill_plan_targets_are_distinct_increasing_and_on_saves():
     assert {k.kind for k in drill.plan_kills(30, 10, 2, "save", 0, 0.1)} == {"save"}
     with pytest.raises(drill.DrillError, match="raise --steps"):
         drill.plan_kills(10, 6, 2, "save", 0, 0.1)
+
+
+def test_drill_verdict_compares_recovery_with_the_checkpoint_interval():
+    """Interval = save_every x step time: 5 steps x 2 s = 10 s; a worst recovery of 12 s is not shorter."""
+    v = drill.recovery_verdict([3.0, 12.0], 5, 2.0)
+    assert v == {"checkpoint_interval_s": 10.0, "recovery_time_s_max": 12.0, "recovery_shorter_than_interval": False}
+    assert drill.recovery_verdict([3.0, 9.5], 5, 2.0)["recovery_shorter_than_interval"] is True
+    assert drill.recovery_verdict([], 5, 2.0)["recovery_shorter_than_interval"] is None

@@ -129,3 +129,45 @@ def test_killing_one_process_ends_the_other_quickly(prepared_sample, tmp_path):
              any(w in line.lower() for w in ("heartbeat", "disconnect", "unavailable", "shut down", "error"))]
     assert fatal, err[-3000:]
     print(f"survivor exited with {procs[0].returncode} after {elapsed:.0f} s: {fatal[0][:300]}")
+
+
+SLOWED = """
+import sys, time
+import jax
+from jaxpt import train
+run_training = train.run_training
+def slow_input(step, local):  # process 1's input pipeline takes 0.8 s more per batch
+    if jax.process_index() == 1:
+        time.sleep(0.8)
+    return local
+train.run_training = lambda cfg: run_training(cfg, batch_injector=slow_input)
+sys.exit(train.main(sys.argv[1:]))
+"""
+
+
+def test_leader_names_a_slowed_process_a_straggler(prepared_sample, tmp_path):
+    """Two processes, process 1's batches 0.8 s late: every log interval names process 1 the slowest, its own
+    host time above 1.5x the other's in most intervals (the other's own time is noisy on a loaded host), and a
+    straggler event is logged once it was slow three intervals in a row."""
+    port = free_port()
+    args = ["--config", "configs/quickstart.gin", "--steps", "12", "--mesh", "data=2,fsdp=2,tensor=2"]
+    for b in tiny_bindings(prepared_sample, tmp_path, **{"TrainConfig.log_every": "2", "DataConfig.num_shards": "2"}):
+        args += ["--gin", b]
+    procs = [subprocess.Popen([sys.executable, "-c", SLOWED, *args, "--coordinator_address", f"127.0.0.1:{port}",
+                               "--num_processes", "2", "--process_id", str(i), "--distributed_timeout_s", "30"],
+                              cwd=REPO_ROOT, env=env(4), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i in range(2)]
+    outs = [p.communicate(timeout=600) for p in procs]
+    for p, (_, err) in zip(procs, outs):
+        assert p.returncode == 0, err[-3000:]
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    gathered = [r for r in records if "slowest_process" in r]
+    assert [r["step"] for r in gathered] == [2, 4, 6, 8, 10, 12]
+    for r in gathered:
+        assert r["slowest_process"] == 1, r
+        assert len(r["process_step_time_s"]) == 2 and r["process_data_wait_s"][1] > 0.75
+        assert r["process_data_wait_s"][0] < 0.75
+    assert sum(r["slowest_ratio"] > 1.5 for r in gathered) >= 4, [r["slowest_ratio"] for r in gathered]
+    events = [r for r in records if r.get("event") == "straggler"]
+    assert events and events[0]["step"] >= 6 and {e["process"] for e in events} == {1}
+    assert "slowest process 1" in outs[0][1]

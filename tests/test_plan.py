@@ -214,3 +214,44 @@ def test_memory_estimate_matches_compiled_quickstart():
 ])
 def test_memory_estimate_matches_compiled_other_layouts(mesh, bindings):
     _check_against_compiled(mesh, *bindings)
+
+
+# ------------------------------------------------------------------------------------- checkpoint interval
+
+
+def test_young_and_daly_intervals_by_hand():
+    """Young 1974: sqrt(2 delta M); Daly 2006 first order: sqrt(2 delta M) - delta (delta < 2M), else M.
+    delta = 30 s, M = 24 h: 2 * 30 * 86400 = 5,184,000, whose root is 2276.84 s; Daly: 2246.84 s."""
+    assert plan.young_interval(30, 86400) == pytest.approx(2276.840, abs=1e-3)
+    assert plan.daly_interval(30, 86400) == pytest.approx(2246.840, abs=1e-3)
+    # delta = 50 s, M = 1 h: sqrt(360000) = 600 s; minus 50 = 550 s.
+    assert plan.young_interval(50, 3600) == pytest.approx(600.0)
+    assert plan.daly_interval(50, 3600) == pytest.approx(550.0)
+    assert plan.daly_interval(500, 200) == 200  # delta >= 2M: Daly's tau = M
+    with pytest.raises(ValueError, match="mtbf_s"):
+        plan.young_interval(30, 0)
+
+
+def test_goodput_model_by_hand_and_daly_is_near_its_optimum():
+    """Goodput tau / (M e^(R/M) (e^((tau+delta)/M) - 1)) at tau = 550, delta = 50, M = 3600, R = 100:
+    e^(100/3600) = 1.028167, e^(600/3600) - 1 = 0.181360, so 550 / (3600 * 1.028167 * 0.181360) = 0.819321."""
+    assert plan.goodput_at(550, 50, 3600, 100) == pytest.approx(0.819321, rel=1e-5)
+    assert plan.expected_lost_s(550, 50, 100) == pytest.approx(400.0)  # (550 + 50) / 2 + 100
+    # The first-order optimum is within 0.5% of the numerical optimum of the model (delta << M).
+    best = optimize.minimize_scalar(lambda t: -plan.goodput_at(t, 50, 3600), bounds=(1, 3600), method="bounded")
+    assert plan.goodput_at(550, 50, 3600) > (1 - 0.005) * -best.fun
+    assert plan.goodput_at(550, 50, 3600) > plan.goodput_at(100, 50, 3600)
+    assert plan.goodput_at(550, 50, 3600) > plan.goodput_at(3000, 50, 3600)
+
+
+def test_plan_cli_recommends_an_interval_and_compares_the_configured_one(capsys):
+    """MTBF 1 h, save 50 s, 2 s/step: tau = 550 s = 275 steps; the quickstart config saves every 100 steps."""
+    assert plan.main(["--config", QUICKSTART, "--gin", VOCAB, "--devices", "8", "--mtbf-hours", "1",
+                      "--save-seconds", "50", "--step-seconds", "2", "--json"]) == 0
+    ck = json.loads(capsys.readouterr().out)["checkpoint_interval"]
+    assert ck["recommended_every_steps"] == 275 and ck["configured_every_steps"] == 100
+    assert ck["configured_interval_s"] == 200.0
+    assert ck["configured_goodput"] == pytest.approx(plan.goodput_at(200, 50, 3600))
+    assert plan.main(["--mtbf-hours", "1"]) == 2
+    assert plan.main(["--mtbf-hours", "1", "--save-seconds", "50"]) == 0
+    assert "sqrt(2 delta M) - delta): 550.0 s" in capsys.readouterr().out

@@ -34,11 +34,18 @@ Three questions, three parts of this module:
 
 3. Layout throughput is measured, not estimated: see :mod:`jaxpt.tools.sweep`.
 
+4. **How often to checkpoint?** From the job's mean time between failures ``M`` (``--mtbf-hours``) and the
+   seconds one save blocks training ``delta`` (``--save-seconds``): Young's ``sqrt(2 delta M)`` (1974) and
+   Daly's first-order ``sqrt(2 delta M) - delta`` (2006, the recommendation), the expected work lost per
+   failure and the goodput at that interval, and at the configured ``CheckpointConfig.save_every_steps``
+   (with ``--config`` and ``--step-seconds``).
+
 Examples::
 
     python -m jaxpt.tools.plan --flops 5.76e23 --hardware v5p-256 --mfu 0.45
     python -m jaxpt.tools.plan --params 7e9 --json
     python -m jaxpt.tools.plan --config configs/quickstart.gin --mesh fsdp=-1 --hardware v5e-8
+    python -m jaxpt.tools.plan --mtbf-hours 24 --save-seconds 30 --restart-seconds 300 --step-seconds 2
 """
 
 from __future__ import annotations
@@ -204,6 +211,137 @@ def training_days(flops: float, hw: Slice, mfu: float) -> float:
     if not 0 < mfu <= 1:
         raise ValueError(f"--mfu {mfu}: must be in (0, 1]")
     return flops / (hw.peak_flops * mfu) / 86400.0
+
+
+# --------------------------------------------------------------------------------------------------
+# Checkpoint interval from failure rates.
+
+
+def young_interval(save_s: float, mtbf_s: float) -> float:
+    """Young's optimum compute time between checkpoints, ``sqrt(2 * delta * M)``, in seconds.
+
+    J. W. Young, "A first order approximation to the optimum checkpoint interval", CACM 17(9), 1974:
+    per checkpoint segment of length ``tau`` the overhead is ``delta / tau`` (saving) plus ``tau / (2 M)``
+    (half a segment redone per failure, failures every ``M`` on average); the sum is least at
+    ``tau = sqrt(2 delta M)``.
+
+    Args:
+      save_s: ``delta``, seconds the training is blocked by one checkpoint save (> 0).
+      mtbf_s: ``M``, mean time between failures of the whole job, seconds (> 0).
+
+    Raises:
+      ValueError: a non-positive argument.
+    """
+    _check_positive(save_s=save_s, mtbf_s=mtbf_s)
+    return math.sqrt(2.0 * save_s * mtbf_s)
+
+
+def daly_interval(save_s: float, mtbf_s: float) -> float:
+    """Daly's first-order optimum, ``sqrt(2 delta M) - delta`` for ``delta < 2 M``, else ``M``; seconds.
+
+    J. T. Daly, "A higher order estimate of the optimum checkpoint interval for restart dumps", Future
+    Generation Computer Systems 22(3), 2006 (its first-order estimate): Young's interval counts the save time
+    inside the segment; Daly's model counts compute only, hence ``- delta``. For ``delta >= 2 M`` (saving
+    costs more than two mean failure intervals) Daly recommends ``tau = M``.
+
+    Raises:
+      ValueError: a non-positive argument.
+    """
+    _check_positive(save_s=save_s, mtbf_s=mtbf_s)
+    if save_s >= 2.0 * mtbf_s:
+        return mtbf_s
+    return math.sqrt(2.0 * save_s * mtbf_s) - save_s
+
+
+def expected_lost_s(interval_s: float, save_s: float, restart_s: float = 0.0) -> float:
+    """Expected seconds lost to one failure at checkpoint interval ``interval_s`` (compute seconds between
+    saves): half a segment of ``interval_s + save_s`` redone (failures uniform within a segment; the
+    first-order term of Young 1974 and Daly 2006) plus ``restart_s`` to restart and restore."""
+    return 0.5 * (interval_s + save_s) + restart_s
+
+
+def goodput_at(interval_s: float, save_s: float, mtbf_s: float, restart_s: float = 0.0) -> float:
+    """Fraction (0..1] of wall time spent on training that is kept, at checkpoint interval ``interval_s``.
+
+    Daly 2006's model of a run with exponentially distributed failures of mean ``M``: the expected wall time of a solve
+    of ``T_s`` compute seconds is ``T_w = M e^(R/M) (e^((tau + delta)/M) - 1) T_s / tau``; goodput is
+    ``T_s / T_w = tau / (M e^(R/M) (e^((tau + delta)/M) - 1))``.
+
+    Args:
+      interval_s: ``tau``, compute seconds between checkpoints (> 0).
+      save_s: ``delta``, seconds one save blocks training (>= 0).
+      mtbf_s: ``M``, mean time between failures of the job (> 0).
+      restart_s: ``R``, seconds from a failure to training again (restart, restore, recompile; >= 0).
+
+    Raises:
+      ValueError: ``interval_s`` or ``mtbf_s`` not positive, or a negative ``save_s``/``restart_s``.
+    """
+    _check_positive(interval_s=interval_s, mtbf_s=mtbf_s)
+    if save_s < 0 or restart_s < 0:
+        raise ValueError(f"save_s = {save_s}, restart_s = {restart_s}: must be >= 0")
+    return interval_s / (mtbf_s * math.exp(restart_s / mtbf_s) * math.expm1((interval_s + save_s) / mtbf_s))
+
+
+def _check_positive(**values: float) -> None:
+    for name, v in values.items():
+        if not v > 0:
+            raise ValueError(f"{name} = {v}: must be positive")
+
+
+def checkpoint_plan(mtbf_hours: float, save_s: float, restart_s: float = 0.0, step_s: float | None = None,
+                    configured_every_steps: int | None = None) -> dict[str, Any]:
+    """The recommended checkpoint interval (Daly first order; Young beside it), the expected loss per
+    failure and the goodput at it, and the same figures at the configured interval when known.
+
+    Args:
+      mtbf_hours: mean time between failures of the whole job, hours.
+      save_s: seconds one checkpoint save blocks training.
+      restart_s: seconds from a failure until training again (restart, restore, compile).
+      step_s: seconds per training step; converts the interval to steps.
+      configured_every_steps: ``CheckpointConfig.save_every_steps`` to compare with (needs ``step_s``).
+
+    Returns:
+      ``{"mtbf_s", "save_s", "restart_s", "young_interval_s", "recommended_interval_s",
+      "recommended_lost_per_failure_s", "recommended_goodput"}`` plus, with ``step_s``,
+      ``"recommended_every_steps"`` and, with ``configured_every_steps``, ``"configured_interval_s"``,
+      ``"configured_lost_per_failure_s"`` and ``"configured_goodput"``.
+
+    Raises:
+      ValueError: a non-positive MTBF, save time or step time, or a negative restart time.
+    """
+    mtbf_s = mtbf_hours * 3600.0
+    tau = daly_interval(save_s, mtbf_s)
+    out: dict[str, Any] = {"mtbf_s": mtbf_s, "save_s": save_s, "restart_s": restart_s,
+                           "young_interval_s": young_interval(save_s, mtbf_s), "recommended_interval_s": tau,
+                           "recommended_lost_per_failure_s": expected_lost_s(tau, save_s, restart_s),
+                           "recommended_goodput": goodput_at(tau, save_s, mtbf_s, restart_s)}
+    if step_s is not None:
+        _check_positive(step_s=step_s)
+        out["step_s"] = step_s
+        out["recommended_every_steps"] = max(1, round(tau / step_s))
+        if configured_every_steps:
+            conf = configured_every_steps * step_s
+            out.update(configured_every_steps=configured_every_steps, configured_interval_s=conf,
+                       configured_lost_per_failure_s=expected_lost_s(conf, save_s, restart_s),
+                       configured_goodput=goodput_at(conf, save_s, mtbf_s, restart_s))
+    return out
+
+
+def format_checkpoint_plan(p: dict[str, Any]) -> str:
+    """The checkpoint-interval recommendation as text (the same numbers as ``--json``)."""
+    lines = [f"checkpoint interval for MTBF {p['mtbf_s'] / 3600:.3g} h, save {p['save_s']:.3g} s, restart "
+             f"{p['restart_s']:.3g} s:",
+             f"  recommended (Daly 2006, first order, sqrt(2 delta M) - delta): {p['recommended_interval_s']:.1f} s "
+             f"of compute between saves" + (f" = every {p['recommended_every_steps']} steps at "
+                                            f"{p['step_s']:.3g} s/step" if "step_s" in p else ""),
+             f"  (Young 1974, sqrt(2 delta M): {p['young_interval_s']:.1f} s)",
+             f"  expected loss per failure {p['recommended_lost_per_failure_s']:.1f} s; goodput "
+             f"{p['recommended_goodput']:.2%} (Daly 2006 exponential-failure model)"]
+    if "configured_interval_s" in p:
+        lines.append(f"  configured: every {p['configured_every_steps']} steps = {p['configured_interval_s']:.1f} s; "
+                     f"loss per failure {p['configured_lost_per_failure_s']:.1f} s; goodput "
+                     f"{p['configured_goodput']:.2%}")
+    return "\n".join(lines)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -687,17 +825,40 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hardware", help=f"slice, e.g. v5p-256, v5e-64, h100-8 (kinds: {', '.join(sorted(ACCELERATORS))})")
     p.add_argument("--mfu", type=float, default=0.4, help="model FLOPs utilization for wall clock (default 0.4)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    ck = p.add_argument_group("checkpoint interval (Young 1974 / Daly 2006)")
+    ck.add_argument("--mtbf-hours", type=float, help="mean time between failures of the whole job, hours")
+    ck.add_argument("--save-seconds", type=float, help="seconds one checkpoint save blocks training")
+    ck.add_argument("--restart-seconds", type=float, default=0.0,
+                    help="seconds from a failure to training again (restart, restore, compile)")
+    ck.add_argument("--step-seconds", type=float,
+                    help="seconds per step: gives the interval in steps and, with --config, compares it with "
+                         "CheckpointConfig.save_every_steps")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     chosen = [k for k in ("flops", "params", "config") if getattr(args, k)]
-    if len(chosen) != 1:
-        print("error: give exactly one of --flops, --params, --config", file=sys.stderr)
+    if (args.mtbf_hours is None) != (args.save_seconds is None):
+        print("error: --mtbf-hours and --save-seconds go together", file=sys.stderr)
+        return 2
+    if len(chosen) > 1 or (not chosen and args.mtbf_hours is None):
+        print("error: give exactly one of --flops, --params, --config (or only --mtbf-hours/--save-seconds)",
+              file=sys.stderr)
         return 2
     from jaxpt.config import ConfigError
     try:
+        ckpt = None
+        if args.mtbf_hours is not None:
+            every = None
+            if args.config:
+                from jaxpt import config as config_lib
+                every = config_lib.from_args(args).checkpoint.save_every_steps
+            ckpt = checkpoint_plan(args.mtbf_hours, args.save_seconds, args.restart_seconds, args.step_seconds,
+                                   every)
+        if not chosen:
+            print(json.dumps(ckpt, indent=1) if args.json else format_checkpoint_plan(ckpt))
+            return 0
         hw = parse_hardware(args.hardware) if args.hardware else None
         if args.flops:
             plan = plan_flops(args.flops)
@@ -709,7 +870,10 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(json.dumps(plan, indent=1) if args.json else format_plan(plan))
+    if ckpt is not None:
+        plan["checkpoint_interval"] = ckpt
+    text = format_plan(plan) + ("\n" + format_checkpoint_plan(ckpt) if ckpt is not None else "")
+    print(json.dumps(plan, indent=1) if args.json else text)
     return 0
 
 

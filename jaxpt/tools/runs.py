@@ -1,9 +1,10 @@
 """``python -m jaxpt.tools.runs list|show|compare|plot``: read the run registry (:mod:`jaxpt.registry`).
 
     python -m jaxpt.tools.runs list [ROOT]                # a table over every run.json under ROOT (default: workdirs)
-    python -m jaxpt.tools.runs show RUN                   # RUN is a workdir or a run id under ROOT
+    python -m jaxpt.tools.runs show RUN [--goodput-plot goodput.png]   # RUN is a workdir or a run id under ROOT
     python -m jaxpt.tools.runs compare RUN RUN            # config and final-metric differences side by side
     python -m jaxpt.tools.runs plot RUN... --output loss.png   # loss, grad norm and learning rate curves
+    python -m jaxpt.tools.runs diagnose WORKDIR --step N  # replay a skipped spike: bad batch or optimizer state?
 """
 
 from __future__ import annotations
@@ -97,7 +98,69 @@ def cmd_list(root: str) -> str:
 
 
 def cmd_show(rec: dict[str, Any]) -> str:
-    return json.dumps(rec, indent=2, default=str)
+    """run.json as JSON, then the goodput table (:func:`goodput_table`) when the sessions recorded one."""
+    text = json.dumps(rec, indent=2, default=str)
+    gp = goodput_table(rec)
+    return text + ("\n\ngoodput (seconds of wall time per session):\n" + gp if gp else "")
+
+
+def goodput_rows(rec: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per session with a recorded ``goodput`` (:class:`jaxpt.monitor.Goodput`), plus a ``total`` row:
+    ``{"session", "steps", <category seconds>..., "wall_s", "goodput"}``."""
+    rows = []
+    for i, s in enumerate(rec.get("sessions", [])):
+        g = s.get("goodput")
+        if not g:
+            continue
+        rows.append({"session": str(i), "steps": f"{s.get('start_step', 0)}-{s.get('last_step', '?')}",
+                     **{k: g.get(k, 0.0) for k in monitor.GOODPUT_CATEGORIES}, "wall_s": g.get("wall_s", 0.0)})
+    if rows:
+        total = {k: sum(r[k] for r in rows) for k in (*monitor.GOODPUT_CATEGORIES, "wall_s")}
+        rows.append({"session": "total", "steps": "", **total})
+    for r in rows:
+        r["goodput"] = r["productive_s"] / r["wall_s"] if r["wall_s"] else 0.0
+    return rows
+
+
+def goodput_table(rec: dict[str, Any]) -> str:
+    """The goodput rows as a plain-text table ('' when no session recorded one)."""
+    rows = goodput_rows(rec)
+    if not rows:
+        return ""
+    keys = ["session", "steps", *monitor.GOODPUT_CATEGORIES, "wall_s", "goodput"]
+    return table([[r[k] for k in keys] for r in rows], keys)
+
+
+def plot_goodput(rec: dict[str, Any], output: str) -> str:
+    """A stacked bar per session (and the total) of where the wall time went, into ``output`` (PNG).
+
+    Raises:
+      ValueError: the run recorded no goodput.
+    """
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    rows = goodput_rows(rec)
+    if not rows:
+        raise ValueError(f"run {rec.get('run_id')} recorded no goodput (sessions without 'goodput')")
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    labels = [r["session"] if r["session"] == "total" else f"session {r['session']}\nsteps {r['steps']}"
+              for r in rows]
+    bottom = [0.0] * len(rows)
+    for k in monitor.GOODPUT_CATEGORIES:
+        vals = [r[k] for r in rows]
+        ax.bar(labels, vals, bottom=bottom, label=k.removesuffix("_s"))
+        bottom = [b + v for b, v in zip(bottom, vals)]
+    for x, r in enumerate(rows):
+        ax.text(x, r["wall_s"], f"{r['goodput']:.0%}", ha="center", va="bottom", fontsize=9)
+    ax.set_ylim(0, 1.1 * max(r["wall_s"] for r in rows))
+    ax.set_ylabel("seconds of wall time")
+    ax.set_title(f"goodput of {rec.get('run_id', '')} (label: productive share)")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.tight_layout()
+    fig.savefig(output, dpi=100)
+    plt.close(fig)
+    return output
 
 
 def cmd_compare(a: dict[str, Any], b: dict[str, Any]) -> str:
@@ -146,6 +209,18 @@ def cmd_plot(recs: list[dict[str, Any]], output: str) -> str:
     return output
 
 
+def cmd_diagnose(args) -> str:
+    """Run :func:`jaxpt.tools.diagnose.diagnose` for ``args.workdir`` at ``args.step``; its text."""
+    from jaxpt.tools import diagnose
+    injector = None
+    if args.inject_random_tokens is not None:
+        from jaxpt import config as config_lib
+        from jaxpt.builder import resolve_vocab
+        cfg = resolve_vocab(config_lib.parse([os.path.join(args.workdir, "config.gin")]))
+        injector = diagnose.RandomTokens(args.inject_random_tokens, cfg.model.vocab_size, args.inject_seed)
+    return diagnose.diagnose(args.workdir, args.step, args.refs, injector).text()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m jaxpt.tools.runs", description="Inspect runs (run.json).")
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -154,6 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("show")
     p.add_argument("run")
     p.add_argument("--root", default="workdirs")
+    p.add_argument("--goodput-plot", metavar="PNG", help="also draw the goodput stacked bars into this file")
     p = sub.add_parser("compare")
     p.add_argument("runs", nargs=2)
     p.add_argument("--root", default="workdirs")
@@ -161,22 +237,34 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("runs", nargs="+")
     p.add_argument("--root", default="workdirs")
     p.add_argument("--output", default="loss.png")
+    p = sub.add_parser("diagnose", help="replay step N from the checkpoint before it (jaxpt.tools.diagnose)")
+    p.add_argument("workdir")
+    p.add_argument("--step", type=int, required=True, help="the step whose spike to diagnose")
+    p.add_argument("--refs", type=int, default=4, help="reference batches after the step for the control")
+    p.add_argument("--inject-random-tokens", type=int, metavar="STEP",
+                   help="the run was trained with jaxpt.tools.diagnose.RandomTokens at STEP (a drill): replay it")
+    p.add_argument("--inject-seed", type=int, default=0, help="RandomTokens seed of that drill")
     args = ap.parse_args(argv)
     try:
         if args.cmd == "list":
             print(cmd_list(args.root))
         elif args.cmd == "show":
-            print(cmd_show(load_run(args.run, args.root)))
+            rec = load_run(args.run, args.root)
+            print(cmd_show(rec))
+            if args.goodput_plot:
+                print(plot_goodput(rec, args.goodput_plot))
         elif args.cmd == "compare":
             print(cmd_compare(*(load_run(r, args.root) for r in args.runs)))
+        elif args.cmd == "diagnose":
+            print(cmd_diagnose(args))
         else:
             print(cmd_plot([load_run(r, args.root) for r in args.runs], args.output))
-    except FileNotFoundError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
     except ConfigError as e:  # a malformed metrics.jsonl (file and line named)
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except (FileNotFoundError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     return 0
 
 

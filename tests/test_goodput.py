@@ -1,0 +1,80 @@
+"""Goodput: a run's wall time accounted per session across a restart, in run.json and `jaxpt.tools.runs show`."""
+
+import json
+import time
+
+import pytest
+
+from conftest import tiny_bindings
+from jaxpt import config as C
+from jaxpt import monitor, train
+from jaxpt.tools import runs
+
+
+def test_goodput_categories_sum_to_wall_time_and_redone_steps_take_their_share(monkeypatch):
+    """A fake clock: startup 2 s, compile 3 s, data wait 1 s, checkpoint 0.5 s, eval 0.5 s, then 10 steps in
+    another 10 s of stepping, 4 of them redone (an earlier session reached step 4): 4 s redone, 6 s productive."""
+    now = [100.0]
+    monkeypatch.setattr(time, "perf_counter", lambda: now[0])
+    g = monitor.Goodput(redo_until=4, t0=100.0)
+    now[0] = 102.0
+    g.start_loop()
+    for k, v in (("compile_s", 3.0), ("data_wait_s", 1.0), ("checkpoint_s", 0.5), ("eval_s", 0.5)):
+        g.add(k, v)
+    for s in range(1, 11):
+        g.step(s)
+    now[0] = 102.0 + 5.0 + 10.0
+    out = g.summary()
+    assert out["startup_s"] == 2.0 and out["redone_s"] == pytest.approx(4.0)
+    assert out["productive_s"] == pytest.approx(6.0) and out["wall_s"] == pytest.approx(17.0)
+    assert sum(out[k] for k in monitor.GOODPUT_CATEGORIES) == pytest.approx(out["wall_s"])
+    assert out["goodput"] == pytest.approx(6.0 / 17.0) and out["redone_steps"] == 4
+
+
+def test_goodput_table_and_plot_from_run_json(tmp_path):
+    g = {k: 1.0 for k in monitor.GOODPUT_CATEGORIES}
+    rec = {"run_id": "r", "sessions": [{"start_step": 0, "last_step": 5, "goodput": {**g, "wall_s": 7.0}},
+                                       {"start_step": 3, "last_step": 9, "goodput": {**g, "productive_s": 8.0,
+                                                                                     "wall_s": 14.0}}]}
+    rows = runs.goodput_rows(rec)
+    assert [r["session"] for r in rows] == ["0", "1", "total"]
+    assert rows[-1]["wall_s"] == 21.0 and rows[-1]["goodput"] == pytest.approx(9.0 / 21.0)
+    assert "total" in runs.cmd_show(rec) and "productive_s" in runs.cmd_show(rec)
+    png = runs.plot_goodput(rec, str(tmp_path / "g.png"))
+    assert open(png, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(ValueError, match="no goodput"):
+        runs.plot_goodput({"sessions": [{}]}, str(tmp_path / "x.png"))
+
+
+@pytest.mark.slow
+def test_goodput_across_a_restart_counts_redone_steps(prepared_sample, tmp_path):
+    """Train to 8 (checkpoint at 4 and 8), lose the checkpoint at 8 as a crash would, train on to 10: the second
+    session redoes steps 5-8 (4 of its 6 steps)."""
+    import shutil
+    b = tiny_bindings(prepared_sample, tmp_path, **{"CheckpointConfig.enabled": "True",
+                                                    "CheckpointConfig.save_every_steps": "4"})
+    train.run_training(C.parse(["configs/quickstart.gin"], b, steps=8, mesh="data=8"))
+    shutil.rmtree(tmp_path / "checkpoints" / "8")
+    train.run_training(C.parse(["configs/quickstart.gin"], b, steps=10, mesh="data=8"))
+    s0, s1 = json.loads((tmp_path / "run.json").read_text())["sessions"]
+    assert (s0["last_step"], s1["start_step"], s1["last_step"]) == (8, 4, 10)
+    g0, g1 = s0["goodput"], s1["goodput"]
+    assert (g0["redone_steps"], g1["redone_steps"], g1["steps_run"]) == (0, 4, 6)
+    for g in (g0, g1):
+        assert sum(g[k] for k in monitor.GOODPUT_CATEGORIES) == pytest.approx(g["wall_s"], rel=1e-6)
+        assert g["compile_s"] > 0 and g["startup_s"] > 0 and g["checkpoint_s"] > 0 and g["eval_s"] > 0
+        assert g["checkpoint_saves"] >= 2
+    assert g1["redone_s"] > 0 and g0["redone_s"] == 0
+
+
+def test_straggler_monitor_names_the_slowest_and_waits_for_persistence():
+    """Own times 0.5, 0.05, 0.06 s: the others' median 0.055, ratio 0.5 / 0.055 = 9.09 > 1.5; flagged on the
+    2nd interval."""
+    m = monitor.StragglerMonitor(threshold=1.5, patience=2)
+    figures = [[1.0, 0.4, 0.5], [1.0, 0.0, 0.05], [1.0, 0.0, 0.06]]
+    first = m.observe(figures)
+    assert first["slowest_process"] == 0 and first["slowest_ratio"] == pytest.approx(0.5 / 0.055)
+    assert not first["straggler"] and m.observe(figures)["straggler"]
+    assert not m.observe([[1.0, 0.0, 0.06], [1.0, 0.0, 0.05], [1.0, 0.0, 0.055]])["straggler"]  # 0.06/0.0525
+    with pytest.raises(ValueError):
+        monitor.StragglerMonitor(threshold=1.0)
