@@ -94,7 +94,8 @@ def test_offload_moves_the_optimizer_state_from_hbm_to_host_on_a_v5e_2x2_topolog
     env = dict(os.environ, JAX_PLATFORMS="cpu", ALLOW_MULTIPLE_LIBTPU_LOAD="1", PYTHONPATH=str(REPO))
     reports = {}
     for offload in (False, True):
-        argv = ["--config", QUICKSTART, *[a for b in TINY for a in ("--gin", b)], "--mesh", "fsdp=-1",
+        argv = ["--config", QUICKSTART, *[a for b in TINY for a in ("--gin", b)],
+                "--gin", "TrainConfig.mesh = 'fsdp=-1'",  # --gin wins over --mesh, and TINY's mesh is 8 devices
                 "--gin", f"TrainConfig.offload_optimizer_state = {offload}",
                 "--topology", "v5e:2x2", "--json"]
         proc = subprocess.run([sys.executable, "-m", "jaxpt.compile", *argv],
