@@ -1,7 +1,7 @@
 """Device mesh construction and logical-axis sharding.
 
 Every parameter and every activation that matters carries *logical* axis names (``embed``, ``vocab``,
-``heads``, ``kv_heads``, ``head_dim``, ``mlp``, ``layers``, ``batch``, ``length``). A rule list, set in the
+``heads``, ``kv_heads``, ``head_dim``, ``mlp``, ``exp``, ``layers``, ``batch``, ``length``). A rule list, set in the
 config, maps each logical axis to zero, one or several *mesh* axes (``data``, ``fsdp``, ``tensor``,
 ``sequence``, ``expert``). This module is the only place where the two vocabularies meet.
 
@@ -27,13 +27,19 @@ MESH_AXES: tuple[str, ...] = ("data", "fsdp", "sequence", "expert", "tensor")
 
 #: Logical axis names the model uses.
 LOGICAL_AXES: tuple[str, ...] = (
-    "batch", "length", "embed", "vocab", "heads", "kv_heads", "head_dim", "mlp", "layers", "norm",
+    "batch", "length", "embed", "vocab", "heads", "kv_heads", "head_dim", "mlp", "exp", "layers", "norm",
 )
 
 #: Default rules: FSDP (ZeRO-3) shards params on ``embed``; Megatron tensor parallelism shards ``heads``,
-#: ``kv_heads``, ``mlp`` and ``vocab`` over ``tensor``; the batch goes over ``data`` and ``fsdp``.
+#: ``kv_heads``, ``mlp`` and ``vocab`` over ``tensor``; the batch goes over ``data``, ``fsdp`` and ``expert``.
+#: Expert parallelism (GShard, Lepikhin et al. 2021): expert weights are split over ``expert`` by their
+#: ``exp`` axis, while everything outside the MoE layers treats ``expert`` as more data parallelism; inside
+#: an MoE layer the tokens, batch-sharded over ``expert`` too, are exchanged all-to-all so each device gets
+#: its experts' tokens (an array with both ``exp`` and ``batch`` gives ``expert`` to ``exp``, the first to
+#: claim it, and shards ``batch`` over ``data`` x ``fsdp`` only).
 DEFAULT_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
-    ("batch", ("data", "fsdp")),
+    ("exp", "expert"),
+    ("batch", ("data", "fsdp", "expert")),
     ("length", None),
     ("embed", "fsdp"),
     ("vocab", "tensor"),
