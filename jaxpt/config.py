@@ -313,6 +313,21 @@ def _check_mesh_axes_used(cfg: TrainConfig, sizes: dict[str, int]) -> None:
                           "size 1, or map a logical axis to them")
 
 
+def _check_expert_axis(cfg: TrainConfig, sizes: dict[str, int]) -> None:
+    """Mesh ``expert`` splits the experts of each MoE layer (logical ``exp``): a dense model has none to split
+    (the axis would only be disguised data parallelism, so it is refused like an unused axis), and the
+    expert count must divide evenly."""
+    n, m = sizes["expert"], cfg.model
+    if n == 1:
+        return
+    if not m.num_moe_layers:
+        raise ConfigError(f"TrainConfig.mesh = {cfg.mesh!r}: mesh axis 'expert' (size {n}) splits the experts of "
+                          f"MoE layers, but ModelConfig.mlp = {m.mlp!r} has none; use 'data' for data parallelism")
+    if m.moe_num_experts % n:
+        raise ConfigError(f"ModelConfig.moe_num_experts = {m.moe_num_experts} is not divisible by mesh "
+                          f"expert = {n} (TrainConfig.mesh = {cfg.mesh!r})")
+
+
 def _check_batch(cfg: TrainConfig, sizes: dict[str, int]) -> None:
     """The global batch splits into micro-batches and each of those over the data-parallel shards."""
     dp = mesh_lib.data_parallel_size(sizes, cfg.logical_axis_rules)
@@ -349,11 +364,13 @@ def validate(cfg: TrainConfig, num_devices: int) -> dict[str, int]:
         ``dcn_mesh``); a mesh axis of size > 1 that no logical-axis rule uses; a global batch not divisible
         by the data-parallel size x ``grad_accum_steps``, or by ``DataConfig.num_shards``; heads or kv heads
         not divisible by mesh ``tensor``; ``seq_len`` above ``ModelConfig.max_seq_len``; schedule phases that do
-        not fit the decay horizon (:func:`jaxpt.optim.check_schedule`).
+        not fit the decay horizon (:func:`jaxpt.optim.check_schedule`); mesh ``expert`` > 1 for a model
+        without MoE layers, or not dividing ``ModelConfig.moe_num_experts``.
     """
     m = cfg.model
     sizes = _mesh_shape(cfg, num_devices).sizes
     _check_mesh_axes_used(cfg, sizes)
+    _check_expert_axis(cfg, sizes)
     _check_batch(cfg, sizes)
     tensor = sizes["tensor"]
     if m.num_heads % tensor:
