@@ -377,6 +377,9 @@ def validate(cfg: TrainConfig, num_devices: int) -> dict[str, int]:
         raise ConfigError(f"ModelConfig.num_heads = {m.num_heads} is not divisible by mesh tensor = {tensor}")
     if m.num_kv_heads % tensor:
         raise ConfigError(f"ModelConfig.num_kv_heads = {m.num_kv_heads} is not divisible by mesh tensor = {tensor}")
+    if m.num_moe_layers and m.moe_group_size and cfg.seq_len % m.moe_group_size:
+        raise ConfigError(f"ModelConfig.moe_group_size = {m.moe_group_size} does not divide TrainConfig.seq_len = "
+                          f"{cfg.seq_len} (routing groups are cut from rows)")
     if cfg.seq_len > m.max_seq_len:
         raise ConfigError(f"TrainConfig.seq_len = {cfg.seq_len} exceeds ModelConfig.max_seq_len = {m.max_seq_len}")
     from jaxpt.optim import check_schedule

@@ -91,9 +91,10 @@ def test_capacity_one_drops_exactly_the_overflow_and_dropped_tokens_pass_through
     assert int(n) == 6
 
 
-def test_dropless_equals_capacity_mode_without_drops():
+@pytest.mark.parametrize("group_size", [0, 8])
+def test_dropless_equals_capacity_mode_without_drops(group_size):
     """ragged_dot over expert-sorted tokens gives the loss and gradients of the dispatch/combine einsums when
-    the capacity drops nothing (rel 1e-5)."""
+    the capacity drops nothing (rel 1e-5), routing groups whole rows or 8-token pieces of them."""
     batch = _batch(2, 32, 256)
     from jaxpt.step import loss_fn
 
@@ -103,7 +104,7 @@ def test_dropless_equals_capacity_mode_without_drops():
         (loss, aux), g = jax.value_and_grad(loss_fn, has_aux=True)(params, graphdef, batch, 1e-4)
         return loss, aux, g
 
-    l_cap, aux_cap, g_cap = loss_and_grads(TINY)
+    l_cap, aux_cap, g_cap = loss_and_grads(dataclasses.replace(TINY, moe_group_size=group_size))
     l_drop, aux_drop, g_drop = loss_and_grads(dataclasses.replace(TINY, moe_dropless=True))
     assert float(aux_cap["moe/dropped_fraction"]) == 0.0
     np.testing.assert_allclose(float(l_drop), float(l_cap), rtol=1e-5)
@@ -207,7 +208,8 @@ def test_checkpoint_restores_across_expert_parallel_sizes(tmp_path):
     state, _ = built4.train_step(state, jax.device_put(batch, built4.batch_shardings()))
     ckpt = Checkpointer(str(tmp_path), CheckpointConfig(async_save=False))
     # the train state and metadata only (no data iterator in this test)
-    ckpt.manager.save(1, args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave({})))
+    ckpt.manager.save(1, args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave({})),
+                      force=True)
     ckpt.wait()
     saved = jax.tree.map(np.asarray, state.params)
     _, m4 = built4.train_step(state, jax.device_put(_batch(8, 32, 256, seed=4), built4.batch_shardings()))
@@ -219,3 +221,22 @@ def test_checkpoint_restores_across_expert_parallel_sizes(tmp_path):
     jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, restored.params), saved)
     _, m2 = built2.train_step(restored, jax.device_put(_batch(8, 32, 256, seed=4), built2.batch_shardings()))
     np.testing.assert_allclose(float(m2["loss"]), float(m4["loss"]), rtol=1e-5)
+
+
+def test_planner_counts_all_expert_params_in_memory_and_estimates_the_all_to_all():
+    """tools.plan on expert=4,data=2: stored params per device are the non-expert params whole plus a quarter
+    of the experts (fp32); the all-to-all bytes per device are, per MoE layer, 4 exchanges (2 forward,
+    2 backward) of E x (its 1 row) x C x D (fp32) of which 3/4 leave the device; v5p time = bytes / (4800 Gbit/s / 2)."""
+    from jaxpt.tools import plan
+    cfg = _tiny_train_cfg("expert=4,data=2")
+    sizes = C.validate(cfg, 8)
+    c = count_params(cfg.model)
+    mem = plan.estimate_memory(cfg, sizes)
+    assert mem.params == 4 * (c["total"] - c["experts"] + c["experts"] // 4)
+    hw = plan.parse_hardware("v5p-16")
+    est = plan.all_to_all_estimate(cfg, sizes, hw)
+    rows, C_, D, E = 8 / 8, expert_capacity(cfg.model, 32), 32, 4   # a device's own rows (batch over data x expert)
+    per = E * rows * C_ * D * 4 * 3 / 4
+    assert est["all_to_alls"] == 2 * 4 and est["bytes_per_device"] == pytest.approx(2 * 4 * per)
+    assert est["seconds"] == pytest.approx(est["bytes_per_device"] / (4800e9 / 8 / 2))
+    assert plan.all_to_all_estimate(_tiny_train_cfg("data=8", mlp="swiglu"), {"data": 8}, hw) is None

@@ -54,6 +54,10 @@ class ModelConfig:
       moe_capacity_factor: expert capacity per group (one row of ``seq_len`` tokens) is
         ``min(S, ceil(top_k * S * moe_capacity_factor / num_experts))`` tokens; assignments past it are dropped
         (the token passes through the residual). ``num_experts / top_k`` or more never drops.
+      moe_group_size: tokens per routing group in capacity mode (rows are cut into groups of this many
+        consecutive tokens; it must divide ``seq_len``); 0: one group per row. The dispatch/combine einsums cost
+        ``4 S E C D`` FLOPs per group of ``S``, i.e. ``2 S / (3 F)`` of the expert FLOPs: 38% for
+        Mixtral-8x7B at S = 8192, 5% at S = 1024.
       moe_dropless: no capacity: tokens sorted by expert and multiplied group by group
         (``jax.lax.ragged_dot``); nothing is dropped.
       moe_shared_expert_dim: width of a dense SwiGLU expert every token also goes through (DeepSeekMoE); 0: none.
@@ -95,6 +99,7 @@ class ModelConfig:
     moe_top_k: int = 2
     moe_every: int = 1
     moe_capacity_factor: float = 1.25
+    moe_group_size: int = 0
     moe_dropless: bool = False
     moe_shared_expert_dim: int = 0
     moe_load_balance_weight: float = 0.01
@@ -127,7 +132,7 @@ class ModelConfig:
 
     def _check_moe(self) -> None:
         positive(self, "moe_num_experts", "moe_top_k", "moe_every", "moe_capacity_factor")
-        non_negative(self, "moe_shared_expert_dim", "moe_load_balance_weight", "moe_router_z_loss_weight")
+        non_negative(self, "moe_group_size", "moe_shared_expert_dim", "moe_load_balance_weight", "moe_router_z_loss_weight")
         require(self, "moe_top_k", self.moe_top_k <= self.moe_num_experts,
                 f"must be at most ModelConfig.moe_num_experts = {self.moe_num_experts}")
         require(self, "moe_every", self.num_layers % self.moe_every == 0,

@@ -7,7 +7,7 @@ Routing (Shazeer et al. 2017; GShard, Lepikhin et al. 2021; Switch, Fedus et al.
   k = 1 (Switch: the router gets the main loss's gradient through it), the top-k ``p`` renormalized to sum to 1
   for k >= 2 (GShard, Mixtral).
 * Capacity mode (default): tokens are routed within groups, one group per row of the batch (``G = B``
-  groups of ``S = L`` tokens). Expert capacity is ``C = min(S, ceil(k * S * capacity_factor / E))``. Slots
+  groups of ``S = L`` tokens), or ``moe_group_size`` consecutive tokens of a row (``G = B L / S``). Expert capacity is ``C = min(S, ceil(k * S * capacity_factor / E))``. Slots
   are filled choice by choice (every token's first choice, then every token's second choice, ...), tokens in
   row order, as GShard does; an assignment past capacity is dropped: that expert contributes nothing to the
   token, which passes through the block's residual (and its other experts). The token exchange is
@@ -145,10 +145,11 @@ def dispatch_and_combine(experts_GxSxK: jax.Array, gates_GxSxK: jax.Array, num_e
 def _moe_saved_tensors(cfg: ModelConfig, batch: int, seq_len: int) -> list[SavedTensor]:
     c = jnp.dtype(DTYPES[cfg.compute_dtype]).itemsize
     E, F, D = cfg.moe_num_experts, cfg.mlp_dim, cfg.d_model
-    C = expert_capacity(cfg, seq_len)
+    S = cfg.moe_group_size or seq_len
+    C, batch = expert_capacity(cfg, S), batch * seq_len // S   # batch: routing groups from here on
     ebcf = ("exp", "batch", None, "mlp")
     out = [SavedTensor("router_probs", "other", True, (batch, seq_len, E), ("batch", "length", None), 4),
-           SavedTensor("combine", "other", True, (batch, seq_len, E, C), ("batch", "length", None, None), 4),
+           SavedTensor("combine", "other", True, (batch, S, E, C), ("batch", "length", None, None), 4),
            SavedTensor("expert_in", "other", True, (E, batch, C, D), ("exp", "batch", None, "embed"), c),
            SavedTensor("gate", "dot", True, (E, batch, C, F), ebcf, c),
            SavedTensor("up", "dot", True, (E, batch, C, F), ebcf, c),
@@ -214,12 +215,20 @@ class MoE(nnx.Module):
         cd = self.cfg.jnp_compute_dtype
         return self.w_gate[...].astype(cd), self.w_up[...].astype(cd), self.w_down[...].astype(cd)
 
-    def _capacity(self, x_GxSxD, routing: Routing):
+    def _capacity(self, x_BxLxD, routing: Routing):
         """Dispatch/combine einsums over ``[E, G, C, D]`` (GShard); XLA inserts the all-to-alls."""
         cfg = self.cfg
         cd = cfg.jnp_compute_dtype
-        C = expert_capacity(cfg, x_GxSxD.shape[1])
-        dispatch, combine, dropped = dispatch_and_combine(routing.experts, routing.gates, cfg.moe_num_experts, C)
+        B, L, D = x_BxLxD.shape
+        S = cfg.moe_group_size or L
+        if L % S:
+            raise ValueError(f"ModelConfig.moe_group_size = {S} does not divide the row length {L}")
+        G = B * L // S
+        x_GxSxD = constrain(x_BxLxD.reshape(G, S, D), ("batch", None, "embed"))
+        experts_GxSxK = routing.experts.reshape(G, S, -1)
+        gates_GxSxK = routing.gates.reshape(G, S, -1)
+        C = expert_capacity(cfg, S)
+        dispatch, combine, dropped = dispatch_and_combine(experts_GxSxK, gates_GxSxK, cfg.moe_num_experts, C)
         w_gate, w_up, w_down = self._expert_weights()
         ebcd, ebcf = ("exp", "batch", None, "embed"), ("exp", "batch", None, "mlp")
         x_ExGxCxD = constrain(jnp.einsum("gsec,gsd->egcd", dispatch.astype(cd), x_GxSxD), ebcd)
@@ -228,7 +237,7 @@ class MoE(nnx.Module):
         h_ExGxCxF = constrain(jax.nn.silu(gate_ExGxCxF) * up_ExGxCxF, ebcf)
         out_ExGxCxD = constrain(jnp.einsum("egcf,efd->egcd", h_ExGxCxF, w_down), ebcd)
         y_GxSxD = jnp.einsum("gsec,egcd->gsd", combine.astype(cd), out_ExGxCxD)
-        return y_GxSxD, dropped
+        return y_GxSxD.reshape(B, L, D), dropped
 
     def _dropless(self, x_BxLxD, routing: Routing):
         """Assignments sorted by expert, ``jax.lax.ragged_dot`` per expert group, scattered back and summed."""
