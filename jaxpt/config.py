@@ -303,27 +303,24 @@ def _mesh_shape(cfg: TrainConfig, num_devices: int) -> mesh_lib.MeshShape:
 
 def _check_mesh_axes_used(cfg: TrainConfig, sizes: dict[str, int]) -> None:
     """An axis of size > 1 that no logical-axis rule uses only replicates work: refuse it, naming it."""
-    unused = mesh_lib.unused_mesh_axes(sizes, cfg.logical_axis_rules)
+    model_axes = set(mesh_lib.LOGICAL_AXES) - ({"exp"} if not cfg.model.num_moe_layers else set())
+    unused = mesh_lib.unused_mesh_axes(sizes, cfg.logical_axis_rules, model_axes)
     if unused:
         where = f"TrainConfig.mesh = {cfg.mesh!r}" + (f", TrainConfig.dcn_mesh = {cfg.dcn_mesh!r}"
                                                       if cfg.dcn_mesh else "")
         axes = ", ".join(f"{a!r} (size {n})" for a, n in unused.items())
-        raise ConfigError(f"{where}: mesh axes {axes} are used by no TrainConfig.logical_axis_rules entry, so "
+        why = (f" ('expert' splits the experts of MoE layers, and ModelConfig.mlp = {cfg.model.mlp!r} has none)"
+               if "expert" in unused and not cfg.model.num_moe_layers else "")
+        raise ConfigError(f"{where}: mesh axes {axes} are used by no TrainConfig.logical_axis_rules entry{why}, so "
                           "every array would be replicated over them (the same work repeated); give them "
                           "size 1, or map a logical axis to them")
 
 
 def _check_expert_axis(cfg: TrainConfig, sizes: dict[str, int]) -> None:
-    """Mesh ``expert`` splits the experts of each MoE layer (logical ``exp``): a dense model has none to split
-    (the axis would only be disguised data parallelism, so it is refused like an unused axis), and the
-    expert count must divide evenly."""
+    """Mesh ``expert`` splits the experts of each MoE layer (logical ``exp``) evenly. (For a dense model it is
+    refused as unused: :func:`_check_mesh_axes_used`.)"""
     n, m = sizes["expert"], cfg.model
-    if n == 1:
-        return
-    if not m.num_moe_layers:
-        raise ConfigError(f"TrainConfig.mesh = {cfg.mesh!r}: mesh axis 'expert' (size {n}) splits the experts of "
-                          f"MoE layers, but ModelConfig.mlp = {m.mlp!r} has none; use 'data' for data parallelism")
-    if m.moe_num_experts % n:
+    if n > 1 and m.num_moe_layers and m.moe_num_experts % n:
         raise ConfigError(f"ModelConfig.moe_num_experts = {m.moe_num_experts} is not divisible by mesh "
                           f"expert = {n} (TrainConfig.mesh = {cfg.mesh!r})")
 

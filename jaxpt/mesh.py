@@ -287,13 +287,25 @@ def rule_mesh_axes(rules: Rules) -> frozenset[str]:
     return frozenset(a for axes in _rules_dict(rules).values() for a in axes)
 
 
-def unused_mesh_axes(mesh_sizes: Mapping[str, int], rules: Rules) -> dict[str, int]:
-    """``{axis: size}`` of mesh axes of size > 1 that no rule uses, in :data:`MESH_AXES` order.
+#: Mesh axes that mean something only when the model has a given logical axis: ``expert`` splits the
+#: experts (``exp``) of MoE layers. The batch is sharded over it too (so tokens are spread before the
+#: all-to-all), but for a model without experts that is only data parallelism under another name.
+AXIS_NEEDS_LOGICAL: dict[str, str] = {"expert": "exp"}
 
-    Nothing is sharded over such an axis, so every array is replicated along it and each of its devices
-    repeats the same work.
+
+def unused_mesh_axes(mesh_sizes: Mapping[str, int], rules: Rules,
+                     model_axes: Iterable[str] | None = None) -> dict[str, int]:
+    """``{axis: size}`` of mesh axes of size > 1 that no rule uses, in :data:`MESH_AXES` order; with
+    ``model_axes`` (the logical axes the model's params carry), also those of :data:`AXIS_NEEDS_LOGICAL`
+    whose logical axis the model lacks (``expert`` for a dense model).
+
+    Nothing is sharded over such an axis (or nothing it exists for), so every array is replicated along it
+    and each of its devices repeats the same work.
     """
-    used = rule_mesh_axes(rules)
+    used = set(rule_mesh_axes(rules))
+    if model_axes is not None:
+        present = set(model_axes)
+        used -= {a for a, logical in AXIS_NEEDS_LOGICAL.items() if logical not in present}
     return {a: s for a, s in mesh_sizes.items() if s > 1 and a not in used}
 
 

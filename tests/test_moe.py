@@ -128,6 +128,11 @@ def test_every_nth_layer_placement_and_param_accounting():
     assert flops.flops_per_token(cfg, 32) == 6 * c["matmul"] + 6 * 4 * 2 * 16 * 32
     _, aux = model(*_batch(1, 32, 256).values(), return_aux=True)
     assert aux["moe/expert_share"].shape == (2, 4)
+    # a shared expert of width 16: 3 D 16 more params per MoE layer, all of them active
+    shared = dataclasses.replace(cfg, moe_shared_expert_dim=16)
+    cs = count_params(shared)
+    assert cs["total"] == sum(x.size for x in jax.tree.leaves(nnx.state(Decoder(shared, rngs=nnx.Rngs(0)), nnx.Param)))
+    assert cs["total"] - c["total"] == cs["matmul"] - c["matmul"] == 2 * 3 * D * 16
 
 
 def test_moe_config_errors_name_the_field():
@@ -139,7 +144,7 @@ def test_moe_config_errors_name_the_field():
         dataclasses.replace(TINY, moe_every=2, scan_layers=True)
     with pytest.raises(ConfigError, match=r"ModelConfig.moe_capacity_factor = 0"):
         dataclasses.replace(TINY, moe_capacity_factor=0.0)
-    with pytest.raises(ConfigError, match=r"mesh axis 'expert'.*has none"):
+    with pytest.raises(ConfigError, match=r"'expert' \(size 4\).*'swiglu' has none"):
         C.validate(_tiny_train_cfg("expert=4,data=2", mlp="swiglu"), 8)
     with pytest.raises(ConfigError, match=r"ModelConfig.moe_num_experts = 4 is not divisible by mesh expert = 8"):
         C.validate(_tiny_train_cfg("expert=8"), 8)
