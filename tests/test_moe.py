@@ -247,3 +247,20 @@ def test_planner_counts_all_expert_params_in_memory_and_estimates_the_all_to_all
     assert est["all_to_alls"] == 2 * 4 and est["bytes_per_device"] == pytest.approx(2 * 4 * per)
     assert est["seconds"] == pytest.approx(est["bytes_per_device"] / (4800e9 / 8 / 2))
     assert plan.all_to_all_estimate(_tiny_train_cfg("data=8", mlp="swiglu"), {"data": 8}, hw) is None
+
+
+def test_presets_have_the_published_shapes():
+    """Mixtral-8x7B: 46,702,792,704 params (Jiang et al. 2024) + 32 layers x 8 router biases; 12.9B active with
+    the embedding. moe_1b: about 1B in all, 8 experts top-2. quickstart_moe: 4 experts top-2 in every layer,
+    validated on its own mesh (expert=4,data=2) on 8 devices; the Mixtral preset on v5p-128 (64 chips)."""
+    mixtral = C.parse(["configs/quickstart.gin", "configs/models/mixtral_8x7b.gin", "configs/slices/v5p-128.gin"],
+                      ["TrainConfig.mesh = 'expert=4,fsdp=-1'"])
+    c = count_params(mixtral.model)
+    assert c["total"] == 46_702_792_704 + 32 * 8
+    assert round((c["matmul"] + c["embedding"]) / 1e8) == 129
+    assert C.validate(mixtral, 64)["expert"] == 4
+    small = C.parse(["configs/quickstart.gin", "configs/models/moe_1b.gin"], []).model
+    assert 0.95e9 < count_params(small)["total"] < 1.1e9 and (small.moe_num_experts, small.moe_top_k) == (8, 2)
+    q = C.parse(["configs/quickstart_moe.gin"], ["ModelConfig.vocab_size = 512"])
+    assert (q.model.mlp, q.model.moe_num_experts, q.model.moe_top_k, q.model.num_moe_layers) == ("moe", 4, 2, 4)
+    assert C.validate(q, 8) == {"data": 2, "fsdp": 1, "sequence": 1, "expert": 4, "tensor": 1}
