@@ -347,14 +347,26 @@ def _mesh_shape(cfg: TrainConfig, num_devices: int) -> mesh_lib.MeshShape:
 
 def _check_mesh_axes_used(cfg: TrainConfig, sizes: dict[str, int]) -> None:
     """An axis of size > 1 that no logical-axis rule uses only replicates work: refuse it, naming it."""
-    unused = mesh_lib.unused_mesh_axes(sizes, cfg.logical_axis_rules)
+    model_axes = set(mesh_lib.LOGICAL_AXES) - ({"exp"} if not cfg.model.num_moe_layers else set())
+    unused = mesh_lib.unused_mesh_axes(sizes, cfg.logical_axis_rules, model_axes)
     if unused:
         where = f"TrainConfig.mesh = {cfg.mesh!r}" + (f", TrainConfig.dcn_mesh = {cfg.dcn_mesh!r}"
                                                       if cfg.dcn_mesh else "")
         axes = ", ".join(f"{a!r} (size {n})" for a, n in unused.items())
-        raise ConfigError(f"{where}: mesh axes {axes} are used by no TrainConfig.logical_axis_rules entry, so "
+        why = (f" ('expert' splits the experts of MoE layers, and ModelConfig.mlp = {cfg.model.mlp!r} has none)"
+               if "expert" in unused and not cfg.model.num_moe_layers else "")
+        raise ConfigError(f"{where}: mesh axes {axes} are used by no TrainConfig.logical_axis_rules entry{why}, so "
                           "every array would be replicated over them (the same work repeated); give them "
                           "size 1, or map a logical axis to them")
+
+
+def _check_expert_axis(cfg: TrainConfig, sizes: dict[str, int]) -> None:
+    """Mesh ``expert`` splits the experts of each MoE layer (logical ``exp``) evenly. (For a dense model it is
+    refused as unused: :func:`_check_mesh_axes_used`.)"""
+    n, m = sizes["expert"], cfg.model
+    if n > 1 and m.num_moe_layers and m.moe_num_experts % n:
+        raise ConfigError(f"ModelConfig.moe_num_experts = {m.moe_num_experts} is not divisible by mesh "
+                          f"expert = {n} (TrainConfig.mesh = {cfg.mesh!r})")
 
 
 def _check_batch(cfg: TrainConfig, sizes: dict[str, int]) -> None:
@@ -453,11 +465,13 @@ def validate(cfg: TrainConfig, num_devices: int) -> dict[str, int]:
         ``ModelConfig.max_seq_len``; with the row split over ``sequence`` (context parallelism), ``seq_len`` not
         divisible by 2 x its size, or an ``attention_impl`` that does not support it, or rows splash cannot
         block; schedule phases that do not fit the decay horizon (:func:`jaxpt.optim.check_schedule`; a stage's
-        horizon is ``steps`` minus its start step, :func:`jaxpt.stage.start_step`).
+        horizon is ``steps`` minus its start step, :func:`jaxpt.stage.start_step`); mesh ``expert`` > 1 for a
+        model without MoE layers, or not dividing ``ModelConfig.moe_num_experts``.
     """
     m = cfg.model
     sizes = _mesh_shape(cfg, num_devices).sizes
     _check_mesh_axes_used(cfg, sizes)
+    _check_expert_axis(cfg, sizes)
     _check_batch(cfg, sizes)
     _check_pipeline(cfg, sizes)
     tensor = sizes["tensor"]
@@ -465,6 +479,9 @@ def validate(cfg: TrainConfig, num_devices: int) -> dict[str, int]:
         raise ConfigError(f"ModelConfig.num_heads = {m.num_heads} is not divisible by mesh tensor = {tensor}")
     if m.num_kv_heads % tensor:
         raise ConfigError(f"ModelConfig.num_kv_heads = {m.num_kv_heads} is not divisible by mesh tensor = {tensor}")
+    if m.num_moe_layers and m.moe_group_size and cfg.seq_len % m.moe_group_size:
+        raise ConfigError(f"ModelConfig.moe_group_size = {m.moe_group_size} does not divide TrainConfig.seq_len = "
+                          f"{cfg.seq_len} (routing groups are cut from rows)")
     if cfg.seq_len > m.max_seq_len:
         raise ConfigError(f"TrainConfig.seq_len = {cfg.seq_len} exceeds ModelConfig.max_seq_len = {m.max_seq_len}")
     _check_context_parallel(cfg, sizes)

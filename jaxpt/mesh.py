@@ -1,8 +1,8 @@
 """Device mesh construction and logical-axis sharding.
 
 Every parameter and every activation that matters carries *logical* axis names (``embed``, ``vocab``,
-``heads``, ``kv_heads``, ``head_dim``, ``mlp``, ``layers``, ``batch``, ``length``). A rule list, set in the
-config, maps each logical axis to zero, one or several *mesh* axes (``stage``, ``data``, ``fsdp``, ``tensor``,
+``heads``, ``kv_heads``, ``head_dim``, ``mlp``, ``exp``, ``layers``, ``batch``, ``length``). A rule list, set in
+the config, maps each logical axis to zero, one or several *mesh* axes (``stage``, ``data``, ``fsdp``, ``tensor``,
 ``sequence``, ``expert``). This module is the only place where the two vocabularies meet.
 
 ``stage`` is the pipeline axis (:mod:`jaxpt.model.pipeline`): only the stacked ``layers`` axis of the weights
@@ -36,16 +36,22 @@ PIPELINE_AXIS = "stage"
 
 #: Logical axis names the model uses.
 LOGICAL_AXES: tuple[str, ...] = (
-    "batch", "length", "embed", "vocab", "heads", "kv_heads", "head_dim", "mlp", "layers", "norm",
+    "batch", "length", "embed", "vocab", "heads", "kv_heads", "head_dim", "mlp", "exp", "layers", "norm",
 )
 
 #: Default rules: FSDP (ZeRO-3) shards params on ``embed``; Megatron tensor parallelism shards ``heads``,
-#: ``kv_heads``, ``mlp`` and ``vocab`` over ``tensor``; the batch goes over ``data`` and ``fsdp``; the tokens of
-#: a row over ``sequence`` (context parallelism, :mod:`jaxpt.model.context_parallel`; no parameter has a
+#: ``kv_heads``, ``mlp`` and ``vocab`` over ``tensor``; the batch goes over ``data``, ``fsdp`` and ``expert``; the
+#: tokens of a row over ``sequence`` (context parallelism, :mod:`jaxpt.model.context_parallel`; no parameter has a
 #: ``length`` axis, and at ``sequence=1`` the axis is dropped from every spec, so the program is unchanged);
 #: the stacked layers over ``stage`` (a no-op unless the mesh has ``stage > 1``).
+#: Expert parallelism (GShard, Lepikhin et al. 2021): expert weights are split over ``expert`` by their
+#: ``exp`` axis, while everything outside the MoE layers treats ``expert`` as more data parallelism; inside
+#: an MoE layer the tokens, batch-sharded over ``expert`` too, are exchanged all-to-all so each device gets
+#: its experts' tokens (an array with both ``exp`` and ``batch`` gives ``expert`` to ``exp``, the first to
+#: claim it, and shards ``batch`` over ``data`` x ``fsdp`` only).
 DEFAULT_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
-    ("batch", ("data", "fsdp")),
+    ("exp", "expert"),
+    ("batch", ("data", "fsdp", "expert")),
     ("length", "sequence"),
     ("embed", "fsdp"),
     ("vocab", "tensor"),
@@ -293,14 +299,26 @@ def rule_mesh_axes(rules: Rules) -> frozenset[str]:
     return frozenset(a for axes in _rules_dict(rules).values() for a in axes)
 
 
-def unused_mesh_axes(mesh_sizes: Mapping[str, int], rules: Rules) -> dict[str, int]:
-    """``{axis: size}`` of mesh axes of size > 1 that no rule uses, in :data:`MESH_AXES` order.
+#: Mesh axes that mean something only when the model has a given logical axis: ``expert`` splits the
+#: experts (``exp``) of MoE layers. The batch is sharded over it too (so tokens are spread before the
+#: all-to-all), but for a model without experts that is only data parallelism under another name.
+AXIS_NEEDS_LOGICAL: dict[str, str] = {"expert": "exp"}
 
-    Nothing is sharded over such an axis, so every array is replicated along it and each of its devices
-    repeats the same work. :data:`PIPELINE_AXIS` is never unused: the pipeline schedule splits the layers
-    over it even where no rule stores the weights split (then each stage holds them all).
+
+def unused_mesh_axes(mesh_sizes: Mapping[str, int], rules: Rules,
+                     model_axes: Iterable[str] | None = None) -> dict[str, int]:
+    """``{axis: size}`` of mesh axes of size > 1 that no rule uses, in :data:`MESH_AXES` order; with
+    ``model_axes`` (the logical axes the model's params carry), also those of :data:`AXIS_NEEDS_LOGICAL`
+    whose logical axis the model lacks (``expert`` for a dense model).
+
+    Nothing is sharded over such an axis (or nothing it exists for), so every array is replicated along it
+    and each of its devices repeats the same work. :data:`PIPELINE_AXIS` is never unused: the pipeline schedule
+    splits the layers over it even where no rule stores the weights split (then each stage holds them all).
     """
-    used = rule_mesh_axes(rules) | {PIPELINE_AXIS}
+    used = set(rule_mesh_axes(rules)) | {PIPELINE_AXIS}
+    if model_axes is not None:
+        present = set(model_axes)
+        used -= {a for a, logical in AXIS_NEEDS_LOGICAL.items() if logical not in present}
     return {a: s for a, s in mesh_sizes.items() if s > 1 and a not in used}
 
 

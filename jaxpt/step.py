@@ -11,7 +11,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxpt import mesh as mesh_lib
-from jaxpt.model.auxiliary import AuxSpec, merge_specs, reduce_aux, weighted_aux_loss
+from jaxpt.model.auxiliary import AuxSpec, flatten_aux, merge_specs, reduce_aux, weighted_aux_loss
 from jaxpt.stability import decide_skip
 from jaxpt.state import StateSpec, TrainState
 
@@ -237,7 +237,8 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], *, spec: StateSpe
     Metrics (float32 scalars): ``loss``, ``z_loss``, ``grad_norm`` (global L2, before clipping),
     ``grad_norm/<group>``, ``update_param_ratio`` (||update|| / ||params||), ``learning_rate`` (the rate
     this update used, damping included), ``num_target_tokens``, ``max_logit``, the model's auxiliary outputs
-    (``max_attention_logit`` where the attention implementation reports it; absent otherwise),
+    (``max_attention_logit`` where the attention implementation reports it; absent otherwise; an array output
+    such as ``moe/expert_share`` [layers, experts] as one scalar per element, ``moe/expert_share/layer0/expert1``),
     ``skipped``, ``nonfinite``, ``clipped``, ``clipped_fraction``, spike thresholds.
 
     With ``spec.opt_state_device_shardings`` set (optimizer state offloaded to ``pinned_host`` memory), the
@@ -259,7 +260,8 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], *, spec: StateSpe
     skip, history, stab_metrics = decide_skip(spec.stability, state.stability, aux["loss"], grad_norm, clipped)
     keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(skip, o, n), new, old)  # noqa: E731
     rng = keep(jax.random.key_data(jax.random.split(jax.random.wrap_key_data(state.rng))[0]), state.rng)
-    metrics = dict(aux, **stab_metrics)
+    # Non-scalar outputs (per-layer expert shares) leave as named scalars, so every writer sees floats.
+    metrics = dict(flatten_aux(aux_specs(spec.graphdef, state.params), aux), **stab_metrics)
     metrics["grad_norm"] = grad_norm
     metrics.update({f"grad_norm/{g}": v for g, v in group_norms(grads).items()})
     metrics["update_param_ratio"] = optax.global_norm(updates) / jnp.maximum(optax.global_norm(state.params), 1e-12)

@@ -153,10 +153,14 @@ def test_slices_come_from_slice_index_then_process_then_blocks():
 
 
 def test_unused_mesh_axes_follow_the_rules():
-    assert M.rule_mesh_axes(M.DEFAULT_RULES) == {"stage", "data", "fsdp", "sequence", "tensor"}
+    assert M.rule_mesh_axes(M.DEFAULT_RULES) == {"stage", "data", "fsdp", "expert", "sequence", "tensor"}
     sizes = {"data": 2, "fsdp": 1, "sequence": 2, "expert": 2, "tensor": 1}
-    assert M.unused_mesh_axes(sizes, M.DEFAULT_RULES) == {"expert": 2}
+    assert M.unused_mesh_axes(sizes, M.DEFAULT_RULES) == {}
     assert M.unused_mesh_axes(sizes, (("batch", "data"),)) == {"sequence": 2, "expert": 2}
+    # expert splits experts (and the batch): a model without the 'exp' axis leaves it unused.
+    dense = set(M.LOGICAL_AXES) - {"exp"}
+    assert M.unused_mesh_axes(sizes, M.DEFAULT_RULES, dense) == {"expert": 2}
+    assert M.unused_mesh_axes(sizes, M.DEFAULT_RULES, M.LOGICAL_AXES) == {}
     # Axes inside a tuple count; a later rule for the same logical axis never applies (first match wins).
     rules = (("batch", ("data", "sequence")), ("batch", "expert"))
     assert M.unused_mesh_axes(sizes, rules) == {"expert": 2}

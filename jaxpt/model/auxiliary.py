@@ -14,14 +14,17 @@ sum is summed in the same order as a hand-written loop would, bit for bit.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from typing import Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
 
 #: How values combine: ``max`` (monitors of the worst case), ``sum`` (counts, per-layer losses summed over
-#: layers), ``mean`` (the average of equal-weight parts: layers, or micro-batches of equal row count).
-REDUCTIONS = ("max", "sum", "mean")
+#: layers), ``mean`` (the average of equal-weight parts: layers, or micro-batches of equal row count),
+#: ``stack`` (over layers only: keep one value per layer, stacked on a new leading axis, e.g. the share of
+#: tokens each expert of each MoE layer receives).
+REDUCTIONS = ("max", "sum", "mean", "stack")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,19 +40,30 @@ class AuxSpec:
       loss_weight: if nonzero, ``loss_weight * value`` is added to the training loss (the value reported as
         a metric stays unweighted). Gradients through a ``max`` over micro-batches cannot be accumulated
         one micro-batch at a time, so a loss must reduce over micro-batches by ``sum`` or ``mean``.
+      index_names: for a non-scalar value (``stack`` over layers, or a per-layer vector), one name per
+        dimension: the train step reports element ``[i, j]`` of ``moe/expert_share`` with
+        ``index_names=("layer", "expert")`` as the scalar metric ``moe/expert_share/layer{i}/expert{j}``
+        (:func:`flatten_aux`). Empty for scalars.
 
     Raises:
-      ValueError: an unknown reduction, or a weighted loss reduced by ``max`` over micro-batches.
+      ValueError: an unknown reduction, ``stack`` over micro-batches, or a weighted loss reduced by ``max``
+        or ``stack``.
     """
 
     reduce: str
     over_microbatches: str | None = None
     loss_weight: float = 0.0
+    index_names: tuple[str, ...] = ()
 
     def __post_init__(self):
         for name in (self.reduce, self.microbatch_reduce):
             if name not in REDUCTIONS:
                 raise ValueError(f"AuxSpec reduction {name!r}: choose one of {REDUCTIONS}")
+        if self.microbatch_reduce == "stack":
+            raise ValueError("AuxSpec: 'stack' is a reduction over layers; over micro-batches choose 'sum', "
+                             "'mean' or 'max'")
+        if self.loss_weight and self.reduce == "stack":
+            raise ValueError("an auxiliary loss (loss_weight != 0) must be a scalar: it cannot reduce by 'stack'")
         if self.loss_weight and self.microbatch_reduce == "max":
             raise ValueError("an auxiliary loss (loss_weight != 0) must reduce over micro-batches by 'sum' or "
                              "'mean': gradients of a max cannot be accumulated per micro-batch")
@@ -67,12 +81,16 @@ class AuxSpec:
 def fold(reduction: str, values: Sequence[jax.Array] | jax.Array) -> jax.Array:
     """Reduce values in order with a left fold: ``((v0 op v1) op v2) ...``; ``mean`` divides the sum by the count.
 
+    ``stack`` keeps every value: ``values`` stacked on a new leading axis (returned as is when already stacked).
+
     Args:
       reduction: one of :data:`REDUCTIONS`.
       values: a non-empty sequence of same-shape arrays, or one array whose leading axis indexes them
         (as stacked by ``scan``).
-    Returns: an array of one value's shape and dtype.
+    Returns: an array of one value's shape and dtype (``stack``: ``[len(values), *shape]``).
     """
+    if reduction == "stack":
+        return values if isinstance(values, jax.Array) else jnp.stack(list(values))
     items = [values[i] for i in range(values.shape[0])] if isinstance(values, jax.Array) else list(values)
     op = jnp.maximum if reduction == "max" else jnp.add
     acc = items[0]
@@ -137,3 +155,24 @@ def weighted_aux_loss(specs: Mapping[str, AuxSpec], values: Mapping[str, jax.Arr
                                           values[name].dtype)
         total = term if total is None else total + term
     return total
+
+
+def flatten_aux(specs: Mapping[str, AuxSpec], values: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
+    """Every value as scalars: a scalar is kept; element ``idx`` of an array named ``name`` becomes
+    ``name/<index_names[0]><idx[0]>/<index_names[1]><idx[1]>...`` (so metric writers see only scalars).
+
+    Raises:
+      ValueError: a non-scalar value whose spec's ``index_names`` does not name each of its dimensions.
+    """
+    out: dict[str, jax.Array] = {}
+    for name, value in values.items():
+        if jnp.ndim(value) == 0:
+            out[name] = value
+            continue
+        names = specs[name].index_names if name in specs else ()
+        if len(names) != jnp.ndim(value):
+            raise ValueError(f"auxiliary output {name!r} has shape {jnp.shape(value)} but its AuxSpec names "
+                             f"{len(names)} index dimensions ({names})")
+        for idx in itertools.product(*(range(n) for n in jnp.shape(value))):
+            out[name + "".join(f"/{n}{i}" for n, i in zip(names, idx))] = value[idx]
+    return out

@@ -9,7 +9,7 @@ from typing import Literal
 import jax.numpy as jnp
 
 from jaxpt.model.rope import RopeScaling
-from jaxpt.validation import check_types, positive, require
+from jaxpt.validation import check_types, non_negative, positive, require
 
 Dtype = Literal["float32", "bfloat16", "float16"]
 RematPolicy = Literal["none", "full", "dots", "dots_no_batch", "save_qkv_proj"]
@@ -63,7 +63,24 @@ class ModelConfig:
         where cuDNN cannot take the shapes; no max logit), ``auto`` (splash on TPU, cudnn on CUDA GPUs, else
         blockwise for long rows, xla for short; :func:`jaxpt.model.attention_auto.resolve`). Changes no
         parameter, so a checkpoint resumes under another.
-      mlp: the block's MLP, a name registered in :data:`jaxpt.model.mlp.MLPS` (``swiglu``).
+      mlp: the block's MLP, a name registered in :data:`jaxpt.model.mlp.MLPS`: ``swiglu`` (dense) or ``moe``
+        (a mixture of SwiGLU experts, :class:`jaxpt.model.moe.MoE`; ``mlp_dim`` is then each expert's width).
+      moe_num_experts: experts per MoE layer (``exp`` logical axis, sharded over the ``expert`` mesh axis).
+      moe_top_k: experts each token is routed to (softmax then top-k; k = 1 is Switch, k = 2 GShard/Mixtral).
+      moe_every: every ``moe_every``-th layer (layers ``moe_every - 1, 2 moe_every - 1, ...``) has the MoE MLP,
+        the others the dense ``swiglu`` of width ``mlp_dim``; 1: every layer. With ``scan_layers`` it must be 1.
+      moe_capacity_factor: expert capacity per group (one row of ``seq_len`` tokens) is
+        ``min(S, ceil(top_k * S * moe_capacity_factor / num_experts))`` tokens; assignments past it are dropped
+        (the token passes through the residual). ``num_experts / top_k`` or more never drops.
+      moe_group_size: tokens per routing group in capacity mode (rows are cut into groups of this many
+        consecutive tokens; it must divide ``seq_len``); 0: one group per row. The dispatch/combine einsums cost
+        ``4 S E C D`` FLOPs per group of ``S``, i.e. ``2 S / (3 F)`` of the expert FLOPs: 38% for
+        Mixtral-8x7B at S = 8192, 5% at S = 1024.
+      moe_dropless: no capacity: tokens sorted by expert and multiplied group by group
+        (``jax.lax.ragged_dot``); nothing is dropped.
+      moe_shared_expert_dim: width of a dense SwiGLU expert every token also goes through (DeepSeekMoE); 0: none.
+      moe_load_balance_weight: weight of the Switch/GShard load-balancing loss (Fedus et al. 2021, eq. 4).
+      moe_router_z_loss_weight: weight of the router z-loss (Zoph et al. 2022, ST-MoE, eq. 5).
       loss_chunk_size: tokens per chunk (along the sequence) in which the train and eval steps compute the
         output logits and the cross-entropy, forward and backward, so the [B, L, V] float32 logits never exist
         whole (:func:`jaxpt.step.chunked_token_losses`); 0: all at once. Changes no parameter.
@@ -85,7 +102,10 @@ class ModelConfig:
         ``rope_scaling``; for a scaling other than ``none``, a ``rope_scaling_factor`` below 1; for
         ``llama3``/``yarn``, no ``rope_original_max_len``; for ``llama3``, ``rope_high_freq_factor <=
         rope_low_freq_factor`` or a non-positive one; for ``yarn``, ``rope_beta_fast <= rope_beta_slow`` or a
-        non-positive one, or a negative ``rope_attention_factor``.
+        non-positive one, or a negative ``rope_attention_factor``; for ``mlp = 'moe'``: ``moe_top_k`` outside
+        ``[1, moe_num_experts]``, a non-positive ``moe_capacity_factor`` or ``moe_every``, ``moe_every`` not
+        dividing ``num_layers`` or above 1 with ``scan_layers``, or a negative loss weight or
+        ``moe_shared_expert_dim``.
     """
 
     vocab_size: int = 8192
@@ -117,6 +137,15 @@ class ModelConfig:
     loss_chunk_size: int = 0
     pipeline_microbatches: int = 0
     pipeline_repeats: int = 1
+    moe_num_experts: int = 8
+    moe_top_k: int = 2
+    moe_every: int = 1
+    moe_capacity_factor: float = 1.25
+    moe_group_size: int = 0
+    moe_dropless: bool = False
+    moe_shared_expert_dim: int = 0
+    moe_load_balance_weight: float = 0.01
+    moe_router_z_loss_weight: float = 0.001
 
     @property
     def jnp_param_dtype(self):
@@ -138,6 +167,8 @@ class ModelConfig:
         require(self, "num_heads", self.num_heads % self.num_kv_heads == 0,
                 f"must be a multiple of ModelConfig.num_kv_heads = {self.num_kv_heads} (grouped-query attention)")
         self._check_rope_scaling()
+        if self.mlp == "moe":
+            self._check_moe()
         # Imported here: those modules import this one. Their registries fill as jaxpt.model is imported.
         from jaxpt.model.attention import ATTENTION
         from jaxpt.model.mlp import MLPS
@@ -163,3 +194,22 @@ class ModelConfig:
                     f"must exceed ModelConfig.rope_beta_slow = {self.rope_beta_slow}")
             require(self, "rope_attention_factor", self.rope_attention_factor >= 0,
                     "must be >= 0 (0: 0.1 ln(s) + 1)")
+
+    def _check_moe(self) -> None:
+        positive(self, "moe_num_experts", "moe_top_k", "moe_every", "moe_capacity_factor")
+        non_negative(self, "moe_group_size", "moe_shared_expert_dim", "moe_load_balance_weight", "moe_router_z_loss_weight")
+        require(self, "moe_top_k", self.moe_top_k <= self.moe_num_experts,
+                f"must be at most ModelConfig.moe_num_experts = {self.moe_num_experts}")
+        require(self, "moe_every", self.num_layers % self.moe_every == 0,
+                f"must divide ModelConfig.num_layers = {self.num_layers}")
+        require(self, "moe_every", self.moe_every == 1 or not self.scan_layers,
+                "must be 1 with ModelConfig.scan_layers = True (a scanned stack has identical layers)")
+
+    def is_moe_layer(self, layer: int) -> bool:
+        """Whether decoder layer ``layer`` (0-based) has the MoE MLP (``mlp = 'moe'`` and every ``moe_every``-th)."""
+        return self.mlp == "moe" and layer % self.moe_every == self.moe_every - 1
+
+    @property
+    def num_moe_layers(self) -> int:
+        """Layers with the MoE MLP (0 for a dense model)."""
+        return self.num_layers // self.moe_every if self.mlp == "moe" else 0

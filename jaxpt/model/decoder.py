@@ -51,12 +51,12 @@ def aux_specs(cfg: ModelConfig) -> dict[str, AuxSpec]:
 class Block(nnx.Module):
     """Pre-norm transformer block: ``x + attn(norm(x))`` then ``x + mlp(norm(x))``; the MLP is ``cfg.mlp``."""
 
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, layer: int | None = None):
         pd = cfg.jnp_param_dtype
         self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps, pd)
         self.attn = Attention(cfg, rngs=rngs)
         self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps, pd)
-        self.mlp = build_mlp(cfg, rngs=rngs)
+        self.mlp = build_mlp(cfg, rngs=rngs, layer=layer)  # layer: MoE placement (ModelConfig.moe_every)
 
     def __call__(self, x_BxLxD, segment_ids_BxL, positions_BxL):
         """Returns ``(x [B, L, D], aux)``: aux the union of the attention's and the MLP's for this block."""
@@ -94,7 +94,7 @@ class Decoder(nnx.Module):
 
             self.blocks = make_blocks(rngs)
         else:
-            self.blocks = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
+            self.blocks = nnx.List([Block(cfg, rngs=rngs, layer=i) for i in range(cfg.num_layers)])
         self.final_norm = RMSNorm(cfg.d_model, cfg.norm_eps, pd)
         if not cfg.tie_embeddings:
             # A small std keeps the initial logits near 0, so the initial loss is about ln(V).
@@ -217,18 +217,25 @@ class Decoder(nnx.Module):
 def count_params(cfg: ModelConfig) -> dict[str, int]:
     """Parameter counts by kind, from shapes alone (no arrays allocated).
 
-    Returns ``{"total", "embedding", "output", "blocks", "matmul"}`` where ``matmul`` counts params that
-    take part in a matmul per token: every block projection plus the output projection (tied or not);
-    the embedding lookup is excluded (Kaplan et al. 2020; MaxText/Megatron MFU convention).
-    The MLP term is the dense SwiGLU's ``3 D F`` (the built-in ``swiglu``); an MLP of other shapes
-    (mixture of experts: total vs active params) must extend this.
+    Returns ``{"total", "embedding", "output", "blocks", "matmul", "experts"}`` where ``matmul`` counts params
+    that take part in a matmul *per token*: every block projection plus the output projection (tied or not);
+    the embedding lookup is excluded (Kaplan et al. 2020; MaxText/Megatron MFU convention). A mixture-of-experts
+    layer counts all its experts in ``total``/``blocks``/``experts`` but only the router and the ``top_k``
+    experts a token goes through (plus a shared expert) in ``matmul``: the active params
+    (:func:`jaxpt.model.moe.moe_param_counts`). ``experts``: params of all MoE layers (0 when dense).
     """
+    from jaxpt.model.moe import moe_param_counts
+
     D, H, K, Hd, F, V, N = (cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.mlp_dim,
                             cfg.vocab_size, cfg.num_layers)
     attn = D * H * Hd * 2 + D * K * Hd * 2
-    mlp = 3 * D * F
+    n_moe = cfg.num_moe_layers
+    moe = moe_param_counts(cfg) if n_moe else {"total": 0, "active": 0}
+    dense_mlp = 3 * D * F
+    mlp_total = (N - n_moe) * dense_mlp + n_moe * moe["total"]
+    mlp_active = (N - n_moe) * dense_mlp + n_moe * moe["active"]
     norms = 2 * D
-    blocks = N * (attn + mlp + norms)
+    blocks = N * (attn + norms) + mlp_total
     embedding = V * D
     output = 0 if cfg.tie_embeddings else D * V
     return {
@@ -236,5 +243,6 @@ def count_params(cfg: ModelConfig) -> dict[str, int]:
         "embedding": embedding,
         "output": output,
         "blocks": blocks,
-        "matmul": N * (attn + mlp) + D * V,
+        "matmul": N * attn + mlp_active + D * V,
+        "experts": n_moe * moe["total"],
     }

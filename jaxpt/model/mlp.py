@@ -26,12 +26,16 @@ MLPS = Registry("mlp")
 register_mlp = MLPS.register
 
 
-def build_mlp(cfg: ModelConfig, *, rngs: nnx.Rngs) -> nnx.Module:
-    """The MLP ``cfg.mlp`` names, initialized from ``rngs``.
+def build_mlp(cfg: ModelConfig, *, rngs: nnx.Rngs, layer: int | None = None) -> nnx.Module:
+    """The MLP ``cfg.mlp`` names, initialized from ``rngs``; for a mixture of experts placed every
+    ``moe_every``-th layer, the dense ``swiglu`` at decoder layer ``layer`` when it is not an MoE layer
+    (:meth:`ModelConfig.is_moe_layer`; ``layer=None``, as in a scanned stack, means an MoE layer).
 
     Raises:
       ConfigError: ``cfg.mlp`` is not registered.
     """
+    if cfg.mlp == "moe" and layer is not None and not cfg.is_moe_layer(layer):
+        return MLPS.get("swiglu").fn(cfg, rngs=rngs)
     return MLPS.get(cfg.mlp).fn(cfg, rngs=rngs)
 
 
@@ -66,3 +70,6 @@ class SwiGLU(nnx.Module):
         up_BxLxF = jnp.einsum("bld,df->blf", x_BxLxD, self.w_up[...].astype(cd))
         h_BxLxF = constrain(jax.nn.silu(gate_BxLxF) * up_BxLxF, ("batch", "length", "mlp"))
         return jnp.einsum("blf,fd->bld", h_BxLxF, self.w_down[...].astype(cd)), {}
+
+
+from jaxpt.model import moe  # noqa: E402,F401  registers mlp 'moe' (it builds on SwiGLU above)

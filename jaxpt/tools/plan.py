@@ -46,6 +46,12 @@ Examples::
     python -m jaxpt.tools.plan --params 7e9 --json
     python -m jaxpt.tools.plan --config configs/quickstart.gin --mesh fsdp=-1 --hardware v5e-8
     python -m jaxpt.tools.plan --mtbf-hours 24 --save-seconds 30 --restart-seconds 300 --step-seconds 2
+    python -m jaxpt.tools.plan --config configs/quickstart.gin --config configs/models/mixtral_8x7b.gin \
+        --config configs/slices/v5p-128.gin --mesh expert=8,fsdp=-1 --hardware v5p-128
+
+A mixture of experts (``ModelConfig.mlp = 'moe'``) counts its active params per token for FLOPs (and MFU),
+all its expert params for memory, and gets an estimate of its all-to-all time on the slice for its
+expert-parallel size (:func:`all_to_all_estimate`), to weigh before adopting it.
 """
 
 from __future__ import annotations
@@ -153,23 +159,27 @@ def kaplan_budget_for_params(n_params: float) -> float:
 class Accelerator:
     """One chip type. ``peak_flops``: dense bf16 FLOP/s per chip (:data:`jaxpt.flops.PEAK_FLOPS_BF16`);
     ``memory_bytes``: HBM per chip (vendor figure; the runtime reserves a little of it);
-    ``cores_per_chip``: TensorCores per chip, which TPU v4/v5p slice names count (v5p-256 = 128 chips)."""
+    ``cores_per_chip``: TensorCores per chip, which TPU v4/v5p slice names count (v5p-256 = 128 chips);
+    ``ici_bytes_per_s``: a chip's interconnect bandwidth, both directions of all its links together (Google
+    Cloud TPU system-architecture pages, in Gbit/s: v4 2400, v5e 1600, v5p 4800, v6e 3584; NVIDIA NVLink:
+    A100 600 GB/s, H100/H200 900 GB/s), for the all-to-all estimate (:func:`all_to_all_estimate`)."""
 
     name: str
     peak_flops: float
     memory_bytes: float
     cores_per_chip: int = 1
+    ici_bytes_per_s: float | None = None
 
 
 ACCELERATORS: dict[str, Accelerator] = {
-    "v4": Accelerator("TPU v4", flops_lib.PEAK_FLOPS_BF16["tpu v4"], 32 * GIB, 2),
-    "v5e": Accelerator("TPU v5e", flops_lib.PEAK_FLOPS_BF16["tpu v5e"], 16 * GIB, 1),
-    "v5litepod": Accelerator("TPU v5e", flops_lib.PEAK_FLOPS_BF16["tpu v5e"], 16 * GIB, 1),
-    "v5p": Accelerator("TPU v5p", flops_lib.PEAK_FLOPS_BF16["tpu v5p"], 95 * GIB, 2),
-    "v6e": Accelerator("TPU v6e", flops_lib.PEAK_FLOPS_BF16["tpu v6e"], 32 * GIB, 1),
-    "a100": Accelerator("A100 80GB", flops_lib.PEAK_FLOPS_BF16["a100"], 80 * GIB, 1),
-    "h100": Accelerator("H100 SXM", flops_lib.PEAK_FLOPS_BF16["h100"], 80 * GIB, 1),
-    "h200": Accelerator("H200 SXM", flops_lib.PEAK_FLOPS_BF16["h200"], 141 * GIB, 1),
+    "v4": Accelerator("TPU v4", flops_lib.PEAK_FLOPS_BF16["tpu v4"], 32 * GIB, 2, 2400e9 / 8),
+    "v5e": Accelerator("TPU v5e", flops_lib.PEAK_FLOPS_BF16["tpu v5e"], 16 * GIB, 1, 1600e9 / 8),
+    "v5litepod": Accelerator("TPU v5e", flops_lib.PEAK_FLOPS_BF16["tpu v5e"], 16 * GIB, 1, 1600e9 / 8),
+    "v5p": Accelerator("TPU v5p", flops_lib.PEAK_FLOPS_BF16["tpu v5p"], 95 * GIB, 2, 4800e9 / 8),
+    "v6e": Accelerator("TPU v6e", flops_lib.PEAK_FLOPS_BF16["tpu v6e"], 32 * GIB, 1, 3584e9 / 8),
+    "a100": Accelerator("A100 80GB", flops_lib.PEAK_FLOPS_BF16["a100"], 80 * GIB, 1, 600e9),
+    "h100": Accelerator("H100 SXM", flops_lib.PEAK_FLOPS_BF16["h100"], 80 * GIB, 1, 900e9),
+    "h200": Accelerator("H200 SXM", flops_lib.PEAK_FLOPS_BF16["h200"], 141 * GIB, 1, 900e9),
 }
 
 
@@ -416,7 +426,8 @@ def compute_rules(rules):
     out = []
     for logical, mesh_axes in rules:
         names = () if mesh_axes is None else (mesh_axes,) if isinstance(mesh_axes, str) else tuple(mesh_axes)
-        kept = tuple(a for a in names if logical == "batch" or a not in batch_axes)
+        # Experts are computed where they are stored (the tokens travel to them), never gathered.
+        kept = tuple(a for a in names if logical in ("batch", "exp") or a not in batch_axes)
         out.append((logical, kept or None))
     return tuple(out)
 
@@ -652,6 +663,43 @@ def estimate_memory(cfg, sizes: Mapping[str, int], device_bytes: float | None = 
         device_bytes=device_bytes, usable_fraction=usable_fraction)
 
 
+def all_to_all_estimate(cfg, sizes: Mapping[str, int], hw: Slice | None, mfu: float = 0.4) -> dict[str, Any] | None:
+    """Token exchange of expert parallelism per train step, per device; None for a dense model.
+
+    Each MoE layer moves its dispatched tokens, ``[E, G, C, D]`` per device in the compute dtype (``G`` the
+    device's rows, ``C`` :func:`jaxpt.model.moe.expert_capacity`; dropless: ``G L k`` token rows), all-to-all
+    over the ``expert`` axis of size ``ep``: a device keeps ``1/ep`` of it and sends the rest. Per layer
+    that is 2 all-to-alls forward (dispatch, combine) and 2 backward, plus 2 more when a remat policy
+    recomputes the forward pass. Time: bytes sent / ``ici_bytes_per_s / 2`` (a chip's egress: half its
+    bidirectional bandwidth), a lower bound that assumes every link busy and the ``expert`` axis within one
+    slice; set beside the step's compute time at ``mfu``.
+
+    Returns ``{"expert_parallel", "bytes_per_device", "all_to_alls", "seconds" (None without hardware),
+    "compute_seconds" (None without hardware), "fraction_of_compute"}``.
+    """
+    from jaxpt.model.moe import expert_capacity
+    m = cfg.model
+    if not m.num_moe_layers:
+        return None
+    ep = sizes.get("expert", 1)
+    rows = cfg.global_batch_size / mesh_lib.data_parallel_size(sizes, cfg.logical_axis_rules)
+    S = m.moe_group_size or cfg.seq_len
+    tokens_in = (rows * cfg.seq_len * m.moe_top_k if m.moe_dropless
+                 else m.moe_num_experts * rows * (cfg.seq_len // S) * expert_capacity(m, S))
+    per_exchange = tokens_in * m.d_model * DTYPE_BYTES[m.compute_dtype] * (ep - 1) / ep
+    count = m.num_moe_layers * (6 if m.remat_policy != "none" else 4)
+    total = per_exchange * count
+    out = {"expert_parallel": ep, "bytes_per_device": total, "all_to_alls": count, "seconds": None,
+           "compute_seconds": None, "fraction_of_compute": None}
+    if hw is not None and hw.accelerator.ici_bytes_per_s:
+        out["seconds"] = total / (hw.accelerator.ici_bytes_per_s / 2)
+        tokens_per_device = cfg.global_batch_size * cfg.seq_len / math.prod(sizes.values())
+        out["compute_seconds"] = (flops_lib.flops_per_token(m, cfg.seq_len) * tokens_per_device
+                                  / (hw.accelerator.peak_flops * mfu))
+        out["fraction_of_compute"] = out["seconds"] / out["compute_seconds"]
+    return out
+
+
 # --------------------------------------------------------------------------------------------------
 # Plans.
 
@@ -696,9 +744,12 @@ def plan_params(n_params: float) -> dict[str, Any]:
             "flops_method": "6ND", "allocations": alloc}
 
 
-def plan_config(cfg, sizes: Mapping[str, int], hw: Slice | None, tokens: float | None = None) -> dict[str, Any]:
+def plan_config(cfg, sizes: Mapping[str, int], hw: Slice | None, tokens: float | None = None,
+                mfu: float = 0.4) -> dict[str, Any]:
     """Plan for a model config on a mesh: params by kind, Chinchilla tokens for its size (or ``tokens``),
-    FLOPs with attention (:func:`jaxpt.flops.flops_per_token`), and the per-device memory estimate."""
+    FLOPs with attention (:func:`jaxpt.flops.flops_per_token`: active params of a mixture of experts), the
+    per-device memory estimate (all expert params), and for a mixture of experts the all-to-all estimate
+    (:func:`all_to_all_estimate`). Chinchilla's tokens follow the total param count."""
     m = cfg.model
     counts = count_params(m)
     n = counts["total"]
@@ -709,7 +760,8 @@ def plan_config(cfg, sizes: Mapping[str, int], hw: Slice | None, tokens: float |
     return {**base, "tokens": d, "flops": fpt * d, "flops_method": "flops_per_token (6 N_matmul + attention)",
             "flops_6nd": 6.0 * n * d, "param_counts": counts, "flops_per_token": fpt,
             "configured_tokens": cfg.steps * cfg.global_batch_size * cfg.seq_len,
-            "mesh": mesh_lib.format_mesh(sizes), "memory": mem.as_dict(), "remat_policy": m.remat_policy}
+            "mesh": mesh_lib.format_mesh(sizes), "memory": mem.as_dict(), "remat_policy": m.remat_policy,
+            "all_to_all": all_to_all_estimate(cfg, sizes, hw, mfu)}
 
 
 def add_hardware(plan: dict[str, Any], hw: Slice | None, mfu: float) -> dict[str, Any]:
@@ -754,8 +806,16 @@ def format_plan(plan: dict[str, Any]) -> str:
                  f"{_si(k['tokens'])} tokens")
     if "param_counts" in plan:
         pc = plan["param_counts"]
-        lines.append(f"model: {pc['total']:,} params ({pc['matmul']:,} in matmuls); {plan['flops_per_token']:.4g} "
+        lines.append(f"model: {pc['total']:,} params ({pc['matmul']:,} in matmuls per token); {plan['flops_per_token']:.4g} "
                      f"FLOPs/token; 6ND = {plan['flops_6nd']:.3g}; configured run: {_si(plan['configured_tokens'])} tokens")
+    a2a = plan.get("all_to_all")
+    if a2a:
+        line = (f"expert parallelism {a2a['expert_parallel']}: {a2a['all_to_alls']} all-to-alls per step, "
+                f"{a2a['bytes_per_device'] / GIB:.3f} GiB sent per device")
+        if a2a["seconds"] is not None:
+            line += (f", >= {a2a['seconds'] * 1e3:.1f} ms on the interconnect vs {a2a['compute_seconds'] * 1e3:.1f} ms "
+                     f"of compute at MFU {plan.get('mfu', 0.4):.2f} ({a2a['fraction_of_compute']:.0%})")
+        lines.append(line)
     if "days" in plan:
         hw = plan["hardware"]
         lines.append(f"wall clock on {hw['name']} ({hw['chips']} x {hw['accelerator']}, "
@@ -809,7 +869,7 @@ def config_plan(args, hw: Slice | None) -> dict[str, Any]:
         import jax
         n_dev = jax.device_count()
     sizes = config_lib.validate(cfg, n_dev)
-    return plan_config(cfg, sizes, hw, args.tokens)
+    return plan_config(cfg, sizes, hw, args.tokens, args.mfu)
 
 
 def build_parser() -> argparse.ArgumentParser:

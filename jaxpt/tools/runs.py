@@ -5,6 +5,7 @@
     python -m jaxpt.tools.runs compare RUN RUN            # config and final-metric differences side by side
     python -m jaxpt.tools.runs plot RUN... --output loss.png   # loss, grad norm and learning rate curves
     python -m jaxpt.tools.runs diagnose WORKDIR --step N  # replay a skipped spike: bad batch or optimizer state?
+    python -m jaxpt.tools.runs plot RUN --expert-shares --output shares.png   # MoE: tokens per expert, per layer
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from typing import Any
 
@@ -69,6 +71,61 @@ def read_curves(workdir: str) -> dict[str, list[tuple[int, float]]]:
                 if isinstance(rec.get(k), (int, float)) and "event" not in rec:
                     curves[k][rec["step"]] = float(rec[k])
     return {k: sorted(v.items()) for k, v in curves.items()}
+
+
+_SHARE = re.compile(r"^moe/expert_share/layer(\d+)/expert(\d+)$")
+
+
+def read_expert_shares(workdir: str) -> dict[int, dict[int, list[tuple[int, float]]]]:
+    """``{moe_layer: {expert: [(step, share), ...]}}`` from the ``moe/expert_share/layer{j}/expert{i}`` series
+    of metrics.jsonl (a mixture-of-experts run; empty otherwise), superseded records left out as in
+    :func:`read_curves`. Raises MetricsFormatError as :func:`jaxpt.monitor.read_metrics`."""
+    out: dict[int, dict[int, dict[int, float]]] = {}
+    if os.path.exists(monitor.metrics_path(workdir)):
+        for rec in monitor.read_metrics(workdir):
+            if "event" in rec:
+                continue
+            for k, v in rec.items():
+                m = _SHARE.match(k)
+                if m and isinstance(v, (int, float)):
+                    out.setdefault(int(m.group(1)), {}).setdefault(int(m.group(2)), {})[rec["step"]] = float(v)
+    return {j: {e: sorted(pts.items()) for e, pts in sorted(experts.items())} for j, experts in sorted(out.items())}
+
+
+def cmd_plot_expert_shares(recs: list[dict[str, Any]], output: str) -> str:
+    """Draw each MoE layer's expert shares against step (one panel per layer, one line per expert, one line
+    style per run) into ``output`` (PNG), with the uniform share ``1/E`` dotted.
+
+    Raises:
+      ValueError: no run has expert-share series (not a mixture-of-experts run).
+    """
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    shares = [read_expert_shares(rec["workdir"]) for rec in recs]
+    layers = sorted({j for sh in shares for j in sh})
+    if not layers:
+        raise ValueError("no moe/expert_share series in " + ", ".join(r["workdir"] for r in recs))
+    fig, axes = plt.subplots(len(layers), 1, figsize=(8, 2.2 * len(layers) + 0.8), sharex=True, squeeze=False)
+    styles = ["-", "--", ":", "-."]
+    for r, (rec, sh) in enumerate(zip(recs, shares)):
+        for ax, j in zip(axes[:, 0], layers):
+            experts = sh.get(j, {})
+            for e, pts in experts.items():
+                xs, ys = zip(*pts)
+                ax.plot(xs, ys, styles[r % len(styles)], color=f"C{e}", lw=1,
+                        label=f"expert {e}" + (f" ({rec.get('run_id', rec['workdir'])})" if len(recs) > 1 else ""))
+            if experts:
+                ax.axhline(1 / len(experts), color="gray", ls=":", lw=0.8)
+    for ax, j in zip(axes[:, 0], layers):
+        ax.set_ylabel(f"MoE layer {j}\nshare")
+        ax.grid(alpha=0.3)
+    axes[0, 0].legend(fontsize=7, ncol=4)
+    axes[-1, 0].set_xlabel("step")
+    fig.tight_layout()
+    fig.savefig(output, dpi=100)
+    plt.close(fig)
+    return output
 
 
 def _fmt(v: Any) -> str:
@@ -237,6 +294,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("runs", nargs="+")
     p.add_argument("--root", default="workdirs")
     p.add_argument("--output", default="loss.png")
+    p.add_argument("--expert-shares", action="store_true",
+                   help="draw each MoE layer's share of tokens per expert instead of the loss curves")
     p = sub.add_parser("diagnose", help="replay step N from the checkpoint before it (jaxpt.tools.diagnose)")
     p.add_argument("workdir")
     p.add_argument("--step", type=int, required=True, help="the step whose spike to diagnose")
@@ -257,12 +316,14 @@ def main(argv: list[str] | None = None) -> int:
             print(cmd_compare(*(load_run(r, args.root) for r in args.runs)))
         elif args.cmd == "diagnose":
             print(cmd_diagnose(args))
+        elif args.expert_shares:
+            print(cmd_plot_expert_shares([load_run(r, args.root) for r in args.runs], args.output))
         else:
             print(cmd_plot([load_run(r, args.root) for r in args.runs], args.output))
     except ConfigError as e:  # a malformed metrics.jsonl (file and line named)
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except (FileNotFoundError, ValueError) as e:
+    except (FileNotFoundError, ValueError) as e:  # ValueError: no expert shares to draw
         print(f"error: {e}", file=sys.stderr)
         return 1
     return 0

@@ -1,0 +1,273 @@
+"""Mixture-of-experts MLP (``ModelConfig.mlp = 'moe'``): a softmax top-k router over SwiGLU experts.
+
+Routing (Shazeer et al. 2017; GShard, Lepikhin et al. 2021; Switch, Fedus et al. 2021):
+
+* The router runs in float32 whatever the compute dtype: ``logits = x @ w_router + router_bias``,
+  ``p = softmax(logits)``, each token's top-k experts chosen by ``p``. Gates: ``p`` of the chosen expert for
+  k = 1 (Switch: the router gets the main loss's gradient through it), the top-k ``p`` renormalized to sum to 1
+  for k >= 2 (GShard, Mixtral).
+* Capacity mode (default): tokens are routed within groups, one group per row of the batch (``G = B``
+  groups of ``S = L`` tokens), or ``moe_group_size`` consecutive tokens of a row (``G = B L / S``). Expert capacity is ``C = min(S, ceil(k * S * capacity_factor / E))``. Slots
+  are filled choice by choice (every token's first choice, then every token's second choice, ...), tokens in
+  row order, as GShard does; an assignment past capacity is dropped: that expert contributes nothing to the
+  token, which passes through the block's residual (and its other experts). The token exchange is
+  expressed as GShard's dispatch/combine einsums over ``[E, G, C, D]`` arrays whose ``exp`` axis is sharded
+  over the ``expert`` mesh axis, while the tokens' ``batch`` axis is sharded over ``data x fsdp x expert``:
+  XLA's SPMD partitioner turns the resharding into all-to-alls (see the README for the HLO check).
+* Dropless mode (``moe_dropless``): the ``G S k`` assignments are sorted by expert and multiplied group by
+  group with ``jax.lax.ragged_dot`` (MegaBlocks, Gale et al. 2023, in spirit); nothing is dropped.
+
+Auxiliary outputs (:class:`jaxpt.model.auxiliary.AuxSpec`), each computed per MoE layer over all the tokens of
+the (micro-)batch:
+
+* ``moe/load_balance_loss``: ``E * sum_i f_i P_i`` (Fedus et al. 2021, eq. 4) with ``f_i`` the fraction of
+  the ``T k`` routed assignments that chose expert i (before capacity; k = 1 is eq. 4 exactly) and ``P_i``
+  the mean router probability of expert i; 1.0 when perfectly balanced. Mean over layers, weighted by
+  ``moe_load_balance_weight``.
+* ``moe/router_z_loss``: ``mean_t (logsumexp_j logits_tj)^2`` (Zoph et al. 2022, ST-MoE, eq. 5). Mean over
+  layers, weighted by ``moe_router_z_loss_weight``.
+* ``moe/dropped_fraction``: dropped assignments / ``T k`` (0 in dropless mode). Mean over layers.
+* ``moe/expert_share``: ``f_i`` per MoE layer, ``[num_moe_layers, E]`` (each row sums to 1), reported as
+  ``moe/expert_share/layer{j}/expert{i}`` where j counts MoE layers (decoder layer ``(j + 1) moe_every - 1``).
+
+Padding tokens are routed like any other (the MLP does not see segment ids), so they take capacity and count
+in the statistics; packed rows have little padding.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxpt.mesh import constrain
+from jaxpt.model.auxiliary import AuxSpec
+from jaxpt.model.config import DTYPES, ModelConfig
+from jaxpt.model.layers import _param
+from jaxpt.model.mlp import SwiGLU, register_mlp
+from jaxpt.model.registry import SavedTensor
+
+LOAD_BALANCE = "moe/load_balance_loss"
+ROUTER_Z = "moe/router_z_loss"
+DROPPED = "moe/dropped_fraction"
+SHARE = "moe/expert_share"
+
+
+def moe_aux_specs(cfg: ModelConfig) -> dict[str, AuxSpec]:
+    """The auxiliary outputs of :class:`MoE` (module docstring), the two losses weighted from ``cfg``."""
+    return {LOAD_BALANCE: AuxSpec("mean", "mean", loss_weight=cfg.moe_load_balance_weight),
+            ROUTER_Z: AuxSpec("mean", "mean", loss_weight=cfg.moe_router_z_loss_weight),
+            DROPPED: AuxSpec("mean", "mean"),
+            SHARE: AuxSpec("stack", "mean", index_names=("layer", "expert"))}
+
+
+def expert_capacity(cfg: ModelConfig, group_size: int) -> int:
+    """Slots per expert per group: ``min(S, ceil(k * S * capacity_factor / E))`` (GShard, sec. 2.2).
+
+    ``S`` caps it: a group's S tokens each choose an expert at most once.
+    """
+    c = math.ceil(cfg.moe_top_k * group_size * cfg.moe_capacity_factor / cfg.moe_num_experts)
+    return max(1, min(group_size, c))
+
+
+class Routing(NamedTuple):
+    """The router's decisions for ``G`` groups of ``S`` tokens, ``E`` experts, top ``k``.
+
+    Attributes:
+      probs: float32 [G, S, E] softmax of the logits.
+      experts: int32 [G, S, k] chosen experts, best first.
+      gates: float32 [G, S, k] combine weight of each choice (before dropping).
+      load_balance_loss, router_z_loss: float32 scalars (module docstring).
+      share: float32 [E] fraction of the ``G S k`` assignments routed to each expert (sums to 1).
+    """
+
+    probs: jax.Array
+    experts: jax.Array
+    gates: jax.Array
+    load_balance_loss: jax.Array
+    router_z_loss: jax.Array
+    share: jax.Array
+
+
+def route(logits_GxSxE: jax.Array, k: int) -> Routing:
+    """Softmax top-k routing and its balance statistics from float32 router logits ``[G, S, E]``.
+
+    Load-balancing loss: Fedus et al. 2021 (Switch Transformer), eq. 4, ``E * sum_i f_i P_i``, with ``f_i`` over
+    all k choices. Router z-loss: Zoph et al. 2022 (ST-MoE), eq. 5, ``mean_t logsumexp(logits_t)^2``.
+    """
+    E = logits_GxSxE.shape[-1]
+    logits = logits_GxSxE.astype(jnp.float32)
+    probs = jax.nn.softmax(logits, axis=-1)
+    top_p, experts = jax.lax.top_k(probs, k)
+    gates = top_p if k == 1 else top_p / jnp.sum(top_p, axis=-1, keepdims=True)
+    chosen_GxSxE = jnp.sum(jax.nn.one_hot(experts, E, dtype=jnp.float32), axis=-2)
+    share = jnp.mean(chosen_GxSxE, axis=(0, 1)) / k
+    mean_prob = jnp.mean(probs, axis=(0, 1))
+    load_balance = E * jnp.sum(jax.lax.stop_gradient(share) * mean_prob)
+    z = jnp.mean(jnp.square(jax.nn.logsumexp(logits, axis=-1)))
+    return Routing(probs, experts.astype(jnp.int32), gates, load_balance, z, share)
+
+
+def dispatch_and_combine(experts_GxSxK: jax.Array, gates_GxSxK: jax.Array, num_experts: int,
+                         capacity: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """GShard's capacity-limited slot assignment.
+
+    Slots of each expert in a group are given choice by choice (all first choices in token order, then all
+    second choices, ...); an assignment whose slot would be ``>= capacity`` is dropped.
+
+    Args:
+      experts_GxSxK: int32 chosen experts. gates_GxSxK: float32 combine weights. num_experts: E.
+      capacity: C slots per expert per group.
+    Returns:
+      ``(dispatch bool [G, S, E, C], combine float32 [G, S, E, C], dropped int32 scalar)``: ``dispatch`` is
+      1 where token s fills slot c of expert e; ``combine`` the gate there; ``dropped`` the number of
+      assignments over capacity.
+    """
+    G, S, K = experts_GxSxK.shape
+    onehot_GxKxSxE = jnp.swapaxes(jax.nn.one_hot(experts_GxSxK, num_experts, dtype=jnp.int32), 1, 2)
+    flat = onehot_GxKxSxE.reshape(G, K * S, num_experts)
+    slot = (jnp.cumsum(flat, axis=1) - 1).reshape(G, K, S, num_experts)
+    kept = (onehot_GxKxSxE > 0) & (slot < capacity)
+    slot_GxKxS = jnp.sum(jnp.where(kept, slot, 0), axis=-1)
+    kept_GxKxS = jnp.any(kept, axis=-1)
+    slot_oh_GxKxSxC = jax.nn.one_hot(slot_GxKxS, capacity, dtype=jnp.float32) * kept_GxKxS[..., None]
+    expert_oh_GxKxSxE = onehot_GxKxSxE.astype(jnp.float32)
+    dispatch = jnp.einsum("gkse,gksc->gsec", expert_oh_GxKxSxE, slot_oh_GxKxSxC) > 0
+    gates_GxKxS = jnp.swapaxes(gates_GxSxK, 1, 2)
+    combine = jnp.einsum("gkse,gksc,gks->gsec", expert_oh_GxKxSxE, slot_oh_GxKxSxC, gates_GxKxS)
+    dropped = G * S * K - jnp.sum(kept_GxKxS.astype(jnp.int32))
+    return dispatch, combine, dropped
+
+
+def _moe_saved_tensors(cfg: ModelConfig, batch: int, seq_len: int) -> list[SavedTensor]:
+    c = jnp.dtype(DTYPES[cfg.compute_dtype]).itemsize
+    E, F, D = cfg.moe_num_experts, cfg.mlp_dim, cfg.d_model
+    S = cfg.moe_group_size or seq_len
+    C, batch = expert_capacity(cfg, S), batch * seq_len // S   # batch: routing groups from here on
+    ebcf = ("exp", "batch", None, "mlp")
+    out = [SavedTensor("router_probs", "other", True, (batch, seq_len, E), ("batch", "length", None), 4),
+           SavedTensor("combine", "other", True, (batch, S, E, C), ("batch", "length", None, None), 4),
+           SavedTensor("expert_in", "other", True, (E, batch, C, D), ("exp", "batch", None, "embed"), c),
+           SavedTensor("gate", "dot", True, (E, batch, C, F), ebcf, c),
+           SavedTensor("up", "dot", True, (E, batch, C, F), ebcf, c),
+           SavedTensor("h", "other", True, (E, batch, C, F), ebcf, c),
+           SavedTensor("expert_out", "dot", True, (E, batch, C, D), ("exp", "batch", None, "embed"), c)]
+    if cfg.moe_shared_expert_dim:
+        blf = ("batch", "length", "mlp")
+        shape = (batch, seq_len, cfg.moe_shared_expert_dim)
+        out += [SavedTensor("shared_gate", "dot", True, shape, blf, c),
+                SavedTensor("shared_up", "dot", True, shape, blf, c),
+                SavedTensor("shared_h", "other", True, shape, blf, c)]
+    return out
+
+
+@register_mlp("moe", aux_specs=moe_aux_specs, saved_tensors=_moe_saved_tensors)
+class MoE(nnx.Module):
+    """Mixture of SwiGLU experts with a softmax top-k router (module docstring), optional shared expert.
+
+    Params: ``w_router`` [D, E] (``embed, None``) and ``router_bias`` [E] (zeros), used in float32;
+    ``w_gate``, ``w_up`` [E, D, F] (``exp, embed, mlp``), ``w_down`` [E, F, D] (``exp, mlp, embed``);
+    ``shared`` (a :class:`SwiGLU` of width ``moe_shared_expert_dim``) if nonzero.
+
+    Call: ``x [B, L, D]`` (compute dtype) -> ``(y [B, L, D] compute dtype, aux)``, aux as
+    :func:`moe_aux_specs` declares (scalars float32; ``moe/expert_share`` float32 [E] for this layer).
+    """
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        self.cfg = cfg
+        E, D, F = cfg.moe_num_experts, cfg.d_model, cfg.mlp_dim
+        pd = cfg.jnp_param_dtype
+        out_std = cfg.init_std / math.sqrt(2 * cfg.num_layers)
+        self.w_router = _param(rngs, (D, E), ("embed", None), cfg.init_std, pd)
+        self.router_bias = nnx.Param(jnp.zeros((E,), pd), logical_axes=(None,))
+        self.w_gate = _param(rngs, (E, D, F), ("exp", "embed", "mlp"), cfg.init_std, pd)
+        self.w_up = _param(rngs, (E, D, F), ("exp", "embed", "mlp"), cfg.init_std, pd)
+        self.w_down = _param(rngs, (E, F, D), ("exp", "mlp", "embed"), out_std, pd)
+        if cfg.moe_shared_expert_dim:
+            import dataclasses
+            self.shared = SwiGLU(dataclasses.replace(cfg, mlp="swiglu", mlp_dim=cfg.moe_shared_expert_dim),
+                                 rngs=rngs)
+
+    def router_logits(self, x_BxLxD: jax.Array) -> jax.Array:
+        """float32 [B, L, E] router logits, computed in float32."""
+        return (jnp.einsum("bld,de->ble", x_BxLxD.astype(jnp.float32), self.w_router[...].astype(jnp.float32))
+                + self.router_bias[...].astype(jnp.float32))
+
+    def __call__(self, x_BxLxD):
+        cfg = self.cfg
+        B, L, _ = x_BxLxD.shape
+        routing = route(self.router_logits(x_BxLxD), cfg.moe_top_k)
+        if cfg.moe_dropless:
+            y_BxLxD = self._dropless(x_BxLxD, routing)
+            dropped = jnp.zeros((), jnp.int32)
+        else:
+            y_BxLxD, dropped = self._capacity(x_BxLxD, routing)
+        if cfg.moe_shared_expert_dim:
+            y_BxLxD = y_BxLxD + self.shared(x_BxLxD)[0]
+        aux = {LOAD_BALANCE: routing.load_balance_loss, ROUTER_Z: routing.router_z_loss,
+               DROPPED: dropped.astype(jnp.float32) / (B * L * cfg.moe_top_k), SHARE: routing.share}
+        return constrain(y_BxLxD, ("batch", "length", "embed")), aux
+
+    def _expert_weights(self):
+        cd = self.cfg.jnp_compute_dtype
+        return self.w_gate[...].astype(cd), self.w_up[...].astype(cd), self.w_down[...].astype(cd)
+
+    def _capacity(self, x_BxLxD, routing: Routing):
+        """Dispatch/combine einsums over ``[E, G, C, D]`` (GShard); XLA inserts the all-to-alls."""
+        cfg = self.cfg
+        cd = cfg.jnp_compute_dtype
+        B, L, D = x_BxLxD.shape
+        S = cfg.moe_group_size or L
+        if L % S:
+            raise ValueError(f"ModelConfig.moe_group_size = {S} does not divide the row length {L}")
+        G = B * L // S
+        x_GxSxD = constrain(x_BxLxD.reshape(G, S, D), ("batch", None, "embed"))
+        experts_GxSxK = routing.experts.reshape(G, S, -1)
+        gates_GxSxK = routing.gates.reshape(G, S, -1)
+        C = expert_capacity(cfg, S)
+        dispatch, combine, dropped = dispatch_and_combine(experts_GxSxK, gates_GxSxK, cfg.moe_num_experts, C)
+        w_gate, w_up, w_down = self._expert_weights()
+        ebcd, ebcf = ("exp", "batch", None, "embed"), ("exp", "batch", None, "mlp")
+        x_ExGxCxD = constrain(jnp.einsum("gsec,gsd->egcd", dispatch.astype(cd), x_GxSxD), ebcd)
+        gate_ExGxCxF = jnp.einsum("egcd,edf->egcf", x_ExGxCxD, w_gate)
+        up_ExGxCxF = jnp.einsum("egcd,edf->egcf", x_ExGxCxD, w_up)
+        h_ExGxCxF = constrain(jax.nn.silu(gate_ExGxCxF) * up_ExGxCxF, ebcf)
+        out_ExGxCxD = constrain(jnp.einsum("egcf,efd->egcd", h_ExGxCxF, w_down), ebcd)
+        y_GxSxD = jnp.einsum("gsec,egcd->gsd", combine.astype(cd), out_ExGxCxD)
+        return y_GxSxD.reshape(B, L, D), dropped
+
+    def _dropless(self, x_BxLxD, routing: Routing):
+        """Assignments sorted by expert, ``jax.lax.ragged_dot`` per expert group, scattered back and summed."""
+        cfg = self.cfg
+        B, L, D = x_BxLxD.shape
+        E, K = cfg.moe_num_experts, cfg.moe_top_k
+        x_TxD = x_BxLxD.reshape(B * L, D)
+        expert_A = routing.experts.reshape(-1)                       # A = T k assignments, token-major
+        token_A = jnp.repeat(jnp.arange(B * L, dtype=jnp.int32), K)
+        order = jnp.argsort(expert_A, stable=True)
+        token_sorted = token_A[order]
+        group_sizes = jnp.bincount(expert_A, length=E).astype(jnp.int32)
+        w_gate, w_up, w_down = self._expert_weights()
+        xs_AxD = x_TxD[token_sorted]
+        gate_AxF = jax.lax.ragged_dot(xs_AxD, w_gate, group_sizes)
+        up_AxF = jax.lax.ragged_dot(xs_AxD, w_up, group_sizes)
+        out_AxD = jax.lax.ragged_dot(jax.nn.silu(gate_AxF) * up_AxF, w_down, group_sizes)
+        gate_A = routing.gates.reshape(-1)[order].astype(out_AxD.dtype)
+        y_TxD = jnp.zeros_like(x_TxD).at[token_sorted].add(out_AxD * gate_A[:, None])
+        return y_TxD.reshape(B, L, D)
+
+
+def moe_param_counts(cfg: ModelConfig) -> dict[str, int]:
+    """Params of one MoE layer: ``{"total", "active", "router"}``.
+
+    ``total``: router ``D E + E``, experts ``3 D F E``, shared expert ``3 D F_s``; ``active`` (per token, in a
+    matmul): router ``D E``, ``k`` experts ``3 D F k``, shared expert. Used by
+    :func:`jaxpt.model.decoder.count_params`.
+    """
+    D, F, E, K, Fs = cfg.d_model, cfg.mlp_dim, cfg.moe_num_experts, cfg.moe_top_k, cfg.moe_shared_expert_dim
+    return {"total": D * E + E + 3 * D * F * E + 3 * D * Fs,
+            "active": D * E + 3 * D * F * K + 3 * D * Fs,
+            "router": D * E + E}

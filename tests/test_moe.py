@@ -1,0 +1,266 @@
+"""Mixture of experts: routing and its losses against hand computation, capacity drops, dropless mode, expert
+shares in the metrics, expert parallelism (all-to-all, equal losses across meshes), checkpoints across
+expert-parallel sizes, parameter accounting and config checks."""
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+from flax import nnx
+
+from jaxpt import builder
+from jaxpt import config as C
+from jaxpt import flops
+from jaxpt.errors import ConfigError
+from jaxpt.model import Decoder, ModelConfig, count_params
+from jaxpt.model.moe import MoE, dispatch_and_combine, expert_capacity, route
+
+TINY = ModelConfig(vocab_size=256, d_model=32, num_layers=2, num_heads=2, num_kv_heads=2, head_dim=16, mlp_dim=64,
+                   max_seq_len=32, mlp="moe", moe_num_experts=4, moe_top_k=2, moe_capacity_factor=2.0)
+
+
+def _batch(B, L, vocab, seed=0):
+    tok = jax.random.randint(jax.random.key(seed), (B, L), 0, vocab, dtype=jnp.int32)
+    return {"tokens": tok, "segment_ids": jnp.ones_like(tok), "positions": jnp.broadcast_to(jnp.arange(L), (B, L))}
+
+
+def _tiny_train_cfg(mesh: str, steps: int = 4, **model):
+    binds = {"ModelConfig.vocab_size": 256, "ModelConfig.d_model": 32, "ModelConfig.num_layers": 2,
+             "ModelConfig.num_heads": 2, "ModelConfig.num_kv_heads": 2, "ModelConfig.head_dim": 16,
+             "ModelConfig.mlp_dim": 64, "ModelConfig.max_seq_len": 32, "TrainConfig.seq_len": 32,
+             "TrainConfig.global_batch_size": 8, "OptimizerConfig.warmup_steps": 1,
+             "OptimizerConfig.decay_steps": 20, **{f"ModelConfig.{k}": v for k, v in model.items()}}
+    return C.parse(["configs/quickstart_moe.gin"], [f"{k} = {v!r}" for k, v in binds.items()],
+                   steps=steps, mesh=mesh)
+
+
+# ------------------------------------------------------------------------------------ routing, by hand
+def test_load_balance_and_router_z_loss_equal_hand_computed_values():
+    """Switch eq. 4 (E * sum_i f_i P_i, f over all top-k choices) and ST-MoE eq. 5 (mean logsumexp^2) on a
+    3-token, 3-expert routing written out by hand."""
+    logits = np.array([[[2.0, 1.0, 0.0], [0.0, 3.0, 1.0], [1.0, 0.5, 2.5]]], np.float32)   # [G=1, S=3, E=3]
+    p = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
+    # top-2 by hand: token0 -> {0, 1}, token1 -> {1, 2}, token2 -> {2, 0}: each expert chosen twice of 6.
+    f = np.array([2, 2, 2]) / 6
+    P = p[0].mean(0)
+    lse = np.log(np.exp(logits[0]).sum(-1))
+    r = route(jnp.asarray(logits), 2)
+    np.testing.assert_array_equal(np.asarray(r.experts[0]), [[0, 1], [1, 2], [2, 0]])
+    np.testing.assert_allclose(float(r.load_balance_loss), 3 * np.sum(f * P), rtol=1e-6)
+    np.testing.assert_allclose(float(r.router_z_loss), np.mean(lse ** 2), rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(r.share), f, rtol=1e-6)
+    # gates: top-2 probabilities renormalized
+    np.testing.assert_allclose(np.asarray(r.gates[0, 0]), p[0, 0, [0, 1]] / p[0, 0, [0, 1]].sum(), rtol=1e-6)
+    # top-1 (Switch): f is the top-1 fraction and the gate is the probability itself
+    r1 = route(jnp.asarray(logits), 1)
+    f1 = np.array([1, 1, 1]) / 3
+    np.testing.assert_allclose(float(r1.load_balance_loss), 3 * np.sum(f1 * P), rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(r1.gates[0, :, 0]), p[0].max(-1), rtol=1e-6)
+
+
+def test_capacity_one_drops_exactly_the_overflow_and_dropped_tokens_pass_through():
+    """capacity_factor 1.0, 8 tokens, 4 experts, top-1: C = 2. Five tokens want expert 0, one each experts
+    1-3: expert 0 keeps its first two tokens (in order), the other three are dropped (the MoE adds 0 to them,
+    so the block's residual passes them through); every other token is processed."""
+    cfg = dataclasses.replace(TINY, moe_top_k=1, moe_capacity_factor=1.0)
+    assert expert_capacity(cfg, 8) == 2
+    target = np.array([0, 1, 0, 0, 2, 0, 3, 0])
+    moe = MoE(cfg, rngs=nnx.Rngs(0))
+    D = cfg.d_model
+    x = np.zeros((1, 8, D), np.float32)
+    x[0, np.arange(8), 4 + np.arange(8)] = 1.0           # distinct inputs, orthogonal to the routing dims
+    x[0, np.arange(8), target] = 1.0
+    w = np.zeros((D, 4), np.float32)
+    w[np.arange(4), np.arange(4)] = 20.0                 # token t's router logit is 20 for expert target[t]
+    moe.w_router[...] = jnp.asarray(w)
+    y, aux = moe(jnp.asarray(x))
+    dropped = [3, 5, 7]
+    assert float(aux["moe/dropped_fraction"]) * 8 == 3
+    y = np.asarray(y)
+    assert np.all(y[0, dropped] == 0)
+    assert np.all(np.abs(y[0, [0, 1, 2, 4, 6]]).max(-1) > 0)
+    # and directly, with top-2: expert 0 first choice of 5 tokens and nothing else overflows
+    experts = jnp.asarray(np.stack([target, (target + 1) % 4], -1)[None])          # [1, 8, 2]
+    _, _, n = dispatch_and_combine(experts, jnp.ones((1, 8, 2)) / 2, 4, capacity=3)
+    # expert 0: 5 first choices + 1 second choice (token with target 3) = 6 for 3 slots -> 3 dropped;
+    # expert 1: 1 first + 5 second = 6 -> 3 dropped; experts 2, 3: 2 each, none dropped.
+    assert int(n) == 6
+
+
+@pytest.mark.parametrize("group_size", [0, 8])
+def test_dropless_equals_capacity_mode_without_drops(group_size):
+    """ragged_dot over expert-sorted tokens gives the loss and gradients of the dispatch/combine einsums when
+    the capacity drops nothing (rel 1e-5), routing groups whole rows or 8-token pieces of them."""
+    batch = _batch(2, 32, 256)
+    from jaxpt.step import loss_fn
+
+    def loss_and_grads(cfg):
+        model = Decoder(cfg, rngs=nnx.Rngs(0))
+        graphdef, params = nnx.split(model, nnx.Param)
+        grad_fn = jax.jit(jax.value_and_grad(loss_fn, has_aux=True), static_argnums=(1,))
+        (loss, aux), g = grad_fn(params, graphdef, batch, 1e-4)
+        return loss, aux, g
+
+    l_cap, aux_cap, g_cap = loss_and_grads(dataclasses.replace(TINY, moe_group_size=group_size))
+    l_drop, aux_drop, g_drop = loss_and_grads(dataclasses.replace(TINY, moe_dropless=True))
+    assert float(aux_cap["moe/dropped_fraction"]) == 0.0
+    np.testing.assert_allclose(float(l_drop), float(l_cap), rtol=1e-5)
+    for a, b in zip(jax.tree.leaves(g_cap), jax.tree.leaves(g_drop)):
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-5, atol=1e-7)
+
+
+def test_every_nth_layer_placement_and_param_accounting():
+    """moe_every=2 over 4 layers: layers 1 and 3 are MoE, 0 and 2 dense; count_params' total equals the
+    built model's, its matmul (active) count has 2 of 4 experts per MoE layer, and MFU's FLOPs use it."""
+    cfg = dataclasses.replace(TINY, num_layers=4, moe_every=2)
+    model = Decoder(cfg, rngs=nnx.Rngs(0))
+    kinds = [type(b.mlp).__name__ for b in model.blocks]
+    assert kinds == ["SwiGLU", "MoE", "SwiGLU", "MoE"]
+    n_built = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+    c = count_params(cfg)
+    assert c["total"] == n_built
+    D, F, E, V = 32, 64, 4, 256
+    attn = 4 * (2 * D * 2 * 16 + 2 * D * 2 * 16)
+    assert c["matmul"] == attn + 2 * 3 * D * F + 2 * (D * E + 3 * D * F * 2) + D * V
+    assert flops.flops_per_token(cfg, 32) == 6 * c["matmul"] + 6 * 4 * 2 * 16 * 32
+    _, aux = model(*_batch(1, 32, 256).values(), return_aux=True)
+    assert aux["moe/expert_share"].shape == (2, 4)
+    # a shared expert of width 16: 3 D 16 more params per MoE layer, all of them active
+    shared = dataclasses.replace(cfg, moe_shared_expert_dim=16)
+    cs = count_params(shared)
+    assert cs["total"] == sum(x.size for x in jax.tree.leaves(nnx.state(Decoder(shared, rngs=nnx.Rngs(0)), nnx.Param)))
+    assert cs["total"] - c["total"] == cs["matmul"] - c["matmul"] == 2 * 3 * D * 16
+
+
+def test_moe_config_errors_name_the_field():
+    with pytest.raises(ConfigError, match=r"ModelConfig.moe_top_k = 5"):
+        dataclasses.replace(TINY, moe_top_k=5)
+    with pytest.raises(ConfigError, match=r"ModelConfig.moe_every = 3"):
+        dataclasses.replace(TINY, moe_every=3)
+    with pytest.raises(ConfigError, match=r"ModelConfig.moe_every = 2.*scan_layers"):
+        dataclasses.replace(TINY, moe_every=2, scan_layers=True)
+    with pytest.raises(ConfigError, match=r"ModelConfig.moe_capacity_factor = 0"):
+        dataclasses.replace(TINY, moe_capacity_factor=0.0)
+    with pytest.raises(ConfigError, match=r"'expert' \(size 4\).*'swiglu' has none"):
+        C.validate(_tiny_train_cfg("expert=4,data=2", mlp="swiglu"), 8)
+    with pytest.raises(ConfigError, match=r"ModelConfig.moe_num_experts = 4 is not divisible by mesh expert = 8"):
+        C.validate(_tiny_train_cfg("expert=8"), 8)
+
+
+# ------------------------------------------------------------------------------- sharded, through build()
+def test_expert_parallel_step_exchanges_tokens_all_to_all_and_reports_shares():
+    """On expert=4,data=2 the compiled train step holds all-to-alls (XLA's lowering of the dispatch and
+    combine einsums' resharding); per-layer expert shares reach the metrics and sum to 1; forcing one
+    expert's router bias high sends every token to it (share exactly 1/2 under top-2)."""
+    built = builder.build(_tiny_train_cfg("expert=4,data=2"))
+    state = built.init_state()
+    batch = jax.device_put(_batch(8, 32, 256), built.batch_shardings())
+    compiled = built.train_step.lower(state, batch).compile()
+    assert "all-to-all" in compiled.as_text()
+    w = state.params["blocks"][0]["mlp"]["w_gate"]
+    assert w.sharding.spec[0] == "expert"
+    state, m = compiled(state, batch)
+    for layer in range(2):
+        shares = [float(m[f"moe/expert_share/layer{layer}/expert{e}"]) for e in range(4)]
+        assert math.isclose(sum(shares), 1.0, rel_tol=1e-6) and max(shares) < 0.9
+    for layer in range(2):
+        b = state.params["blocks"][layer]["mlp"]["router_bias"]
+        state.params["blocks"][layer]["mlp"]["router_bias"] = b.replace(jnp.asarray([0.0, 0.0, 50.0, 0.0]))
+    state, m = compiled(state, batch)
+    for layer in range(2):
+        assert float(m[f"moe/expert_share/layer{layer}/expert2"]) == 0.5
+        assert math.isclose(sum(float(m[f"moe/expert_share/layer{layer}/expert{e}"]) for e in range(4)), 1.0,
+                            rel_tol=1e-6)
+
+
+def _losses(cfg, steps):
+    built = builder.build(cfg)
+    state = built.init_state()
+    out = []
+    for i in range(steps):
+        batch = jax.device_put(_batch(cfg.global_batch_size, cfg.seq_len, cfg.model.vocab_size, seed=i),
+                               built.batch_shardings())
+        state, m = built.train_step(state, batch)
+        out.append((float(m["loss"]), float(m["moe/dropped_fraction"]), float(m["moe/load_balance_loss"])))
+    return np.array(out)
+
+
+@pytest.mark.slow
+def test_quickstart_moe_losses_equal_across_meshes():
+    """configs/quickstart_moe.gin (capacity factor 2.0 = experts / top_k: nothing dropped), 20 steps on a
+    fixed synthetic batch stream: the losses on expert=4,data=2 and on expert=2,fsdp=2,tensor=2 equal those of
+    plain data parallelism (data=8) within rel 1e-4."""
+    binds = ["ModelConfig.vocab_size = 512", "ModelConfig.moe_capacity_factor = 2.0",
+             "TrainConfig.global_batch_size = 8", "TrainConfig.seq_len = 32"]
+    ref = _losses(C.parse(["configs/quickstart_moe.gin"], binds, steps=20, mesh="data=8"), 20)
+    assert np.all(ref[:, 1] == 0) and np.ptp(ref[:, 0]) > 1e-3   # nothing dropped; the steps change the loss
+    for mesh in ("expert=4,data=2", "expert=2,fsdp=2,tensor=2"):
+        got = _losses(C.parse(["configs/quickstart_moe.gin"], binds, steps=20, mesh=mesh), 20)
+        np.testing.assert_allclose(got[:, 0], ref[:, 0], rtol=1e-4, err_msg=mesh)
+        np.testing.assert_allclose(got[:, 2], ref[:, 2], rtol=1e-4, err_msg=mesh)
+
+
+def test_checkpoint_restores_across_expert_parallel_sizes(tmp_path):
+    """A state saved on expert=4,data=2 restores on expert=2,data=4: the same params, placed on the new
+    shardings, and the same next loss as continuing on the original mesh."""
+    from jaxpt.checkpoint import CheckpointConfig, Checkpointer
+    built4 = builder.build(_tiny_train_cfg("expert=4,data=2"))
+    state = built4.init_state()
+    batch = _batch(8, 32, 256, seed=3)
+    state, _ = built4.train_step(state, jax.device_put(batch, built4.batch_shardings()))
+    ckpt = Checkpointer(str(tmp_path), CheckpointConfig(async_save=False))
+    # the train state and metadata only (no data iterator in this test)
+    ckpt.manager.save(1, args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave({})),
+                      force=True)
+    ckpt.wait()
+    saved = jax.tree.map(np.asarray, state.params)
+    _, m4 = built4.train_step(state, jax.device_put(_batch(8, 32, 256, seed=4), built4.batch_shardings()))
+
+    built2 = builder.build(_tiny_train_cfg("expert=2,data=4"))
+    restored, _ = Checkpointer(str(tmp_path), CheckpointConfig(), read_only=True).restore(1, built2.spec.abstract, None)
+    w = restored.params["blocks"][0]["mlp"]["w_up"]
+    assert w.sharding.spec[0] == "expert" and w.sharding.mesh.shape["expert"] == 2
+    jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, restored.params), saved)
+    _, m2 = built2.train_step(restored, jax.device_put(_batch(8, 32, 256, seed=4), built2.batch_shardings()))
+    np.testing.assert_allclose(float(m2["loss"]), float(m4["loss"]), rtol=1e-5)
+
+
+def test_planner_counts_all_expert_params_in_memory_and_estimates_the_all_to_all():
+    """tools.plan on expert=4,data=2: stored params per device are the other params (routers included) whole
+    plus a quarter of the expert weights (fp32); the all-to-all bytes per device are, per MoE layer, 4 exchanges (2 forward,
+    2 backward) of E x (its 1 row) x C x D (fp32) of which 3/4 leave the device; v5p time = bytes / (4800 Gbit/s / 2)."""
+    from jaxpt.tools import plan
+    cfg = _tiny_train_cfg("expert=4,data=2")
+    sizes = C.validate(cfg, 8)
+    c = count_params(cfg.model)
+    mem = plan.estimate_memory(cfg, sizes)
+    expert_weights = 2 * 3 * 32 * 64 * 4             # 2 MoE layers x (w_gate, w_up, w_down) [E, D, F]
+    assert mem.params == 4 * (c["total"] - expert_weights + expert_weights // 4)   # routers stay whole
+    hw = plan.parse_hardware("v5p-16")
+    est = plan.all_to_all_estimate(cfg, sizes, hw)
+    rows, C_, D, E = 8 / 8, expert_capacity(cfg.model, 32), 32, 4   # a device's own rows (batch over data x expert)
+    per = E * rows * C_ * D * 4 * 3 / 4
+    assert est["all_to_alls"] == 2 * 4 and est["bytes_per_device"] == pytest.approx(2 * 4 * per)
+    assert est["seconds"] == pytest.approx(est["bytes_per_device"] / (4800e9 / 8 / 2))
+    assert plan.all_to_all_estimate(_tiny_train_cfg("data=8", mlp="swiglu"), {"data": 8}, hw) is None
+
+
+def test_presets_have_the_published_shapes():
+    """Mixtral-8x7B: 46,702,792,704 params (Jiang et al. 2024) + 32 layers x 8 router biases; 12.9B active with
+    the embedding. moe_1b: about 1B in all, 8 experts top-2. quickstart_moe: 4 experts top-2 in every layer,
+    validated on its own mesh (expert=4,data=2) on 8 devices; the Mixtral preset on v5p-128 (64 chips)."""
+    mixtral = C.parse(["configs/quickstart.gin", "configs/models/mixtral_8x7b.gin", "configs/slices/v5p-128.gin"],
+                      ["TrainConfig.mesh = 'expert=4,fsdp=-1'"])
+    c = count_params(mixtral.model)
+    assert c["total"] == 46_702_792_704 + 32 * 8
+    assert round((c["matmul"] + c["embedding"]) / 1e8) == 129
+    assert C.validate(mixtral, 64)["expert"] == 4
+    small = C.parse(["configs/quickstart.gin", "configs/models/moe_1b.gin"], []).model
+    assert 0.95e9 < count_params(small)["total"] < 1.1e9 and (small.moe_num_experts, small.moe_top_k) == (8, 2)
+    q = C.parse(["configs/quickstart_moe.gin"], ["ModelConfig.vocab_size = 512"])
+    assert (q.model.mlp, q.model.moe_num_experts, q.model.moe_top_k, q.model.num_moe_layers) == ("moe", 4, 2, 4)
+    assert C.validate(q, 8) == {"data": 2, "fsdp": 1, "sequence": 1, "expert": 4, "tensor": 1}
