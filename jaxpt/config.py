@@ -432,6 +432,9 @@ def _check_pipeline(cfg: TrainConfig, sizes: dict[str, int]) -> None:
         raise ConfigError(f"ModelConfig.attention_impl = 'splash' cannot run inside the pipeline {where}: its Pallas "
                           "kernel's own shard_map does not nest in the pipeline's yet; use 'blockwise' (or 'auto', "
                           "which picks it there)")
+    if m.num_moe_layers:
+        raise ConfigError(f"ModelConfig.mlp = 'moe' does not run inside the pipeline {where} yet (its per-expert "
+                          "metrics and all-to-all are untested under the stage shard_map); use a mesh without stage")
     if mesh_lib.logical_axis_size(sizes, cfg.logical_axis_rules, "length") > 1:
         raise ConfigError(f"TrainConfig.mesh = {cfg.mesh!r}: context parallelism (the row split over `sequence`) "
                           f"does not run inside the pipeline {where} yet; use one or the other")
@@ -460,7 +463,7 @@ def validate(cfg: TrainConfig, num_devices: int) -> dict[str, int]:
         by the data-parallel size x ``grad_accum_steps``, or by ``DataConfig.num_shards``; with mesh
         ``stage > 1``, ``ModelConfig.pipeline_microbatches`` below the stage count or not dividing each model
         call's rows into data-parallel-divisible micro-batches, ``ModelConfig.num_layers`` not divisible by
-        stages x ``ModelConfig.pipeline_repeats``, ``attention_impl = 'splash'``, or the row also split over
+        stages x ``ModelConfig.pipeline_repeats``, ``attention_impl = 'splash'``, an MoE MLP, or the row also split over
         ``sequence``; heads or kv heads not divisible by mesh ``tensor``; ``seq_len`` above
         ``ModelConfig.max_seq_len``; with the row split over ``sequence`` (context parallelism), ``seq_len`` not
         divisible by 2 x its size, or an ``attention_impl`` that does not support it, or rows splash cannot

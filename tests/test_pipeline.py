@@ -179,3 +179,16 @@ def test_planner_counts_per_stage_weights_and_the_in_flight_stash():
     regroup = counts["blocks"] // S * 4
     assert piped.stash == 2 * B * L * D * 4 + regroup and plain.stash == 0
     assert piped.pipeline["bubble_fraction"] == pytest.approx(3 / 19)
+
+
+def test_pipeline_refuses_an_moe_mlp_by_name():
+    """MoE layers inside the stage shard_map are untested, so the config says so instead of running them."""
+    import dataclasses
+
+    from jaxpt import config as config_lib
+    from jaxpt.errors import ConfigError
+    cfg = config_lib.TrainConfig()
+    model = dataclasses.replace(cfg.model, mlp="moe", moe_num_experts=4, num_layers=4)
+    cfg = dataclasses.replace(cfg, model=model, mesh="stage=2,data=4", global_batch_size=16)
+    with pytest.raises(ConfigError, match="ModelConfig.mlp = 'moe'"):
+        config_lib.validate(cfg, 8)
