@@ -263,4 +263,4 @@ def test_presets_have_the_published_shapes():
     assert 0.95e9 < count_params(small)["total"] < 1.1e9 and (small.moe_num_experts, small.moe_top_k) == (8, 2)
     q = C.parse(["configs/quickstart_moe.gin"], ["ModelConfig.vocab_size = 512"])
     assert (q.model.mlp, q.model.moe_num_experts, q.model.moe_top_k, q.model.num_moe_layers) == ("moe", 4, 2, 4)
-    assert C.validate(q, 8) == {"data": 2, "fsdp": 1, "sequence": 1, "expert": 4, "tensor": 1}
+    assert C.validate(q, 8) == {"stage": 1, "data": 2, "fsdp": 1, "sequence": 1, "expert": 4, "tensor": 1}
