@@ -489,7 +489,11 @@ def validate(cfg: TrainConfig, num_devices: int) -> dict[str, int]:
         raise ConfigError(f"TrainConfig.seq_len = {cfg.seq_len} exceeds ModelConfig.max_seq_len = {m.max_seq_len}")
     _check_context_parallel(cfg, sizes)
     from jaxpt.optim import check_schedule
-    check_schedule(cfg.optimizer, cfg.steps - stage_lib.start_step(cfg))
+    start = stage_lib.start_step(cfg)
+    if start and cfg.steps <= start:
+        raise ConfigError(f"TrainConfig.steps = {cfg.steps} must exceed the step the stage starts from ({start}, "
+                          f"TrainConfig.init_from = {cfg.init_from!r}): steps counts from the start of the first stage")
+    check_schedule(cfg.optimizer, cfg.steps - start)
     return sizes
 
 

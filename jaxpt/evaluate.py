@@ -88,6 +88,11 @@ def run_extrapolation(args) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv in (["-h"], ["--help"]):  # both faces of the command, extrapolation first
+        _parser().print_help()
+        print("\nWithout --lengths, the arguments go to python -m jaxpt.tools.evaluate:\n")
+        from jaxpt.tools import evaluate as tools_evaluate
+        return tools_evaluate.main(argv)
     if not any(a == "--lengths" or a.startswith("--lengths=") for a in argv):
         from jaxpt.tools import evaluate as tools_evaluate
         return tools_evaluate.main(argv)

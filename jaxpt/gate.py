@@ -502,7 +502,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.mtbf_hours is not None:
             interval, note = interval_note(args.workdir, args.mtbf_hours, args.save_seconds)
     except FileNotFoundError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {args.workdir} is not a run directory with metrics (python -m jaxpt.train writes "
+              f"metrics.jsonl there): {e}", file=sys.stderr)
         return 2
     except (ConfigError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)

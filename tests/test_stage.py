@@ -187,3 +187,13 @@ def test_length_mixture_upweights_long_documents():
         C.DataConfig(long_doc_weight=0.5)
     with pytest.raises(ConfigError, match="DataConfig.long_doc_weight = 1.5"):
         C.DataConfig(long_doc_weight=1.5, long_doc_min_chars=10)
+
+
+def test_stage_steps_at_or_below_the_parent_step_name_the_key():
+    """``steps`` counts from the first stage, so a stage from @10 with steps = 8 is refused naming both keys."""
+    from jaxpt import config as config_lib
+    from jaxpt.errors import ConfigError
+    cfg = config_lib.parse(["configs/quickstart.gin"], ["TrainConfig.init_from = 'workdirs/parent@10'",
+                                                         "TrainConfig.steps = 8", "ModelConfig.vocab_size = 512"])
+    with pytest.raises(ConfigError, match=r"TrainConfig.steps = 8 must exceed the step the stage starts from \(10"):
+        config_lib.validate(cfg, 8)

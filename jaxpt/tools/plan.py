@@ -899,6 +899,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     chosen = [k for k in ("flops", "params", "config") if getattr(args, k)]
+    for flag, v in (("--mtbf-hours", args.mtbf_hours), ("--save-seconds", args.save_seconds)):
+        if v is not None and (v <= 0 if flag == "--mtbf-hours" else v < 0):
+            print(f"error: {flag} {v}: must be {'positive' if flag == '--mtbf-hours' else '>= 0'}", file=sys.stderr)
+            return 2
     if (args.mtbf_hours is None) != (args.save_seconds is None):
         print("error: --mtbf-hours and --save-seconds go together", file=sys.stderr)
         return 2
