@@ -194,6 +194,21 @@ class Checkpointer:
         self.manager.reload()
         return list(self.manager.all_steps())
 
+    def committed_step(self, step: int | None = None) -> int:
+        """``step`` if it is a committed checkpoint step, or the newest committed step when ``step`` is None.
+
+        Raises:
+          CheckpointError: no committed checkpoint at all, or none at ``step`` (the committed steps named).
+        """
+        steps = self.all_steps()
+        if not steps:
+            raise CheckpointError(f"{self.directory}: no committed checkpoint")
+        if step is None:
+            return max(steps)
+        if step not in steps:
+            raise CheckpointError(f"{self.directory}: no committed step {step} (have {sorted(steps)})")
+        return step
+
     def has_checkpoint_dirs(self) -> bool:
         """True if the checkpoint directory holds anything (committed or not)."""
         return os.path.isdir(self.directory) and any(os.scandir(self.directory))

@@ -85,13 +85,7 @@ def restore(workdir: str | os.PathLike, step: int | None = None,
 
     ckpt = Checkpointer(str(workdir), CheckpointConfig(enabled=False), read_only=True)
     try:
-        steps = ckpt.all_steps()
-        if not steps:
-            raise CheckpointError(f"{ckpt.directory}: no committed checkpoint")
-        if step is None:
-            step = max(steps)
-        elif step not in steps:
-            raise CheckpointError(f"{ckpt.directory}: no committed step {step} (have {sorted(steps)})")
+        step = ckpt.committed_step(step)
         meta = ckpt.read_meta(step)
         where = f"{ckpt.directory}/{step}"
         cfg = config_from_meta(meta, where)

@@ -98,13 +98,10 @@ def find_parent(cfg, tokenizer_sha256: str | None) -> Parent:
         raise ConfigError(f"{where}: {workdir} holds no checkpoints/ directory")
     ckpt = ckpt_lib.Checkpointer(workdir, ckpt_lib.CheckpointConfig(enabled=False), read_only=True)
     try:
-        steps = ckpt.all_steps()
-        if not steps:
-            raise ConfigError(f"{where}: {ckpt.directory} has no committed checkpoint")
-        if step is None:
-            step = max(steps)
-        elif step not in steps:
-            raise ConfigError(f"{where}: {ckpt.directory} has no committed step {step} (have {sorted(steps)})")
+        try:
+            step = ckpt.committed_step(step)
+        except ckpt_lib.CheckpointError as e:
+            raise ConfigError(f"{where}: {e}") from None
         meta = ckpt.read_meta(step)
     finally:
         ckpt.close()
