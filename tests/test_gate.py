@@ -178,6 +178,10 @@ def test_healthy_short_run_passes_the_gate(prepared_sample, tmp_path, capsys):
     verdict = {c["name"]: (c["verdict"], c["reason"]) for c in out["criteria"]}
     assert {k: v for k, (v, _) in verdict.items() if k != "tokens_per_sec"} == dict.fromkeys(
         ["loss_smooth", "spikes", "grad_norm_stable", "checkpoint_restore", "heldout_trend"], gate.PASS), verdict
-    measured = [r["tokens_per_sec"] for r in monitor.read_metrics(str(tmp_path)) if r.get("tokens_per_sec")]
-    code = gate.main([str(tmp_path), "--estimate-tokens-per-sec", str(float(np.median(measured[1:])))])
+    # The estimate is the gate's documented statistic, computed here from the file: the median logged
+    # tokens_per_sec over steps after step 1. Any other selection (e.g. dropping the first record in file order)
+    # makes the verdict depend on this host's timing noise, which is not what this test is about.
+    measured = [r["tokens_per_sec"] for r in monitor.read_metrics(str(tmp_path))
+                if "event" not in r and r["step"] > 1 and r.get("tokens_per_sec")]
+    code = gate.main([str(tmp_path), "--estimate-tokens-per-sec", repr(float(np.median(measured)))])
     assert code == 0, capsys.readouterr().out
