@@ -2,14 +2,20 @@
 
 Called from ``jaxpt.train``'s ``main`` (never from the config loader), before anything touches devices.
 
-Detection order:
-  1. explicit flags ``--coordinator_address HOST:PORT --num_processes N --process_id I``;
-  2. a cluster environment JAX recognizes on its own (``jax.distributed.initialize()`` with no arguments):
-     TPU VMs (``TPU_WORKER_HOSTNAMES`` / the metadata server, also under GKE), SLURM (``SLURM_JOB_ID`` with
-     ``SLURM_NTASKS`` > 1), Open MPI (``OMPI_COMM_WORLD_SIZE`` > 1), Kubernetes JobSets
-     (``JOBSET_NAME`` with ``JAX_PROCESS_COUNT``/indexed jobs) -- only when the environment says there is
-     more than one process;
-  3. otherwise a single process, no initialization.
+Decision (:func:`decide`, logged by :func:`log_startup` as ``distributed: <mode> via <how>``):
+  1. explicit flags ``--coordinator_address HOST:PORT --num_processes N --process_id I`` (all three, or
+     none): ``jax.distributed.initialize`` with them;
+  2. ``JAXPT_DISTRIBUTED=off``: a single process, whatever the environment says (an escape hatch for running
+     one process inside a multi-task allocation);
+  3. JAX's own cluster auto-detection (``jax._src.clusters``, the detectors ``jax.distributed.initialize()``
+     runs when given no arguments): GCE TPU VMs (worker list from the metadata server, queried only when TPU
+     chips are attached to this VM), GKE TPU pods (``TPU_WORKER_HOSTNAMES`` / ``TPU_PROCESS_ADDRESSES``),
+     SLURM (``SLURM_JOB_ID``, ``SLURM_STEP_NODELIST``, ``SLURM_NTASKS``, ``SLURM_PROCID``, ``SLURM_LOCALID``),
+     Open MPI (``OMPI_MCA_orte_hnp_uri``), Kubernetes (with the ``kubernetes`` package). When one is present
+     and reports more than one process, ``jax.distributed.initialize()`` is called with no arguments so JAX
+     finds coordinator, process count and id itself; a detected cluster of one process is not initialized;
+  4. otherwise a single process, no initialization. On a host with no cluster environment the detectors
+     read only environment variables and ``/sys/bus/pci`` (no network), so a CPU run never waits here.
 
 On CPU the gloo collectives are selected (``jax_cpu_collectives_implementation``), so the same code runs
 across local processes for tests.
@@ -18,6 +24,7 @@ across local processes for tests.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 
@@ -37,18 +44,58 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds to wait for peers at start-up and heartbeats before failing")
 
 
-def detected_cluster() -> str | None:
-    """The multi-process environment this process runs in, or None for a single process."""
-    env = os.environ
-    if int(env.get("SLURM_NTASKS", "1") or 1) > 1 and "SLURM_JOB_ID" in env:
-        return "slurm"
-    if int(env.get("OMPI_COMM_WORLD_SIZE", "1") or 1) > 1:
-        return "openmpi"
-    if env.get("TPU_WORKER_HOSTNAMES") and len(env["TPU_WORKER_HOSTNAMES"].split(",")) > 1:
-        return "tpu"
-    if env.get("JOBSET_NAME") and int(env.get("JAX_PROCESS_COUNT", "1") or 1) > 1:
-        return "kubernetes"
-    return None
+#: ``JAXPT_DISTRIBUTED`` values that force a single process.
+_OFF = ("0", "off", "false", "no", "single")
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    """How this process starts. ``mode``: ``explicit``, ``auto`` or ``single``; ``how``: what decided it (the
+    flags, JAX's detector class name such as ``SlurmCluster``, or why nothing was initialized);
+    ``process_count``: the count the flags or the detector report (None when unknown)."""
+
+    mode: str
+    how: str
+    process_count: int | None = None
+
+
+def jax_cluster_env():
+    """The JAX cluster detector (a ``jax._src.clusters.ClusterEnv`` subclass) whose environment is present, in
+    JAX's own order, skipping opt-in-only ones (mpi4py) exactly as ``jax.distributed.initialize()`` does; None
+    when there is none or when this jax no longer has that module (then :func:`decide` says so and runs one
+    process, and explicit flags still work)."""
+    try:
+        from jax._src import clusters  # pylint: disable=g-import-not-at-top
+        types = list(clusters.ClusterEnv._cluster_types)  # pylint: disable=protected-access
+    except (ImportError, AttributeError) as e:
+        log.warning("JAX's cluster detectors are not importable (%s); pass the explicit flags on a cluster", e)
+        return None
+    return next((env for env in types if not getattr(env, "opt_in_only_method", False) and env.is_env_present()),
+                None)
+
+
+def decide(args: argparse.Namespace | None = None, env: dict | None = None) -> Decision:
+    """The start-up path (module docstring) for these flags and environment ``env`` (default ``os.environ``;
+    JAX's detectors always read ``os.environ``).
+
+    Raises:
+      ValueError: explicit flags given only in part.
+    """
+    env = os.environ if env is None else env
+    explicit = [getattr(args, k, None) for k in ("coordinator_address", "num_processes", "process_id")]
+    if any(v is not None for v in explicit):
+        if any(v is None for v in explicit):
+            raise ValueError("--coordinator_address, --num_processes and --process_id go together")
+        return Decision("explicit", "--coordinator_address/--num_processes/--process_id", explicit[1])
+    if env.get("JAXPT_DISTRIBUTED", "").strip().lower() in _OFF:
+        return Decision("single", "JAXPT_DISTRIBUTED=" + env["JAXPT_DISTRIBUTED"], 1)
+    cluster = jax_cluster_env()
+    if cluster is None:
+        return Decision("single", "no cluster environment detected", 1)
+    count = cluster.get_process_count()
+    if count <= 1:
+        return Decision("single", f"{cluster.__name__} reports 1 process", 1)
+    return Decision("auto", cluster.__name__, count)
 
 
 def _use_gloo_on_cpu() -> None:
@@ -60,28 +107,30 @@ def _use_gloo_on_cpu() -> None:
 
 
 def initialize(args: argparse.Namespace | None = None) -> dict:
-    """Join the job's processes if there are several. Returns ``{"mode", "process_index", "process_count"}``.
+    """Join the job's processes if there are several (:func:`decide`). Returns ``{"mode", "how",
+    "process_index", "process_count"}`` for :func:`log_startup` (logging is not set up yet when this runs).
 
     Raises:
       ValueError: explicit flags given only in part.
       RuntimeError: (from JAX) the coordinator cannot be reached within the timeout.
     """
-    explicit = [getattr(args, k, None) for k in ("coordinator_address", "num_processes", "process_id")]
+    decision = decide(args)
     timeout = getattr(args, "distributed_timeout_s", DEFAULT_TIMEOUT_S) if args else DEFAULT_TIMEOUT_S
-    if any(v is not None for v in explicit):
-        if any(v is None for v in explicit):
-            raise ValueError("--coordinator_address, --num_processes and --process_id go together")
+    if decision.mode == "explicit":
         _use_gloo_on_cpu()
-        addr, n, i = explicit
-        jax.distributed.initialize(coordinator_address=addr, num_processes=n, process_id=i,
-                                   initialization_timeout=timeout, heartbeat_timeout_seconds=timeout)
-        mode = "explicit"
-    elif (cluster := detected_cluster()) is not None:
+        jax.distributed.initialize(coordinator_address=args.coordinator_address, num_processes=args.num_processes,
+                                   process_id=args.process_id, initialization_timeout=timeout,
+                                   heartbeat_timeout_seconds=timeout)
+    elif decision.mode == "auto":
         _use_gloo_on_cpu()
-        jax.distributed.initialize(initialization_timeout=timeout)
-        mode = cluster
+        jax.distributed.initialize(initialization_timeout=timeout, heartbeat_timeout_seconds=timeout)
     else:
-        return {"mode": "single", "process_index": 0, "process_count": 1}
-    info = {"mode": mode, "process_index": jax.process_index(), "process_count": jax.process_count()}
-    log.info("distributed: %s", info)
-    return info
+        return {"mode": "single", "how": decision.how, "process_index": 0, "process_count": 1}
+    return {"mode": decision.mode, "how": decision.how, "process_index": jax.process_index(),
+            "process_count": jax.process_count()}
+
+
+def log_startup(info: dict) -> None:
+    """Logs (INFO, ``jaxpt.distributed``) which start-up path :func:`initialize` took."""
+    log.info("distributed: %s via %s (process %d of %d)", info["mode"], info["how"], info["process_index"],
+             info["process_count"])

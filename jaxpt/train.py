@@ -456,10 +456,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         cfg = config_lib.from_args(args)  # parse first: a config error needs no cluster
-        distributed.initialize(args)
+        startup = distributed.initialize(args)
         logging.basicConfig(level=logging.WARNING, force=True,
                             format=f"[%(asctime)s p{jax.process_index()}] %(name)s: %(message)s")
         logging.getLogger("jaxpt").setLevel(logging.INFO)
+        distributed.log_startup(startup)
         if args.dry_run:
             print(preflight.format_plan(preflight.plan(cfg)))
         else:
