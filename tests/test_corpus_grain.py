@@ -145,3 +145,18 @@ def test_training_switches_to_the_corpus_with_a_gin_switch(built, tmp_path):
     (bare / "mixture.json").write_text(json.dumps(mix))
     with pytest.raises(C.ConfigError, match="DataConfig.corpus_dir.*no held-out split"):
         train.run_training(cfg_for(bare, tmp_path / "run_bare"))
+
+
+def test_domain_source_reads_the_tfds_split_in_its_order_without_tfds(built):
+    """The core reader (no TFDS) gives the records TFDS's own data source gives, index for index."""
+    tfds = pytest.importorskip("tensorflow_datasets")  # the `data` extra, as the reference
+    from jaxpt.data import corpus
+
+    for domain in ("news", "multilingual"):
+        ours = corpus.domain_source(built, domain)
+        theirs = tfds.builder_from_directory(corpus.read_corpus_version(built).tfds_dir()).as_data_source(
+            split=domain)
+        assert len(ours) == len(theirs) > 0
+        for i in range(len(ours)):
+            np.testing.assert_array_equal(ours[i]["tokens"], np.asarray(theirs[i]["tokens"], np.int32))
+            assert ours[i]["id"] == theirs[i]["id"].decode()

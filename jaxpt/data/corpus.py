@@ -8,8 +8,8 @@ Layout of a corpus version directory (`CorpusVersion` reads it; nothing else ope
 - ``manifest.json``: the data version record (``data_version``, ``content_id``, counts, hashes); optional here;
 - ``tfds/<name>/<version>/``: a TFDS dataset in the ArrayRecord file format, one split per domain. Each record is
   a serialized ``tf.train.Example`` with features ``id``, ``source``, ``domain``, ``lang``, ``text`` (strings) and
-  ``tokens`` (``int32[n]`` SentencePiece ids, no BOS/EOS). Records are decoded with the TFDS protos and numpy;
-  TensorFlow is not imported;
+  ``tokens`` (``int32[n]`` SentencePiece ids, no BOS/EOS). Records are decoded by :mod:`jaxpt.data.example_proto`
+  (protobuf and numpy; neither TensorFlow nor TFDS is needed to train);
 - ``heldout/<domain>.jsonl.gz``: the held-out split, document files (`jaxpt.data.documents`).
 
 `corpus_dataset` returns a Grain ``IterDataset`` of ``int32[n]`` token arrays: each domain is
@@ -28,6 +28,7 @@ from typing import Any, Iterator, Mapping
 
 import numpy as np
 
+from jaxpt.data import example_proto
 from jaxpt.errors import ConfigError
 
 
@@ -115,31 +116,46 @@ def read_mixture(corpus_dir: str) -> dict:
     return read_corpus_version(corpus_dir).mixture
 
 
-def _feature_text(feature, key: str) -> str:
-    """The first value of bytes feature ``key`` of a tf.Example, decoded as UTF-8; '' when absent."""
-    values = feature[key].bytes_list.value if key in feature else []
-    return values[0].decode("utf-8") if values else ""
-
-
 def shard_records(paths: list[str]) -> Iterator[dict[str, str]]:
     """``{"id", "source", "domain", "lang", "text"}`` (strings, '' when a feature is absent) of every record of
-    the ArrayRecord shards ``paths``, in order. Decoded with the TFDS protos (TensorFlow is not imported)."""
+    the ArrayRecord shards ``paths``, in order. Decoded by :mod:`jaxpt.data.example_proto` (no TensorFlow)."""
     from array_record.python import array_record_data_source
-    from tensorflow_datasets.proto import tf_example_pb2
 
     for path in paths:
         source = array_record_data_source.ArrayRecordDataSource([path])
         for i in range(len(source)):
-            f = tf_example_pb2.Example.FromString(source[i]).features.feature
-            yield {k: _feature_text(f, k) for k in ("id", "source", "domain", "lang", "text")}
+            record = example_proto.parse_corpus_record(source[i])
+            yield {k: record[k] for k in example_proto.CORPUS_TEXT_FEATURES}
 
 
-def domain_source(corpus_dir: str, domain: str):
-    """Random-access TFDS source of one domain split (records decode to dicts of numpy arrays)."""
-    import tensorflow_datasets as tfds
+class DomainSource:
+    """Random-access source of one domain split: ``len()`` records, ``[i]`` -> the record dict of
+    :func:`jaxpt.data.example_proto.parse_corpus_record` (``tokens`` ``int32[n]``, text features as str), in the
+    order of the split's shards as ``mixture.json`` lists them (the TFDS split order). Picklable, for Grain."""
 
-    data_dir = read_corpus_version(corpus_dir).tfds_dir()
-    return tfds.builder_from_directory(data_dir).as_data_source(split=domain)
+    def __init__(self, paths: list[str]):
+        from array_record.python import array_record_data_source
+
+        self._source = array_record_data_source.ArrayRecordDataSource(list(paths))
+
+    def __len__(self) -> int:
+        return len(self._source)
+
+    def __getitem__(self, index: int) -> dict:
+        return example_proto.parse_corpus_record(self._source[index])
+
+
+def domain_source(corpus_dir: str, domain: str) -> DomainSource:
+    """Random-access source of one domain split (:class:`DomainSource`; no TensorFlow or TFDS).
+
+    Raises:
+      ValueError: ``domain`` is not in the corpus's ``mixture.json`` shards.
+      FileNotFoundError, ConfigError: as :meth:`CorpusVersion.shard_paths` / :func:`read_corpus_version`.
+    """
+    shards = read_corpus_version(corpus_dir).shard_paths()
+    if domain not in shards:
+        raise ValueError(f"{corpus_dir}/mixture.json: no shards for domain {domain!r} (has {sorted(shards)})")
+    return DomainSource(shards[domain])
 
 
 def _tokens(example) -> np.ndarray:
