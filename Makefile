@@ -1,6 +1,19 @@
 # Two entry points a new user needs: `make quickstart` and `make test`.
 PY ?= python3
+# The interpreter PY names; `pythonX.Y` not runnable as such (a pyenv shim of a version that is not selected)
+# falls back to the newest ~/.pyenv/versions/X.Y.*/bin/python.
+PYEXE := $(shell $(PY) -c 'import sys; print(sys.executable)' 2>/dev/null || \
+	ls -d $(HOME)/.pyenv/versions/$(patsubst python%,%,$(notdir $(PY))).*/bin/python 2>/dev/null | sort -V | tail -1)
+PYVER := $(if $(PYEXE),$(shell $(PYEXE) -c 'import sys; print("%d%d" % sys.version_info[:2])' 2>/dev/null))
+ifeq ($(PYVER),)
+$(error PY=$(PY): no such Python interpreter)
+endif
+# One venv per interpreter: `.venv` for the default python3, `.venv312` for `make test PY=python3.12`, ...
+ifeq ($(origin PY),file)
 VENV ?= .venv
+else
+VENV ?= .venv$(PYVER)
+endif
 VPY := $(VENV)/bin/python
 ARTIFACTS ?= artifacts
 WORKDIR ?= workdirs/quickstart
@@ -17,7 +30,7 @@ export JAX_PLATFORMS
 .PHONY: quickstart test test-fast prepare venv clean
 
 $(VENV)/.installed: pyproject.toml
-	test -x $(VPY) || $(PY) -m venv $(VENV)
+	test -x $(VPY) || $(PYEXE) -m venv $(VENV)
 	$(VPY) -m pip install -q --upgrade pip
 	$(VPY) -m pip install -q -e '.[dev]'
 	touch $@

@@ -17,6 +17,7 @@ import time
 
 import gin
 
+from jaxpt import progress as progress_lib
 from jaxpt.data import documents
 
 from data_pipelines import config as config_lib
@@ -219,6 +220,7 @@ def main(argv=None):
     ap.add_argument("--gin", action="append", default=[], help="gin binding, e.g. 'RuleConfig.min_words=10'")
     ap.add_argument("--output", required=True, help="corpus version directory")
     args, beam_args = ap.parse_known_args(argv)
+    progress_lib.quiet_startup()
     try:
         cfg = load_config(args.config, args.gin)
         t = time.time()

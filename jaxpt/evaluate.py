@@ -23,6 +23,8 @@ import os
 import sys
 from typing import Sequence
 
+from jaxpt import progress as progress_lib
+
 
 def _lengths(text: str) -> list[int]:
     try:
@@ -97,6 +99,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from jaxpt.tools import evaluate as tools_evaluate
         return tools_evaluate.main(argv)
     args = _parser().parse_args(argv)
+    progress_lib.quiet_startup()
     logging.basicConfig(level=logging.WARNING, format="[%(asctime)s] %(message)s", force=True)
     from jaxpt.checkpoint import CheckpointError
     try:

@@ -29,6 +29,7 @@ from jaxpt import hooks as hooks_lib
 from jaxpt import mesh as mesh_lib
 from jaxpt import monitor
 from jaxpt import preflight
+from jaxpt import progress as progress_lib
 from jaxpt import stage as stage_lib
 from jaxpt import state as state_lib
 from jaxpt.config import TrainConfig
@@ -100,7 +101,9 @@ def setup(cfg: TrainConfig, pre: preflight.Preflight | None = None) -> Run:
 
 
 def _progress(cfg: TrainConfig, start: int):
-    if not cfg.progress_bar or jax.process_index() != 0:
+    # A bar only on a terminal: in a log file tqdm's carriage returns make one endless line, and the metric
+    # records (log_every) already say where the run is.
+    if not cfg.progress_bar or jax.process_index() != 0 or progress_lib.choose_mode(sys.stderr) != "bar":
         return None
     from tqdm import tqdm
     return tqdm(total=cfg.steps, initial=start, desc="train", unit="step", dynamic_ncols=True)
@@ -454,6 +457,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dry_run", action="store_true", help="check config, mesh, paths, tokenizer and the "
                         "resume target, print the plan; compile and write nothing (jaxpt.preflight)")
     args = parser.parse_args(argv)
+    progress_lib.quiet_startup()
     try:
         cfg = config_lib.from_args(args)  # parse first: a config error needs no cluster
         startup = distributed.initialize(args)

@@ -137,7 +137,7 @@ def measure(restored, lengths: Sequence[int], *, texts: Sequence[str], trained_l
         scorer = Scorer(graphdef, params, restored.mesh, cfg.logical_axis_rules, seq_len=L,
                         batch_size=batch_size, pad_id=restored.tokenizer.pad_id)
         windows = [Window(stream[s:s + L], 1) for s in range(0, total, L)]
-        scores = scorer.score(windows, pack=False, keep_tokens=True)
+        scores = scorer.score(windows, pack=False, keep_tokens=True, progress=f"length {L}")
         nll = np.zeros((len(windows), L), np.float64)
         for i, lp in enumerate(scores.token_logp):
             nll[i, 1:] = -lp.astype(np.float64)

@@ -192,15 +192,15 @@ def _figures(nll: float, tokens: int, nbytes: int, documents: int) -> dict[str, 
 
 
 def perplexity_report(scorer: Scorer, hset: HeldoutSet, *, group_by: Iterable[str] = GROUPINGS,
-                      pack: bool = True) -> dict[str, Any]:
+                      pack: bool = True, progress: str | None = None) -> dict[str, Any]:
     """Score every window and pool by document group.
 
     Returns ``{"overall": figures, "by_<grouping>": {group: figures}, "subset": bool}`` where figures are
     ``documents``, ``tokens`` (scored), ``nll_sum`` (nats), ``loss`` (nats per token), ``perplexity``,
     ``bytes`` and ``bits_per_byte``. Bytes count whole documents, so ``bits_per_byte`` is only reported for
-    full (not subset) evaluations.
+    full (not subset) evaluations. ``progress``: as :meth:`Scorer.score`.
     """
-    res = scorer.score(hset.windows, pack=pack)
+    res = scorer.score(hset.windows, pack=pack, progress=progress)
     nd = len(hset.docs)
     doc_nll = np.zeros(nd, np.float64)
     doc_tok = np.zeros(nd, np.int64)

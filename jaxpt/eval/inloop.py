@@ -156,7 +156,9 @@ class HeldoutEvaluator:
         group_by = self.eval_cfg.group_by if self.eval_cfg.enabled else ()
         self.scorer.params = params
         try:
-            report = heldout.perplexity_report(self.scorer, hset, group_by=group_by)
+            # every window (the final evaluation, or eval_batches = 0) is long work: report its progress
+            report = heldout.perplexity_report(self.scorer, hset, group_by=group_by,
+                                               progress=None if hset.subset else "held-out evaluation")
         finally:
             self.scorer.params = None  # the train state is donated every step: never hold on to its buffers
         overall = report["overall"]

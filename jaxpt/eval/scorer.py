@@ -29,6 +29,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxpt import mesh as mesh_lib
+from jaxpt import progress as progress_lib
 from jaxpt.decode import NoCacheStep
 
 
@@ -195,10 +196,13 @@ class Scorer:
             used += n
         return rows
 
-    def score(self, windows: Sequence[Window], *, pack: bool = True, keep_tokens: bool = False) -> WindowScores:
+    def score(self, windows: Sequence[Window], *, pack: bool = True, keep_tokens: bool = False,
+              progress: str | None = None) -> WindowScores:
         """Sum of scored log-probabilities per window (float64), whether each was greedy, and counts.
 
         The result does not depend on ``pack`` or the batch size beyond float32 rounding of the model itself.
+        ``progress``: a description to report batches done under (:class:`jaxpt.progress.Progress`: a bar on a
+        terminal, periodic lines with count and ETA otherwise); None reports nothing.
         """
         W = len(windows)
         logp = np.zeros(W, np.float64)
@@ -206,7 +210,8 @@ class Scorer:
         count = np.array([w.num_scored for w in windows], np.int64)
         token_logp: list[np.ndarray | None] | None = [None] * W if keep_tokens else None
         rows = self.layout(windows, pack)
-        for b0 in range(0, len(rows), self.batch_size):
+        starts = range(0, len(rows), self.batch_size)
+        for b0 in starts if progress is None else progress_lib.track(starts, progress, "batches"):
             tokens, seg, pos = self._empty_batch()
             for r, row in enumerate(rows[b0:b0 + self.batch_size]):
                 for s, (i, off) in enumerate(row, 1):

@@ -26,6 +26,8 @@ import sys
 import time
 from typing import Any, Sequence
 
+from jaxpt import progress as progress_lib
+
 log = logging.getLogger("jaxpt.tools.evaluate")
 
 SUBCOMMANDS = ("compare", "agreement", "card-stamp", "spot-check-build", "export-probes", "lm-eval")
@@ -68,7 +70,7 @@ def run_card(restored, card, *, workdir: str = "", heldout: str | None = None, t
     scorer = scorer_for_restored(restored, batch_size=card.batch_size)
     hset = heldout_lib.HeldoutSet.build(docs, restored.tokenizer, seq_len=scorer.seq_len,
                                         stride=card.stride or None, add_eos=cfg.data.add_eos)
-    ppl = heldout_lib.perplexity_report(scorer, hset, group_by=card.group_by)
+    ppl = heldout_lib.perplexity_report(scorer, hset, group_by=card.group_by, progress="held-out perplexity")
     generator = scorer.decode_step(batch_size=int(card.decoding.get("batch_size", 64)))
     ppl.update(core_grouping=card.core_grouping, regression_tolerance=card.perplexity_tolerance,
                source=heldout, stride=card.stride or scorer.seq_len // 2, seq_len=scorer.seq_len)
@@ -77,7 +79,7 @@ def run_card(restored, card, *, workdir: str = "", heldout: str | None = None, t
         tasks = build_probe_tasks(card, docs, heldout_lib.training_texts(train))
     max_new = int(card.decoding["max_new_tokens"])
     if use_seqio:
-        from jaxpt.eval import seqio_tasks
+        seqio_tasks = _extra_module("jaxpt.eval.seqio_tasks", "scoring probe tasks through seqio (or pass --no-seqio)")
         metrics = seqio_tasks.evaluate_with_seqio(card.task_set_version, tasks, scorer, restored.tokenizer,
                                                   max_new_tokens=max_new, generator=generator)
     else:
@@ -250,8 +252,18 @@ def cmd_export_probes(args) -> int:
     return 0
 
 
+def _extra_module(name: str, what: str):
+    """Imports ``name``, a module of the ``eval`` extra. Raises ValueError (exit 2) naming the extra to install."""
+    import importlib
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as e:
+        raise ValueError(f"{what} needs the eval extra ({e.name} is not installed): pip install 'jaxpt[eval]'") \
+            from None
+
+
 def cmd_lm_eval(args) -> int:
-    from jaxpt.eval import harness
+    harness = _extra_module("jaxpt.eval.harness", "the lm-eval adapter")
     results = harness.run_lm_eval(args.workdir, args.tasks.split(","), step=args.step, mesh=args.mesh,
                                   include_path=args.include_path, limit=args.limit, batch_size=args.batch_size)
     _write_json(args.output, results)
@@ -312,6 +324,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     sub = argv[0] if argv and argv[0] in SUBCOMMANDS else None
     args = _parser(sub).parse_args(argv[1:] if sub else argv)
+    progress_lib.quiet_startup()
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s] %(message)s", force=True)
     for noisy in ("absl", "orbax", "jax"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
