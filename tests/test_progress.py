@@ -1,0 +1,98 @@
+"""jaxpt.progress: periodic plain lines (count, rate, ETA) when not on a terminal, never carriage returns."""
+
+import io
+import os
+
+import pytest
+
+from jaxpt import progress
+
+
+class FakeClock:
+    def __init__(self):
+        self.t = 100.0
+
+    def __call__(self):
+        return self.t
+
+
+class Tty(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_not_a_tty_gets_a_line_per_interval_with_count_rate_and_eta(monkeypatch):
+    monkeypatch.delenv("JAXPT_PROGRESS", raising=False)
+    out, clock = io.StringIO(), FakeClock()
+    p = progress.Progress(40, "heldout", "batches", stream=out, every_s=30, clock=clock)
+    assert p.mode == "lines"
+    for _ in range(10):  # 10 batches, 2 s each: 20 s < 30 s, no line yet
+        clock.t += 2
+        p.update()
+    assert out.getvalue() == ""
+    for _ in range(5):  # 15 batches at 30 s: the first line
+        clock.t += 2
+        p.update()
+    # rate 15 / 30 s = 0.5 batches/s; ETA (40 - 15) / 0.5 = 50 s
+    assert out.getvalue() == "heldout: 15/40 batches (37.5%), 0.5 batches/s, elapsed 0:00:30, ETA 0:00:50\n"
+    for _ in range(25):  # 40 at 80 s: one more line at 60 s (n = 30), then the final line on close
+        clock.t += 2
+        p.update()
+    p.close()
+    p.close()  # idempotent
+    lines = out.getvalue().splitlines()
+    assert lines[1] == "heldout: 30/40 batches (75.0%), 0.5 batches/s, elapsed 0:01:00, ETA 0:00:20"
+    assert lines[2] == "heldout: 40/40 batches (100.0%), 0.5 batches/s, elapsed 0:01:20, ETA 0:00:00"
+    assert len(lines) == 3 and "\r" not in out.getvalue()
+
+
+def test_unknown_total_reports_count_and_rate_only():
+    out, clock = io.StringIO(), FakeClock()
+    with progress.Progress(None, "corpus", "documents", stream=out, every_s=10, clock=clock, mode="lines") as p:
+        clock.t += 4
+        p.update(10)
+    assert out.getvalue() == "corpus: 10 documents, 2.5 documents/s, elapsed 0:00:04\n"
+
+
+def test_track_yields_every_item_and_reports_each(monkeypatch):
+    out, clock = io.StringIO(), FakeClock()
+
+    def items():
+        for i in range(3):
+            clock.t += 1
+            yield i
+    assert list(progress.track(list(items()), "x", stream=out, every_s=0, clock=clock, mode="lines")) == [0, 1, 2]
+    # every_s = 0: a line after each item, then the final one
+    assert [ln.split(",")[0] for ln in out.getvalue().splitlines()] == ["x: 1/3 items (33.3%)",
+                                                                       "x: 2/3 items (66.7%)",
+                                                                       "x: 3/3 items (100.0%)",
+                                                                       "x: 3/3 items (100.0%)"]
+
+
+def test_a_terminal_gets_a_bar_and_the_environment_overrides(monkeypatch):
+    monkeypatch.delenv("JAXPT_PROGRESS", raising=False)
+    assert progress.choose_mode(Tty()) == "bar"
+    assert progress.choose_mode(io.StringIO()) == "lines"
+    monkeypatch.setenv("JAXPT_PROGRESS", "off")
+    out = io.StringIO()
+    with progress.Progress(5, "x", stream=out) as p:
+        p.update(5)
+    assert out.getvalue() == ""
+    monkeypatch.setenv("JAXPT_PROGRESS", "sometimes")
+    with pytest.raises(ValueError, match="JAXPT_PROGRESS"):
+        progress.choose_mode(out)
+
+
+def test_quiet_startup_sets_only_unset_variables(monkeypatch):
+    for k in progress.QUIET_ENV:
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.delenv("JAXPT_VERBOSE_STARTUP", raising=False)
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "0")  # the user's choice stays
+    progress.quiet_startup()
+    assert os.environ["TF_CPP_MIN_LOG_LEVEL"] == "0"
+    assert os.environ["TPU_MIN_LOG_LEVEL"] == "2" and os.environ["GRPC_VERBOSITY"] == "ERROR"
+
+
+def test_duration_format():
+    assert progress.format_duration(3725.4) == "1:02:05"
+    assert progress.format_duration(float("inf")) == "?"
