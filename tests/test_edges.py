@@ -86,7 +86,7 @@ def test_heldout_set_with_no_token_to_score_is_a_config_error_before_anything_is
 class _NoWindows:
     """A scorer for an empty window list (never called on a device)."""
 
-    def score(self, windows, pack=True):
+    def score(self, windows, pack=True, progress=None):
         from jaxpt.eval.scorer import WindowScores
         assert not windows
         return WindowScores(np.zeros(0), np.ones(0, bool), np.zeros(0, np.int64))
