@@ -41,7 +41,7 @@ import sys
 import time
 from typing import Any, Sequence
 
-from jaxpt.errors import ConfigError
+from jaxpt.errors import ConfigError, report_cli_error
 
 GIB = 2 ** 30
 
@@ -321,8 +321,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         target = make_target(args.topology, args.num_slices, args.hbm_gib)
         report = compile_report(cfg, target)
     except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return report_cli_error(str(e), args.json)
     print(json.dumps(report) if args.json else format_report(report))
     return 1 if report["fits"] is False else 0
 

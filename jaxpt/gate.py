@@ -55,7 +55,7 @@ from typing import Any
 import numpy as np
 
 from jaxpt import monitor
-from jaxpt.errors import ConfigError
+from jaxpt.errors import ConfigError, report_cli_error
 from jaxpt.validation import check_types, positive, require
 
 PASS, FAIL, NOT_JUDGED = "pass", "FAIL", "not judged"
@@ -502,12 +502,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.mtbf_hours is not None:
             interval, note = interval_note(args.workdir, args.mtbf_hours, args.save_seconds)
     except FileNotFoundError as e:
-        print(f"error: {args.workdir} is not a run directory with metrics (python -m jaxpt.train writes "
-              f"metrics.jsonl there): {e}", file=sys.stderr)
-        return 2
+        return report_cli_error(f"{args.workdir} is not a run directory with metrics (python -m jaxpt.train writes "
+                                f"metrics.jsonl there): {e}", args.json)
     except (ConfigError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return report_cli_error(str(e), args.json)
     ok = passed(criteria, args.strict)
     if args.json:
         print(json.dumps({"passed": ok, "criteria": [dataclasses.asdict(c) for c in criteria],
