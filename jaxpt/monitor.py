@@ -98,6 +98,11 @@ class LossSeries:
         """Mean loss of the last ``last`` non-skipped steps (None before any)."""
         return float(np.mean(self._recent)) if self._recent else None
 
+    @property
+    def recent_count(self) -> int:
+        """How many steps :meth:`mean_last` averages (fewer than ``last`` in a short session)."""
+        return len(self._recent)
+
 
 class MetricWriter:
     """Appends one JSON object per record to ``<workdir>/metrics.jsonl`` and mirrors scalars to TensorBoard

@@ -372,8 +372,8 @@ def _final(ctx: LoopContext, last: dict[str, Any]) -> dict[str, Any]:
         final["peak_flops_per_device"] = run.throughput.peak  # the measured CPU peak, raised by achieved steps
     ctx.writer.write(final)
     fmt = lambda v: "n/a" if v is None else f"{v:.4f}"  # noqa: E731
-    log.info("step %d: train loss %s (mean of the last 20 steps %s), held-out loss %.4f "
-             "(perplexity %.1f over %d tokens)", final["step"], fmt(final["train_loss"]),
+    log.info("step %d: train loss %s (mean of the last %d steps %s), held-out loss %.4f "
+             "(perplexity %.1f over %d tokens)", final["step"], fmt(final["train_loss"]), ctx.losses.recent_count,
              fmt(final["train_loss_mean_last20"]), final["heldout_loss"], final["heldout_perplexity"],
              final["heldout_tokens"])
     return final
