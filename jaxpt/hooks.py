@@ -128,8 +128,10 @@ class DocumentLogHook(Hook):
 
 
 class ProfileHook(Hook):
-    """A ``jax.profiler`` trace of steps ``start``..``stop`` (inclusive, 1-based) into ``<workdir>/profile``,
-    viewable in TensorBoard's profile plugin or Perfetto. Process 0 only."""
+    """A ``jax.profiler`` trace of steps ``start``..``stop`` (inclusive, 1-based) into ``<workdir>/profile``
+    (``*.xplane.pb`` for TensorBoard's profile plugin, ``perfetto_trace.json.gz`` for Perfetto), and the
+    window's communication share by mesh axis in the record of step ``stop`` (``comm_share``,
+    ``comm_share/<axes>``: :func:`jaxpt.profile_comm.comm_share_by_axis`). Process 0 only."""
 
     def __init__(self, workdir: str, start: int, stop: int):
         if not 1 <= start <= stop:
@@ -139,7 +141,7 @@ class ProfileHook(Hook):
 
     def on_batch(self, ctx, step: int, local_batch) -> None:
         if step == self.start and jax.process_index() == 0:
-            jax.profiler.start_trace(self.dir)
+            jax.profiler.start_trace(self.dir, create_perfetto_trace=True)
             self.active = True
 
     def on_reported(self, ctx, report: StepReport) -> None:
@@ -150,6 +152,15 @@ class ProfileHook(Hook):
             report.record["profile_dir"] = self.dir
             report.write = True
             log.info("profiled steps %d-%d into %s", self.start, self.stop, self.dir)
+            from jaxpt import profile_comm
+            try:
+                shares = profile_comm.comm_share_by_axis(self.dir, ctx.run.mesh.devices, ctx.run.mesh.axis_names)
+            except (OSError, ValueError) as e:  # a trace that cannot be read costs the figures, not the run
+                log.warning("communication share of the profile window not measured: %s", e)
+                return
+            report.record.update(shares)
+            log.info("steps %d-%d: communication %s", self.start, self.stop, ", ".join(
+                f"{k.split('/', 1)[-1]} {v:.1%}" for k, v in shares.items() if k.startswith("comm_share")))
 
     def close(self) -> None:
         if self.active:
