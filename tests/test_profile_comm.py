@@ -89,7 +89,8 @@ def test_profile_window_on_a_real_run_gives_axis_shares_and_the_gate_blames_them
     steps = [r for r in records if "tokens_per_sec" in r and r["step"] > 1 and "event" not in r]
     measured = float(np.median([r["tokens_per_sec"] for r in steps]))
     c = {c.name: c for c in gate.judge(str(tmp_path), estimate_tokens_per_sec=100 * measured)}["tokens_per_sec"]
-    data_share = float(np.median([r["data_wait_s"] for r in steps])) / float(np.median([r["step_time_s"] for r in steps]))
+    median = lambda key: float(np.median([r[key] for r in steps]))  # noqa: E731
+    data_share = median("data_wait_s") / median("step_time_s")
     assert c.verdict == gate.FAIL and f"collectives {prof[0]['comm_share']:.0%}" in c.measured, c
     top = max(axes, key=axes.get)
     if prof[0]["comm_share"] > data_share:
