@@ -22,7 +22,8 @@ set with ``--gin 'GateConfig.field = value'`` or the constructor) and a verdict:
     times the second half's median, and the share of clipped steps in the last quarter is at most the first
     quarter's plus ``clip_rise_tolerance`` (shares from the cumulative ``clipped_fraction``).
 ``tokens_per_sec``
-    The median logged ``tokens_per_sec`` (step 1, which compiles, excluded) within ``throughput_tolerance``
+    The median logged ``tokens_per_sec`` (step 1, which compiles, excluded; with a batch-size ramp, over the
+    records at the full batch) within ``throughput_tolerance``
     (±20%) of an estimate: ``--estimate-tokens-per-sec``, or ``--estimate-mfu`` x the run's peak FLOP/s x
     devices / FLOPs per token (the same figures :mod:`jaxpt.flops` gives :mod:`jaxpt.tools.plan`), or by
     default from the compiled step: ``expected_flops_utilization`` x the run's peak FLOP/s x tokens per step /
@@ -350,6 +351,8 @@ def compiled_estimate(records: list[dict], report: dict[str, Any], utilization: 
 def check_throughput(records: list[dict], workdir: str, cfg: GateConfig, estimate: float | None) -> Criterion:
     """Tokens/s within tolerance of ``estimate``; when outside, what dominates (module docstring)."""
     recs = [r for r in step_records(records) if r["step"] > 1 and _finite(r.get("tokens_per_sec"))]
+    full = max((r.get("batch_size", 0) for r in recs), default=0)
+    recs = [r for r in recs if r.get("batch_size", 0) == full]  # a batch-size ramp: the full batch's steps
     measured = _median([r["tokens_per_sec"] for r in recs])
     thr = f"within ±{cfg.throughput_tolerance:.0%} of the estimate"
     if measured is None:
