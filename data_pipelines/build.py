@@ -152,6 +152,17 @@ def damaged_input_files(rows: list[dict]) -> list[dict]:
                    for r in rows if r.get("reason") == "truncated_file"), key=lambda d: d["file"])
 
 
+def language_label_origins(rows: list[dict]) -> dict[str, dict[str, int]]:
+    """Per source, how many documents got their language from the detector (``detected``), from the declared
+    language because detection was unsure (``declared``, `LangIdConfig`) or from the record (``record``: sources
+    without language ID). Rows dropped before language ID have no origin and are not counted."""
+    out: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    for r in rows:
+        if r.get("lang_by"):
+            out[r["source"]][r["lang_by"]] += 1
+    return {s: dict(sorted(c.items())) for s, c in sorted(out.items())}
+
+
 def quota_warnings(cfg, rows: list[dict]) -> list[str]:
     """`stages.quota_share_warnings` on the training split's characters per domain (decision rows ``kept``)."""
     kept = collections.Counter()
@@ -229,6 +240,7 @@ def finalize(cfg, sources, out_dir, eval_hashes, beam_seconds) -> dict:
         "decontaminated_ids": [r["id"] for r in rows if r["stage"] == "decontamination"],
         "damaged_input_files": damaged_input_files(rows),
         "quota_share_warnings": quota_warnings(cfg, rows),
+        "language_labels_by_source": language_label_origins(rows),
         "mixture": mixture,
         "output_sha256": manifest_lib.shard_hashes(out_dir),
     }

@@ -28,8 +28,8 @@ HELDOUT = "heldout"
 
 def _decision(doc: dict, stage: str, reason: str, **extra) -> dict:
     return readers.drop(doc["id"], {"name": doc["source"], "domain": doc["domain"]}, stage, reason,
-                        doc.get("text", ""), lang=doc.get("lang"), n_chars=len(doc.get("text", "")),
-                        **extra)
+                        doc.get("text", ""), lang=doc.get("lang"), lang_by=doc.get("lang_by"),
+                        n_chars=len(doc.get("text", "")), **extra)
 
 
 # ---------------------------------------------------------------- stage 1
@@ -94,13 +94,13 @@ class CleanBatch(beam.DoFn):
         for doc in docs:
             allowed = self.sources[doc["source"]].languages
             if doc["id"] in langs:
-                doc["lang"] = langs[doc["id"]][0]
+                doc["lang"], _, doc["lang_by"] = langs[doc["id"]]
                 if doc["lang"] not in allowed:
                     yield beam.pvalue.TaggedOutput(
                         DROPS, _decision(doc, "langid", "language_not_allowed", detail=doc["lang"]))
                     continue
             else:
-                doc["lang"] = doc.get("lang_hint") or "und"
+                doc["lang"], doc["lang_by"] = doc.get("lang_hint") or "und", "record"
             if self.cfg.rules.enabled:
                 rc = self.rules.get(doc["domain"])
                 if rc is None:
@@ -308,6 +308,7 @@ class HeldoutRecord(beam.DoFn):
         yield beam.pvalue.TaggedOutput(DROPS, {
             "id": doc["id"], "source": doc["source"], "domain": doc["domain"], "lang": doc["lang"],
             "verdict": "heldout", "stage": None, "reason": None, "n_chars": len(doc["text"]),
+            "lang_by": doc.get("lang_by"),
             "n_tokens": n_tokens, "quality_score": doc.get("quality"), "sample": "",
         })
 
@@ -366,6 +367,7 @@ class Tokenize(beam.DoFn):
         yield beam.pvalue.TaggedOutput(DROPS, {
             "id": doc["id"], "source": doc["source"], "domain": doc["domain"], "lang": doc["lang"],
             "verdict": "kept", "stage": None, "reason": None, "n_chars": len(doc["text"]),
+            "lang_by": doc.get("lang_by"),
             "n_tokens": int(tokens.size), "quality_score": doc.get("quality"), "sample": "",
         })
 
@@ -389,6 +391,7 @@ def finalize_decision(row, near_map):
     row.setdefault("quality_score", None)
     row.setdefault("n_tokens", 0)
     row.setdefault("lang", None)
+    row.setdefault("lang_by", None)
     return row
 
 

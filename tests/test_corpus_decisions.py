@@ -306,3 +306,18 @@ def test_label_sample_is_stratified_seeded_and_feeds_review(tmp_path):
             g.write(json.dumps(dict(json.loads(line), wrongful=k % 4 == 0)) + "\n")
     rates = review.wrongful_rates(str(tmp_path / "build"), str(tmp_path / "labels.jsonl"))
     assert sum(r["labelled"] for r in rates.values()) == 100
+
+
+def test_cohen_kappa_and_wilson_interval_by_hand():
+    a = {"1": True, "2": True, "3": False, "4": False, "5": False}
+    b = {"1": True, "2": False, "3": False, "4": False, "5": True, "6": True}
+    k = review.cohen_kappa(a, b)
+    # p_o = 3/5; shares of 'wrongful' 2/5 and 2/5: p_e = 0.16 + 0.36 = 0.52; kappa = 0.08 / 0.48.
+    assert k["n"] == 5 and k["agreement"] == pytest.approx(0.6) and k["kappa"] == pytest.approx(0.08 / 0.48)
+    assert k["disagreements"] == ["2", "5"]
+    # Wilson: k=2, n=10 -> center (0.2 + z^2/20) / (1 + z^2/10), by the formula with z = 1.96.
+    z = 1.959964
+    c = (0.2 + z * z / 20) / (1 + z * z / 10)
+    h = z * (0.2 * 0.8 / 10 + z * z / 400) ** 0.5 / (1 + z * z / 10)
+    assert review.wilson_interval(2, 10) == pytest.approx((c - h, c + h))
+    assert review.wilson_interval(2, 10) == pytest.approx((0.0567, 0.5098), abs=1e-4)  # published table value

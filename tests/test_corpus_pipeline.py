@@ -226,7 +226,9 @@ def test_review_samples_and_wrongful_rate(corpus, tmp_path):
     rates = review.wrongful_rates(out, str(labels))
     assert rates["langid:language_not_allowed"]["rate"] == pytest.approx(1 / 3)
     assert rates["langid:language_not_allowed"]["warn"] is True
-    assert rates["exact_dedup:duplicate"] == {"labelled": len(exact), "wrongful": 0, "rate": 0.0, "warn": False}
+    z2, n = 1.959964 ** 2, len(exact)  # Wilson upper bound at k = 0: z^2 / (n + z^2)
+    assert rates["exact_dedup:duplicate"] == {"labelled": n, "wrongful": 0, "rate": 0.0,
+                                              "ci95": [0.0, pytest.approx(z2 / (n + z2))], "warn": False}
     proc = subprocess.run([sys.executable, "-m", "data_pipelines.review", out, str(labels)],
                           capture_output=True, text=True, cwd=REPO, env=dict(os.environ, PYTHONPATH=REPO))
     assert proc.returncode == 0
