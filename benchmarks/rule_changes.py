@@ -34,7 +34,7 @@ def new_verdict(row: dict, text: str, cfg, lid, sources) -> str:
         lang, _, _ = lid.detect([text], [pipeline._declared_language(doc, src)])[0]
         if lang not in src.languages:
             return "langid:language_not_allowed"
-    reason = stages.rule_reason(text, cfg.rules.for_domain(row["domain"]))
+    reason = stages.rule_reason(text, cfg.rules.for_domain(row["domain"], row["source"]))
     return f"rules:{reason}" if reason else "kept"
 
 

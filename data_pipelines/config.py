@@ -145,7 +145,9 @@ class LangIdConfig:
 class RuleConfig:
     """Stage 4. Gopher (Rae et al. 2021, app. A) and C4 (Raffel et al. 2020) style thresholds.
 
-    `per_domain` overrides any field for one domain, e.g. ``{"code": {"max_symbol_ratio": 1.0}}``.
+    `per_domain` overrides any field for one domain, e.g. ``{"code": {"max_symbol_ratio": 1.0}}``;
+    `per_source` then overrides fields for one source (by name), for a kind of text that shares a domain
+    with others (man pages among fortunes).
     """
 
     min_words: int = 5
@@ -168,17 +170,22 @@ class RuleConfig:
     dup_line_min_words: int = 4  # shorter repeated lines (citation tags, braces) are structure, not duplicates
     repetition_min_words: int = 50  # n-gram repetition rules need this many words (Gopher's own floor)
     per_domain: dict = dataclasses.field(default_factory=dict)
+    per_source: dict = dataclasses.field(default_factory=dict)
     enabled: bool = True
     version: str = "rules-v2"
 
-    def for_domain(self, domain: str) -> "RuleConfig":
-        """This config with `per_domain[domain]` applied. Raises ConfigError on an unknown field."""
-        over = self.per_domain.get(domain, {})
-        names = {f.name for f in dataclasses.fields(self)}
-        bad = set(over) - names
-        if bad:
-            raise ConfigError(f"RuleConfig.per_domain['{domain}']: unknown thresholds {sorted(bad)}")
-        return dataclasses.replace(self, **over, per_domain={})
+    def for_domain(self, domain: str, source: str | None = None) -> "RuleConfig":
+        """This config with `per_domain[domain]`, then `per_source[source]`, applied. Raises ConfigError naming the
+        key on an unknown field."""
+        names = {f.name for f in dataclasses.fields(self)} - {"per_domain", "per_source"}
+        out = dataclasses.replace(self, per_domain={}, per_source={})
+        for key, over in ((f"per_domain['{domain}']", self.per_domain.get(domain, {})),
+                          (f"per_source['{source}']", self.per_source.get(source, {}) if source else {})):
+            bad = set(over) - names
+            if bad:
+                raise ConfigError(f"RuleConfig.{key}: unknown thresholds {sorted(bad)}")
+            out = dataclasses.replace(out, **over)
+        return out
 
 
 @gin.configurable

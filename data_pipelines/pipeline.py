@@ -102,9 +102,10 @@ class CleanBatch(beam.DoFn):
             else:
                 doc["lang"], doc["lang_by"] = doc.get("lang_hint") or "und", "record"
             if self.cfg.rules.enabled:
-                rc = self.rules.get(doc["domain"])
+                key = (doc["domain"], doc["source"])
+                rc = self.rules.get(key)
                 if rc is None:
-                    rc = self.rules[doc["domain"]] = self.cfg.rules.for_domain(doc["domain"])
+                    rc = self.rules[key] = self.cfg.rules.for_domain(*key)
                 reason = stages.rule_reason(doc["text"], rc)
                 if reason:
                     yield beam.pvalue.TaggedOutput(DROPS, _decision(doc, "rules", reason))

@@ -126,6 +126,23 @@ def test_code_closing_braces_are_not_duplicate_lines():
     assert st_new["dup_line_fraction"] == 0.0
 
 
+def test_per_source_overrides_scope_a_threshold_to_one_source():
+    rules = RuleConfig(per_domain={"m": {"max_dup_5gram_fraction": 0.16}},
+                       per_source={"man": {"max_dup_5gram_fraction": 0.3, "min_alpha_word_fraction": 0.4}})
+    assert rules.for_domain("m", "man").max_dup_5gram_fraction == 0.3
+    assert rules.for_domain("m", "man").min_alpha_word_fraction == 0.4
+    assert rules.for_domain("m", "fortunes").max_dup_5gram_fraction == 0.16
+    assert rules.for_domain("x", "man").max_symbol_ratio == RuleConfig().max_symbol_ratio
+    # A man page's options share one wording ("A logical value, if true"): about a fifth of its letters.
+    page = "\n".join(f"-{c} " + " ".join(f"word{c}{k}" for k in range(14)) + ". A logical value, if true."
+                      for c in "abcdef")
+    assert 0.16 < stages.rule_stats(page)["dup_5gram_fraction"] <= 0.3
+    assert stages.rule_reason(page, rules.for_domain("m", "fortunes")) == "repeated_5grams"
+    assert stages.rule_reason(page, rules.for_domain("m", "man")) is None
+    with pytest.raises(ConfigError, match=r"RuleConfig.per_source\['man'\]: unknown thresholds \['nope'\]"):
+        RuleConfig(per_source={"man": {"nope": 1}}).for_domain("m", "man")
+
+
 # ---------------------------------------------------------------- item 6: language ID
 
 
