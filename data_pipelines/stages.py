@@ -136,7 +136,9 @@ def rule_stats(text: str, dup_line_min_words: int = 1) -> dict[str, float]:
     st["non_printable_ratio"] = _count_in(sample, "nonprint") / max(1, len(sample))
     st["replacement_ratio"] = sample.count("\ufffd") / max(1, len(sample))
     st["punct_ratio"] = _count_in(sample, "punct") / max(1, len(sample))
-    st["symbol_ratio"] = (text.count("#") + text.count("...") + text.count("\u2026")) / max(1, len(ws_words))
+    st["symbol_count"] = text.count("#") + text.count("...") + text.count("\u2026")
+    st["n_ws_words"] = len(ws_words)
+    st["symbol_ratio"] = st["symbol_count"] / max(1, len(ws_words))
     # Gopher's word-length bounds assume space-separated words. In CJK text every character is a
     # token, so the bounds apply to the other tokens only, and not at all to mostly-CJK text
     # (NaN compares false, so the rule passes).
@@ -207,11 +209,15 @@ def rule_reason(text: str, cfg: RuleConfig) -> str | None:
 
     The n-gram repetition rules (top 2/3/4-gram, duplicated 5-grams) apply only to documents of at least
     `cfg.repetition_min_words` words: Gopher calibrated them on documents of 50 words or more, and in a
-    ten-word entry one repeated pair of words is already a fifth of its characters.
+    ten-word entry one repeated pair of words is already a fifth of its characters. For the same reason the
+    symbol ratio ('#' and ellipses per word) divides by at least `cfg.repetition_min_words` words.
     """
     st = rule_stats(text, cfg.dup_line_min_words)
     if st["n_words"] < cfg.repetition_min_words:
         st.update({k: float("nan") for k in _NGRAM_STATS})  # NaN compares false: the rule passes
+    # Likewise '#' and ellipses per word: one '...' in a seven-word fortune is 0.14 > 0.1, so the ratio's
+    # denominator is at least repetition_min_words words (a short text may hold up to 5 such symbols at 0.1).
+    st["symbol_ratio"] = st["symbol_count"] / max(1, st["n_ws_words"], cfg.repetition_min_words)
     for reason, stat, op, field in RULES:
         limit = getattr(cfg, field)
         if (op == "<" and st[stat] < limit) or (op == ">" and st[stat] > limit):

@@ -118,6 +118,14 @@ def test_short_documents_skip_ngram_repetition_rules_long_ones_do_not():
     assert stages.rule_reason(long, RuleConfig()) in ("top_2gram", "top_3gram", "repeated_5grams")
 
 
+def test_one_ellipsis_in_a_short_fortune_is_not_a_symbol_flood():
+    fortune = "Символ США - Свобода... в железе.\n\t\t-- Евгений Кащеев\n"  # 1 ellipsis / 9 words
+    assert stages.rule_reason(fortune, RuleConfig(**RULES_V1)) == "symbol_ratio"
+    assert stages.rule_reason(fortune, RuleConfig()) is None
+    flood = "#a #b #c #d #e #f #g word word word"  # 7 '#' over max(10, 50) words = 0.14
+    assert stages.rule_reason(flood, RuleConfig()) == "symbol_ratio"
+
+
 def test_code_closing_braces_are_not_duplicate_lines():
     code = "int f(int x) {\n  if (x) {\n    return 1;\n  }\n  return 0;\n}\nint g(void) {\n  return 2;\n}\n"
     st_old = stages.rule_stats(code, 1)
