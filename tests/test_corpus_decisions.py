@@ -159,6 +159,7 @@ def lid():
     return stages.LanguageIdentifier(LangIdConfig())
 
 
+@pytest.mark.slow  # lingua loads 11 language models: ~25 s on a loaded 2-core host, once per process
 def test_one_line_english_entry_takes_the_declared_language(lid):
     line = "Gesundheit, interj. Used to wish health."
     old = stages.LanguageIdentifier(LangIdConfig(min_chars=0, min_confidence=0.0, windows=1, max_chars=600))
@@ -166,6 +167,7 @@ def test_one_line_english_entry_takes_the_declared_language(lid):
     assert lid.detect([line], ["en"])[0][0::2] == ("en", "declared")
 
 
+@pytest.mark.slow  # lingua loads 11 language models: ~25 s on a loaded 2-core host, once per process
 def test_translated_man_page_with_english_header_is_labelled_by_its_body(lid):
     header = ("NAME\n       ls - list directory contents\n\nSYNOPSIS\n       ls [OPTION]... [FILE]...\n\n"
               "COPYRIGHT\n       Copyright 2020 Free Software Foundation, Inc. License GPLv3+: GNU GPL version 3 "
@@ -180,6 +182,7 @@ def test_translated_man_page_with_english_header_is_labelled_by_its_body(lid):
     assert lid.detect([doc], ["en"])[0][0::2] == ("de", "detected")
 
 
+@pytest.mark.slow  # lingua loads 11 language models: ~25 s on a loaded 2-core host, once per process
 def test_long_text_in_another_language_is_still_detected(lid):
     de = "Der Hund läuft jeden Morgen schnell über die große Wiese und bellt laut, weil er sich freut."
     assert lid.detect([de], ["en"])[0][0::2] == ("de", "detected")
