@@ -196,7 +196,8 @@ def read_warc(path: str, source: Source, cfg: AdmissionConfig) -> Iterator[dict]
     """WARC ``response`` records (HTML marked for main-text extraction); other record types
     (warcinfo, request, metadata) are not documents and are not counted.
 
-    A compressed WARC cut short or corrupt (`gzip_intact_end`), or one warcio cannot parse to its end, keeps the
+    A compressed WARC cut short or corrupt (`gzip_intact_end`), a record shorter than its Content-Length (plain
+    or compressed; warcio returns it short without an error), or a file warcio cannot parse to its end keeps the
     records in its complete part and adds one ``truncated_file`` drop naming the file (``lines_read``: response
     records read), unless `AdmissionConfig.fail_on_damaged_file`, which raises.
     """
@@ -214,6 +215,10 @@ def read_warc(path: str, source: Source, cfg: AdmissionConfig) -> Iterator[dict]
                     break  # this record's gzip member is the damaged one
                 if body is None:
                     continue
+                missing = getattr(rec.raw_stream, "limit", 0)  # declared block bytes the file does not hold
+                if missing > 0:
+                    damage = damage or f"WARC record {n + 1} cut short: {missing} of its Content-Length bytes missing"
+                    break
                 uri = rec.rec_headers.get_header("WARC-Target-URI") or rec.rec_headers.get_header("WARC-Record-ID")
                 doc_id = f"{source.name}/{uri}"
                 n += 1

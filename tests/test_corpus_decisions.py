@@ -35,15 +35,15 @@ def test_issue_smallest_truncated_gzip_is_one_named_drop(tmp_path):
         list(readers.read_jsonl(path, _src(), AdmissionConfig(fail_on_damaged_file=True)))
 
 
-def _warc_records(n):
-    """A WARC.gz of `n` response records (one gzip member each, as warcio writes them)."""
+def _warc_records(n, gz=True):
+    """A WARC (gzip: one member per record, as warcio writes them) of `n` response records."""
     import io
 
     from warcio.statusandheaders import StatusAndHeaders
     from warcio.warcwriter import WARCWriter
 
     buf = io.BytesIO()
-    w = WARCWriter(buf, gzip=True)
+    w = WARCWriter(buf, gzip=gz)
     for i in range(n):
         body = f"<html><body><p>Page {i} has a paragraph of plain words.</p></body></html>".encode()
         http = StatusAndHeaders("200 OK", [("Content-Type", "text/html")], protocol="HTTP/1.1")
@@ -67,6 +67,16 @@ def test_warc_cut_short_keeps_complete_records_and_counts_the_damage(tmp_path):
     assert got[-1]["lines_read"] == 4
     with pytest.raises(DocumentFormatError, match="cut.warc.gz: truncated_file after line 4"):
         list(readers.read_warc(cut, _src(fmt="warc"), AdmissionConfig(fail_on_damaged_file=True)))
+
+
+def test_plain_warc_record_cut_short_is_the_damage_not_a_shorter_page(tmp_path):
+    data = _warc_records(3, gz=False)
+    cut = str(tmp_path / "cut.warc")
+    open(cut, "wb").write(data[:-30])
+    got = list(readers.read_warc(cut, _src(fmt="warc"), AdmissionConfig()))
+    assert [d["id"] for d in got[:-1]] == ["t/http://x/0", "t/http://x/1"]
+    assert got[-1]["verdict"] == "admission:truncated_file" and got[-1]["lines_read"] == 2
+    assert "record 3 cut short" in got[-1]["sample"]
 
 
 def test_parquet_unreadable_is_one_named_drop(tmp_path):
