@@ -209,6 +209,29 @@ def test_quota_proportions_near_targets(corpus):
         assert abs(mix["weights"][d] - target) < 0.08, (d, mix["weights"][d], target)
 
 
+def test_quota_keeps_the_hash_ranked_prefix_of_each_group(corpus):
+    """The Beam stage's selection equals the rule recomputed from the decision log: per (domain, lang) group, the
+    documents ranked by uniform(seed, id) up to the group's character budget (`stages.quota_cutoff`)."""
+    from data_pipelines import stages
+
+    rows = [r for r in manifest_lib.read_decisions(corpus["out"]) if r["verdict"] in ("kept", "quota:downsampled")]
+    fractions = json.load(open(os.path.join(corpus["out"], "_stats", "quota_fractions.json")))
+    seed = build.load_config([corpus["gin"]], []).quotas.seed
+    groups = collections.defaultdict(list)
+    for r in rows:
+        groups[f"{r['domain']}/{r['lang']}"].append((stages.uniform(seed, r["id"]), r["id"], r["n_chars"]))
+    want = set()
+    for g, items in groups.items():
+        budget, before = fractions[g] * sum(n for _, _, n in items), 0
+        for _, i, n in sorted(items):  # by hand: keep while the characters before + half its own fit
+            if before + n / 2 > budget:
+                break
+            want.add(i)
+            before += n
+    assert {r["id"] for r in rows if r["verdict"] == "kept"} == want
+    assert any(r["verdict"] == "quota:downsampled" for r in rows)  # the stage did select
+
+
 def test_review_samples_and_wrongful_rate(corpus, tmp_path):
     out = corpus["out"]
     files = sorted(os.listdir(os.path.join(out, "review")))
