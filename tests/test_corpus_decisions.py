@@ -4,7 +4,6 @@ decontamination of short eval examples, the stratified labelling sample. Beam-fr
 import collections
 import gzip
 import json
-import os
 
 import pytest
 
