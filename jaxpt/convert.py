@@ -413,6 +413,43 @@ def _converted_config(cfg, tokenizer_path: str):
     return config_lib.parse([], bindings)
 
 
+def write_params_checkpoint(output: str, train_cfg, params, mesh, tokenizer, source: Mapping[str, Any]) -> None:
+    """Save ``params`` (an ``nnx.State`` of ``train_cfg.model``) as the params-only jaxpt checkpoint of step
+    :data:`CONVERTED_STEP` under ``output/checkpoints`` (its meta: the operative config, the model, the tokenizer's
+    path and sha256 or None, ``params_only: True`` and ``source``), and ``output/model.gin``: the model's settings
+    and the tokenizer path, to pass as ``--config`` to a continued run."""
+    import orbax.checkpoint as ocp
+
+    from jaxpt import checkpoint as ckpt_lib
+    from jaxpt import config as config_lib
+    from jaxpt import mesh as mesh_lib
+
+    cfg = train_cfg.model
+    text = config_lib.operative_config_str(train_cfg)
+    meta = {
+        "config_gin": text, "model": dataclasses.asdict(cfg), "mesh": mesh_lib.mesh_shape(mesh),
+        "model_layout": {"scan_layers": cfg.scan_layers},
+        "tokenizer": {"path": str(tokenizer.path), "sha256": tokenizer.sha256} if tokenizer else None,
+        "params_only": True, "source": dict(source),
+        "libraries": ckpt_lib.library_versions(), "config_fields": config_lib.config_fields(),
+    }
+    state = {"step": np.asarray(CONVERTED_STEP, np.int32), "params": params}
+    manager = ocp.CheckpointManager(os.path.join(output, "checkpoints"), item_names=("state", "meta"),
+                                    options=ocp.CheckpointManagerOptions(create=True,
+                                                                         enable_async_checkpointing=False))
+    manager.save(CONVERTED_STEP, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                                         meta=ocp.args.JsonSave(meta)), force=True)
+    manager.wait_until_finished()
+    manager.close()
+    model_lines = [ln for ln in text.splitlines() if ln.startswith("ModelConfig.")]
+    with open(os.path.join(output, "model.gin"), "w") as f:
+        f.write(f"# Converted from {source.get('path')} by jaxpt.convert.\n"
+                f"# Continue pretraining from it: --gin \"TrainConfig.init_from = '{output}'\"\n")
+        f.write("\n".join(model_lines) + "\n")
+        if tokenizer:
+            f.write(f"DataConfig.tokenizer_path = {str(tokenizer.path)!r}\n")
+
+
 def hf_to_jaxpt(model_dir: str | os.PathLike, output: str | os.PathLike, *, mesh=None, max_seq_len: int = 0,
                 scan_layers: bool = False) -> str:
     """Convert the HF folder ``model_dir`` into ``output`` (module docstring). Returns ``output`` (absolute).
@@ -427,10 +464,7 @@ def hf_to_jaxpt(model_dir: str | os.PathLike, output: str | os.PathLike, *, mesh
         an ``output`` that already holds checkpoints.
     """
     import jax
-    import orbax.checkpoint as ocp
 
-    from jaxpt import checkpoint as ckpt_lib
-    from jaxpt import config as config_lib
     from jaxpt import mesh as mesh_lib
     from jaxpt.data.tokenizer import Tokenizer
 
@@ -451,35 +485,21 @@ def hf_to_jaxpt(model_dir: str | os.PathLike, output: str | os.PathLike, *, mesh
     if not isinstance(mesh, jax.sharding.Mesh):
         mesh = mesh_lib.mesh_from_config(mesh or {"fsdp": jax.device_count()})
     params = load_hf_params(tensors, cfg, mesh, train_cfg.logical_axis_rules)
-    text = config_lib.operative_config_str(train_cfg)
-    meta = {
-        "config_gin": text, "model": dataclasses.asdict(cfg), "mesh": mesh_lib.mesh_shape(mesh),
-        "model_layout": {"scan_layers": cfg.scan_layers},
-        "tokenizer": {"path": tok_path, "sha256": tokenizer.sha256} if tokenizer else None,
-        "params_only": True, "source": {"format": "huggingface", "path": model_dir, "model_type": hf["model_type"]},
-        "libraries": ckpt_lib.library_versions(), "config_fields": config_lib.config_fields(),
-    }
-    state = {"step": np.asarray(CONVERTED_STEP, np.int32), "params": params}
-    manager = ocp.CheckpointManager(os.path.join(output, "checkpoints"), item_names=("state", "meta"),
-                                    options=ocp.CheckpointManagerOptions(create=True,
-                                                                         enable_async_checkpointing=False))
-    manager.save(CONVERTED_STEP, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                                         meta=ocp.args.JsonSave(meta)), force=True)
-    manager.wait_until_finished()
-    manager.close()
-    model_lines = [ln for ln in text.splitlines() if ln.startswith("ModelConfig.")]
-    with open(os.path.join(output, "model.gin"), "w") as f:
-        f.write(f"# Converted from {model_dir} ({hf['model_type']}) by jaxpt.convert hf-to-jaxpt.\n"
-                f"# Continue pretraining from it: --gin \"TrainConfig.init_from = '{output}'\"\n")
-        f.write("\n".join(model_lines) + "\n")
-        if tok_path:
-            f.write(f"DataConfig.tokenizer_path = {tok_path!r}\n")
+    write_params_checkpoint(output, train_cfg, params, mesh, tokenizer,
+                            source={"format": "huggingface", "path": model_dir, "model_type": hf["model_type"]})
     return output
 
 
 def _tokenizer_files(tokenizer, output: str, max_len: int) -> None:
     """The SentencePiece model and the ``tokenizer_config.json`` that makes ``AutoTokenizer`` load it as a
-    ``LlamaTokenizer`` adding no BOS/EOS (jaxpt's ``Tokenizer.encode`` default), with jaxpt's special tokens."""
+    ``LlamaTokenizer`` adding no BOS/EOS (jaxpt's ``Tokenizer.encode`` default), with jaxpt's special tokens and
+    the model's own dummy-prefix setting (``add_prefix_space``; transformers adds one by default).
+
+    Known difference: jaxpt escapes a literal U+2581 in the text to its three byte pieces (lossless), which
+    transformers' converted tokenizer reads as a space; ids jaxpt produced decode the same in both."""
+    from sentencepiece import sentencepiece_model_pb2
+    with open(tokenizer.path, "rb") as f:
+        dummy_prefix = sentencepiece_model_pb2.ModelProto.FromString(f.read()).normalizer_spec.add_dummy_prefix
     shutil.copyfile(tokenizer.path, os.path.join(output, "tokenizer.model"))
     piece = lambda i: tokenizer.id_to_piece(i) if i >= 0 else None  # noqa: E731
     special = {"bos_token": piece(tokenizer.bos_id), "eos_token": piece(tokenizer.eos_id),
@@ -487,7 +507,7 @@ def _tokenizer_files(tokenizer, output: str, max_len: int) -> None:
     special = {k: v for k, v in special.items() if v is not None}
     with open(os.path.join(output, "tokenizer_config.json"), "w") as f:
         json.dump({"tokenizer_class": "LlamaTokenizer", "add_bos_token": False, "add_eos_token": False,
-                   "legacy": False, "add_prefix_space": None, "clean_up_tokenization_spaces": False,
+                   "legacy": False, "add_prefix_space": bool(dummy_prefix), "clean_up_tokenization_spaces": False,
                    "model_max_length": max_len, **special}, f, indent=1)
     with open(os.path.join(output, "special_tokens_map.json"), "w") as f:
         json.dump(special, f, indent=1)

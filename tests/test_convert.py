@@ -84,33 +84,48 @@ def _train_tokenizer(path):
     return train_sentencepiece(texts, path, vocab_size=300)
 
 
-def test_jaxpt_to_hf_logits_and_tokenizer(tmp_path, prepared_sample):
-    """A trained-shape jaxpt checkpoint (a few steps of the tiny quickstart run, GQA, untied) exports to a folder
-    transformers loads; its logits equal jaxpt's within 1e-4, and AutoTokenizer encodes and decodes as jaxpt's
-    SentencePiece tokenizer does."""
+def _jaxpt_checkpoint(tmp_path, tokenizer_path):
+    """A random jaxpt model (GQA, untied, looped layers; not from HF) saved as a params-only checkpoint."""
+    from flax import nnx
+
+    from jaxpt import mesh as mesh_lib
+    from jaxpt.data.tokenizer import Tokenizer
+    from jaxpt.model import Decoder, ModelConfig
+    cfg = ModelConfig(vocab_size=V, d_model=D, num_layers=N, num_heads=H, num_kv_heads=K, head_dim=D // H,
+                      mlp_dim=F, max_seq_len=L, norm_eps=1e-5, init_std=0.2, rope_theta=1000.0)
+    model = Decoder(cfg, rngs=nnx.Rngs(params=7))
+    for block in model.blocks:  # non-trivial norm scales
+        block.attn_norm.scale[...] = 1 + 0.3 * jax.random.normal(jax.random.key(1), (D,))
+    params = nnx.split(model, nnx.Param)[1]
+    train_cfg = convert._converted_config(cfg, str(tokenizer_path))
+    out = tmp_path / "jaxpt_run"
+    convert.write_params_checkpoint(str(out), train_cfg, params, mesh_lib.mesh_from_config({"data": 8}),
+                                    Tokenizer.load(tokenizer_path), source={"format": "test"})
+    return out
+
+
+def test_jaxpt_to_hf_logits_and_tokenizer(tmp_path):
+    """A jaxpt checkpoint (random init, GQA, untied) exports to a folder transformers loads; its logits equal
+    jaxpt's within 1e-4, and AutoTokenizer encodes and decodes as jaxpt's SentencePiece tokenizer does."""
     import jaxpt
-    from conftest import tiny_bindings
-    from jaxpt import config as C
-    from jaxpt import train
-    workdir = tmp_path / "run"
-    b = tiny_bindings(prepared_sample, workdir, **{"CheckpointConfig.enabled": True,
-                                                   "CheckpointConfig.async_save": False,
-                                                   "TrainConfig.global_batch_size": 8, "TrainConfig.seq_len": 32,
-                                                   "ModelConfig.max_seq_len": 32, "TrainConfig.eval_batches": 1})
-    train.run_training(C.parse(["configs/quickstart.gin"], b, steps=2, mesh="data=4,fsdp=2"))
-    out = convert.jaxpt_to_hf(workdir, tmp_path / "hf")
+    tok = _train_tokenizer(tmp_path / "tok" / "tokenizer.model")
+    workdir = _jaxpt_checkpoint(tmp_path, tok)
+    out = convert.jaxpt_to_hf(workdir, tmp_path / "hf", max_shard_bytes=200_000)  # several files + index
+    assert (tmp_path / "hf" / "model.safetensors.index.json").exists()
     r = jaxpt.restore(workdir)
     hf_model = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
-    assert hf_model.config.num_key_value_heads == 2 and not hf_model.config.tie_word_embeddings
-    tokens = np.random.default_rng(3).integers(0, r.config.model.vocab_size, (2, 32)).astype(np.int32)
+    assert hf_model.config.num_key_value_heads == K and not hf_model.config.tie_word_embeddings
+    tokens = _tokens()
     np.testing.assert_allclose(_hf_logits(hf_model, tokens), _jaxpt_logits(r, tokens), atol=1e-4, rtol=0)
 
     hf_tok = transformers.AutoTokenizer.from_pretrained(out)
-    texts = ["The river flows past the mill.", "  two spaces, 12345 digits\nand a newline", "über café ▁x"]
+    texts = ["The river flows past the mill.", "  two spaces, 12345 digits\nand a newline", "über café"]
     for text in texts:
         ids = r.tokenizer.encode(text).tolist()
         assert hf_tok.encode(text, add_special_tokens=False) == ids, text
         assert hf_tok.decode(ids) == r.tokenizer.decode(ids) == text
+    ids = r.tokenizer.encode("a \u2581 b").tolist()  # jaxpt escapes a literal U+2581 to bytes: decodes alike
+    assert hf_tok.decode(ids) == r.tokenizer.decode(ids) == "a \u2581 b"
     assert hf_tok.eos_token_id == r.tokenizer.eos_id and hf_tok.pad_token_id == r.tokenizer.pad_id
 
 
