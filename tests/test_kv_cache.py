@@ -18,9 +18,13 @@ from jaxpt.model import Decoder, ModelConfig
 
 
 def _model(scan: bool):
+    """A random model, its params drawn on the host (eager initializers would compile one program each)."""
     cfg = ModelConfig(vocab_size=128, d_model=32, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8,
-                      mlp_dim=64, max_seq_len=32, scan_layers=scan, init_std=0.2)
-    return Decoder(cfg, rngs=nnx.Rngs(5))
+                      mlp_dim=64, max_seq_len=32, scan_layers=scan)
+    graphdef, state = nnx.split(nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(5))))
+    rng = np.random.default_rng(5)
+    state = jax.tree.map(lambda a: jax.numpy.asarray(0.2 * rng.standard_normal(a.shape), a.dtype), state)
+    return nnx.merge(graphdef, state)
 
 
 PROMPTS = [np.random.default_rng(i).integers(3, 128, size=n).astype(np.int32) for i, n in enumerate((1, 9, 4, 30))]
