@@ -14,7 +14,8 @@ positions (``O(L)`` matmul work per layer and ``O(L^2)`` attention); the cached 
 
 Sharding is the training layout: params keep their shardings (FSDP/tensor parallel), rows go over the
 data-parallel axes (``batch``) and the cache's kv heads over ``tensor`` (``kv_heads``), by the run's logical-axis
-rules; the sequence axis of the cache is never sharded (a one-token query cannot be split over ``sequence``).
+rules; rows and the cache are never split over ``sequence`` (a one-token query cannot be; under a context-parallel
+mesh the ``sequence`` devices hold copies). Layers run one after another, never pipelined over ``stage``.
 
 The logits equal the cache-free step's up to float rounding (``tests/test_kv_cache.py``): the same params,
 RoPE (:func:`jaxpt.model.rope.apply_rope`), norms and MLP modules of the model are called; the decode-time
@@ -201,9 +202,13 @@ class KVCacheStep:
                                and x.sharding.mesh == mesh else replicated, params)
         self.params = jax.device_put(params, param_s)
 
+        # Rows are never split over ``sequence`` here (a one-token query cannot be; and the model's context-parallel
+        # attention expects its zigzag row order, which only Decoder.hidden applies): ``length`` maps to no axis.
+        act_rules = (("length", None), *rules)
+
         def sharded(fn):
             def traced(*args):
-                with mesh_lib.activation_sharding(mesh, rules):
+                with mesh_lib.activation_sharding(mesh, act_rules):
                     return fn(*args)
             return traced
 
