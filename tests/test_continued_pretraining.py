@@ -53,7 +53,7 @@ def base(tmp_path_factory):
     data.mkdir()
     _jsonl(data / "train.jsonl.gz", _texts(200, 1))
     _jsonl(data / "heldout.jsonl.gz", _texts(20, 2))
-    out = convert.hf_to_jaxpt(hf_dir, tmp / "base", mesh="fsdp=8")
+    convert.hf_to_jaxpt(hf_dir, tmp / "base", mesh="fsdp=8")
     return tmp / "base", model, data
 
 

@@ -5,8 +5,6 @@ layers), a SentencePiece tokenizer round-trips through the export, and what cann
 The reference is transformers' own ``LlamaForCausalLM`` forward pass, an implementation independent of jaxpt's.
 """
 
-import json
-
 import jax
 import numpy as np
 import pytest
@@ -18,7 +16,6 @@ from jaxpt import convert  # noqa: E402
 from jaxpt.convert import ConvertError  # noqa: E402
 
 V, D, N, H, K, F, L = 384, 64, 2, 4, 2, 128, 32
-
 
 def _hf_model(tmp_path, *, tied: bool, kv_heads: int = K, name="hf", rope_scaling=None):
     """A random LlamaForCausalLM (fp32) saved as safetensors; returns (model, folder)."""
@@ -36,15 +33,12 @@ def _hf_model(tmp_path, *, tied: bool, kv_heads: int = K, name="hf", rope_scalin
     model.save_pretrained(folder, safe_serialization=True)
     return model, folder
 
-
 def _tokens(batch=2, seed=1):
     return np.random.default_rng(seed).integers(0, V, size=(batch, L)).astype(np.int32)
-
 
 def _hf_logits(model, tokens):
     with torch.no_grad():
         return model(torch.from_numpy(tokens.astype(np.int64))).logits.numpy()
-
 
 def _jaxpt_logits(restored, tokens):
     from flax import nnx
@@ -53,23 +47,26 @@ def _jaxpt_logits(restored, tokens):
     graphdef, state = nnx.split(restored.model)
     return np.asarray(jax.jit(lambda s, t, g, p: nnx.merge(graphdef, s)(t, g, p))(state, tokens, seg, pos))
 
+LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8, "low_freq_factor": 1.0,
+          "high_freq_factor": 4.0}
 
-@pytest.mark.parametrize("tied,scan", [(False, False), (True, True)])
-def test_hf_to_jaxpt_logits_match_transformers(tmp_path, tied, scan):
-    """GQA (4 query heads over 2 kv heads), tied or untied embeddings, looped or scanned layers, loaded sharded
-    over fsdp=2,tensor=2,data=2: jaxpt's logits equal transformers' within 1e-4."""
+@pytest.mark.parametrize("tied,scan,rope_scaling", [(False, False, None), (True, True, LLAMA3)])
+def test_hf_to_jaxpt_logits_match_transformers(tmp_path, tied, scan, rope_scaling):
+    """GQA (4 query heads over 2 kv heads), tied or untied embeddings, looped or scanned layers, plain RoPE or
+    Llama 3.1's scaling, loaded sharded over data=2,fsdp=2,tensor=2: jaxpt's logits equal transformers' within
+    1e-4."""
     import jaxpt
-    hf_model, folder = _hf_model(tmp_path, tied=tied)
+    hf_model, folder = _hf_model(tmp_path, tied=tied, rope_scaling=rope_scaling)
     out = convert.hf_to_jaxpt(folder, tmp_path / "jx", mesh="data=2,fsdp=2,tensor=2", scan_layers=scan)
     r = jaxpt.restore(out, mesh="data=2,fsdp=2,tensor=2", tokenizer_path=_no_tokenizer(tmp_path))
     assert r.step == 0 and r.config.model.tie_embeddings is tied and r.config.model.num_kv_heads == K
+    assert r.config.model.rope_scaling == ("llama3" if rope_scaling else "none")
     wq = r.params["blocks"]["attn"]["wq"] if scan else r.params["blocks"][0]["attn"]["wq"]
     assert len(wq[...].sharding.device_set) == 8 and not wq[...].sharding.is_fully_replicated
     tokens = _tokens()
     np.testing.assert_allclose(_jaxpt_logits(r, tokens), _hf_logits(hf_model, tokens), atol=1e-4, rtol=0)
     gin_text = (tmp_path / "jx" / "model.gin").read_text()
     assert f"ModelConfig.tie_embeddings = {tied}" in gin_text and "ModelConfig.norm_eps = 1e-05" in gin_text
-
 
 def _no_tokenizer(tmp_path):
     """A SentencePiece model for restore() of a checkpoint converted without one (restore needs a tokenizer)."""
@@ -78,13 +75,11 @@ def _no_tokenizer(tmp_path):
         _train_tokenizer(path)
     return path
 
-
 def _train_tokenizer(path):
     from jaxpt.data.tokenizer import train_sentencepiece
     texts = [f"The river {w} flows past the {w} mill, number {i}.\n" for i, w in
              enumerate(["north", "south", "old", "new", "green", "stone", "quiet", "bright"] * 20)]
     return train_sentencepiece(texts, path, vocab_size=300)
-
 
 def _jaxpt_checkpoint(tmp_path, tokenizer_path):
     """A random jaxpt model (GQA, untied, looped layers; not from HF) saved as a params-only checkpoint."""
@@ -105,7 +100,6 @@ def _jaxpt_checkpoint(tmp_path, tokenizer_path):
     convert.write_params_checkpoint(str(out), train_cfg, params, mesh_lib.mesh_from_config({"data": 8}),
                                     Tokenizer.load(tokenizer_path), source={"format": "test"})
     return out
-
 
 def test_jaxpt_to_hf_logits_and_tokenizer(tmp_path):
     """A jaxpt checkpoint (random init, GQA, untied) exports to a folder transformers loads; its logits equal
@@ -131,7 +125,6 @@ def test_jaxpt_to_hf_logits_and_tokenizer(tmp_path):
     assert hf_tok.decode(ids) == r.tokenizer.decode(ids) == "a \u2581 b"
     assert hf_tok.eos_token_id == r.tokenizer.eos_id and hf_tok.pad_token_id == r.tokenizer.pad_id
 
-
 def test_round_trip_through_both_directions(tmp_path):
     """HF -> jaxpt -> HF gives back the same tensors (tied and untied are each their own layout)."""
     from safetensors.numpy import load_file
@@ -150,7 +143,6 @@ def test_round_trip_through_both_directions(tmp_path):
     assert set(back) == set(orig) - {"lm_head.weight"}
     for name, a in back.items():
         np.testing.assert_array_equal(a, orig[name], err_msg=name)
-
 
 def test_refusals_name_the_key(tmp_path):
     base = {"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2,
@@ -174,17 +166,3 @@ def test_refusals_name_the_key(tmp_path):
         ("llama3", 8.0, 8192, 500000.0)
     with pytest.raises(ConvertError, match="rope_type = 'dynamic'"):
         convert.model_config_from_hf({**base, "rope_scaling": {"rope_type": "dynamic", "factor": 2.0}})
-
-
-def test_llama3_rope_scaling_matches_transformers(tmp_path):
-    """Llama 3.1 frequency scaling converts to jaxpt's ``rope_scaling = 'llama3'`` with equal logits."""
-    import jaxpt
-    scaling = {"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8,
-               "low_freq_factor": 1.0, "high_freq_factor": 4.0}
-    hf_model, folder = _hf_model(tmp_path, tied=False, rope_scaling=scaling)
-    out = convert.hf_to_jaxpt(folder, tmp_path / "jx", mesh="fsdp=8")
-    r = jaxpt.restore(out, tokenizer_path=_no_tokenizer(tmp_path))
-    assert r.config.model.rope_scaling == "llama3"
-    tokens = _tokens(batch=1)
-    np.testing.assert_allclose(_jaxpt_logits(r, tokens), _hf_logits(hf_model, tokens), atol=1e-4, rtol=0)
-    assert json.loads((folder / "config.json").read_text())["model_type"] == "llama"
