@@ -361,7 +361,7 @@ def load_hf_params(tensors: SafetensorsFolder, cfg, mesh, rules):
         if tuple(src.shape) != tuple(var.shape):
             raise ConvertError(f"{'.'.join(map(str, names))}: the checkpoint's tensor has shape {tuple(src.shape)} "
                                f"in jaxpt's layout, the config implies {tuple(var.shape)}")
-        return jax.make_array_from_callback(var.shape, sharding.value if isinstance(sharding, nnx.Variable)
+        return jax.make_array_from_callback(var.shape, sharding.get_value() if isinstance(sharding, nnx.Variable)
                                             else sharding, lambda idx: np.asarray(src[idx], dtype=dtype))
 
     return jax.tree_util.tree_map_with_path(
