@@ -16,14 +16,9 @@ export JAX_PLATFORMS
 
 .PHONY: quickstart test test-fast prepare venv clean
 
-# CPU-only torch for the Hugging Face tests (the `hf` extra): PyPI's default wheel brings GBs of CUDA libraries.
-# If the index cannot be reached, pip falls back to whatever torch the `hf` extra then resolves.
-TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
-
 $(VENV)/.installed: pyproject.toml
 	test -x $(VPY) || $(PY) -m venv $(VENV)
 	$(VPY) -m pip install -q --upgrade pip
-	$(VPY) -m pip install -q 'torch>=2.4' --index-url $(TORCH_INDEX) || echo "CPU torch index unreachable"
 	$(VPY) -m pip install -q -e '.[dev]'
 	touch $@
 
