@@ -8,6 +8,7 @@ script does not know go to Beam (``--runner``, ``--direct_num_workers``, ``--pro
 from __future__ import annotations
 
 import argparse
+import collections
 import glob
 import json
 import os
@@ -38,27 +39,37 @@ def load_config(config_files: list[str], bindings: list[str]) -> config_lib.Buil
     return cfg
 
 
-def load_eval_hashes(cfg: config_lib.BuildConfig) -> dict[str, set[int]]:
-    """Word n-gram hashes per evaluation set named in `DecontamConfig.eval_sets`.
+def load_eval_hashes(cfg: config_lib.BuildConfig) -> dict[str, dict[int, set[int]]]:
+    """Word n-gram hashes per evaluation set named in `DecontamConfig.eval_sets`, by n-gram length.
 
     Each file of a set is a document file (`jaxpt.data.documents`: one JSON object with a string ``text`` per
-    line, plain or gzip).
+    line, plain or gzip). An example of at least `DecontamConfig.ngram` words contributes its ``ngram``-grams; a
+    shorter one (of k >= `DecontamConfig.min_ngram` words) contributes its whole word sequence as one k-gram, so
+    a training document containing it is caught too (as `jaxpt.eval.decontam` does for the trainer's probes).
+    Examples shorter than `min_ngram` words are not matched (a one-word example would match most documents).
 
+    Returns:
+      ``{set name: {n-gram length: hashes}}``.
     Raises:
       ConfigError: a pattern that matches no file.
       DocumentFormatError: (a ConfigError) a line of an eval set breaks the document contract (file, line, reason).
     """
+    from data_pipelines import minhash
+
     out = {}
+    n, min_n = cfg.decontam.ngram, cfg.decontam.min_ngram
     for name, pattern in sorted(cfg.decontam.eval_sets.items()):
         path = pattern if os.path.isabs(pattern) else os.path.join(cfg.source_root, pattern)
         files = sorted(glob.glob(path)) or sorted(glob.glob(pattern))
         if not files:
             raise config_lib.ConfigError(f"DecontamConfig.eval_sets['{name}']: '{pattern}' matches no file")
-        hashes: set[int] = set()
+        hashes: dict[int, set[int]] = collections.defaultdict(set)
         for f in files:
             for text in documents.read_texts(f):
-                hashes |= stages.ngram_hashes(text, cfg.decontam.ngram)
-        out[name] = hashes
+                k = min(n, len(minhash.words(text)))
+                if k >= max(1, min_n):
+                    hashes[k] |= stages.ngram_hashes(text, k)
+        out[name] = dict(sorted(hashes.items()))
     return out
 
 
@@ -122,8 +133,10 @@ def _stage_records(cfg, operative: dict, eval_hashes: dict, stat, out_dir: str) 
                            clusters="connected components",
                            short_documents="fewer words than shingle_size: one shingle of all words"),
         "quality": dict(operative["quality"], thresholds_per_source=stat("quality_thresholds.json")),
-        "decontamination": {"ngram": cfg.decontam.ngram, "eval_sets": dict(sorted(cfg.decontam.eval_sets.items())),
-                            "eval_ngrams": {k: len(v) for k, v in sorted(eval_hashes.items())}},
+        "decontamination": {"ngram": cfg.decontam.ngram, "min_ngram": cfg.decontam.min_ngram,
+                            "eval_sets": dict(sorted(cfg.decontam.eval_sets.items())),
+                            "eval_ngrams": {k: sum(map(len, v.values())) for k, v in sorted(eval_hashes.items())},
+                            "eval_ngram_lengths": {k: sorted(v) for k, v in sorted(eval_hashes.items())}},
         "heldout_split": {"rule": f"jaxpt.data.prepare.is_heldout(id, {cfg.output.heldout_fraction})",
                           "fraction": cfg.output.heldout_fraction,
                           "position": "after decontamination, before quotas (dedup ran on both splits)",
@@ -138,6 +151,28 @@ def damaged_input_files(rows: list[dict]) -> list[dict]:
     ``lines_read`` (complete lines admitted before the damage), sorted by file."""
     return sorted(({"file": r["file"], "source": r["source"], "lines_read": r["lines_read"]}
                    for r in rows if r.get("reason") == "truncated_file"), key=lambda d: d["file"])
+
+
+def language_label_origins(rows: list[dict]) -> dict[str, dict[str, int]]:
+    """Per source, how many documents got their language from the detector (``detected``), from the declared
+    language because detection was unsure (``declared``, `LangIdConfig`) or from the record (``record``: sources
+    without language ID). Rows dropped before language ID have no origin and are not counted."""
+    out: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    for r in rows:
+        if r.get("lang_by"):
+            out[r["source"]][r["lang_by"]] += 1
+    return {s: dict(sorted(c.items())) for s, c in sorted(out.items())}
+
+
+def quota_warnings(cfg, rows: list[dict]) -> list[str]:
+    """`stages.quota_share_warnings` on the training split's characters per domain (decision rows ``kept``)."""
+    kept = collections.Counter()
+    for r in rows:
+        if r["verdict"] == "kept":
+            kept[r["domain"]] += r.get("n_chars") or 0
+    if not cfg.quotas.enabled:
+        return []
+    return stages.quota_share_warnings(dict(kept), cfg.quotas.targets, cfg.quotas.share_tolerance)
 
 
 def finalize(cfg, sources, out_dir, eval_hashes, beam_seconds) -> dict:
@@ -205,6 +240,8 @@ def finalize(cfg, sources, out_dir, eval_hashes, beam_seconds) -> dict:
         "long_tail_coverage": {"terms": longtail, "languages": figs["language_coverage"]},
         "decontaminated_ids": [r["id"] for r in rows if r["stage"] == "decontamination"],
         "damaged_input_files": damaged_input_files(rows),
+        "quota_share_warnings": quota_warnings(cfg, rows),
+        "language_labels_by_source": language_label_origins(rows),
         "mixture": mixture,
         "output_sha256": manifest_lib.shard_hashes(out_dir),
     }
@@ -230,6 +267,8 @@ def main(argv=None):
         return 2
     print(json.dumps({k: m[k] for k in ("data_version", "documents_in", "documents_out", "documents_heldout",
                                         "heldout_by_domain", "tokens_out", "documents_dropped")}, indent=1))
+    for w in m["quota_share_warnings"]:
+        print(f"WARNING: {w}", file=sys.stderr)
     print(f"built {args.output} in {time.time() - t:.1f}s")
     return 0
 

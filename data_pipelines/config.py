@@ -120,14 +120,23 @@ class NormalizeConfig:
 @gin.configurable
 @dataclasses.dataclass
 class LangIdConfig:
-    """Stage 3. Lingua (its models ship inside the wheel) restricted to `languages` (ISO 639-1);
-    only the first `max_chars` characters are read. A document whose most likely language has
-    confidence below `min_confidence` is labelled ``und`` and dropped where a source restricts
-    languages."""
+    """Stage 3. Lingua (its models ship inside the wheel) restricted to `languages` (ISO 639-1).
+
+    The detector reads `windows` evenly spaced slices of the document, `max_chars` characters in all, so
+    a translated man page with an English header is judged by its body too. As lingua's authors advise
+    for short or ambiguous input, a detection is trusted only when the sample has at least `min_chars`
+    letters, the top language's confidence is at least `min_confidence` and its lead over the second is
+    at least `min_relative_distance` (lingua's ``with_minimum_relative_distance``); otherwise the
+    document takes its declared language: the record's own ``lang`` if the source allows it, else the
+    source's first language. With no declared language it is ``und`` (dropped where a source restricts
+    languages)."""
 
     languages: tuple[str, ...] = ("en", "de", "fr", "es", "it", "pl", "ru", "ja", "zh", "pt", "cs")
-    max_chars: int = 600
-    min_confidence: float = 0.0
+    max_chars: int = 1200
+    windows: int = 4
+    min_chars: int = 50
+    min_confidence: float = 0.5
+    min_relative_distance: float = 0.0
     enabled: bool = True
 
 
@@ -136,7 +145,9 @@ class LangIdConfig:
 class RuleConfig:
     """Stage 4. Gopher (Rae et al. 2021, app. A) and C4 (Raffel et al. 2020) style thresholds.
 
-    `per_domain` overrides any field for one domain, e.g. ``{"code": {"max_symbol_ratio": 1.0}}``.
+    `per_domain` overrides any field for one domain, e.g. ``{"code": {"max_symbol_ratio": 1.0}}``;
+    `per_source` then overrides fields for one source (by name), for a kind of text that shares a domain
+    with others (man pages among fortunes).
     """
 
     min_words: int = 5
@@ -156,18 +167,25 @@ class RuleConfig:
     min_mean_word_length: float = 2.0
     max_mean_word_length: float = 12.0
     min_alpha_word_fraction: float = 0.6
+    dup_line_min_words: int = 4  # shorter repeated lines (citation tags, braces) are structure, not duplicates
+    repetition_min_words: int = 50  # n-gram repetition rules need this many words (Gopher's own floor)
     per_domain: dict = dataclasses.field(default_factory=dict)
+    per_source: dict = dataclasses.field(default_factory=dict)
     enabled: bool = True
-    version: str = "rules-v1"
+    version: str = "rules-v2"
 
-    def for_domain(self, domain: str) -> "RuleConfig":
-        """This config with `per_domain[domain]` applied. Raises ConfigError on an unknown field."""
-        over = self.per_domain.get(domain, {})
-        names = {f.name for f in dataclasses.fields(self)}
-        bad = set(over) - names
-        if bad:
-            raise ConfigError(f"RuleConfig.per_domain['{domain}']: unknown thresholds {sorted(bad)}")
-        return dataclasses.replace(self, **over, per_domain={})
+    def for_domain(self, domain: str, source: str | None = None) -> "RuleConfig":
+        """This config with `per_domain[domain]`, then `per_source[source]`, applied. Raises ConfigError naming the
+        key on an unknown field."""
+        names = {f.name for f in dataclasses.fields(self)} - {"per_domain", "per_source"}
+        out = dataclasses.replace(self, per_domain={}, per_source={})
+        for key, over in ((f"per_domain['{domain}']", self.per_domain.get(domain, {})),
+                          (f"per_source['{source}']", self.per_source.get(source, {}) if source else {})):
+            bad = set(over) - names
+            if bad:
+                raise ConfigError(f"RuleConfig.{key}: unknown thresholds {sorted(bad)}")
+            out = dataclasses.replace(out, **over)
+        return out
 
 
 @gin.configurable
@@ -222,26 +240,55 @@ class QualityConfig:
 class DecontamConfig:
     """Stage 8. `eval_sets` maps a name to a path/glob of document files (`jaxpt.data.documents`: a string
     ``text`` per line; a malformed line stops the build with DocumentFormatError naming it); documents sharing a
-    word `ngram` (lower-cased `minhash.words`) with any eval example are dropped."""
+    word `ngram` (lower-cased `minhash.words`) with any eval example are dropped. An example shorter than `ngram`
+    words is matched by its whole word sequence, if it has at least `min_ngram` words (a one- or two-word
+    example would match a large part of any corpus)."""
 
     eval_sets: dict = dataclasses.field(default_factory=dict)
     ngram: int = 13
+    min_ngram: int = 3
     enabled: bool = True
+
+    def validate(self):
+        """Raises ConfigError unless 1 <= min_ngram <= ngram <= 64 (`stages.ngram_hashes` handles n <= 64)."""
+        if not 1 <= self.ngram <= 64:
+            raise ConfigError(f"DecontamConfig.ngram = {self.ngram} must be in [1, 64]")
+        if not 1 <= self.min_ngram <= self.ngram:
+            raise ConfigError(f"DecontamConfig.min_ngram = {self.min_ngram} must be in [1, ngram = {self.ngram}]")
 
 
 @gin.configurable
 @dataclasses.dataclass
 class QuotaConfig:
     """Stage 9. `targets`: share of output characters per domain (sums to 1). The largest total
-    that no domain must upsample to reach is chosen, and each domain is downsampled to its share.
-    A (domain, language) group holding less than `long_tail_share` of its domain keeps at least
-    `long_tail_floor` of its documents. Sampling is a seeded hash of the document id."""
+    that no domain must upsample to reach is chosen, and each domain's budget is its share of it.
+    Within a domain every (domain, language) group keeps at least min(its characters,
+    `long_tail_floor` * `long_tail_share` of the domain's budget), the rest of the budget going to all
+    groups in proportion to their size, so a smaller group never keeps more text than a larger one
+    (`stages.quota_keep_fractions`). Documents are chosen by rank of a seeded hash of their id up to
+    the group's budget (`stages.quota_cutoff`), not by independent coin flips. A domain whose
+    realized share of kept characters strays from its target by more than `share_tolerance` is
+    warned about in the build summary and listed in the manifest (``quota_share_warnings``)."""
 
     targets: dict = dataclasses.field(default_factory=dict)
     long_tail_share: float = 0.05
     long_tail_floor: float = 1.0
     seed: int = 0
+    share_tolerance: float = 0.02
     enabled: bool = True
+
+    def validate(self):
+        """Raises ConfigError naming the field: a negative or NaN target, long-tail settings outside [0, 1], or a
+        negative tolerance."""
+        for d, w in sorted(self.targets.items()):
+            if not (isinstance(w, (int, float)) and w >= 0):  # NaN fails w >= 0
+                raise ConfigError(f"QuotaConfig.targets['{d}'] = {w} must be a number >= 0")
+        for name in ("long_tail_share", "long_tail_floor"):
+            v = getattr(self, name)
+            if not 0.0 <= v <= 1.0:
+                raise ConfigError(f"QuotaConfig.{name} = {v} must be in [0, 1]")
+        if not self.share_tolerance >= 0:
+            raise ConfigError(f"QuotaConfig.share_tolerance = {self.share_tolerance} must be >= 0")
 
 
 @gin.configurable
@@ -309,6 +356,8 @@ class BuildConfig:
         if not 0.0 <= self.output.heldout_fraction < 1.0:
             raise ConfigError(f"OutputConfig.heldout_fraction = {self.output.heldout_fraction} must be in [0, 1)")
         self.near.validate()
+        self.decontam.validate()
+        self.quotas.validate()
         return out
 
     def to_json(self) -> dict:

@@ -28,8 +28,8 @@ HELDOUT = "heldout"
 
 def _decision(doc: dict, stage: str, reason: str, **extra) -> dict:
     return readers.drop(doc["id"], {"name": doc["source"], "domain": doc["domain"]}, stage, reason,
-                        doc.get("text", ""), lang=doc.get("lang"), n_chars=len(doc.get("text", "")),
-                        **extra)
+                        doc.get("text", ""), lang=doc.get("lang"), lang_by=doc.get("lang_by"),
+                        n_chars=len(doc.get("text", "")), **extra)
 
 
 # ---------------------------------------------------------------- stage 1
@@ -55,6 +55,16 @@ class ReadSource(beam.DoFn):
 # ---------------------------------------------------------------- stages 2-4
 
 
+def _declared_language(doc: dict, source: Source) -> str | None:
+    """The language language ID falls back on: the record's own ``lang`` if its source allows it, else the
+    source's first allowed language (None if the source declares none)."""
+    allowed = source.languages or ()
+    hint = doc.get("lang_hint")
+    if hint in allowed:
+        return hint
+    return allowed[0] if allowed else None
+
+
 class CleanBatch(beam.DoFn):
     """Main-text extraction, normalization (2), language ID (3) and rule filters (4) on a batch."""
 
@@ -78,21 +88,24 @@ class CleanBatch(beam.DoFn):
                 continue
             docs.append(dict(doc, text=text))
         need = [d for d in docs if self.lid and self.sources[d["source"]].languages is not None]
-        langs = dict(zip((d["id"] for d in need), self.lid.detect([d["text"] for d in need]) if need else []))
+        declared = [_declared_language(d, self.sources[d["source"]]) for d in need]
+        langs = dict(zip((d["id"] for d in need),
+                         self.lid.detect([d["text"] for d in need], declared) if need else []))
         for doc in docs:
             allowed = self.sources[doc["source"]].languages
             if doc["id"] in langs:
-                doc["lang"] = langs[doc["id"]][0]
+                doc["lang"], _, doc["lang_by"] = langs[doc["id"]]
                 if doc["lang"] not in allowed:
                     yield beam.pvalue.TaggedOutput(
                         DROPS, _decision(doc, "langid", "language_not_allowed", detail=doc["lang"]))
                     continue
             else:
-                doc["lang"] = doc.get("lang_hint") or "und"
+                doc["lang"], doc["lang_by"] = doc.get("lang_hint") or "und", "record"
             if self.cfg.rules.enabled:
-                rc = self.rules.get(doc["domain"])
+                key = (doc["domain"], doc["source"])
+                rc = self.rules.get(key)
                 if rc is None:
-                    rc = self.rules[doc["domain"]] = self.cfg.rules.for_domain(doc["domain"])
+                    rc = self.rules[key] = self.cfg.rules.for_domain(*key)
                 reason = stages.rule_reason(doc["text"], rc)
                 if reason:
                     yield beam.pvalue.TaggedOutput(DROPS, _decision(doc, "rules", reason))
@@ -249,12 +262,17 @@ def apply_quality(doc, thresholds):
 
 
 class Decontaminate(beam.DoFn):
-    def __init__(self, eval_hashes: dict[str, set[int]], n: int):
-        self.eval_hashes, self.n = eval_hashes, n
+    """Drops a document sharing a word n-gram with an eval set (`build.load_eval_hashes`: hashes by n-gram length,
+    so an eval example shorter than `DecontamConfig.ngram` is matched by its whole word sequence)."""
+
+    def __init__(self, eval_hashes: dict[str, dict[int, set[int]]]):
+        self.eval_hashes = eval_hashes
+        self.lengths = sorted({k for by_len in eval_hashes.values() for k in by_len})
 
     def process(self, doc):
-        grams = stages.ngram_hashes(doc["text"], self.n)
-        hits = sorted(name for name, hs in self.eval_hashes.items() if not grams.isdisjoint(hs))
+        grams = {k: stages.ngram_hashes(doc["text"], k) for k in self.lengths}
+        hits = sorted(name for name, by_len in self.eval_hashes.items()
+                      if any(not grams[k].isdisjoint(hs) for k, hs in by_len.items()))
         if hits:
             yield beam.pvalue.TaggedOutput(DROPS, _decision(doc, "decontamination", "eval_ngram_overlap",
                                                             detail=",".join(hits), quality_score=doc.get("quality")))
@@ -291,6 +309,7 @@ class HeldoutRecord(beam.DoFn):
         yield beam.pvalue.TaggedOutput(DROPS, {
             "id": doc["id"], "source": doc["source"], "domain": doc["domain"], "lang": doc["lang"],
             "verdict": "heldout", "stage": None, "reason": None, "n_chars": len(doc["text"]),
+            "lang_by": doc.get("lang_by"),
             "n_tokens": n_tokens, "quality_score": doc.get("quality"), "sample": "",
         })
 
@@ -306,12 +325,17 @@ def write_heldout(kv, out_dir):
 # ---------------------------------------------------------------- stage 9
 
 
-def apply_quota(doc, fractions, seed):
-    p = fractions[f"{doc['domain']}/{doc['lang']}"]
-    if stages.uniform(seed, doc["id"]) < p:
+def _group(doc) -> str:
+    return f"{doc['domain']}/{doc['lang']}"
+
+
+def apply_quota(doc, fractions, cutoffs, seed):
+    """Keeps a document whose seeded hash ranks it inside its group's character budget (`stages.quota_cutoff`)."""
+    g = _group(doc)
+    if stages.uniform(seed, doc["id"]) < cutoffs[g]:
         yield doc
     else:
-        yield beam.pvalue.TaggedOutput(DROPS, _decision(doc, "quota", "downsampled", keep_fraction=p,
+        yield beam.pvalue.TaggedOutput(DROPS, _decision(doc, "quota", "downsampled", keep_fraction=fractions[g],
                                                         quality_score=doc.get("quality")))
 
 
@@ -344,6 +368,7 @@ class Tokenize(beam.DoFn):
         yield beam.pvalue.TaggedOutput(DROPS, {
             "id": doc["id"], "source": doc["source"], "domain": doc["domain"], "lang": doc["lang"],
             "verdict": "kept", "stage": None, "reason": None, "n_chars": len(doc["text"]),
+            "lang_by": doc.get("lang_by"),
             "n_tokens": int(tokens.size), "quality_score": doc.get("quality"), "sample": "",
         })
 
@@ -367,6 +392,7 @@ def finalize_decision(row, near_map):
     row.setdefault("quality_score", None)
     row.setdefault("n_tokens", 0)
     row.setdefault("lang", None)
+    row.setdefault("lang_by", None)
     return row
 
 
@@ -436,7 +462,7 @@ def write_longtail(df_all, df_kept, out_dir, max_df):
 
 
 def build_graph(p: beam.Pipeline, cfg: BuildConfig, sources: list[Source], out_dir: str,
-                eval_hashes: dict[str, set[int]]) -> None:
+                eval_hashes: dict[str, dict[int, set[int]]]) -> None:
     """Adds every stage to pipeline `p`; outputs land in `out_dir` (manifest written afterwards)."""
     by_name = {s.name: s for s in sources}
     inputs = []
@@ -480,7 +506,7 @@ def build_graph(p: beam.Pipeline, cfg: BuildConfig, sources: list[Source], out_d
     docs, p_thresholds = _quality_stage(p, docs, drops, cfg)
 
     if cfg.decontam.enabled and eval_hashes:
-        dc = docs | "Decontaminate" >> beam.ParDo(Decontaminate(eval_hashes, cfg.decontam.ngram)).with_outputs(
+        dc = docs | "Decontaminate" >> beam.ParDo(Decontaminate(eval_hashes)).with_outputs(
             DROPS, main="docs")
         drops.append(dc[DROPS])
         docs = dc.docs
@@ -537,16 +563,24 @@ def _heldout_stage(docs, drops: list, cfg: BuildConfig, out_dir: str):
 
 
 def _quota_stage(docs, drops: list, cfg: BuildConfig):
-    """Stage 9: per-(domain, lang) keep fractions from character totals, then seeded sampling.
-    Returns (docs, fractions)."""
+    """Stage 9: per-(domain, lang) character budgets (`stages.quota_keep_fractions`), then per group the documents
+    ranked by seeded hash up to the budget (`stages.quota_cutoff`). Returns (docs, fractions)."""
+    seed = cfg.quotas.seed
     chars = (
         docs | "GroupChars" >> beam.Map(lambda d: ((d["domain"], d["lang"]), len(d["text"])))
         | "SumChars" >> beam.CombinePerKey(sum)
         | "CharsDict" >> beam.combiners.ToDict()
     )
     fractions = chars | "QuotaFractions" >> beam.Map(stages.quota_keep_fractions, cfg.quotas)
+    cutoffs = (
+        docs | "QuotaRanks" >> beam.Map(lambda d: (_group(d), (stages.uniform(seed, d["id"]), d["id"], len(d["text"]))))
+        | "GroupRanks" >> beam.GroupByKey()
+        | "QuotaCutoffs" >> beam.Map(lambda kv, f: (kv[0], stages.quota_cutoff(list(kv[1]), f[kv[0]])),
+                                     beam.pvalue.AsSingleton(fractions))
+        | "CutoffDict" >> beam.combiners.ToDict()
+    )
     qt = docs | "ApplyQuota" >> beam.FlatMap(apply_quota, beam.pvalue.AsSingleton(fractions),
-                                             cfg.quotas.seed).with_outputs(DROPS, main="docs")
+                                             beam.pvalue.AsSingleton(cutoffs), seed).with_outputs(DROPS, main="docs")
     drops.append(qt[DROPS])
     return qt.docs, fractions
 

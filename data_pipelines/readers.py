@@ -129,40 +129,110 @@ def read_jsonl(path: str, source: Source, cfg: AdmissionConfig) -> Iterator[dict
                    file=path, lines_read=e.line)
 
 
+def _damaged(path: str, source: Source, cfg: AdmissionConfig, n_read: int, detail: str) -> dict:
+    """The ``truncated_file`` drop for a file damaged after `n_read` records (or the error, if configured)."""
+    if cfg.fail_on_damaged_file:
+        raise DocumentFormatError.at(path, n_read, "truncated_file", detail)
+    return drop(f"{source.name}/{os.path.basename(path)}:{n_read + 1}", source, "admission", "truncated_file",
+                f"{path}: truncated_file after record {n_read}: {detail}", file=path, lines_read=n_read)
+
+
 def read_parquet(path: str, source: Source, cfg: AdmissionConfig) -> Iterator[dict]:
-    """Rows of a Parquet file, one element per row."""
+    """Rows of a Parquet file, one element per row. A file that cannot be read to its end (cut short, corrupt
+    footer or page) keeps the rows read before the damage and adds one ``truncated_file`` drop naming it
+    (``lines_read``: rows read), unless `AdmissionConfig.fail_on_damaged_file`, which raises."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     base = os.path.basename(path)
-    pf = pq.ParquetFile(path)
     row = 0
-    for batch in pf.iter_batches(batch_size=1024):
-        for rec in batch.to_pylist():
-            fallback_id = f"{source.name}/{base}:{row}"
-            row += 1
-            doc_id = str(rec.get(source.id_field) or fallback_id) if source.id_field else fallback_id
-            yield _admit_text(rec.get(source.text_field), doc_id, source, cfg, rec)
+    try:
+        pf = pq.ParquetFile(path)
+        for batch in pf.iter_batches(batch_size=1024):
+            for rec in batch.to_pylist():
+                fallback_id = f"{source.name}/{base}:{row}"
+                row += 1
+                doc_id = str(rec.get(source.id_field) or fallback_id) if source.id_field else fallback_id
+                yield _admit_text(rec.get(source.text_field), doc_id, source, cfg, rec)
+    except (pa.ArrowException, OSError) as e:
+        yield _damaged(path, source, cfg, row, f"unreadable Parquet data ({e})")
+
+
+def gzip_intact_end(path: str) -> tuple[int, str | None]:
+    """(compressed offset where the last complete gzip member ends, damage or None) for a gzip file.
+
+    A WARC.gz holds one gzip member per record; a file cut short or corrupt has a last member without its
+    end-of-stream marker, which warcio reads as a shorter record (or stops at) without an error.
+    """
+    import zlib
+
+    good_end, offset, d, started = 0, 0, zlib.decompressobj(31), False
+    with open(path, "rb") as f:
+        while True:
+            chunk = f.read(1 << 20)
+            if not chunk:
+                break
+            data = chunk
+            while data:
+                try:
+                    d.decompress(data)
+                except zlib.error as e:
+                    return good_end, f"corrupt gzip data ({e})"
+                started = True
+                if d.eof:
+                    used = len(data) - len(d.unused_data)
+                    offset += used
+                    good_end = offset
+                    data, d, started = d.unused_data, zlib.decompressobj(31), False
+                else:
+                    offset += len(data)
+                    data = b""
+    if started:
+        return good_end, "the gzip stream ends before its end-of-stream marker (file cut short)"
+    return good_end, None
 
 
 def read_warc(path: str, source: Source, cfg: AdmissionConfig) -> Iterator[dict]:
     """WARC ``response`` records (HTML marked for main-text extraction); other record types
-    (warcinfo, request, metadata) are not documents and are not counted."""
+    (warcinfo, request, metadata) are not documents and are not counted.
+
+    A compressed WARC cut short or corrupt (`gzip_intact_end`), a record shorter than its Content-Length (plain
+    or compressed; warcio returns it short without an error), or a file warcio cannot parse to its end keeps the
+    records in its complete part and adds one ``truncated_file`` drop naming the file (``lines_read``: response
+    records read), unless `AdmissionConfig.fail_on_damaged_file`, which raises.
+    """
     from warcio.archiveiterator import ArchiveIterator
 
+    good_end, damage = gzip_intact_end(path) if jsonl.compression(path) == "gzip" else (None, None)
+    n = 0
     with open(path, "rb") as f:
-        for rec in ArchiveIterator(f):
-            if rec.rec_type != "response":
-                continue
-            uri = rec.rec_headers.get_header("WARC-Target-URI") or rec.rec_headers.get_header("WARC-Record-ID")
-            doc_id = f"{source.name}/{uri}"
-            body = rec.content_stream().read()
-            if len(body) > cfg.max_record_bytes:
-                yield drop(doc_id, source, "admission", "oversized", repr(body[:200]))
-                continue
-            doc = _admit_text(body, doc_id, source, cfg, {})
-            if "text" in doc:
-                doc["html"] = True
-            yield doc
+        it = ArchiveIterator(f)
+        try:
+            for rec in it:
+                body = rec.content_stream().read() if rec.rec_type == "response" else None
+                # (get_record_offset reads the record to its end, so only after the body was read)
+                if damage and it.get_record_offset() >= good_end:
+                    break  # this record's gzip member is the damaged one
+                if body is None:
+                    continue
+                missing = getattr(rec.raw_stream, "limit", 0)  # declared block bytes the file does not hold
+                if missing > 0:
+                    damage = damage or f"WARC record {n + 1} cut short: {missing} of its Content-Length bytes missing"
+                    break
+                uri = rec.rec_headers.get_header("WARC-Target-URI") or rec.rec_headers.get_header("WARC-Record-ID")
+                doc_id = f"{source.name}/{uri}"
+                n += 1
+                if len(body) > cfg.max_record_bytes:
+                    yield drop(doc_id, source, "admission", "oversized", repr(body[:200]))
+                    continue
+                doc = _admit_text(body, doc_id, source, cfg, {})
+                if "text" in doc:
+                    doc["html"] = True
+                yield doc
+        except Exception as e:  # warcio raises ArchiveLoadFailed, zlib.error, EOFError, ValueError on bad input
+            damage = damage or f"unparseable WARC data ({type(e).__name__}: {e})"
+    if damage:
+        yield _damaged(path, source, cfg, n, damage)
 
 
 def read_tfds(source: Source, cfg: AdmissionConfig) -> Iterator[dict]:

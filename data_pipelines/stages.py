@@ -40,6 +40,16 @@ def normalize(text: str, cfg: NormalizeConfig) -> str:
 # ---------------------------------------------------------------- stage 3: language ID
 
 
+def spread_sample(text: str, max_chars: int, windows: int) -> str:
+    """`windows` evenly spaced slices of `text`, `max_chars` characters in all, joined by newlines (the whole
+    text if it is no longer than `max_chars`), so a detector sees the body of a document, not only its head."""
+    if len(text) <= max_chars or windows <= 1:
+        return text[:max_chars]
+    w = max_chars // windows
+    step = (len(text) - w) / (windows - 1)
+    return "\n".join(text[round(i * step): round(i * step) + w] for i in range(windows))
+
+
 class LanguageIdentifier:
     """Lingua detector over `cfg.languages`; the model ships inside the lingua wheel."""
 
@@ -55,20 +65,29 @@ class LanguageIdentifier:
         self.cfg = cfg
         self._detector = LanguageDetectorBuilder.from_languages(*langs).build()
 
-    def detect(self, texts: list[str]) -> list[tuple[str, float]]:
-        """(ISO 639-1 code or ``und``, confidence in [0, 1]) for each text."""
-        snippets = [t[: self.cfg.max_chars] for t in texts]
-        langs = self._detector.detect_languages_in_parallel_of(snippets)
+    def detect(self, texts: list[str], declared: list[str | None] | None = None) -> list[tuple[str, float, str]]:
+        """(ISO 639-1 code or ``und``, confidence in [0, 1], ``"detected"`` or ``"declared"``) for each text.
+
+        Args:
+          texts: documents (any length; `spread_sample` picks what the detector reads).
+          declared: per text, the language to fall back on (`LangIdConfig`: too few letters, low confidence or a
+            small lead over the runner-up); None falls back to ``und``.
+        """
+        declared = declared or [None] * len(texts)
+        snippets = [spread_sample(t, self.cfg.max_chars, self.cfg.windows) for t in texts]
         out = []
-        for snip, lang in zip(snippets, langs):
-            if lang is None:
-                out.append(("und", 0.0))
-                continue
-            conf = 1.0
-            if self.cfg.min_confidence > 0:
-                conf = self._detector.compute_language_confidence(snip, lang)
-            code = lang.iso_code_639_1.name.lower()
-            out.append((code if conf >= self.cfg.min_confidence else "und", conf))
+        all_values = self._detector.compute_language_confidence_values_in_parallel(snippets)
+        for snip, fallback, values in zip(snippets, declared, all_values):
+            values = values if snip.strip() else []
+            top = values[0] if values else None
+            conf = top.value if top else 0.0
+            lead = conf - (values[1].value if len(values) > 1 else 0.0)
+            letters = sum(1 for c in snip if c.isalpha())
+            if (top is None or conf == 0.0 or letters < self.cfg.min_chars or conf < self.cfg.min_confidence
+                    or lead < self.cfg.min_relative_distance):
+                out.append((fallback or "und", conf, "declared"))
+            else:
+                out.append((top.language.iso_code_639_1.name.lower(), conf, "detected"))
         return out
 
 
@@ -100,11 +119,13 @@ def _count_in(text: str, kind: str) -> int:
     return len(text) - len(text.translate(_deletion_table(kind)))
 
 
-def rule_stats(text: str) -> dict[str, float]:
+def rule_stats(text: str, dup_line_min_words: int = 1) -> dict[str, float]:
     """Quality signals of Gopher (Rae et al. 2021, table A1) and C4 used by `rule_reason`.
 
     Words are whitespace-separated tokens, except that the word count and n-gram statistics use
-    `minhash.words` so CJK text (no spaces) is measured per character.
+    `minhash.words` so CJK text (no spaces) is measured per character. A repeated line of fewer than
+    `dup_line_min_words` whitespace words (a citation tag such as ``[1913 Webster]``, a closing brace, a
+    separator) counts as a line but not as a duplicate: such lines are structure, not repeated boilerplate.
     """
     n_chars = len(text)
     ws_words = text.split()
@@ -115,7 +136,9 @@ def rule_stats(text: str) -> dict[str, float]:
     st["non_printable_ratio"] = _count_in(sample, "nonprint") / max(1, len(sample))
     st["replacement_ratio"] = sample.count("\ufffd") / max(1, len(sample))
     st["punct_ratio"] = _count_in(sample, "punct") / max(1, len(sample))
-    st["symbol_ratio"] = (text.count("#") + text.count("...") + text.count("\u2026")) / max(1, len(ws_words))
+    st["symbol_count"] = text.count("#") + text.count("...") + text.count("\u2026")
+    st["n_ws_words"] = len(ws_words)
+    st["symbol_ratio"] = st["symbol_count"] / max(1, len(ws_words))
     # Gopher's word-length bounds assume space-separated words. In CJK text every character is a
     # token, so the bounds apply to the other tokens only, and not at all to mostly-CJK text
     # (NaN compares false, so the rule passes).
@@ -125,9 +148,9 @@ def rule_stats(text: str) -> dict[str, float]:
     st["alpha_word_fraction"] = sum(1 for w in ws_words if _ALPHA_RE.search(w)) / max(1, len(ws_words))
     lines = [ln.strip() for ln in text.split("\n") if ln.strip()]
     counts = collections.Counter(lines)
-    dup_lines = sum(c for c in counts.values() if c > 1)
-    st["dup_line_fraction"] = dup_lines / max(1, len(lines))
-    st["dup_line_char_fraction"] = sum(len(ln) * c for ln, c in counts.items() if c > 1) / max(1, n_chars)
+    dups = {ln: c for ln, c in counts.items() if c > 1 and len(ln.split()) >= dup_line_min_words}
+    st["dup_line_fraction"] = sum(dups.values()) / max(1, len(lines))
+    st["dup_line_char_fraction"] = sum(len(ln) * c for ln, c in dups.items()) / max(1, n_chars)
     total_chars = sum(map(len, toks)) or 1
     if mostly_cjk:
         # Character n-grams of CJK text repeat by nature (common two- and three-character words);
@@ -178,9 +201,23 @@ RULES = (
 )
 
 
+_NGRAM_STATS = ("top_2gram_fraction", "top_3gram_fraction", "top_4gram_fraction", "dup_5gram_fraction")
+
+
 def rule_reason(text: str, cfg: RuleConfig) -> str | None:
-    """Name of the first rule `text` fails under `cfg` (already resolved per domain), else None."""
-    st = rule_stats(text)
+    """Name of the first rule `text` fails under `cfg` (already resolved per domain), else None.
+
+    The n-gram repetition rules (top 2/3/4-gram, duplicated 5-grams) apply only to documents of at least
+    `cfg.repetition_min_words` words: Gopher calibrated them on documents of 50 words or more, and in a
+    ten-word entry one repeated pair of words is already a fifth of its characters. For the same reason the
+    symbol ratio ('#' and ellipses per word) divides by at least `cfg.repetition_min_words` words.
+    """
+    st = rule_stats(text, cfg.dup_line_min_words)
+    if st["n_words"] < cfg.repetition_min_words:
+        st.update({k: float("nan") for k in _NGRAM_STATS})  # NaN compares false: the rule passes
+    # Likewise '#' and ellipses per word: one '...' in a seven-word fortune is 0.14 > 0.1, so the ratio's
+    # denominator is at least repetition_min_words words (a short text may hold up to 5 such symbols at 0.1).
+    st["symbol_ratio"] = st["symbol_count"] / max(1, st["n_ws_words"], cfg.repetition_min_words)
     for reason, stat, op, field in RULES:
         limit = getattr(cfg, field)
         if (op == "<" and st[stat] < limit) or (op == ">" and st[stat] > limit):
@@ -268,29 +305,89 @@ def uniform(seed: int, doc_id: str) -> float:
     return int.from_bytes(h[:8], "big") / 2.0**64
 
 
+def _solve_increasing(f, target: float, lo: float, hi: float, iters: int = 100) -> float:
+    """The largest x in [lo, hi] with f(x) <= target, for nondecreasing f (bisection)."""
+    for _ in range(iters):
+        mid = 0.5 * (lo + hi)
+        if f(mid) <= target:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
 def quota_keep_fractions(chars: dict[tuple[str, str], int], cfg: QuotaConfig) -> dict[str, float]:
-    """Keep fraction per ``"domain/lang"`` group.
+    """Share of its characters each ``"domain/lang"`` group keeps (a float in [0, 1]).
 
     Args:
       chars: characters available per (domain, language) after stages 2-8.
-    With A_d the characters of domain d and w_d its target share, the output total is
-    T = min_d A_d / w_d (the largest total no domain must upsample for), so domain d keeps
-    p_d = w_d * T / A_d <= 1. A group holding less than `long_tail_share` of its domain keeps
-    max(p_d, long_tail_floor).
+    Returns:
+      ``{"domain/lang": fraction}``; `quota_cutoff` turns a fraction into a deterministic selection.
+
+    With A_d the characters of domain d and w_d its target share, the output total is T = min_d A_d / w_d
+    (the largest total no domain must upsample for), so domain d's budget is B_d = w_d * T <= A_d characters.
+    Within the domain, group g (c_g characters) keeps k_g = max(p_d * c_g, min(c_g, F_d)) characters, where the
+    floor F_d = min(long_tail_floor * long_tail_share * B_d, F*) and p_d solves sum_g k_g = B_d (F* is the floor
+    at which the floors alone fill the budget). k_g is nondecreasing in c_g, so a smaller group never keeps
+    more text than a larger one (no cliff at `long_tail_share`), and each domain's total meets its budget exactly.
     """
-    per_domain: dict[str, int] = collections.defaultdict(int)
-    for (d, _), c in chars.items():
-        per_domain[d] += c
-    out = {}
     if not cfg.enabled or not cfg.targets:
         return {f"{d}/{l}": 1.0 for d, l in chars}
+    groups: dict[str, dict[str, int]] = collections.defaultdict(dict)
+    for (d, lang), c in chars.items():
+        groups[d][lang] = c
+    per_domain = {d: sum(g.values()) for d, g in groups.items()}
     live = {d: a for d, a in per_domain.items() if a > 0 and cfg.targets.get(d, 0) > 0}
     total = min(a / cfg.targets[d] for d, a in live.items()) if live else 0.0
-    for (d, lang), c in sorted(chars.items()):
-        p = min(1.0, cfg.targets.get(d, 0) * total / per_domain[d]) if d in live else 0.0
-        if per_domain[d] and c / per_domain[d] < cfg.long_tail_share:
-            p = max(p, cfg.long_tail_floor)
-        out[f"{d}/{lang}"] = p
+    out = {}
+    for d, g in sorted(groups.items()):
+        if d not in live:
+            out.update({f"{d}/{lang}": 0.0 for lang in g})
+            continue
+        budget = min(float(per_domain[d]), cfg.targets[d] * total)
+        sizes = list(g.values())
+        floor = cfg.long_tail_floor * cfg.long_tail_share * budget
+        floor = min(floor, _solve_increasing(lambda f: sum(min(c, f) for c in sizes), budget, 0.0, max(sizes)))
+        p = _solve_increasing(lambda q: sum(max(q * c, min(c, floor)) for c in sizes), budget, 0.0, 1.0)
+        for lang, c in sorted(g.items()):
+            out[f"{d}/{lang}"] = min(1.0, max(p * c, min(c, floor)) / c) if c else 0.0
+    return out
+
+
+def quota_cutoff(items: list[tuple[float, str, int]], fraction: float) -> float:
+    """Hash cutoff that keeps `fraction` of a group's characters by rank, not by independent coin flips.
+
+    Args:
+      items: (``uniform(seed, id)``, id, characters) of every document of one (domain, language) group.
+      fraction: share of the group's characters to keep (`quota_keep_fractions`).
+    Returns:
+      u* such that the group's documents with ``uniform(seed, id) < u*`` are kept: the shortest prefix of the
+      documents ranked by their seeded hash whose characters reach the budget ``fraction * total`` to the nearest
+      document (a document is kept while the characters before it plus half its own are within budget). 2.0
+      keeps every document. Deterministic: same ids, seed and fraction give the same selection.
+    """
+    ranked = sorted(items)
+    budget = fraction * sum(n for _, _, n in ranked)
+    before = 0
+    for u, _, n in ranked:
+        if before + n / 2 > budget:
+            return u
+        before += n
+    return 2.0
+
+
+def quota_share_warnings(kept_chars: dict[str, int], targets: dict[str, float], tolerance: float) -> list[str]:
+    """One message per domain whose realized share of kept characters strays from its target by more than
+    `tolerance` (absolute, e.g. 0.02 = 2 points). Empty if there are no targets or no kept text."""
+    total = sum(kept_chars.values())
+    if not targets or not total:
+        return []
+    out = []
+    for d, w in sorted(targets.items()):
+        share = kept_chars.get(d, 0) / total
+        if abs(share - w) > tolerance:
+            out.append(f"quota: domain '{d}' realized share {share:.4f} of kept characters vs target {w:.4f} "
+                       f"(off by {abs(share - w):.4f} > QuotaConfig.share_tolerance = {tolerance})")
     return out
 
 

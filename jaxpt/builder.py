@@ -20,6 +20,7 @@ from typing import Any, Sequence
 import jax
 import jax.numpy as jnp
 
+from jaxpt import batch_ramp
 from jaxpt import config as config_lib
 from jaxpt import mesh as mesh_lib
 from jaxpt import optim
@@ -80,6 +81,8 @@ class Built:
       lr_schedule: ``num_updates -> learning rate`` (optax schedule).
       train_step: jitted ``(state, batch) -> (state, metrics)``; state donated.
       eval_step: jitted ``(params, batch) -> {"loss_sum", "num_target_tokens"}``.
+      ramp: the batch sizes by step (:mod:`jaxpt.batch_ramp`; constant without ``batch_size_schedule``).
+      make_train_step: ``(grad_accum, lr_factor) -> jitted train step``, for the ramp's smaller batches.
     """
 
     cfg: TrainConfig
@@ -89,6 +92,19 @@ class Built:
     lr_schedule: Any
     train_step: Any
     eval_step: Any
+    ramp: batch_ramp.BatchRamp | None = None
+    make_train_step: Any = None
+    _steps: dict = dataclasses.field(default_factory=dict, repr=False)
+
+    def train_step_for(self, step: int):
+        """The jitted train step for step ``step``'s batch size (``train_step`` at the full batch; each other size
+        of the ramp is its own jitted step with its micro-batch count and learning-rate factor, one compile each)."""
+        rows = self.ramp.batch_size(step) if self.ramp is not None else self.cfg.global_batch_size
+        if rows == self.cfg.global_batch_size:
+            return self.train_step
+        if rows not in self._steps:
+            self._steps[rows] = self.make_train_step(self.ramp.grad_accum_for(rows), self.ramp.lr_factor(rows))
+        return self._steps[rows]
 
     def init_state(self, seed: int | None = None) -> state_lib.TrainState:
         """A fresh train state placed in its shardings (``TrainConfig.seed`` unless ``seed`` is given)."""
@@ -133,8 +149,12 @@ def build(cfg: TrainConfig, *, devices: Sequence[Any] | None = None, tokenizer=N
     spec = state_lib.make_state_spec(
         cfg.model, lambda p: optim.make_optimizer(cfg.optimizer, horizon, p), mesh, rules, cfg.stability,
         offload_optimizer_state=cfg.offload_optimizer_state)
-    train_step = step_lib.jit_train_step(spec, mesh, rules, z_loss_weight=cfg.z_loss_weight,
-                                         lr_schedule=lr_schedule, grad_clip_norm=cfg.optimizer.grad_clip_norm,
-                                         grad_accum=cfg.grad_accum_steps)
+
+    def make_train_step(grad_accum: int, lr_factor: float = 1.0):
+        return step_lib.jit_train_step(spec, mesh, rules, z_loss_weight=cfg.z_loss_weight, lr_schedule=lr_schedule,
+                                       grad_clip_norm=cfg.optimizer.grad_clip_norm, grad_accum=grad_accum,
+                                       lr_factor=lr_factor)
+
     eval_step = step_lib.jit_eval_step(spec, mesh, rules)
-    return Built(cfg, sizes, mesh, spec, lr_schedule, train_step, eval_step)
+    return Built(cfg, sizes, mesh, spec, lr_schedule, make_train_step(cfg.grad_accum_steps), eval_step,
+                 batch_ramp.from_config(cfg), make_train_step)

@@ -41,7 +41,7 @@ import sys
 import time
 from typing import Any, Sequence
 
-from jaxpt.errors import ConfigError
+from jaxpt.errors import ConfigError, report_cli_error
 
 GIB = 2 ** 30
 
@@ -213,6 +213,15 @@ def memory_bytes(compiled) -> dict[str, int]:
     return out
 
 
+def compiled_flops(compiled) -> float | None:
+    """FLOPs one device executes per train step by XLA's cost analysis of the compiled program (recomputation,
+    attention, optimizer update included); None when the backend reports none."""
+    ca = compiled.cost_analysis()
+    ca = ca[0] if isinstance(ca, (list, tuple)) and ca else ca
+    flops = (ca or {}).get("flops")
+    return float(flops) if flops and flops > 0 else None
+
+
 def compile_report(cfg, target: Target) -> dict[str, Any]:
     """Build ``cfg`` on ``target``'s devices, compile its train step and report memory and times.
 
@@ -223,7 +232,8 @@ def compile_report(cfg, target: Target) -> dict[str, Any]:
     unpipelined; else stages, micro-batches, repeats, bubble fraction and the planner's per-stage activation
     stash and buffer bytes), ``offload_optimizer_state``, ``attention_impl`` (requested) and
     ``attention_impl_used`` (what runs on this target, :func:`jaxpt.model.attention_auto.resolve_for`) with
-    ``attention_fallback_reason`` (empty unless it fell back).
+    ``attention_fallback_reason`` (empty unless it fell back), ``flops_per_step`` (per chip, :func:`compiled_flops`)
+    and ``tokens_per_step``.
     ``fits`` and the headroom compare the device ``total`` with the HBM; host bytes (``host_total``) do not count.
     Raises:
       ConfigError: from :func:`jaxpt.builder.build` (naming the key); ``attention_impl = 'cudnn'`` for a target
@@ -265,6 +275,7 @@ def compile_report(cfg, target: Target) -> dict[str, Any]:
         "offload_optimizer_state": built.cfg.offload_optimizer_state,
         "attention_impl": built.cfg.model.attention_impl, "attention_impl_used": attention.name,
         "attention_fallback_reason": attention.reason,
+        "flops_per_step": compiled_flops(compiled), "tokens_per_step": built.cfg.global_batch_size * built.cfg.seq_len,
     }
 
 
@@ -321,8 +332,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         target = make_target(args.topology, args.num_slices, args.hbm_gib)
         report = compile_report(cfg, target)
     except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return report_cli_error(str(e), args.json)
     print(json.dumps(report) if args.json else format_report(report))
     return 1 if report["fits"] is False else 0
 

@@ -32,6 +32,7 @@ from typing import Literal, Sequence
 
 import gin
 
+from jaxpt import batch_ramp
 from jaxpt import mesh as mesh_lib
 from jaxpt import stage as stage_lib
 from jaxpt.checkpoint import CheckpointConfig
@@ -151,6 +152,12 @@ class TrainConfig:
         state, for host-link traffic each step; whether the step's peak falls depends on where that peak is,
         so check ``python -m jaxpt.compile`` (device and host bytes). A last resort
         (:func:`jaxpt.state.make_state_spec`). The same numbers as without it.
+      batch_size_schedule: a batch-size ramp, ``'STEP:SIZE,...'``: the global batch from each step on, first
+        step 1, sizes not decreasing, the last one ``global_batch_size`` (:mod:`jaxpt.batch_ramp`); empty:
+        ``global_batch_size`` throughout.
+      batch_lr_scaling: with ``batch_size_schedule``, the learning rate at ``B`` rows is the schedule's times
+        ``(B / global_batch_size) ** p``: ``sqrt`` (p = 1/2, Malladi et al. 2022 for Adam), ``linear`` (p = 1,
+        Goyal et al. 2017) or ``none``.
     """
 
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
@@ -179,6 +186,8 @@ class TrainConfig:
     stage_name: str = ""
     reset_optimizer: bool = False
     offload_optimizer_state: bool = False
+    batch_size_schedule: str = ""
+    batch_lr_scaling: str = "sqrt"
 
     def __post_init__(self) -> None:
         check_types(self)
@@ -195,6 +204,13 @@ class TrainConfig:
                 raise field_error(self, "profile_steps", "START:STOP (1-based steps, inclusive), e.g. '20:25'") from None
             require(self, "profile_steps", 1 <= start <= stop, "START:STOP with 1 <= START <= STOP")
         positive(self, "global_batch_size", "grad_accum_steps", "seq_len", "steps", "log_every")
+        require(self, "batch_lr_scaling", self.batch_lr_scaling in batch_ramp.LR_RULES,
+                f"one of {', '.join(batch_ramp.LR_RULES)}")
+        if self.batch_size_schedule:
+            try:
+                batch_ramp.parse_schedule(self.batch_size_schedule)
+            except ValueError as e:
+                raise field_error(self, "batch_size_schedule", str(e)) from None
         non_negative(self, "z_loss_weight", "eval_every", "eval_batches")
         specs = {}
         for key in ("mesh", "dcn_mesh"):
@@ -385,6 +401,7 @@ def _check_batch(cfg: TrainConfig, sizes: dict[str, int]) -> None:
     if n and cfg.global_batch_size % n:
         raise ConfigError(f"DataConfig.num_shards = {n} must divide TrainConfig.global_batch_size = "
                           f"{cfg.global_batch_size}")
+    batch_ramp.validate(cfg, dp)
 
 
 def _check_context_parallel(cfg: TrainConfig, sizes: dict[str, int]) -> None:

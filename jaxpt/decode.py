@@ -23,7 +23,9 @@ Steps
   :func:`greedy` talks to the model only through :class:`DecodeStep`: ``prefill(prompts)``, then
   ``extend(state, tokens)`` once per new token, each returning every row's next-token logits.
   :class:`NoCacheStep` reruns the model on the whole fixed ``[B, L]`` batch at every call (one compiled program
-  for every prompt length and step); a KV-cached step can replace it without changing any caller.
+  for every prompt length and step); :class:`jaxpt.kv_cache.KVCacheStep` (prefill, then one token per row per
+  call against a per-layer KV cache) replaces it without changing any caller and is what ``jaxpt.generate`` and
+  evaluation's greedy tasks use; this step stays as the reference it is tested against.
 """
 
 from __future__ import annotations

@@ -42,3 +42,17 @@ class FileFormatError(ConfigError):
         else:
             message = f"{path}:{line}: {reason}: {detail}"
         return cls(message, path=path, line=line, reason=reason, detail=detail)
+
+
+def report_cli_error(message: str, as_json: bool) -> int:
+    """Print an entry point's input error and return its exit status, 2.
+
+    The message always goes to stderr as ``error: <message>``; with ``--json`` stdout also gets one JSON object
+    ``{"error": <message>}``, so a script that parses stdout sees why there is no report instead of nothing.
+    """
+    import json
+    import sys
+    print(f"error: {message}", file=sys.stderr)
+    if as_json:
+        print(json.dumps({"error": message}))
+    return 2

@@ -22,9 +22,13 @@ set with ``--gin 'GateConfig.field = value'`` or the constructor) and a verdict:
     times the second half's median, and the share of clipped steps in the last quarter is at most the first
     quarter's plus ``clip_rise_tolerance`` (shares from the cumulative ``clipped_fraction``).
 ``tokens_per_sec``
-    The median logged ``tokens_per_sec`` (step 1, which compiles, excluded) within ``throughput_tolerance``
+    The median logged ``tokens_per_sec`` (step 1, which compiles, excluded; with a batch-size ramp, over the
+    records at the full batch) within ``throughput_tolerance``
     (±20%) of an estimate: ``--estimate-tokens-per-sec``, or ``--estimate-mfu`` x the run's peak FLOP/s x
-    devices / FLOPs per token (the same figures :mod:`jaxpt.flops` gives :mod:`jaxpt.tools.plan`). Outside
+    devices / FLOPs per token (the same figures :mod:`jaxpt.flops` gives :mod:`jaxpt.tools.plan`), or by
+    default from the compiled step: ``expected_flops_utilization`` x the run's peak FLOP/s x tokens per step /
+    the compiled step's FLOPs per device (XLA's cost analysis; ``--compile-report`` from ``python -m
+    jaxpt.compile --json`` for the run's target, else the run's config compiled on this host). Outside
     it, the report says what dominates the step: waiting for data (``data_wait_s / step_time_s``) or
     communication (the collective share of the run's profiled steps, ``TrainConfig.profile_steps``, as
     :func:`jaxpt.tools.sweep.collective_time_us` measures it). Without an estimate it is ``not judged``.
@@ -55,7 +59,7 @@ from typing import Any
 import numpy as np
 
 from jaxpt import monitor
-from jaxpt.errors import ConfigError
+from jaxpt.errors import ConfigError, report_cli_error
 from jaxpt.validation import check_types, positive, require
 
 PASS, FAIL, NOT_JUDGED = "pass", "FAIL", "not judged"
@@ -79,6 +83,8 @@ class GateConfig:
       resume_loss_rtol: relative distance of the first loss after a resume from the extrapolated trend.
       resume_exact_rtol: relative distance of a step's loss logged before and after a resume.
       heldout_tolerance: the last held-out loss may exceed the best by this fraction.
+      expected_flops_utilization: for the estimate the gate derives itself (no ``--estimate-*`` given): the
+        fraction of the device's peak FLOP/s the compiled step's FLOPs are expected to run at (0..1].
 
     Raises:
       ConfigError: naming ``GateConfig.<field> = <value>``: a wrong type, ``rise_window < 3`` or a
@@ -97,6 +103,7 @@ class GateConfig:
     resume_loss_rtol: float = 0.1
     resume_exact_rtol: float = 1e-3
     heldout_tolerance: float = 0.01
+    expected_flops_utilization: float = 0.5
 
     def __post_init__(self) -> None:
         check_types(self)
@@ -106,6 +113,7 @@ class GateConfig:
         require(self, "max_spikes_min", self.max_spikes_min >= 0, "must be >= 0")
         require(self, "clip_rise_tolerance", self.clip_rise_tolerance >= 0, "must be >= 0")
         require(self, "heldout_tolerance", self.heldout_tolerance >= 0, "must be >= 0")
+        require(self, "expected_flops_utilization", 0 < self.expected_flops_utilization <= 1, "must be in (0, 1]")
 
 
 @dataclasses.dataclass
@@ -247,12 +255,15 @@ def check_grad_norm(records: list[dict], cfg: GateConfig) -> Criterion:
 
 
 def collective_share(workdir: str, records: list[dict]) -> float | None:
-    """Share (0..1) of the profiled steps' wall time in collectives: summed collective-op time of the run's
-    trace (``<workdir>/profile``) per device over ``steps x step_time_s`` of those steps. None without a
-    Perfetto trace or a profile record."""
+    """Share (0..1) of the profiled steps' device time in collectives: the ``comm_share`` the loop's profile
+    window logged (:func:`jaxpt.profile_comm.comm_share_by_axis`); for a record without it (a run of an
+    older version), the summed collective-op time of the trace per device over ``steps x step_time_s`` of
+    the window. None without a profile record or trace."""
     prof = [r for r in records if r.get("profile_dir")]
     if not prof:
         return None
+    if _finite(prof[-1].get("comm_share")):
+        return float(prof[-1]["comm_share"])
     from jaxpt.tools import sweep
     try:
         coll_us, _ = sweep.collective_time_us(prof[-1]["profile_dir"])
@@ -266,6 +277,16 @@ def collective_share(workdir: str, records: list[dict]) -> float | None:
     if not step_time:
         return None
     return min(coll_us / 1e6 / devices / (window * step_time), 1.0)
+
+
+def collective_axes_text(records: list[dict]) -> str:
+    """``' (fsdp 30%, data 12%)'``: the profile window's collective share per mesh axis, largest first; ``''``
+    when not logged."""
+    prof = [r for r in records if r.get("profile_dir")]
+    axes = {k.split("/", 1)[1]: v for k, v in (prof[-1].items() if prof else ()) if k.startswith("comm_share/")}
+    if not axes:
+        return ""
+    return " (" + ", ".join(f"{k} {v:.0%}" for k, v in sorted(axes.items(), key=lambda kv: -kv[1])) + ")"
 
 
 def _median(values: list) -> float | None:
@@ -287,9 +308,51 @@ def mfu_estimate(records: list[dict], workdir: str, mfu: float) -> float | None:
     return mfu * start["peak_flops_per_device"] * devices / fpt
 
 
+def compiled_step_report(workdir: str) -> dict[str, Any]:
+    """``flops_per_step`` (per device, XLA's cost analysis) and ``tokens_per_step`` of the run's train step,
+    compiled here from the workdir's ``config.gin`` on this host's devices (:func:`jaxpt.compile.compiled_flops`).
+
+    Raises:
+      ConfigError: no config.gin, or this host's devices differ from the run's (count or kind, from run.json):
+        pass ``--compile-report`` (``python -m jaxpt.compile ... --json`` for the run's target) instead.
+    """
+    import jax
+    from jaxpt import builder, config as config_lib
+    from jaxpt.compile import compiled_flops
+    gin_path = os.path.join(workdir, "config.gin")
+    if not os.path.isfile(gin_path):
+        raise ConfigError(f"{gin_path}: no operative config to compile")
+    ran = _run_json(workdir).get("devices") or {}
+    here = {"count": jax.device_count(), "kind": jax.devices()[0].device_kind}
+    if ran and (ran.get("count"), ran.get("kind")) != (here["count"], here["kind"]):
+        raise ConfigError(f"the run had {ran.get('count')} x {ran.get('kind')!r}, this host {here['count']} x "
+                          f"{here['kind']!r}: pass --compile-report from `python -m jaxpt.compile --json`")
+    cfg = config_lib.parse([gin_path], ["TrainConfig.progress_bar = False"])
+    built = builder.build(cfg)
+    return {"flops_per_step": compiled_flops(built.lower_train_step().compile()),
+            "tokens_per_step": built.cfg.global_batch_size * built.cfg.seq_len}
+
+
+def compiled_estimate(records: list[dict], report: dict[str, Any], utilization: float) -> tuple[float | None, str]:
+    """Tokens/s expected from a compile report: ``utilization x peak x tokens_per_step / flops_per_step``
+    (per device: the step's compiled FLOPs run at ``utilization`` of the peak FLOP/s the run's start record
+    logged, spec sheet or measured). Returns ``(estimate, how)``; ``(None, why)`` without a peak or FLOPs."""
+    start = next((r for r in records if r.get("event") in ("start", "resume") and r.get("peak_flops_per_device")),
+                 None)
+    flops, tokens = report.get("flops_per_step"), report.get("tokens_per_step")
+    if start is None or not flops or not tokens:
+        return None, "no peak FLOP/s in the start record or no compiled FLOPs"
+    peak = start["peak_flops_per_device"]
+    est = utilization * peak * tokens / flops
+    return est, (f"estimate {est:.4g} tokens/s = {utilization:g} x peak {peak:.3g} FLOP/s x {tokens} tokens / "
+                 f"{flops:.3g} compiled FLOPs per device-step")
+
+
 def check_throughput(records: list[dict], workdir: str, cfg: GateConfig, estimate: float | None) -> Criterion:
     """Tokens/s within tolerance of ``estimate``; when outside, what dominates (module docstring)."""
     recs = [r for r in step_records(records) if r["step"] > 1 and _finite(r.get("tokens_per_sec"))]
+    full = max((r.get("batch_size", 0) for r in recs), default=0)
+    recs = [r for r in recs if r.get("batch_size", 0) == full]  # a batch-size ramp: the full batch's steps
     measured = _median([r["tokens_per_sec"] for r in recs])
     thr = f"within ±{cfg.throughput_tolerance:.0%} of the estimate"
     if measured is None:
@@ -305,9 +368,10 @@ def check_throughput(records: list[dict], workdir: str, cfg: GateConfig, estimat
     step = _median([r.get("step_time_s") for r in recs]) or math.inf
     data_share = wait / step
     coll = collective_share(workdir, records)
-    coll_text = "not measured (no profile: set TrainConfig.profile_steps)" if coll is None else f"{coll:.0%}"
+    coll_text = ("not measured (no profile: set TrainConfig.profile_steps)" if coll is None
+                 else f"{coll:.0%}{collective_axes_text(records)}")
     if coll is not None and coll > data_share:
-        dominant = "communication dominates"
+        dominant = f"communication dominates{collective_axes_text(records)}"
     elif data_share >= 0.1:
         dominant = "data waiting dominates"
     else:
@@ -429,8 +493,13 @@ def _run_json(workdir: str) -> dict:
 
 
 def judge(workdir: str, cfg: GateConfig | None = None, estimate_tokens_per_sec: float | None = None,
-          estimate_mfu: float | None = None) -> list[Criterion]:
+          estimate_mfu: float | None = None, compile_report: dict | str | None = None) -> list[Criterion]:
     """Every criterion of the gate for the run in ``workdir``.
+
+    The throughput estimate: ``estimate_tokens_per_sec``, else ``estimate_mfu`` (:func:`mfu_estimate`), else
+    from the compiled step's FLOPs (:func:`compiled_estimate`) of ``compile_report`` (a ``python -m
+    jaxpt.compile --json`` report, or its path), else of the run's config compiled here
+    (:func:`compiled_step_report`; ``not judged``, with the reason, when this host cannot).
 
     Raises:
       FileNotFoundError: no metrics.jsonl.
@@ -439,12 +508,23 @@ def judge(workdir: str, cfg: GateConfig | None = None, estimate_tokens_per_sec: 
     cfg = cfg or GateConfig()
     records = monitor.read_metrics(workdir)
     everything = monitor.read_metrics(workdir, superseded=True)
-    estimate = estimate_tokens_per_sec
+    estimate, how = estimate_tokens_per_sec, ""
     if estimate is None and estimate_mfu is not None:
         estimate = mfu_estimate(records, workdir, estimate_mfu)
+    if estimate is None and estimate_mfu is None:
+        try:
+            if isinstance(compile_report, str):
+                with open(compile_report) as f:
+                    compile_report = json.load(f)
+            report = compile_report or compiled_step_report(workdir)
+            estimate, how = compiled_estimate(records, report, cfg.expected_flops_utilization)
+        except (ConfigError, OSError, ValueError) as e:
+            how = f"no estimate from the compiled step: {e}"
+    throughput = check_throughput(records, workdir, cfg, estimate)
+    if how:
+        throughput.reason = "; ".join(x for x in (throughput.reason, how) if x)
     return [check_loss_smooth(records, cfg), check_spikes(records, cfg), check_grad_norm(records, cfg),
-            check_throughput(records, workdir, cfg, estimate), check_checkpoint_restore(everything, workdir, cfg),
-            check_heldout(records, cfg)]
+            throughput, check_checkpoint_restore(everything, workdir, cfg), check_heldout(records, cfg)]
 
 
 def passed(criteria: list[Criterion], strict: bool = False) -> bool:
@@ -488,6 +568,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--estimate-tokens-per-sec", type=float, help="expected tokens/s for this config and slice")
     ap.add_argument("--estimate-mfu", type=float,
                     help="expected MFU; the estimate is MFU x the run's peak FLOP/s x devices / FLOPs per token")
+    ap.add_argument("--compile-report", metavar="JSON",
+                    help="`python -m jaxpt.compile --json` output for the run's target: the estimate from its "
+                         "compiled FLOPs (default: the run's config compiled on this host)")
     ap.add_argument("--mtbf-hours", type=float, help="also recommend the checkpoint interval (Young/Daly)")
     ap.add_argument("--save-seconds", type=float, help="save time for --mtbf-hours (default: measured)")
     ap.add_argument("--gin", action="append", default=[], metavar="BINDING",
@@ -497,17 +580,15 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         cfg = parse_gate_config(args.gin)
-        criteria = judge(args.workdir, cfg, args.estimate_tokens_per_sec, args.estimate_mfu)
+        criteria = judge(args.workdir, cfg, args.estimate_tokens_per_sec, args.estimate_mfu, args.compile_report)
         interval, note = (None, "")
         if args.mtbf_hours is not None:
             interval, note = interval_note(args.workdir, args.mtbf_hours, args.save_seconds)
     except FileNotFoundError as e:
-        print(f"error: {args.workdir} is not a run directory with metrics (python -m jaxpt.train writes "
-              f"metrics.jsonl there): {e}", file=sys.stderr)
-        return 2
+        return report_cli_error(f"{args.workdir} is not a run directory with metrics (python -m jaxpt.train writes "
+                                f"metrics.jsonl there): {e}", args.json)
     except (ConfigError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return report_cli_error(str(e), args.json)
     ok = passed(criteria, args.strict)
     if args.json:
         print(json.dumps({"passed": ok, "criteria": [dataclasses.asdict(c) for c in criteria],

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import time
 from typing import Any
 
 import jax
@@ -128,8 +129,10 @@ class DocumentLogHook(Hook):
 
 
 class ProfileHook(Hook):
-    """A ``jax.profiler`` trace of steps ``start``..``stop`` (inclusive, 1-based) into ``<workdir>/profile``,
-    viewable in TensorBoard's profile plugin or Perfetto. Process 0 only."""
+    """A ``jax.profiler`` trace of steps ``start``..``stop`` (inclusive, 1-based) into ``<workdir>/profile``
+    (``*.xplane.pb`` for TensorBoard's profile plugin, ``perfetto_trace.json.gz`` for Perfetto), and the
+    window's communication share by mesh axis in the record of step ``stop`` (``comm_share``,
+    ``comm_share/<axes>``: :func:`jaxpt.profile_comm.comm_share_by_axis`). Process 0 only."""
 
     def __init__(self, workdir: str, start: int, stop: int):
         if not 1 <= start <= stop:
@@ -139,17 +142,33 @@ class ProfileHook(Hook):
 
     def on_batch(self, ctx, step: int, local_batch) -> None:
         if step == self.start and jax.process_index() == 0:
-            jax.profiler.start_trace(self.dir)
+            jax.profiler.start_trace(self.dir, create_perfetto_trace=True)
             self.active = True
 
     def on_reported(self, ctx, report: StepReport) -> None:
         if self.active and report.step >= self.stop:
+            t0 = time.perf_counter()
             jax.block_until_ready(ctx.run.state)
             jax.profiler.stop_trace()
             self.active = False
             report.record["profile_dir"] = self.dir
             report.write = True
             log.info("profiled steps %d-%d into %s", self.start, self.stop, self.dir)
+            report.record.update(self._comm_shares(ctx))
+            ctx.timer.exclude(time.perf_counter() - t0)  # writing and reading the trace is not step time
+
+    def _comm_shares(self, ctx) -> dict:
+        from jaxpt import profile_comm
+        try:
+            shares = profile_comm.comm_share_by_axis(self.dir, ctx.run.mesh.devices, ctx.run.mesh.axis_names)
+        except (OSError, ValueError) as e:  # a trace that cannot be read costs the figures, not the run
+            log.warning("communication share of the profile window not measured: %s", e)
+            return {}
+        axes = sorted(((k.split("/", 1)[1], v) for k, v in shares.items() if k.startswith("comm_share/")),
+                      key=lambda kv: -kv[1])
+        log.info("steps %d-%d: collectives %.1f%% of device time (%s)", self.start, self.stop,
+                 100 * shares.get("comm_share", 0.0), ", ".join(f"{k} {v:.1%}" for k, v in axes))
+        return shares
 
     def close(self) -> None:
         if self.active:

@@ -184,10 +184,11 @@ def _resolve_mesh(mesh, meta: Mapping[str, Any]) -> jax.sharding.Mesh:
 # ------------------------------------------------------------------------------------------ generation
 
 
-def generate(model, tokenizer, prompt: str, max_new_tokens: int = 32, *, stop_strings: Sequence[str] = ()) -> str:
+def generate(model, tokenizer, prompt: str, max_new_tokens: int = 32, *, stop_strings: Sequence[str] = (),
+             kv_cache: bool = True) -> str:
     """Greedy continuation of ``prompt`` (text in, text out), stopped at EOS or before the first of
-    ``stop_strings``: one row of :func:`jaxpt.decode.greedy` over a :class:`jaxpt.decode.NoCacheStep` on the
-    model's params wherever they live.
+    ``stop_strings``: one row of :func:`jaxpt.decode.greedy` over a :class:`jaxpt.kv_cache.KVCacheStep`
+    (``kv_cache=False``: the cache-free :class:`jaxpt.decode.NoCacheStep`) on the model's params wherever they live.
 
     Truncation (:mod:`jaxpt.decode`): a prompt longer than ``model.cfg.max_seq_len - max_new_tokens`` tokens keeps
     its last that many. The row is only as long as the prompt and new tokens need, at most ``max_seq_len``.
@@ -197,7 +198,9 @@ def generate(model, tokenizer, prompt: str, max_new_tokens: int = 32, *, stop_st
     """
     ids = tokenizer.encode(prompt)
     row = max(2, min(model.cfg.max_seq_len, max(len(ids), 1) + max_new_tokens))
-    step = decode.NoCacheStep.from_model(model, seq_len=row, pad_id=tokenizer.pad_id)
+    from jaxpt.kv_cache import KVCacheStep
+    cls = KVCacheStep if kv_cache else decode.NoCacheStep
+    step = cls.from_model(model, seq_len=row, pad_id=tokenizer.pad_id)
     (gen,) = decode.greedy(step, [ids], max_new_tokens, eos_id=tokenizer.eos_id, stop_strings=[stop_strings],
                            tokenizer=tokenizer)
     return gen.text

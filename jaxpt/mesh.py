@@ -17,12 +17,15 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import logging
 import math
 from typing import Iterable, Mapping, Sequence
 
 import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+
+log = logging.getLogger(__name__)
 
 #: Mesh axes in the order they are laid out over devices (outermost first). ``stage`` and then ``data`` are
 #: outermost so they land on the slowest links (DCN across slices): a pipeline sends one micro-batch's
@@ -152,8 +155,26 @@ def make_mesh(sizes: Mapping[str, int] | str, devices: Sequence[jax.Device] | No
     devices = list(devices if devices is not None else jax.devices())
     shape = resolve_mesh_shape(parse_mesh_spec(sizes), len(devices))
     axis_shapes = tuple(shape[a] for a in MESH_AXES)
-    return jax.make_mesh(axis_shapes, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES),
-                         devices=devices)
+    try:
+        return jax.make_mesh(axis_shapes, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES),
+                             devices=devices)
+    except NotImplementedError as e:
+        return Mesh(_split_device_grid(axis_shapes, devices, e), MESH_AXES,
+                    axis_types=(AxisType.Auto,) * len(MESH_AXES))
+
+
+def _split_device_grid(axis_shapes: Sequence[int], devices: Sequence[jax.Device], why: Exception) -> np.ndarray:
+    """The device grid of a mesh whose axis sizes are not products of whole physical torus dimensions (e.g.
+    expert=8 on v5p's 4x4x4): ``mesh_utils.create_device_mesh`` with ``allow_split_physical_axes=True``, which
+    ``jax.make_mesh`` allows only on v5e. Such an axis spans parts of two physical rings, so its collectives are
+    slower than on a whole ring; the warning says so and names the shape."""
+    from jax.experimental import mesh_utils
+    log.warning("mesh %s does not map onto whole physical axes of this topology (%s); splitting physical axes, "
+                "so collectives over the split axes are slower than on whole rings",
+                ",".join(f"{a}={n}" for a, n in zip(MESH_AXES, axis_shapes) if n != 1) or "data=1",
+                str(why).split(".")[0])
+    return mesh_utils.create_device_mesh(list(axis_shapes), devices[:math.prod(axis_shapes)],
+                                         allow_split_physical_axes=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -262,8 +283,14 @@ def make_hybrid_mesh(ici: Mapping[str, int] | str, dcn: Mapping[str, int] | str,
     shape = resolve_mesh(ici, dcn, len(devices))
     ici_shape = [shape.ici[a] for a in MESH_AXES]
     granules, physical = _granules(devices, shape.num_slices)
-    blocks = [mesh_utils.create_device_mesh(ici_shape, g) if physical else np.array(g).reshape(ici_shape)
-              for g in granules]
+    def block(g):
+        if not physical:
+            return np.array(g).reshape(ici_shape)
+        try:
+            return mesh_utils.create_device_mesh(ici_shape, g)
+        except NotImplementedError as e:
+            return _split_device_grid(ici_shape, g, e)
+    blocks = [block(g) for g in granules]
     tiling = np.empty(shape.num_slices, dtype=object)
     for i, block in enumerate(blocks):
         tiling[i] = block

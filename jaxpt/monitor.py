@@ -36,10 +36,16 @@ class Throughput:
       peak_is_measured: the peak was measured on this host (CPU), not taken from a spec sheet. A measured peak is
         a lower bound of what the device can do: when a step achieves more, the peak is raised to the achieved
         rate (and :attr:`peak_raised` counts it), so ``mfu`` never exceeds 1.
+      rows_through: with a batch-size ramp, ``step -> global rows trained in steps 1..step``
+        (:meth:`jaxpt.batch_ramp.BatchRamp.rows_through`); tokens are that times ``seq_len``. None: every step
+        has ``tokens_per_step`` tokens.
+      seq_len: tokens per row (with ``rows_through``).
     """
 
     def __init__(self, tokens_per_step: int, flops_per_token: float, num_devices: int,
-                 peak_flops_per_device: float, peak_is_measured: bool = False):
+                 peak_flops_per_device: float, peak_is_measured: bool = False, rows_through=None,
+                 seq_len: int = 0):
+        self.rows_through, self.seq_len = rows_through, seq_len
         self.tokens_per_step = tokens_per_step
         self.flops_per_token = flops_per_token
         self.num_devices = num_devices
@@ -47,24 +53,36 @@ class Throughput:
         self.peak_is_measured = peak_is_measured
         self.peak_raised = 0
 
-    def figures(self, step_time_s: float) -> dict[str, float]:
+    def figures(self, step_time_s: float, tokens_per_step: float | None = None) -> dict[str, float]:
         """``step_time_s``, ``tokens_per_sec``, ``tflops_per_device`` (model TFLOP/s achieved per device) and
-        ``mfu`` (achieved / peak, 0..1; PaLM, Chowdhery et al. 2022, appendix B)."""
+        ``mfu`` (achieved / peak, 0..1; PaLM, Chowdhery et al. 2022, appendix B). ``tokens_per_step``: the
+        interval's mean tokens per step (a batch-size ramp; :meth:`interval_tokens_per_step`), else the full
+        batch's."""
         step_time_s = max(step_time_s, 1e-9)
-        flops_per_device = self.tokens_per_step * self.flops_per_token / self.num_devices / step_time_s
+        tokens_per_step = self.tokens_per_step if tokens_per_step is None else tokens_per_step
+        flops_per_device = tokens_per_step * self.flops_per_token / self.num_devices / step_time_s
         if flops_per_device > self.peak and self.peak_is_measured:
             self.peak, self.peak_raised = flops_per_device, self.peak_raised + 1
         return {
             "step_time_s": step_time_s,
-            "tokens_per_sec": self.tokens_per_step / step_time_s,
+            "tokens_per_sec": tokens_per_step / step_time_s,
             "tflops_per_device": flops_per_device / 1e12,
             "mfu": flops_per_device / self.peak,
         }
 
     def tokens_seen(self, step: int) -> int:
         """Tokens trained on through ``step`` (``step x tokens_per_step``: from the step, so steps re-run after a
-        resume or rollback are not counted twice)."""
+        resume or rollback are not counted twice); with a batch-size ramp, the sum of the steps' tokens."""
+        if self.rows_through is not None:
+            return self.rows_through(step) * self.seq_len
         return step * self.tokens_per_step
+
+    def interval_tokens_per_step(self, after: int, through: int) -> float:
+        """Mean tokens per step of steps ``after+1..through`` (the full batch's when ``through <= after``)."""
+        if through <= after:
+            return self.tokens_per_step if self.rows_through is None else \
+                (self.rows_through(through) - self.rows_through(through - 1)) * self.seq_len
+        return (self.tokens_seen(through) - self.tokens_seen(after)) / (through - after)
 
 
 class LossSeries:
@@ -97,6 +115,11 @@ class LossSeries:
     def mean_last(self) -> float | None:
         """Mean loss of the last ``last`` non-skipped steps (None before any)."""
         return float(np.mean(self._recent)) if self._recent else None
+
+    @property
+    def recent_count(self) -> int:
+        """How many steps :meth:`mean_last` averages (fewer than ``last`` in a short session)."""
+        return len(self._recent)
 
 
 class MetricWriter:
@@ -245,12 +268,17 @@ class StepTimer:
     def __init__(self):
         self._last = None
         self._times: list[float] = []
+        self._excluded = 0.0
+
+    def exclude(self, seconds: float) -> None:
+        """Leave ``seconds`` out of the interval being measured (a compile inside it, not step time)."""
+        self._excluded += seconds
 
     def tick(self) -> None:
         now = time.perf_counter()
         if self._last is not None:
-            self._times.append(now - self._last)
-        self._last = now
+            self._times.append(max(now - self._last - self._excluded, 0.0))
+        self._last, self._excluded = now, 0.0
 
     def pop_mean(self) -> float | None:
         """Mean seconds per step since the last pop (None if no interval was measured)."""
@@ -269,7 +297,8 @@ class Goodput:
     """Time accounting of one training session (one process start): where its wall time went.
 
     Categories (seconds): ``startup_s`` (from :func:`jaxpt.train.run_training` to the first step: checks,
-    build, restore), ``compile_s`` (the first dispatch of the train step, which traces and compiles),
+    build, restore), ``compile_s`` (the first dispatch of each train step, which traces and compiles; a
+    batch-size ramp has one per size),
     ``data_wait_s`` (waiting for batches), ``checkpoint_s`` (the loop blocked by checkpoint saves, including
     the final save's wait), ``eval_s`` (held-out evaluation), ``redone_s`` (steps trained again: a resumed
     session re-running steps a lost session had already trained, or the steps a rollback discards; each

@@ -18,6 +18,7 @@ from typing import Any
 
 import jax
 
+from jaxpt import batch_ramp
 from jaxpt import builder as builder_lib
 from jaxpt import config as config_lib
 from jaxpt.config import TrainConfig
@@ -198,13 +199,14 @@ def plan(cfg: TrainConfig) -> dict[str, Any]:
         stats = {}
     mem = plan_lib.estimate_memory(c, pre.sizes, stats.get("bytes_limit"))
     tokens_per_step = c.global_batch_size * c.seq_len
+    ramp = batch_ramp.from_config(c)  # a batch-size ramp's steps before the full batch hold fewer tokens
     start = pre.resume_step or (pre.parent.step if pre.parent is not None else 0)  # a new stage: its parent's step
     return {"workdir": os.path.abspath(c.workdir), "mesh": mesh_lib.format_mesh(pre.sizes),
             "devices": {"count": jax.device_count(), "kind": jax.devices()[0].device_kind},
             "params": count_params(c.model)["total"], "vocab_size": c.model.vocab_size,
             "memory_per_device": mem.as_dict(), "tokens_per_step": tokens_per_step,
             "resume_step": start, "target_steps": c.steps, "steps_to_train": c.steps - start,
-            "tokens_to_train": (c.steps - start) * tokens_per_step,
+            "tokens_to_train": (ramp.rows_through(c.steps) - ramp.rows_through(start)) * c.seq_len,
             **({"stage_parent": pre.parent.spec} if pre.parent is not None else {}),
             "heldout_tokens": int(sum(w.num_scored for w in pre.heldout_set.windows)),
             "data_source": c.data.corpus_dir if c.data.source == "corpus" else c.data.train_path,

@@ -20,6 +20,14 @@ The stage's first state (:func:`begin_stage`), from the parent checkpoint at ste
 The parent (absolute path and step), the stage's name and start step and the settings that changed are recorded
 in every checkpoint's meta (``stage``) and in ``run.json`` (``stages``: the parent's stages, then this one), and a
 resumed stage must name the same parent.
+
+Continued pretraining from a converted model (``python -m jaxpt.convert hf-to-jaxpt``): ``init_from`` names the
+converter's output directory, whose checkpoint (step 0) holds params only (meta ``params_only``). The run takes
+those params, a fresh optimizer state (``tx.init``: zero moments, whatever ``reset_optimizer`` says), a fresh RNG
+from ``TrainConfig.seed``, its own data stream and a fresh schedule (warm-up from 0 over ``warmup_steps``); its
+tokenizer must be the one converted with the model (sha256 compared; a model converted without a SentencePiece
+``tokenizer.model`` is refused, since its token ids cannot be checked). ``run.json`` records the converted
+directory as the parent and the Hugging Face folder it came from (``source``).
 """
 
 from __future__ import annotations
@@ -79,7 +87,17 @@ class Parent:
 
     @property
     def spec(self) -> str:
-        return f"{self.workdir}@{self.step}"
+        return _spec(self.workdir, self.step)
+
+    @property
+    def params_only(self) -> bool:
+        """A checkpoint of params alone (a converted model): the optimizer and RNG start fresh."""
+        return bool(self.meta.get("params_only"))
+
+
+def _spec(path: str, step: int) -> str:
+    """``'<path>@<step>'``; step 0 (only a converted model's checkpoint) is written as the bare path."""
+    return f"{path}@{step}" if step else path
 
 
 def find_parent(cfg, tokenizer_sha256: str | None) -> Parent:
@@ -112,6 +130,10 @@ def find_parent(cfg, tokenizer_sha256: str | None) -> Parent:
     ckpt_lib.check_saved_config(meta, at)
     ckpt_lib.check_compatible(meta, cfg.model, at)
     saved_tok = (meta.get("tokenizer") or {}).get("sha256")
+    if meta.get("params_only") and not saved_tok:
+        source = (meta.get("source") or {}).get("path", "?")
+        raise ConfigError(f"{where}: the model was converted without a SentencePiece tokenizer.model (from {source}), "
+                          "so DataConfig.tokenizer_path cannot be checked against the one it was trained with")
     if saved_tok and tokenizer_sha256 and saved_tok != tokenizer_sha256:
         raise ckpt_lib.CheckpointError(f"{at} was trained with tokenizer sha256 {saved_tok[:12]}, this run uses "
                                        f"{tokenizer_sha256[:12]} (DataConfig.tokenizer_path)")
@@ -128,7 +150,7 @@ def check_resumed_stage(cfg, resume_meta: dict, where: str) -> str:
         schedule's horizon and the record depend on it.
     """
     saved = ((resume_meta.get("stage") or {}).get("parent")) or None
-    saved_spec = f"{saved['path']}@{saved['step']}" if saved else ""
+    saved_spec = _spec(saved["path"], saved["step"]) if saved else ""
     if not cfg.init_from and not saved:
         return ""
     path, step = parse_init_from(cfg.init_from)
@@ -147,8 +169,10 @@ def stage_record(cfg, parent: Parent | None) -> dict[str, Any]:
                               "target_steps": cfg.steps, "seq_len": cfg.seq_len,
                               "parent": {"path": parent.workdir, "step": parent.step} if parent else None}
     if parent:
-        record["reset_optimizer"] = cfg.reset_optimizer
+        record["reset_optimizer"] = cfg.reset_optimizer or parent.params_only
         record["changed_settings"] = list(parent.changed)
+        if parent.meta.get("source"):
+            record["source"] = parent.meta["source"]
     return record
 
 
@@ -193,12 +217,17 @@ def begin_stage(built, parent: Parent):
     spec, cfg = built.spec, built.cfg
     ckpt = ckpt_lib.Checkpointer(parent.workdir, ckpt_lib.CheckpointConfig(enabled=False), read_only=True)
     try:
-        saved = ckpt.restore_fields(parent.step, spec.abstract, ("params", "opt_state", "rng"))
+        if parent.params_only:  # a converted model: params alone (module docstring)
+            saved = {"params": ckpt.restore_params(parent.step, spec.abstract.params)["params"],
+                     "opt_state": None, "rng": jax.random.key_data(jax.random.key(cfg.seed + 1))}
+        else:
+            saved = ckpt.restore_fields(parent.step, spec.abstract, ("params", "opt_state", "rng"))
     finally:
         ckpt.close()
 
     def make(params, opt_state, rng):
-        opt = spec.tx.init(params) if cfg.reset_optimizer else restart_schedule(opt_state)
+        fresh = cfg.reset_optimizer or opt_state is None
+        opt = spec.tx.init(params) if fresh else restart_schedule(opt_state)
         return TrainState(
             step=jnp.asarray(parent.step, jnp.int32), params=params, opt_state=opt, rng=rng,
             num_updates=jnp.zeros((), jnp.int32), lr_scale=jnp.ones((), jnp.float32),

@@ -228,11 +228,13 @@ def group_norms(tree) -> dict[str, jax.Array]:
 
 
 def train_step(state: TrainState, batch: dict[str, jax.Array], *, spec: StateSpec, z_loss_weight: float,
-               lr_schedule, grad_clip_norm: float = 0.0, grad_accum: int = 1) -> tuple[TrainState, dict[str, jax.Array]]:
+               lr_schedule, grad_clip_norm: float = 0.0, grad_accum: int = 1,
+               lr_factor: float = 1.0) -> tuple[TrainState, dict[str, jax.Array]]:
     """One train step on one global batch. Pure: returns the new state and device metrics.
 
     The update is skipped (params, optimizer state, RNG and ``num_updates`` kept bit for bit; only ``step``
-    advances, as the batch was consumed) when the step is non-finite or spikes (:func:`jaxpt.stability.decide_skip`). Updates are scaled by ``state.lr_scale``.
+    advances, as the batch was consumed) when the step is non-finite or spikes (:func:`jaxpt.stability.decide_skip`). Updates are scaled by ``state.lr_scale`` and by ``lr_factor`` (a static
+    factor: a batch-size ramp's learning-rate rule, :mod:`jaxpt.batch_ramp`; 1.0 leaves the program unchanged).
 
     Metrics (float32 scalars): ``loss``, ``z_loss``, ``grad_norm`` (global L2, before clipping),
     ``grad_norm/<group>``, ``update_param_ratio`` (||update|| / ||params||), ``learning_rate`` (the rate
@@ -255,7 +257,8 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], *, spec: StateSpe
         grads, old_opt_state = jax.lax.optimization_barrier((grads, old_opt_state))
         old_opt_state = jax.device_put(old_opt_state, spec.opt_state_device_shardings)
     updates, opt_state = spec.tx.update(grads, old_opt_state, state.params)
-    updates = jax.tree.map(lambda u: u * state.lr_scale.astype(u.dtype), updates)
+    lr_scale = state.lr_scale if lr_factor == 1.0 else state.lr_scale * jnp.float32(lr_factor)
+    updates = jax.tree.map(lambda u: u * lr_scale.astype(u.dtype), updates)
     params = optax.apply_updates(state.params, updates)
     skip, history, stab_metrics = decide_skip(spec.stability, state.stability, aux["loss"], grad_norm, clipped)
     keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(skip, o, n), new, old)  # noqa: E731
@@ -265,7 +268,7 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], *, spec: StateSpe
     metrics["grad_norm"] = grad_norm
     metrics.update({f"grad_norm/{g}": v for g, v in group_norms(grads).items()})
     metrics["update_param_ratio"] = optax.global_norm(updates) / jnp.maximum(optax.global_norm(state.params), 1e-12)
-    metrics["learning_rate"] = jnp.asarray(lr_schedule(state.num_updates), jnp.float32) * state.lr_scale
+    metrics["learning_rate"] = jnp.asarray(lr_schedule(state.num_updates), jnp.float32) * lr_scale
     opt_state = keep(opt_state, old_opt_state)
     if spec.opt_state_device_shardings is not None:  # and back to host memory until the next step
         opt_state = jax.device_put(opt_state, spec.shardings.opt_state)
@@ -290,14 +293,14 @@ def batch_shardings(mesh: Mesh, rules) -> dict[str, NamedSharding]:
 
 
 def jit_train_step(spec: StateSpec, mesh: Mesh, rules, *, z_loss_weight: float, lr_schedule,
-                   grad_clip_norm: float = 0.0, grad_accum: int = 1):
+                   grad_clip_norm: float = 0.0, grad_accum: int = 1, lr_factor: float = 1.0):
     """``jax.jit`` of :func:`train_step` with explicit in/out shardings and the state donated.
 
     Activations are constrained by the logical rules (traced under :func:`jaxpt.mesh.activation_sharding`).
     """
     replicated = NamedSharding(mesh, PartitionSpec())
     fn = functools.partial(train_step, spec=spec, z_loss_weight=z_loss_weight, lr_schedule=lr_schedule,
-                           grad_clip_norm=grad_clip_norm, grad_accum=grad_accum)
+                           grad_clip_norm=grad_clip_norm, grad_accum=grad_accum, lr_factor=lr_factor)
 
     def traced(state, batch):
         with mesh_lib.activation_sharding(mesh, rules):

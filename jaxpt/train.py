@@ -94,7 +94,9 @@ def setup(cfg: TrainConfig, pre: preflight.Preflight | None = None) -> Run:
     peak, note = flops_lib.peak_flops_per_device(device, dtype=cfg.model.jnp_compute_dtype)
     throughput = monitor.Throughput(cfg.global_batch_size * cfg.seq_len,
                                     flops_lib.flops_per_token(cfg.model, cfg.seq_len), built.mesh.size, peak,
-                                    peak_is_measured=flops_lib.table_peak_flops(device.device_kind) is None)
+                                    peak_is_measured=flops_lib.table_peak_flops(device.device_kind) is None,
+                                    rows_through=built.ramp.rows_through if cfg.batch_size_schedule else None,
+                                    seq_len=cfg.seq_len)
     evaluator = inloop.HeldoutEvaluator(cfg, built.mesh, built.spec.graphdef, built.spec.abstract.params,
                                         pre.tokenizer, pre.heldout_docs, pre.heldout_set)
     return Run(built, built.init_state(), pre.tokenizer, throughput, note, evaluator)
@@ -145,6 +147,8 @@ class LoopContext:
         self.host_times = monitor.HostTimes()
         self.stragglers = monitor.StragglerMonitor() if jax.process_count() > 1 else None
         self._goodput_written = time.perf_counter()
+        self.compiled: set = set()  # train steps dispatched once (a batch-size ramp has one per size)
+        self.throughput_after = start  # the step of the last record's throughput figures
 
     def train_time_s(self) -> float:
         """Seconds of training wall time so far, over every session of the run (carried in checkpoints)."""
@@ -217,7 +221,7 @@ def train_loop(ctx: LoopContext) -> dict[str, Any]:
     ctx.goodput.start_loop()
     while step < run.cfg.steps:
         t0 = time.perf_counter()
-        local = next(ctx.batches)
+        local = stream.next_batch(ctx.batches, run.built.ramp.units(step + 1))
         if ctx.batch_injector is not None:
             local = ctx.batch_injector(step + 1, local)
         batch = stream.to_device(run.mesh, run.cfg.logical_axis_rules, local)
@@ -227,10 +231,13 @@ def train_loop(ctx: LoopContext) -> dict[str, Any]:
         if ctx.fault_injector is not None:
             run.state = ctx.fault_injector(step + 1, run.state)
         t1 = time.perf_counter()
-        run.state, metrics = run.train_step(run.state, batch)
+        train_step = run.built.train_step_for(step + 1)
+        run.state, metrics = train_step(run.state, batch)
         dispatch_s = time.perf_counter() - t1
-        if ctx.goodput.steps_run == 0:  # the first dispatch traces and compiles
+        if ctx.goodput.steps_run == 0 or train_step not in ctx.compiled:  # a first dispatch traces and compiles
+            ctx.compiled.add(train_step)
             ctx.goodput.add("compile_s", dispatch_s)
+            ctx.timer.exclude(dispatch_s)
             ctx.host_times.reset()  # compile time is no process's slowness
         else:
             ctx.host_times.add_blocked(dispatch_s)  # a dispatch may wait for the devices (CPU: it does)
@@ -289,7 +296,11 @@ def _report(ctx: LoopContext, p: _Pending) -> tuple[int, str] | None:
         record.update(ctx.losses.pop_interval())
         step_time = ctx.timer.pop_mean()
         if step_time is not None:
-            record.update(run.throughput.figures(step_time))
+            record.update(run.throughput.figures(
+                step_time, run.throughput.interval_tokens_per_step(ctx.throughput_after, p.step)))
+            ctx.throughput_after = p.step
+        if cfg.batch_size_schedule:
+            record["batch_size"] = run.built.ramp.batch_size(p.step)  # the realized global batch, rows
         record.update(tokens_seen=run.throughput.tokens_seen(p.step), train_time_s=ctx.train_time_s(),
                       data_wait_s=p.data_wait, host_peak_rss_gib=monitor.host_peak_rss_bytes() / 2 ** 30)
         ctx.writer.write(record)
@@ -375,8 +386,8 @@ def _final(ctx: LoopContext, last: dict[str, Any]) -> dict[str, Any]:
         final["peak_flops_per_device"] = run.throughput.peak  # the measured CPU peak, raised by achieved steps
     ctx.writer.write(final)
     fmt = lambda v: "n/a" if v is None else f"{v:.4f}"  # noqa: E731
-    log.info("step %d: train loss %s (mean of the last 20 steps %s), held-out loss %.4f "
-             "(perplexity %.1f over %d tokens)", final["step"], fmt(final["train_loss"]),
+    log.info("step %d: train loss %s (mean of the last %d steps %s), held-out loss %.4f "
+             "(perplexity %.1f over %d tokens)", final["step"], fmt(final["train_loss"]), ctx.losses.recent_count,
              fmt(final["train_loss_mean_last20"]), final["heldout_loss"], final["heldout_perplexity"],
              final["heldout_tokens"])
     return final

@@ -348,15 +348,16 @@ def test_keep_last_and_keep_every(tmp_path):
 
 def test_save_every_steps_and_minutes(tmp_path):
     """The step policy wants multiples of save_every_steps only; the time policy wants a save once the
-    interval since the last one has passed (here 0.6 s), and not before."""
+    interval since the last one has passed (here 6 s), and not before. The interval is wide so that a slow save on a
+    loaded host cannot use it up before the "not before" check."""
     ckpt = Checkpointer(str(tmp_path / "steps"), CheckpointConfig(save_every_steps=3))
     assert [s for s in range(1, 13) if ckpt.should_save(s)] == [3, 6, 9, 12]
     ckpt.close()
-    ckpt = Checkpointer(str(tmp_path / "time"), CheckpointConfig(save_every_steps=0, save_every_minutes=0.01,
+    ckpt = Checkpointer(str(tmp_path / "time"), CheckpointConfig(save_every_steps=0, save_every_minutes=0.1,
                                                                   async_save=False))
     assert ckpt.should_save(1) and _toy_save(ckpt, 1)
     assert not ckpt.should_save(2)
-    time.sleep(0.7)
+    time.sleep(6.1)
     assert ckpt.should_save(3)
     ckpt.close()
 

@@ -125,3 +125,29 @@ def test_model_and_slice_presets_compose_with_the_quickstart_data_config(model, 
     assert (m.param_dtype, m.compute_dtype, m.remat_policy, m.scan_layers) == ("float32", "bfloat16", "full", True)
     assert m.vocab_size == 128256 and m.rope_theta == 500000.0
     assert (m.attention_impl, m.loss_chunk_size) == ("splash", 1024)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
+                    reason="libtpu not installed (pip install -e '.[tpu]'); TPU topology devices need it")
+def test_mesh_axes_that_split_the_physical_torus_are_laid_out_with_a_warning():
+    """expert=8 x fsdp=8 on v5p's 4x4x4 torus: 8 is no product of whole physical axes, which ``jax.make_mesh``
+    refuses outside v5e; jaxpt lays it out with split physical axes (every chip once) and warns, so a mesh the
+    planner accepts is one the compiler can build. A whole-axis shape (fsdp=16, tensor=4) is laid out silently."""
+    code = (
+        "import logging, jax\n"
+        "from jax.experimental import topologies\n"
+        "from jaxpt import mesh\n"
+        "logging.basicConfig(level=logging.WARNING, format='%(name)s %(message)s')\n"
+        "devs = topologies.get_topology_desc(platform='tpu', topology_name='v5p:4x4x4', chip_config_name='default',"
+        " chips_per_host_bounds=(2, 2, 1), num_slices=1).devices\n"
+        "for spec in ('fsdp=8,expert=8', 'fsdp=16,tensor=4'):\n"
+        "    m = mesh.make_mesh(spec, devs)\n"
+        "    print('MESH', spec, dict(m.shape), len({d.id for d in m.devices.flat}))\n")
+    env = dict(os.environ, JAX_PLATFORMS="cpu", ALLOW_MULTIPLE_LIBTPU_LOAD="1", PYTHONPATH=str(REPO))
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("MESH")]
+    assert lines == ["MESH fsdp=8,expert=8 {'stage': 1, 'data': 1, 'fsdp': 8, 'sequence': 1, 'expert': 8, 'tensor': 1} 64",
+                     "MESH fsdp=16,tensor=4 {'stage': 1, 'data': 1, 'fsdp': 16, 'sequence': 1, 'expert': 1, 'tensor': 4} 64"]
+    warnings = [line for line in proc.stderr.splitlines() if "splitting physical axes" in line]
+    assert len(warnings) == 1 and "fsdp=8,expert=8" in warnings[0], proc.stderr[-2000:]

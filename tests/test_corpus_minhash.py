@@ -80,8 +80,10 @@ def test_quota_fractions_by_hand():
     cfg = QuotaConfig(targets={"a": 0.5, "b": 0.5}, long_tail_share=0.1, long_tail_floor=1.0)
     chars = {("a", "en"): 900, ("a", "xx"): 50, ("b", "en"): 300}
     f = stages.quota_keep_fractions(chars, cfg)
-    # A_a = 950, A_b = 300 -> T = min(1900, 600) = 600; p_a = 300/950, p_b = 1; 'xx' is 5% of a: floor 1.
-    assert f == {"a/en": pytest.approx(300 / 950), "a/xx": 1.0, "b/en": 1.0}
+    # A_a = 950, A_b = 300 -> T = min(1900, 600) = 600, B_a = 300; floor F = 1.0 * 0.1 * 300 = 30 chars.
+    # 'xx' keeps max(50 p, 30), 'en' keeps 900 p: 900 p + 50 p = 300 -> p = 300/950 (50 p = 15.8 < 30, so no),
+    # 900 p + 30 = 300 -> p = 270/900 and 'xx' keeps 30 of 50. Domain a keeps exactly its 300.
+    assert f == {"a/en": pytest.approx(270 / 900), "a/xx": pytest.approx(30 / 50), "b/en": 1.0}
 
 
 def test_rule_stats_by_hand():

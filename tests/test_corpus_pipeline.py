@@ -209,6 +209,29 @@ def test_quota_proportions_near_targets(corpus):
         assert abs(mix["weights"][d] - target) < 0.08, (d, mix["weights"][d], target)
 
 
+def test_quota_keeps_the_hash_ranked_prefix_of_each_group(corpus):
+    """The Beam stage's selection equals the rule recomputed from the decision log: per (domain, lang) group, the
+    documents ranked by uniform(seed, id) up to the group's character budget (`stages.quota_cutoff`)."""
+    from data_pipelines import stages
+
+    rows = [r for r in manifest_lib.read_decisions(corpus["out"]) if r["verdict"] in ("kept", "quota:downsampled")]
+    fractions = json.load(open(os.path.join(corpus["out"], "_stats", "quota_fractions.json")))
+    seed = build.load_config([corpus["gin"]], []).quotas.seed
+    groups = collections.defaultdict(list)
+    for r in rows:
+        groups[f"{r['domain']}/{r['lang']}"].append((stages.uniform(seed, r["id"]), r["id"], r["n_chars"]))
+    want = set()
+    for g, items in groups.items():
+        budget, before = fractions[g] * sum(n for _, _, n in items), 0
+        for _, i, n in sorted(items):  # by hand: keep while the characters before + half its own fit
+            if before + n / 2 > budget:
+                break
+            want.add(i)
+            before += n
+    assert {r["id"] for r in rows if r["verdict"] == "kept"} == want
+    assert any(r["verdict"] == "quota:downsampled" for r in rows)  # the stage did select
+
+
 def test_review_samples_and_wrongful_rate(corpus, tmp_path):
     out = corpus["out"]
     files = sorted(os.listdir(os.path.join(out, "review")))
@@ -226,7 +249,9 @@ def test_review_samples_and_wrongful_rate(corpus, tmp_path):
     rates = review.wrongful_rates(out, str(labels))
     assert rates["langid:language_not_allowed"]["rate"] == pytest.approx(1 / 3)
     assert rates["langid:language_not_allowed"]["warn"] is True
-    assert rates["exact_dedup:duplicate"] == {"labelled": len(exact), "wrongful": 0, "rate": 0.0, "warn": False}
+    z2, n = 1.959964 ** 2, len(exact)  # Wilson upper bound at k = 0: z^2 / (n + z^2)
+    assert rates["exact_dedup:duplicate"] == {"labelled": n, "wrongful": 0, "rate": 0.0,
+                                              "ci95": [0.0, pytest.approx(z2 / (n + z2))], "warn": False}
     proc = subprocess.run([sys.executable, "-m", "data_pipelines.review", out, str(labels)],
                           capture_output=True, text=True, cwd=REPO, env=dict(os.environ, PYTHONPATH=REPO))
     assert proc.returncode == 0

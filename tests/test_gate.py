@@ -127,6 +127,15 @@ def test_mfu_estimate_by_hand(tmp_path):
     assert gate.mfu_estimate(monitor.read_metrics(wd), wd, 0.5) == pytest.approx(5000.0)
 
 
+def test_compiled_estimate_by_hand():
+    """Peak 1e12 FLOP/s (start record), 1024 tokens per step, 2e9 compiled FLOPs per device-step, utilization
+    0.5: 0.5 x 1e12 x 1024 / 2e9 = 256,000 tokens/s."""
+    recs = [{"step": 0, "event": "start", "peak_flops_per_device": 1e12}]
+    est, how = gate.compiled_estimate(recs, {"flops_per_step": 2e9, "tokens_per_step": 1024}, 0.5)
+    assert est == pytest.approx(256000.0) and "2e+09 compiled FLOPs" in how
+    assert gate.compiled_estimate(recs, {"flops_per_step": None, "tokens_per_step": 1024}, 0.5)[0] is None
+
+
 def test_missing_or_broken_resume_fails_checkpoint_restore(tmp_path):
     recs = [r for r in healthy_records() if r.get("event") != "resume"]
     c = verdicts(write_run(tmp_path / "none", recs))["checkpoint_restore"]

@@ -136,9 +136,9 @@ import sys, time
 import jax
 from jaxpt import train
 run_training = train.run_training
-def slow_input(step, local):  # process 1's input pipeline takes 0.8 s more per batch
+def slow_input(step, local):  # process 1's input pipeline takes 1.5 s more per batch
     if jax.process_index() == 1:
-        time.sleep(0.8)
+        time.sleep(1.5)
     return local
 train.run_training = lambda cfg: run_training(cfg, batch_injector=slow_input)
 sys.exit(train.main(sys.argv[1:]))
@@ -146,7 +146,7 @@ sys.exit(train.main(sys.argv[1:]))
 
 
 def test_leader_names_a_slowed_process_a_straggler(prepared_sample, tmp_path):
-    """Two processes, process 1's batches 0.8 s late: every log interval names process 1 the slowest, its own
+    """Two processes, process 1's batches 1.5 s late (well above a loaded host's own noise in data waits): every log interval names process 1 the slowest, its own
     host time above 1.5x the other's in most intervals (the other's own time is noisy on a loaded host), and a
     straggler event is logged once it was slow three intervals in a row."""
     port = free_port()
@@ -165,8 +165,8 @@ def test_leader_names_a_slowed_process_a_straggler(prepared_sample, tmp_path):
     assert [r["step"] for r in gathered] == [2, 4, 6, 8, 10, 12]
     for r in gathered:
         assert r["slowest_process"] == 1, r
-        assert len(r["process_step_time_s"]) == 2 and r["process_data_wait_s"][1] > 0.75
-        assert r["process_data_wait_s"][0] < 0.75
+        assert len(r["process_step_time_s"]) == 2 and r["process_data_wait_s"][1] > 1.4
+        assert r["process_data_wait_s"][0] < 1.4
     assert sum(r["slowest_ratio"] > 1.5 for r in gathered) >= 4, [r["slowest_ratio"] for r in gathered]
     events = [r for r in records if r.get("event") == "straggler"]
     assert events and events[0]["step"] >= 6 and {e["process"] for e in events} == {1}

@@ -255,3 +255,18 @@ def test_plan_cli_recommends_an_interval_and_compares_the_configured_one(capsys)
     assert plan.main(["--mtbf-hours", "1"]) == 2
     assert plan.main(["--mtbf-hours", "1", "--save-seconds", "50"]) == 0
     assert "sqrt(2 delta M) - delta): 550.0 s" in capsys.readouterr().out
+
+
+def test_json_tools_print_their_error_as_json(tmp_path, capsys):
+    """With --json, an input error is still exit 2 with the message on stderr, and stdout carries one JSON object
+    naming it (not nothing): plan, compile (a bad config key, refused before anything compiles) and the gate."""
+    from jaxpt import compile as compile_lib
+    from jaxpt import gate
+    cases = [(plan.main, ["--flops", "-5", "--json"], "flops"),
+             (compile_lib.main, ["--config", "configs/quickstart.gin", "--gin", "TrainConfig.no_such_key = 1",
+                                 "--topology", "cpu:8", "--json"], "no_such_key"),
+             (gate.main, [str(tmp_path / "missing"), "--json"], "not a run directory")]
+    for main, argv, words in cases:
+        assert main(argv) == 2
+        out, err = capsys.readouterr()
+        assert words in json.loads(out)["error"] and words in err and err.startswith("error: "), (argv, out, err)

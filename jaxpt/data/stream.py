@@ -22,6 +22,22 @@ from jaxpt.errors import ConfigError
 DEVICE_KEYS = ("tokens", "segment_ids", "positions")
 
 
+def loader_batch_size(cfg) -> int:
+    """Global rows of one loader batch: ``global_batch_size``, or with a batch-size ramp the greatest common
+    divisor of its sizes (a step takes several, :func:`next_batch`; :mod:`jaxpt.batch_ramp`)."""
+    from jaxpt import batch_ramp
+    return batch_ramp.from_config(cfg).unit
+
+
+def next_batch(batches, count: int = 1) -> dict[str, np.ndarray]:
+    """The next ``count`` loader batches of ``batches``, rows concatenated in order (``count`` 1: the batch
+    itself): a step of a batch-size ramp takes as many as its size needs."""
+    if count == 1:
+        return next(batches)
+    parts = [next(batches) for _ in range(count)]
+    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+
+
 def local_batch_size(cfg) -> int:
     """Rows this process contributes to each global batch (``global_batch_size / process_count``)."""
     return cfg.global_batch_size // jax.process_count()
@@ -42,12 +58,12 @@ def _shard_iterator(cfg, tokenizer, k: int, n: int):
     if cfg.data.source == "corpus":  # a corpus version built by data_pipelines.build
         from jaxpt.data.corpus import packed_corpus_dataset
         return iter(packed_corpus_dataset(
-            cfg.data.corpus_dir, tokenizer, seq_len=cfg.seq_len, local_batch_size=cfg.global_batch_size // n,
+            cfg.data.corpus_dir, tokenizer, seq_len=cfg.seq_len, local_batch_size=loader_batch_size(cfg) // n,
             seed=cfg.seed, process_index=k, process_count=n, add_eos=cfg.data.add_eos,
             weights=dict(cfg.data.mixture_weights) or None))
     from jaxpt.data import loader
     return iter(loader.make_train_dataset(
-        cfg.data.train_path, tokenizer, seq_len=cfg.seq_len, local_batch_size=cfg.global_batch_size // n,
+        cfg.data.train_path, tokenizer, seq_len=cfg.seq_len, local_batch_size=loader_batch_size(cfg) // n,
         seed=cfg.seed, process_index=k, process_count=n, shuffle=cfg.data.shuffle, add_eos=cfg.data.add_eos,
         long_doc_min_chars=cfg.data.long_doc_min_chars, long_doc_weight=cfg.data.long_doc_weight))
 
@@ -68,6 +84,10 @@ def train_batches(cfg, tokenizer, num_shards: int):
     if cfg.global_batch_size % num_shards:
         raise ConfigError(f"TrainConfig.global_batch_size = {cfg.global_batch_size} is not divisible by the "
                           f"{num_shards} data shards")
+    if loader_batch_size(cfg) % num_shards:
+        raise ConfigError(f"TrainConfig.batch_size_schedule = {cfg.batch_size_schedule!r}: its loader batch of "
+                          f"{loader_batch_size(cfg)} rows (the greatest common divisor of the sizes) is not "
+                          f"divisible by the {num_shards} data shards")
     per_process = num_shards // P
     shard_ids = list(range(p * per_process, (p + 1) * per_process))
     return ShardedBatches(lambda k, n: _shard_iterator(cfg, tokenizer, k, n), num_shards, shard_ids)

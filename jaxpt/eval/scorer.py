@@ -31,6 +31,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from jaxpt import mesh as mesh_lib
 from jaxpt import progress as progress_lib
 from jaxpt.decode import NoCacheStep
+from jaxpt.kv_cache import KVCacheStep
 
 
 @dataclasses.dataclass(frozen=True)
@@ -262,10 +263,11 @@ class Scorer:
             out_greedy[j] &= res.greedy[w]
         return [(float(a), bool(b)) for a, b in zip(out_lp, out_greedy)]
 
-    def decode_step(self, batch_size: int | None = None) -> NoCacheStep:
-        """A cache-free :class:`jaxpt.decode.NoCacheStep` over this scorer's params, mesh, rules, ``seq_len`` and
-        pad id (``batch_size`` rows per call, default this scorer's), for :func:`jaxpt.decode.greedy`."""
-        return NoCacheStep(self.graphdef, self.params, self.mesh, self.rules, seq_len=self.seq_len,
+    def decode_step(self, batch_size: int | None = None, *, kv_cache: bool = True) -> KVCacheStep | NoCacheStep:
+        """A :class:`jaxpt.kv_cache.KVCacheStep` (``kv_cache=False``: the cache-free reference
+        :class:`jaxpt.decode.NoCacheStep`) over this scorer's params, mesh, rules, ``seq_len`` and pad id
+        (``batch_size`` rows per call, default this scorer's), for :func:`jaxpt.decode.greedy`."""
+        return (KVCacheStep if kv_cache else NoCacheStep)(self.graphdef, self.params, self.mesh, self.rules, seq_len=self.seq_len,
                            batch_size=batch_size or self.batch_size, pad_id=self.pad_id)
 
 

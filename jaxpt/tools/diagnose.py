@@ -151,7 +151,7 @@ def diagnose(workdir: str, step: int, refs: int = 4,
     batches = stream.train_batches(cfg, run.tokenizer, stream.data_shard_count(cfg, ckpt.saved_data_shards()))
     state, _ = ckpt.restore(c, run.spec.abstract, batches)
     inject = batch_injector or (lambda s, b: b)
-    local = {s: inject(s, next(batches)) for s in range(c + 1, step + refs + 1)}
+    local = {s: inject(s, stream.next_batch(batches, run.built.ramp.units(s))) for s in range(c + 1, step + refs + 1)}
     on_device = {s: stream.to_device(run.mesh, cfg.logical_axis_rules, b) for s, b in local.items()}
     # The train step donates its state: copies keep a state for the next batch. Every program is waited for
     # before the next is dispatched: with several sharded programs in flight, XLA's CPU collectives can wait on
@@ -159,12 +159,12 @@ def diagnose(workdir: str, step: int, refs: int = 4,
     copy = lambda st: jax.block_until_ready(jax.tree.map(jnp.copy, st))  # noqa: E731
 
     def metrics_on(st, s) -> dict[str, float]:
-        _, m = run.train_step(copy(st), on_device[s])
+        _, m = run.built.train_step_for(s)(copy(st), on_device[s])
         return {k: float(v) for k, v in jax.device_get(m).items()}
 
     at_checkpoint = copy(state)
     for s in range(c + 1, step):
-        state, _ = jax.block_until_ready(run.train_step(state, on_device[s]))
+        state, _ = jax.block_until_ready(run.built.train_step_for(s)(state, on_device[s]))
     replay = metrics_on(state, step)
     controls = {}
     for name, st in (("replayed", state), ("checkpoint", at_checkpoint)):

@@ -117,17 +117,17 @@ def _task_entry(card, te, metrics: dict[str, float], use_seqio: bool) -> dict[st
 
 def write_review_sheet(restored, card, step, path: str, workdir: str) -> dict[str, Any]:
     """Generate greedily from every spot-check prompt (stopped at EOS) and write the review sheet; returns its
-    summary. ``step``: the :class:`jaxpt.decode.NoCacheStep` to decode with (its batch size is kept)."""
+    summary. ``step``: the :class:`jaxpt.decode.DecodeStep` to decode with (its class and batch size are kept)."""
     from jaxpt import decode
     from jaxpt.eval import probes, review
     spot = card.spot_check
     prompts = review.read_prompts(spot.prompts_path)
     tok = restored.tokenizer
     ids = [probes.with_prefix(tok, tok.encode(p["prompt"])) for p in prompts]
-    # Decoding reruns the whole row each step (no KV cache): a row just long enough for the prompts is cheaper.
+    # A row just long enough for the prompts is cheaper (a smaller cache; fewer positions without one).
     need = -(-(max(len(i) for i in ids) + spot.max_new_tokens) // 8) * 8
     if need < step.seq_len:
-        step = decode.NoCacheStep.for_restored(restored, seq_len=need, batch_size=step.batch_size)
+        step = type(step).for_restored(restored, seq_len=need, batch_size=step.batch_size)
     gens = [g.text for g in decode.greedy(step, ids, spot.max_new_tokens, eos_id=tok.eos_id, tokenizer=tok)]
     rows = review.review_rows(prompts, gens, card=card, checkpoint=os.path.abspath(workdir) if workdir else "",
                               step=restored.step, labels=spot.labels)

@@ -66,6 +66,7 @@ from typing import Any, Mapping
 
 from jaxpt import flops as flops_lib
 from jaxpt import mesh as mesh_lib
+from jaxpt.errors import report_cli_error
 from jaxpt.model.config import ModelConfig
 from jaxpt.model.decoder import count_params
 
@@ -901,15 +902,13 @@ def main(argv: list[str] | None = None) -> int:
     chosen = [k for k in ("flops", "params", "config") if getattr(args, k)]
     for flag, v in (("--mtbf-hours", args.mtbf_hours), ("--save-seconds", args.save_seconds)):
         if v is not None and (v <= 0 if flag == "--mtbf-hours" else v < 0):
-            print(f"error: {flag} {v}: must be {'positive' if flag == '--mtbf-hours' else '>= 0'}", file=sys.stderr)
-            return 2
+            return report_cli_error(f"{flag} {v}: must be {'positive' if flag == '--mtbf-hours' else '>= 0'}",
+                                    args.json)
     if (args.mtbf_hours is None) != (args.save_seconds is None):
-        print("error: --mtbf-hours and --save-seconds go together", file=sys.stderr)
-        return 2
+        return report_cli_error("--mtbf-hours and --save-seconds go together", args.json)
     if len(chosen) > 1 or (not chosen and args.mtbf_hours is None):
-        print("error: give exactly one of --flops, --params, --config (or only --mtbf-hours/--save-seconds)",
-              file=sys.stderr)
-        return 2
+        return report_cli_error("give exactly one of --flops, --params, --config (or only "
+                                "--mtbf-hours/--save-seconds)", args.json)
     from jaxpt.config import ConfigError
     try:
         ckpt = None
@@ -932,8 +931,7 @@ def main(argv: list[str] | None = None) -> int:
             plan = config_plan(args, hw)
         plan = add_hardware(plan, hw, args.mfu)
     except (ValueError, ConfigError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return report_cli_error(str(e), args.json)
     if ckpt is not None:
         plan["checkpoint_interval"] = ckpt
     text = format_plan(plan) + ("\n" + format_checkpoint_plan(ckpt) if ckpt is not None else "")

@@ -1,0 +1,360 @@
+"""Corpus-build decisions on small cases of issue 17: damaged inputs, rule blind spots, language ID, quotas,
+decontamination of short eval examples, the stratified labelling sample. Beam-free except where noted."""
+
+import collections
+import gzip
+import json
+
+import pytest
+
+from data_pipelines import label_sample, readers, review, stages
+from data_pipelines.config import AdmissionConfig, BuildConfig, ConfigError, LangIdConfig, QuotaConfig, RuleConfig
+from data_pipelines.config import DecontamConfig, Source
+from jaxpt.data.documents import DocumentFormatError
+
+
+
+def _src(name="t", fmt="jsonl", domain="web", languages=None):
+    return Source(name=name, domain=domain, path="x", format=fmt, license="x", acquired="2026-01-01",
+                  languages=languages)
+
+
+# ---------------------------------------------------------------- item 4: damaged inputs
+
+
+def test_issue_smallest_truncated_gzip_is_one_named_drop(tmp_path):
+    # printf '{"id":"a","text":"one two three four five six"}\n' | gzip -c | head -c 40
+    path = str(tmp_path / "t-00000.jsonl.gz")
+    data = gzip.compress(b'{"id":"a","text":"one two three four five six"}\n', mtime=0)
+    open(path, "wb").write(data[:40])
+    out = list(readers.read_jsonl(path, _src(), AdmissionConfig()))
+    assert len(out) == 1 and out[0]["verdict"] == "admission:truncated_file"
+    assert out[0]["file"] == path and out[0]["lines_read"] == 0
+    with pytest.raises(DocumentFormatError, match="t-00000.jsonl.gz: truncated_file"):
+        list(readers.read_jsonl(path, _src(), AdmissionConfig(fail_on_damaged_file=True)))
+
+
+def _warc_records(n, gz=True):
+    """A WARC (gzip: one member per record, as warcio writes them) of `n` response records."""
+    import io
+
+    from warcio.statusandheaders import StatusAndHeaders
+    from warcio.warcwriter import WARCWriter
+
+    buf = io.BytesIO()
+    w = WARCWriter(buf, gzip=gz)
+    for i in range(n):
+        body = f"<html><body><p>Page {i} has a paragraph of plain words.</p></body></html>".encode()
+        http = StatusAndHeaders("200 OK", [("Content-Type", "text/html")], protocol="HTTP/1.1")
+        w.write_record(w.create_warc_record(f"http://x/{i}", "response", payload=io.BytesIO(body),
+                                            http_headers=http))
+    return buf.getvalue()
+
+
+def test_warc_cut_short_keeps_complete_records_and_counts_the_damage(tmp_path):
+    data = _warc_records(5)
+    whole, cut = str(tmp_path / "whole.warc.gz"), str(tmp_path / "cut.warc.gz")
+    open(whole, "wb").write(data)
+    open(cut, "wb").write(data[: len(data) - 60])  # inside the last record's gzip member
+    good = list(readers.read_warc(whole, _src(fmt="warc"), AdmissionConfig()))
+    assert [d["id"] for d in good] == [f"t/http://x/{i}" for i in range(5)]
+    got = list(readers.read_warc(cut, _src(fmt="warc"), AdmissionConfig()))
+    # warcio alone reads the cut member as a shorter fifth record without an error; here it is the drop.
+    assert [d["id"] for d in got[:-1]] == [f"t/http://x/{i}" for i in range(4)]
+    assert [d["text"] for d in got[:-1]] == [d["text"] for d in good[:4]]
+    assert got[-1]["verdict"] == "admission:truncated_file" and got[-1]["file"] == cut
+    assert got[-1]["lines_read"] == 4
+    with pytest.raises(DocumentFormatError, match="cut.warc.gz: truncated_file after line 4"):
+        list(readers.read_warc(cut, _src(fmt="warc"), AdmissionConfig(fail_on_damaged_file=True)))
+
+
+def test_plain_warc_record_cut_short_is_the_damage_not_a_shorter_page(tmp_path):
+    data = _warc_records(3, gz=False)
+    cut = str(tmp_path / "cut.warc")
+    open(cut, "wb").write(data[:-30])
+    got = list(readers.read_warc(cut, _src(fmt="warc"), AdmissionConfig()))
+    assert [d["id"] for d in got[:-1]] == ["t/http://x/0", "t/http://x/1"]
+    assert got[-1]["verdict"] == "admission:truncated_file" and got[-1]["lines_read"] == 2
+    assert "record 3 cut short" in got[-1]["sample"]
+
+
+def test_parquet_unreadable_is_one_named_drop(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = str(tmp_path / "a.parquet")
+    pq.write_table(pa.table({"id": ["a", "b"], "text": ["one two three four five", "six seven eight nine ten"]}),
+                   path)
+    data = open(path, "rb").read()
+    open(path, "wb").write(data[: len(data) // 2])  # the footer is gone
+    got = list(readers.read_parquet(path, _src(fmt="parquet"), AdmissionConfig()))
+    assert len(got) == 1 and got[0]["verdict"] == "admission:truncated_file" and got[0]["file"] == path
+
+
+# ---------------------------------------------------------------- item 5: rule blind spots
+
+# A short reference entry whose senses each end with the same citation tag on its own line.
+CITATION_ENTRY = """Abide \\A*bide"\\, v. i.
+   1. To wait; to pause; to delay.
+      [Source 1913]
+   2. To stay; to continue in a place.
+      [Source 1913]
+   3. To have one's abode; to dwell.
+      [Source 1913]
+"""
+RULES_V1 = dict(dup_line_min_words=1, repetition_min_words=0)  # the old rules: every line, every length
+
+
+def test_citation_tag_entry_is_kept_and_was_dropped_by_rules_v1():
+    cfg = RuleConfig(min_words=5, max_punct_ratio=0.45)  # raw_v1.gin's reference settings
+    assert stages.rule_reason(CITATION_ENTRY, RuleConfig(**RULES_V1, min_words=5, max_punct_ratio=0.45)) \
+        == "repeated_lines"  # 3 of 7 lines are one tag: 0.43 > 0.3
+    assert stages.rule_reason(CITATION_ENTRY, cfg) is None
+    # Repetition of real lines is still caught: the same sentence three times.
+    spam = "\n".join(["Buy cheap watches at our store today"] * 3 + ["one line", "other line"])
+    assert stages.rule_reason(spam, cfg) == "repeated_lines"
+
+
+def test_short_documents_skip_ngram_repetition_rules_long_ones_do_not():
+    # A 12-word fortune whose punch line repeats a pair of words: the top 2-gram is 0.24 of its letters.
+    short = "Time flies like an arrow; fruit flies like a banana. Time flies."
+    st = stages.rule_stats(short)
+    assert st["top_2gram_fraction"] > 0.2
+    assert stages.rule_reason(short, RuleConfig(**RULES_V1)) == "top_2gram"
+    assert stages.rule_reason(short, RuleConfig()) is None
+    # Past repetition_min_words the same rules still apply.
+    long = " ".join(["click here now"] * 30)
+    assert stages.rule_reason(long, RuleConfig()) in ("top_2gram", "top_3gram", "repeated_5grams")
+
+
+def test_one_ellipsis_in_a_short_fortune_is_not_a_symbol_flood():
+    fortune = "Символ США - Свобода... в железе.\n\t\t-- Евгений Кащеев\n"  # 1 ellipsis / 9 words
+    assert stages.rule_reason(fortune, RuleConfig(**RULES_V1)) == "symbol_ratio"
+    assert stages.rule_reason(fortune, RuleConfig()) is None
+    flood = "#a #b #c #d #e #f #g word word word"  # 7 '#' over max(10, 50) words = 0.14
+    assert stages.rule_reason(flood, RuleConfig()) == "symbol_ratio"
+
+
+def test_code_closing_braces_are_not_duplicate_lines():
+    code = "int f(int x) {\n  if (x) {\n    return 1;\n  }\n  return 0;\n}\nint g(void) {\n  return 2;\n}\n"
+    st_old = stages.rule_stats(code, 1)
+    st_new = stages.rule_stats(code, 4)
+    assert st_old["dup_line_fraction"] == pytest.approx(3 / 9)  # '}' x3 of 9 non-empty lines
+    assert st_new["dup_line_fraction"] == 0.0
+
+
+def test_per_source_overrides_scope_a_threshold_to_one_source():
+    rules = RuleConfig(per_domain={"m": {"max_dup_5gram_fraction": 0.16}},
+                       per_source={"man": {"max_dup_5gram_fraction": 0.3, "min_alpha_word_fraction": 0.4}})
+    assert rules.for_domain("m", "man").max_dup_5gram_fraction == 0.3
+    assert rules.for_domain("m", "man").min_alpha_word_fraction == 0.4
+    assert rules.for_domain("m", "fortunes").max_dup_5gram_fraction == 0.16
+    assert rules.for_domain("x", "man").max_symbol_ratio == RuleConfig().max_symbol_ratio
+    # A man page's options share one wording ("A logical value, if true"): about a fifth of its letters.
+    page = "\n".join(f"-{c} " + " ".join(f"word{c}{k}" for k in range(14)) + ". A logical value, if true."
+                      for c in "abcdef")
+    assert 0.16 < stages.rule_stats(page)["dup_5gram_fraction"] <= 0.3
+    assert stages.rule_reason(page, rules.for_domain("m", "fortunes")) == "repeated_5grams"
+    assert stages.rule_reason(page, rules.for_domain("m", "man")) is None
+    with pytest.raises(ConfigError, match=r"RuleConfig.per_source\['man'\]: unknown thresholds \['nope'\]"):
+        RuleConfig(per_source={"man": {"nope": 1}}).for_domain("m", "man")
+
+
+# ---------------------------------------------------------------- item 6: language ID
+
+
+@pytest.fixture(scope="module")
+def lid():
+    return stages.LanguageIdentifier(LangIdConfig())
+
+
+@pytest.mark.slow  # lingua loads 11 language models: ~25 s on a loaded 2-core host, once per process
+def test_one_line_english_entry_takes_the_declared_language(lid):
+    line = "Gesundheit, interj. Used to wish health."
+    old = stages.LanguageIdentifier(LangIdConfig(min_chars=0, min_confidence=0.0, windows=1, max_chars=600))
+    assert old.detect([line])[0][0] == "de"  # the issue's fault: a short English entry labelled German
+    assert lid.detect([line], ["en"])[0][0::2] == ("en", "declared")
+
+
+@pytest.mark.slow  # lingua loads 11 language models: ~25 s on a loaded 2-core host, once per process
+def test_translated_man_page_with_english_header_is_labelled_by_its_body(lid):
+    header = ("NAME\n       ls - list directory contents\n\nSYNOPSIS\n       ls [OPTION]... [FILE]...\n\n"
+              "COPYRIGHT\n       Copyright 2020 Free Software Foundation, Inc. License GPLv3+: GNU GPL version 3 "
+              "or later. This is free software: you are free to change and redistribute it. There is NO "
+              "WARRANTY, to the extent permitted by law.\n") * 3
+    body = ("BESCHREIBUNG\n       Auflisten von Informationen über die Dateien (standardmäßig das aktuelle "
+            "Verzeichnis). Die Einträge werden alphabetisch sortiert, wenn keine Option angegeben ist.\n") * 12
+    doc = header + body
+    assert len(header) > 600
+    old = stages.LanguageIdentifier(LangIdConfig(max_chars=600, windows=1, min_chars=0, min_confidence=0.0))
+    assert old.detect([doc])[0][0] == "en"
+    assert lid.detect([doc], ["en"])[0][0::2] == ("de", "detected")
+
+
+@pytest.mark.slow  # lingua loads 11 language models: ~25 s on a loaded 2-core host, once per process
+def test_long_text_in_another_language_is_still_detected(lid):
+    de = "Der Hund läuft jeden Morgen schnell über die große Wiese und bellt laut, weil er sich freut."
+    assert lid.detect([de], ["en"])[0][0::2] == ("de", "detected")
+    assert lid.detect([""], [None])[0][0] == "und"
+
+
+def test_spread_sample_covers_head_middle_and_tail():
+    text = "a" * 1000 + "b" * 1000 + "c" * 1000
+    s = stages.spread_sample(text, 300, 3)
+    assert s == "a" * 100 + "\n" + "b" * 100 + "\n" + "c" * 100
+    assert stages.spread_sample("short", 300, 3) == "short"
+
+
+# ---------------------------------------------------------------- item 7: quotas
+
+
+def _select(docs, fractions, seed):
+    """Kept ids per group by the stage's rule: rank by seeded hash, cutoff from `quota_cutoff`."""
+    groups = collections.defaultdict(list)
+    for doc_id, g, n in docs:
+        groups[g].append((stages.uniform(seed, doc_id), doc_id, n))
+    kept = set()
+    for g, items in groups.items():
+        u_star = stages.quota_cutoff(items, fractions[g])
+        kept |= {i for u, i, _ in items if u < u_star}
+    return kept
+
+
+def test_issue_90_6_4_quota_meets_shares_and_is_monotone():
+    # Domain a: languages at 90% / 6% / 4% of its documents (equal length); domain b makes a keep 10%.
+    docs = [(f"{lang}{i}", f"a/{lang}", 100) for lang, n in (("en", 900), ("de", 60), ("cs", 40)) for i in range(n)]
+    docs += [(f"b{i}", "b/en", 100) for i in range(100)]
+    chars = collections.Counter()
+    for _, g, n in docs:
+        chars[tuple(g.split("/"))] += n
+    cfg = QuotaConfig(targets={"a": 0.5, "b": 0.5}, long_tail_share=0.05, long_tail_floor=1.0, seed=3)
+    f = stages.quota_keep_fractions(dict(chars), cfg)
+    # By hand: T = min(100000/0.5, 10000/0.5) = 20000, B_a = 10000 chars; floor F = 0.05 * 10000 = 500 chars.
+    # cs (4000) and de (6000) keep max(p c, 500), en keeps 90000 p: solve 90000p + 600p + 500 = 10000 if 4000p < 500.
+    p = 9500 / 96000
+    assert f["a/en"] == pytest.approx(p) and f["a/de"] == pytest.approx(p)
+    assert f["a/cs"] == pytest.approx(500 / 4000) and f["b/en"] == 1.0
+    kept = _select(docs, f, cfg.seed)
+    by_group = collections.Counter(g for doc_id, g, _ in docs if doc_id in kept)
+    n_kept = {g: by_group[g] for g in ("a/en", "a/de", "a/cs")}
+    assert n_kept["a/en"] >= n_kept["a/de"] >= n_kept["a/cs"] > 0  # monotone, nobody wiped out
+    assert n_kept == {"a/en": round(90000 * p / 100), "a/de": round(6000 * p / 100), "a/cs": 5}
+    share_a = sum(n_kept.values()) / (sum(n_kept.values()) + by_group["b/en"])
+    assert abs(share_a - 0.5) <= 0.02
+    assert stages.quota_share_warnings({"a": sum(n_kept.values()), "b": by_group["b/en"]}, cfg.targets, 0.02) == []
+
+
+def test_floors_never_give_a_smaller_group_more_text():
+    cfg = QuotaConfig(targets={"a": 0.3, "b": 0.7}, long_tail_share=0.05, long_tail_floor=1.0)
+    sizes = [5000, 900, 700, 400, 300, 120, 60, 10]
+    chars = {("a", f"l{i}"): c for i, c in enumerate(sizes)}
+    chars[("b", "en")] = 3000
+    f = stages.quota_keep_fractions(chars, cfg)
+    kept = [f[f"a/l{i}"] * c for i, c in enumerate(sizes)]
+    assert all(x >= y - 1e-6 for x, y in zip(kept, kept[1:]))
+    budget = 0.3 * (3000 / 0.7)
+    assert sum(kept) == pytest.approx(budget, rel=1e-6)
+
+
+def test_quota_cutoff_keeps_the_hash_ranked_prefix_to_the_nearest_document():
+    items = [(0.9, "c", 10), (0.1, "a", 10), (0.5, "b", 30), (0.7, "d", 10)]
+    assert stages.quota_cutoff(items, 0.0) == 0.1
+    assert stages.quota_cutoff(items, 1.0) == 2.0
+    # Budget 0.4 * 60 = 24: 'a' (0 + 5 <= 24) kept, 'b' (10 + 15 = 25 > 24) is the cutoff.
+    assert stages.quota_cutoff(items, 0.4) == 0.5
+    assert stages.quota_cutoff(items, 0.5) == 0.7  # budget 30: b (25 <= 30) kept, d (40 + 5 > 30) not
+
+
+def test_share_warning_names_domain_and_tolerance():
+    w = stages.quota_share_warnings({"a": 70, "b": 30}, {"a": 0.5, "b": 0.5}, 0.02)
+    assert len(w) == 2 and "domain 'a' realized share 0.7000" in w[0] and "share_tolerance = 0.02" in w[0]
+    assert stages.quota_share_warnings({"a": 51, "b": 49}, {"a": 0.5, "b": 0.5}, 0.02) == []
+
+
+@pytest.mark.parametrize("field,value", [("targets", {"a": -0.1}), ("targets", {"a": float("nan")}),
+                                         ("long_tail_floor", 1.5), ("share_tolerance", -1.0)])
+def test_bad_quota_config_names_the_field(field, value):
+    with pytest.raises(ConfigError, match=f"QuotaConfig.{field}"):
+        QuotaConfig(**{field: value}).validate()
+
+
+# ---------------------------------------------------------------- item 8: decontamination
+
+
+def test_eval_example_shorter_than_the_ngram_is_caught(tmp_path):
+    from data_pipelines import build, pipeline
+
+    ev = tmp_path / "eval.jsonl"
+    ev.write_text(json.dumps({"text": "What is the capital of Burkina Faso?"}) + "\n"  # 7 words < 13
+                  + json.dumps({"text": "Yes"}) + "\n")  # under min_ngram: not matched
+    cfg = BuildConfig(sources=[], decontam=DecontamConfig(eval_sets={"qa": str(ev)}, ngram=13, min_ngram=3))
+    hashes = build.load_eval_hashes(cfg)
+    assert sorted(hashes["qa"]) == [7]
+    dc = pipeline.Decontaminate(hashes)
+    hit = {"id": "x", "source": "s", "domain": "web", "lang": "en",
+           "text": "Quiz night. What is the capital of Burkina Faso? Ouagadougou, of course."}
+    miss = dict(hit, id="y", text="Quiz night. What is the capital of Burkina? Yes, of course.")
+    out_hit, out_miss = list(dc.process(hit)), list(dc.process(miss))
+    assert out_hit[0].value["verdict"] == "decontamination:eval_ngram_overlap"
+    assert out_miss == [miss]
+    old = build.load_eval_hashes(BuildConfig(sources=[], decontam=DecontamConfig(
+        eval_sets={"qa": str(ev)}, ngram=13, min_ngram=13)))
+    assert list(pipeline.Decontaminate(old).process(hit)) == [hit]  # the fault: 13-grams only
+
+
+def test_bad_decontam_config_names_the_field():
+    with pytest.raises(ConfigError, match="DecontamConfig.min_ngram = 20"):
+        DecontamConfig(ngram=13, min_ngram=20).validate()
+
+
+# ---------------------------------------------------------------- labels: the stratified sample
+
+
+def test_label_sample_is_stratified_seeded_and_feeds_review(tmp_path):
+    rows = []
+    for rule, n in (("rules:repeated_lines", 500), ("langid:language_not_allowed", 30), ("quality:below", 200)):
+        for d in ("web", "code"):
+            rows += [{"id": f"{rule}/{d}/{i}", "verdict": rule, "stage": rule.split(":")[0], "domain": d,
+                      "source": "s", "lang": "en", "n_chars": 10} for i in range(n)]
+    rows += [{"id": f"dup{i}", "verdict": "exact_dedup:duplicate", "stage": "exact_dedup", "domain": "web",
+              "source": "s", "lang": "en", "n_chars": 10} for i in range(50)]
+    rows += [{"id": f"k{i}", "verdict": "kept", "stage": None, "domain": "web", "source": "s", "lang": "en",
+              "n_chars": 10} for i in range(50)]
+    sample = label_sample.draw(rows, 100, seed=5)
+    per = collections.Counter((r["verdict"], r["domain"]) for r in sample)
+    # 6 strata, 100 labels: 30-document strata fit in full, the rest get equal shares (17,17,17,17 / 16,16)
+    assert sum(per.values()) == 100 and set(per) == {(r, d) for r in ("rules:repeated_lines",
+           "langid:language_not_allowed", "quality:below") for d in ("web", "code")}
+    assert sorted(per.values()) == [16, 16, 17, 17, 17, 17]
+    assert label_sample.draw(rows, 100, seed=5) == sample and label_sample.draw(rows, 100, seed=6) != sample
+    assert label_sample.allocate({"a": 3, "b": 100, "c": 100}, 100) == {"a": 3, "b": 49, "c": 48}
+    out = str(tmp_path / "sample.jsonl")
+    label_sample.write_sample(sample, {r["id"]: "x" * 2000 for r in sample}, out)
+    first = json.loads(open(out).readline())
+    assert len(first["text"]) == 1500 and first["text_truncated"] and first["wrongful"] is None
+    # The filled sample is a labels file for review.wrongful_rates.
+    build_dir = tmp_path / "build" / "decisions"
+    build_dir.mkdir(parents=True)
+    with gzip.open(build_dir / "decisions-00000-of-00001.jsonl.gz", "wt") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+    with open(out) as f, open(tmp_path / "labels.jsonl", "w") as g:
+        for k, line in enumerate(f):
+            g.write(json.dumps(dict(json.loads(line), wrongful=k % 4 == 0)) + "\n")
+    rates = review.wrongful_rates(str(tmp_path / "build"), str(tmp_path / "labels.jsonl"))
+    assert sum(r["labelled"] for r in rates.values()) == 100
+
+
+def test_cohen_kappa_and_wilson_interval_by_hand():
+    a = {"1": True, "2": True, "3": False, "4": False, "5": False}
+    b = {"1": True, "2": False, "3": False, "4": False, "5": True, "6": True}
+    k = review.cohen_kappa(a, b)
+    # p_o = 3/5; shares of 'wrongful' 2/5 and 2/5: p_e = 0.16 + 0.36 = 0.52; kappa = 0.08 / 0.48.
+    assert k["n"] == 5 and k["agreement"] == pytest.approx(0.6) and k["kappa"] == pytest.approx(0.08 / 0.48)
+    assert k["disagreements"] == ["2", "5"]
+    # Wilson: k=2, n=10 -> center (0.2 + z^2/20) / (1 + z^2/10), by the formula with z = 1.96.
+    z = 1.959964
+    c = (0.2 + z * z / 20) / (1 + z * z / 10)
+    h = z * (0.2 * 0.8 / 10 + z * z / 400) ** 0.5 / (1 + z * z / 10)
+    assert review.wilson_interval(2, 10) == pytest.approx((c - h, c + h))
+    assert review.wilson_interval(2, 10) == pytest.approx((0.0567, 0.5098), abs=1e-4)  # published table value
