@@ -173,6 +173,56 @@ def packed_corpus_dataset(corpus_dir: str, tokenizer, *, seq_len: int, local_bat
     return ds.batch(local_batch_size, drop_remainder=True)
 
 
+def corpus_mixture_iterator(corpus_dir: str, tokenizer, schedule, *, key: str, seq_len: int, rows: int, seed: int,
+                            shard: int = 0, num_shards: int = 1, add_eos: bool = True, shuffle: bool = True,
+                            first_step: int = 1):
+    """The training stream of a corpus version, mixed by tokens (:mod:`jaxpt.data.mixture`): logical shard
+    ``shard`` of ``num_shards``, batches of ``rows`` packed rows of ``seq_len`` tokens.
+
+    Args:
+      schedule: ``[(start_step, {group: weight})]`` (:func:`jaxpt.data.mixture.parse_schedule`); None: the
+        corpus's ``mixture.json`` weights (its token shares), groups of weight 0 left out.
+      key: the config key of ``schedule`` (errors name it).
+    Raises:
+      ConfigError: a group the corpus has no documents of (names ``key``, the group and the domains), bad weights.
+      FileNotFoundError: as :func:`read_corpus_version`.
+    """
+    from jaxpt.data import mixture
+    mix = read_mixture(corpus_dir)
+    if schedule is None:
+        key = f"{corpus_dir}/mixture.json weights"
+        schedule = [(1, mixture.parse_weights({d: w for d, w in mix["weights"].items() if w}, key))]
+    wanted = {g.split("/", 1)[0] for g in mixture.group_names(schedule)}
+    by_source = {g.split("/", 1)[0] for g in mixture.group_names(schedule) if "/" in g}
+    domains, sources, refs, srcs = [], [], [], {}
+    for d in sorted(wanted & set(mix["weights"])):
+        src = srcs[d] = domain_source(corpus_dir, d)
+        n = len(src)
+        domains += [d] * n
+        refs += [(d, i) for i in range(n)]
+        if d in by_source:  # read every record's source once (only for a domain split by source)
+            sources += [_text(src[i]["source"]) for i in range(n)]
+        else:
+            sources += [""] * n
+    if not domains and wanted:  # every wanted domain unknown: let assign_groups name them
+        domains, sources = list(mix["weights"]), [""] * len(mix["weights"])
+    for_packing = _ForPacking()
+
+    def fetch(i: int):
+        d, r = refs[i]
+        element = for_packing(srcs[d][r])
+        return element["tokens"], element["doc_index"]
+
+    return mixture.mixture_iterator(domains, sources, fetch, schedule, key=key, seed=seed, shuffle=shuffle,
+                                    shard=shard, num_shards=num_shards, rows=rows, seq_len=seq_len,
+                                    pad_id=tokenizer.pad_id, eos_id=tokenizer.eos_id if add_eos else None,
+                                    first_step=first_step)
+
+
+def _text(value) -> str:
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
 def corpus_dataset(
     corpus_dir: str,
     *,
@@ -205,8 +255,10 @@ def _mixed(corpus_dir: str, *, seed: int, process_index: int = 0, process_count:
 
     if not 0 <= process_index < process_count:
         raise ValueError(f"process_index {process_index} not in [0, {process_count})")
+    from jaxpt.data import mixture
     mix = read_mixture(corpus_dir)
     weights = dict(weights if weights is not None else mix["weights"])
+    mixture.parse_weights(weights, "weights")  # negative, NaN or all-zero weights are errors, not 0
     unknown = set(weights) - set(mix["weights"])
     if unknown:
         raise ValueError(f"weights: domains {sorted(unknown)} not in {corpus_dir}/mixture.json")

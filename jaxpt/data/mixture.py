@@ -1,0 +1,342 @@
+"""Token-true data mixtures: weights as a training config, staged by step, resumable with per-group positions.
+
+A *mixture* gives each *group* of documents a share of the training **tokens** (not of the documents: long
+documents would otherwise be over-represented). A group is a domain (``'code'``) or a domain's source
+(``'reference/dict-foldoc'``, the finer tier a corpus keeps per document; e.g. the build's quality reference
+sources). A domain named both alone and with ``/source`` entries means its other sources.
+
+Config face (:class:`jaxpt.config.DataConfig`):
+
+- ``mixture_weights = (('web', 0.1), ('code', 0.3), ...)``: one mixture for the whole run;
+- ``mixture_schedule = ((1, (('web', 0.1), ...)), (721, (('reference/dict-foldoc', 0.5), ...)))``: stages by
+  first global step (1-based; the first stage starts at step 1, starts strictly increase), e.g. a high-quality
+  mixture for the decay phase of a WSD schedule ("increase the proportion of high-quality data and apply
+  learning-rate annealing near the end", Hu et al. 2024, MiniCPM sec. 6; Llama 3 sec. 3.1.3).
+
+Weights are normalized per stage; 0 leaves a group out of that stage. Negative, NaN or infinite weights, a
+stage whose weights are all 0, and a group the data does not have raise :class:`ConfigError` naming the key.
+
+Sampling (:class:`TokenMixIterator`): a deterministic weighted interleave by tokens. Each next document is
+taken from the group ``g`` with the smallest ``t_g / w_g`` (``t_g``: tokens, EOS included, that ``g`` has
+contributed in the current stage; ties by name order), so after ``T`` tokens of a stage every group's share is
+within one document's length of ``w_g`` (``|t_g - w_g T| <= max document length``): the smooth weighted
+round-robin of network schedulers, counted in tokens. There is no coin flip, so the shares do not drift.
+
+Positions and shards: group ``g`` is one endless stream of its documents, reshuffled each epoch (``seed`` and
+the group name), and logical data shard ``k`` of ``S`` reads positions ``k, k + S, k + 2S, ...`` of it
+(:mod:`jaxpt.data.shards`). Every shard interleaves by the same weights, so the *global* shares equal the
+weights whatever ``S`` is, and a group with fewer documents than shards still feeds every shard. The iterator
+state holds each group's next position (per-group read positions), so a resumed run whose mixture changed (a
+stage boundary) continues every group where it stopped: no document repeats before its group's epoch ends and
+none is skipped. The state (JSON) is::
+
+    {"batches": steps emitted, "positions": {group: next position}, "stage": index, "stage_weights": {...},
+     "stage_tokens": {group: tokens this stage}, "current": null | [group, position, offset]}
+
+``current`` is the document split across rows: it is read again at restore and continues at ``offset``
+whatever the mixture is now. A restored state whose stage weights differ from the config's starts a new stage
+(its token counts from 0).
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from jaxpt.errors import ConfigError
+
+#: Host-side batch key: the mixture group of each token, int32 [rows, seq_len] (index into the sorted group
+#: names; -1 for padding). Never sent to the devices.
+GROUP_KEY = "mixture_group"
+
+
+def parse_weights(entries: Any, key: str) -> dict[str, float]:
+    """``(('group', weight), ...)`` (or a mapping) -> ``{group: weight / sum}``, checked.
+
+    Args:
+      entries: pairs of a group name (``'domain'`` or ``'domain/source'``) and a weight (int or float).
+      key: the config key to name in errors, e.g. ``'DataConfig.mixture_weights'``.
+    Returns:
+      Normalized weights, sorted by group name; groups of weight 0 are kept (with 0).
+    Raises:
+      ConfigError: a malformed entry, a repeated group, a negative, NaN or infinite weight, or all weights 0
+        (each naming ``key`` and the group).
+    """
+    items = list(entries.items()) if isinstance(entries, Mapping) else list(entries)
+    out: dict[str, float] = {}
+    for e in items:
+        if not (isinstance(e, (tuple, list)) and len(e) == 2 and isinstance(e[0], str) and e[0]
+                and isinstance(e[1], (int, float)) and not isinstance(e[1], bool)):
+            raise ConfigError(f"{key}: entry {e!r} is not ('group', weight); write (('web', 0.1), ('code', 0.9))")
+        name, w = e[0], float(e[1])
+        if name in out:
+            raise ConfigError(f"{key}: group {name!r} is given twice")
+        if not math.isfinite(w) or w < 0:
+            raise ConfigError(f"{key}: weight of {name!r} = {e[1]!r}: must be a finite number >= 0")
+        out[name] = w
+    total = sum(out.values())
+    if total <= 0:
+        raise ConfigError(f"{key} = {tuple(items)!r}: all weights are 0 (nothing to train on)")
+    return {g: out[g] / total for g in sorted(out)}
+
+
+def parse_schedule(entries: Any, key: str = "DataConfig.mixture_schedule") -> list[tuple[int, dict[str, float]]]:
+    """``((start_step, weights), ...)`` -> ``[(start_step, normalized weights), ...]`` (:func:`parse_weights`).
+
+    Raises:
+      ConfigError: naming ``key``: an entry that is not ``(int step, weights)``, a first stage not at step 1,
+        start steps that do not strictly increase, or bad weights.
+    """
+    out = []
+    for e in entries:
+        if not (isinstance(e, (tuple, list)) and len(e) == 2 and isinstance(e[0], int)
+                and not isinstance(e[0], bool)):
+            raise ConfigError(f"{key}: entry {e!r} is not (start_step, (('group', weight), ...))")
+        start = e[0]
+        if not out and start != 1:
+            raise ConfigError(f"{key}: the first stage starts at step {start}; it must start at step 1")
+        if out and start <= out[-1][0]:
+            raise ConfigError(f"{key}: stage start {start} does not follow {out[-1][0]} (starts must increase)")
+        out.append((start, parse_weights(e[1], f"{key}[stage at step {start}]")))
+    return out
+
+
+def schedule_from_config(data_cfg) -> list[tuple[int, dict[str, float]]] | None:
+    """The run's mixture schedule from :class:`jaxpt.config.DataConfig` (``mixture_schedule``, else
+    ``mixture_weights`` as one stage from step 1); None when neither is set."""
+    if data_cfg.mixture_schedule:
+        return parse_schedule(data_cfg.mixture_schedule)
+    if data_cfg.mixture_weights:
+        return [(1, parse_weights(data_cfg.mixture_weights, "DataConfig.mixture_weights"))]
+    return None
+
+
+def config_key(data_cfg) -> str:
+    """The DataConfig key the mixture came from (for error messages)."""
+    return "DataConfig.mixture_schedule" if data_cfg.mixture_schedule else "DataConfig.mixture_weights"
+
+
+def stage_at(schedule: Sequence[tuple[int, Mapping[str, float]]], step: int) -> int:
+    """Index of the stage that feeds global step ``step`` (1-based): the last one starting at or before it."""
+    idx = 0
+    for i, (start, _) in enumerate(schedule):
+        if start <= step:
+            idx = i
+    return idx
+
+
+def group_names(schedule: Sequence[tuple[int, Mapping[str, float]]]) -> list[str]:
+    """Every group any stage names, sorted (the index of :data:`GROUP_KEY`)."""
+    return sorted({g for _, w in schedule for g in w})
+
+
+def assign_groups(domains: Sequence[str], sources: Sequence[str], groups: Sequence[str],
+                  key: str) -> dict[str, list[int]]:
+    """Document indices of each group: ``'domain/source'`` takes that source's documents of the domain;
+    ``'domain'`` takes the domain's documents no ``'domain/source'`` group took.
+
+    Args:
+      domains, sources: per document (equal length).
+      groups: group names (:func:`group_names`).
+      key: config key for errors.
+    Raises:
+      ConfigError: a group with no documents (unknown domain or source), naming ``key``, the group and the
+        domains (or the domain's sources) that exist.
+    """
+    members: dict[str, list[int]] = {g: [] for g in groups}
+    for i, (d, s) in enumerate(zip(domains, sources)):
+        if f"{d}/{s}" in members:
+            members[f"{d}/{s}"].append(i)
+        elif d in members:
+            members[d].append(i)
+    known_domains = sorted(set(domains))
+    for g, idx in members.items():
+        if idx:
+            continue
+        d = g.split("/", 1)[0]
+        if d not in known_domains:
+            raise ConfigError(f"{key}: group {g!r}: no domain {d!r} in the training data (domains: {known_domains})")
+        if "/" in g:
+            have = sorted({s for dd, s in zip(domains, sources) if dd == d})
+            raise ConfigError(f"{key}: group {g!r}: domain {d!r} has no source {g.split('/', 1)[1]!r} "
+                              f"(sources: {have})")
+        raise ConfigError(f"{key}: group {g!r}: every document of the domain is in a '{d}/<source>' group")
+    return members
+
+
+class GroupStream:
+    """Shard ``shard`` of ``num_shards`` of a group's endless document stream: ``stream[p]`` is the group-local
+    index of the document at global position ``q = shard + p * num_shards``, i.e. item ``q % n`` of epoch
+    ``q // n``'s permutation of the ``n`` documents (a new permutation each epoch, from ``seed``, the group name
+    and the epoch, numpy's PCG64; the identity when ``shuffle`` is False). All shards together read every
+    document once per epoch."""
+
+    def __init__(self, num_docs: int, name: str, seed: int, shuffle: bool, shard: int, num_shards: int):
+        if num_docs < 1:
+            raise ValueError(f"group {name!r} has no documents")
+        self.n, self.shard, self.num_shards, self.shuffle = num_docs, shard, num_shards, shuffle
+        self._key = (seed % 2 ** 32, zlib.crc32(name.encode()))
+        self._epoch, self._perm = -1, None
+
+    def __getitem__(self, p: int) -> int:
+        q = self.shard + p * self.num_shards
+        epoch, i = divmod(q, self.n)
+        if not self.shuffle:
+            return i
+        if epoch != self._epoch:
+            self._epoch, self._perm = epoch, np.random.default_rng((*self._key, epoch)).permutation(self.n)
+        return int(self._perm[i])
+
+
+#: ``(group, position) -> (tokens int[n], doc_index)``: the document at a group's stream position.
+Reader = Callable[[str, int], tuple[np.ndarray, int]]
+
+
+class TokenMixIterator:
+    """Endless iterator of packed local batches mixed by tokens (module docstring), with exact JSON state.
+
+    Args:
+      read: :data:`Reader` for every group of ``schedule``.
+      schedule: ``[(start_step, {group: weight}), ...]`` (:func:`parse_schedule`).
+      rows: rows per batch (``global_batch_size / num_shards``).
+      seq_len: tokens per row.
+      pad_id, eos_id: as :mod:`jaxpt.data.packing` (``eos_id`` None: no EOS appended).
+      first_step: the global step of the first batch (1; a fresh stream of a later stage: its first step).
+
+    Each ``next`` returns int32 arrays [rows, seq_len]: ``tokens``, ``segment_ids``, ``positions``,
+    ``doc_index`` (as :mod:`jaxpt.data.packing`) and :data:`GROUP_KEY`.
+    """
+
+    def __init__(self, read: Reader, schedule, *, rows: int, seq_len: int, pad_id: int = 0,
+                 eos_id: int | None = None, first_step: int = 1):
+        from jaxpt.data.packing import _RowPacker
+        if rows < 1:
+            raise ValueError(f"rows must be positive, got {rows}")
+        self._read, self.schedule, self.rows = read, list(schedule), rows
+        self.groups = group_names(self.schedule)
+        self._index = {g: i for i, g in enumerate(self.groups)}
+        self._packer = _RowPacker(seq_len, pad_id=pad_id, eos_id=eos_id)
+        self._first_step = first_step
+        self.batches = 0
+        self.positions: dict[str, int] = {g: 0 for g in self.groups}
+        self.stage = stage_at(self.schedule, first_step)
+        self.stage_tokens = {g: 0 for g in self.groups}
+        self._current: list | None = None  # [group, position] of the document the packer holds
+        self._row_groups: list[int] = []
+
+    def __iter__(self):
+        return self
+
+    def _weights(self) -> Mapping[str, float]:
+        return self.schedule[self.stage][1]
+
+    def _pick(self) -> str:
+        w = self._weights()
+        live = [g for g in self.groups if w.get(g, 0) > 0]
+        return min(live, key=lambda g: (self.stage_tokens[g] / w[g], self._index[g]))
+
+    def _next_doc(self):
+        g = self._pick()
+        for _ in range(1000):  # skip empty documents (no tokens and no EOS: nothing to pack)
+            pos = self.positions[g]
+            tokens, doc_index = self._read(g, pos)
+            self.positions[g] = pos + 1
+            n = len(tokens) + (self._packer.eos_id is not None)
+            if n:
+                break
+        else:
+            raise ValueError(f"mixture group {g!r}: 1000 empty documents in a row")
+        self.stage_tokens[g] += n
+        self._current = [g, pos]
+        self._row_groups.append(self._index[g])
+        return tokens, doc_index
+
+    def _row(self) -> dict[str, np.ndarray]:
+        carried = self._packer.doc is not None
+        self._row_groups = [self._index[self._current[0]]] if carried else []
+        row = self._packer.fill(self._next_doc)
+        seg_group = np.asarray([-1] + self._row_groups, np.int32)
+        row[GROUP_KEY] = seg_group[row["segment_ids"]]
+        if self._packer.doc is None:
+            self._current = None
+        return row
+
+    def __next__(self) -> dict[str, np.ndarray]:
+        stage = stage_at(self.schedule, self._first_step + self.batches)
+        if stage != self.stage:
+            self.stage, self.stage_tokens = stage, {g: 0 for g in self.groups}
+        rows = [self._row() for _ in range(self.rows)]
+        self.batches += 1
+        return {k: np.stack([r[k] for r in rows]) for k in rows[0]}
+
+    def get_state(self) -> dict[str, Any]:
+        cur = None if self._current is None else [*self._current, self._packer.offset]
+        return {"batches": self.batches, "positions": dict(self.positions), "stage": self.stage,
+                "stage_weights": dict(self._weights()), "stage_tokens": dict(self.stage_tokens), "current": cur}
+
+    def set_state(self, state: Mapping[str, Any]) -> None:
+        """Restore ``state`` (:meth:`get_state`, possibly of another mixture: module docstring).
+
+        Raises:
+          ValueError: ``state`` is not a mixture state (e.g. a checkpoint written before token mixtures).
+        """
+        if not isinstance(state, Mapping) or "positions" not in state:
+            raise ValueError(f"not a token-mixture data state (keys {sorted(state) if isinstance(state, Mapping) else state!r}); "
+                             "the checkpoint was written by a reader without per-group positions")
+        self.batches = int(state["batches"])
+        # Groups this mixture does not name keep their positions in the state for a later stage that does.
+        self.positions = {**{g: 0 for g in self.groups}, **{g: int(p) for g, p in state["positions"].items()}}
+        self.stage = stage_at(self.schedule, self._first_step + self.batches)
+        same = int(state["stage"]) == self.stage and _same_weights(state["stage_weights"], self._weights())
+        saved = {g: int(t) for g, t in state["stage_tokens"].items()} if same else {}
+        self.stage_tokens = {g: saved.get(g, 0) for g in self.groups}
+        self._packer.doc, self._current = None, None
+        cur = state.get("current")
+        # The document split across rows continues where it stopped; one of a group this mixture no longer
+        # names (no reader) is left unfinished: its group's position already counts it as read.
+        if cur is not None and cur[0] in self._index:
+            g, pos, offset = cur[0], int(cur[1]), int(cur[2])
+            tokens, doc_index = self._read(g, pos)
+            self._packer.start(tokens, doc_index, offset=offset)
+            self._current = [g, pos]
+
+
+def mixture_iterator(domains: Sequence[str], sources: Sequence[str], fetch: Callable[[int], tuple[np.ndarray, int]],
+                     schedule, *, key: str, seed: int, shuffle: bool, shard: int, num_shards: int, rows: int,
+                     seq_len: int, pad_id: int = 0, eos_id: int | None = None,
+                     first_step: int = 1) -> TokenMixIterator:
+    """:class:`TokenMixIterator` of logical shard ``shard`` of ``num_shards`` over documents ``0..N-1``.
+
+    Args:
+      domains, sources: each document's domain and source ([N] strings).
+      fetch: document index -> ``(tokens int[n], doc_index)``.
+      schedule: :func:`parse_schedule` output; key: its config key (errors name it).
+      seed, shuffle: group streams (:class:`GroupStream`).
+      shard, num_shards, rows, seq_len, pad_id, eos_id, first_step: as :class:`TokenMixIterator`.
+    Raises:
+      ConfigError: a group with no documents (:func:`assign_groups`).
+    """
+    if not 0 <= shard < num_shards:
+        raise ValueError(f"shard {shard} not in [0, {num_shards})")
+    members = assign_groups(domains, sources, group_names(schedule), key)
+    streams = {g: GroupStream(len(m), g, seed, shuffle, shard, num_shards) for g, m in members.items()}
+
+    def read(g: str, pos: int):
+        return fetch(members[g][streams[g][pos]])
+
+    return TokenMixIterator(read, schedule, rows=rows, seq_len=seq_len, pad_id=pad_id, eos_id=eos_id,
+                            first_step=first_step)
+
+
+def _same_weights(a: Mapping[str, float], b: Mapping[str, float]) -> bool:
+    keys = {g for g in a if a[g] > 0} | {g for g in b if b[g] > 0}
+    return all(abs(a.get(g, 0.0) - b.get(g, 0.0)) <= 1e-12 for g in keys)
+
+
+def realized_shares(counts: Mapping[str, int]) -> dict[str, float]:
+    """``{group: tokens / total}`` of token counts (all 0 when there are none)."""
+    total = sum(counts.values())
+    return {g: (c / total if total else 0.0) for g, c in sorted(counts.items())}

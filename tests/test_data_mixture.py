@@ -1,0 +1,182 @@
+"""jaxpt.data.mixture: token-true shares whatever the shard count, per-group positions across a changed mixture,
+staged mixtures, and config errors naming the key."""
+
+import json
+
+import numpy as np
+import pytest
+
+from jaxpt.data import mixture
+from jaxpt.errors import ConfigError
+
+SEQ = 64
+
+
+def _corpus(sizes: dict[str, list[int]]):
+    """Synthetic documents: group -> token lengths. Document i's tokens are ``i * 10_000 + arange(n)``, so each
+    token names its document and its offset. Returns domains, sources, fetch, lengths."""
+    domains, lengths = [], []
+    for g, ls in sorted(sizes.items()):
+        domains += [g] * len(ls)
+        lengths += ls
+
+    def fetch(i):
+        return (i * 10_000 + np.arange(lengths[i])).astype(np.int32), i
+
+    return domains, [""] * len(domains), fetch, lengths
+
+
+def _iterators(corpus, schedule, num_shards, rows_total=16, seed=0):
+    domains, sources, fetch, _ = corpus
+    return [mixture.mixture_iterator(domains, sources, fetch, schedule, key="k", seed=seed, shuffle=True, shard=k,
+                                     num_shards=num_shards, rows=rows_total // num_shards, seq_len=SEQ)
+            for k in range(num_shards)]
+
+
+def _global_tokens(its, steps, groups):
+    """Token counts per group over ``steps`` global batches of all shards (padding excluded)."""
+    counts = np.zeros(len(groups), np.int64)
+    for _ in range(steps):
+        for it in its:
+            g = next(it)[mixture.GROUP_KEY]
+            counts += np.bincount(g[g >= 0].ravel(), minlength=len(groups))
+    return counts
+
+
+@pytest.mark.parametrize("num_shards", [1, 2, 8])
+def test_token_shares_follow_weights_whatever_the_shard_count(num_shards):
+    """The issue's smallest case: A is 1 document of 1,000 tokens, B 10 documents of 10 tokens, B's weight 0.091.
+    Sampling documents would give B about 10 * 10 / (10 * 10 + 1000 * 10 / ... ) ~ 0.001 of the tokens; the
+    token share must be 0.091 (+-1 point) over 2**17 tokens, for 1, 2 and 8 shards (A has fewer documents than
+    shards at 2 and 8)."""
+    corpus = _corpus({"a": [1000], "b": [10] * 10})
+    schedule = mixture.parse_schedule([(1, (("a", 0.909), ("b", 0.091)))])
+    steps = 2 ** 17 // (16 * SEQ)
+    counts = _global_tokens(_iterators(corpus, schedule, num_shards), steps, ["a", "b"])
+    assert counts.sum() == steps * 16 * SEQ  # no padding in an endless stream
+    assert counts[1] / counts.sum() == pytest.approx(0.091, abs=0.01)
+
+
+def test_three_groups_skewed_lengths_shares():
+    """Three groups with lengths 1..400 tokens (Pareto-like), weights 0.5/0.3/0.2: each within +-1 point over
+    2**17 tokens on 8 shards (computed from the batches' group labels, not from the sampler's own counters)."""
+    rng = np.random.default_rng(0)
+    corpus = _corpus({"x": list(rng.integers(200, 400, 30)), "y": list(rng.integers(1, 20, 500)),
+                      "z": list(rng.integers(20, 80, 7))})
+    schedule = mixture.parse_schedule([(1, (("x", 5), ("y", 3), ("z", 2)))])
+    counts = _global_tokens(_iterators(corpus, schedule, 8), 2 ** 17 // (16 * SEQ), ["x", "y", "z"])
+    np.testing.assert_allclose(counts / counts.sum(), [0.5, 0.3, 0.2], atol=0.01)
+
+
+def _reads(batches, lengths):
+    """Per group, the documents in the order the stream started them (a document split across rows counted
+    once), and every document's tokens as packed, concatenated in stream order."""
+    order, tokens = {}, {}
+    last = None
+    for b in batches:
+        for row_t, row_d, row_g in zip(b["tokens"], b["doc_index"], b[mixture.GROUP_KEY]):
+            for t, d, g in zip(row_t, row_d, row_g):
+                if d < 0:
+                    continue
+                if d != last:
+                    order.setdefault(int(g), []).append(int(d))
+                    last = d
+                tokens.setdefault(int(d), []).append(int(t))
+    return order, tokens
+
+
+def test_resume_with_changed_weights_repeats_and_skips_nothing():
+    """Train 7 steps with weights 0.8/0.2, save the state (JSON), resume with 0.2/0.8 (a stage boundary): within
+    each group's first epoch no document repeats, none is skipped, and the document split across the boundary
+    continues at its offset (every document's tokens arrive whole and in order)."""
+    sizes = {"a": [37 + 13 * i for i in range(40)], "b": [5 + (7 * i) % 50 for i in range(120)]}
+    corpus = _corpus(sizes)
+    _, _, _, lengths = corpus
+    first = mixture.parse_schedule([(1, (("a", 0.8), ("b", 0.2)))])
+    second = mixture.parse_schedule([(1, (("a", 0.2), ("b", 0.8)))])
+    it = _iterators(corpus, first, 1)[0]
+    batches = [next(it) for _ in range(7)]
+    state = json.loads(json.dumps(it.get_state()))
+    assert state["current"] is not None  # the boundary splits a document (else the test proves less)
+    it2 = _iterators(corpus, second, 1)[0]
+    it2.set_state(state)
+    batches += [next(it2) for _ in range(30)]
+    order, tokens = _reads(batches, lengths)
+    start = {"a": 0, "b": 40}
+    for gi, g in enumerate(["a", "b"]):
+        n = len(sizes[g])
+        seen = order[gi][:n]
+        assert len(seen) == len(set(seen)), f"group {g}: a document repeats before the epoch ends"
+        if len(order[gi]) > n:  # a full epoch was read: it covered every document of the group
+            assert sorted(seen) == list(range(start[g], start[g] + n)), f"group {g}: a document was skipped"
+    for d, toks in tokens.items():
+        first_pass = toks[:lengths[d]]
+        np.testing.assert_array_equal(first_pass, d * 10_000 + np.arange(len(first_pass)))
+    assert len(order[1]) > len(sizes["b"])  # group b wrapped into its second epoch in this run
+    # the second stage follows its own weights: b's share of the tokens after the resume is 0.8
+    g = np.concatenate([b[mixture.GROUP_KEY].ravel() for b in batches[7:]])
+    assert (g == 1).mean() == pytest.approx(0.8, abs=0.02)
+
+
+def test_unchanged_weights_resume_bitwise():
+    """A state saved and restored (through JSON) with the same weights gives exactly the uninterrupted batches."""
+    corpus = _corpus({"a": [300, 17, 90], "b": [3] * 50})
+    schedule = mixture.parse_schedule([(1, (("a", 1), ("b", 1))), (6, (("a", 1), ("b", 9)))])
+    ref = _iterators(corpus, schedule, 2)[1]
+    want = [next(ref) for _ in range(12)]
+    it = _iterators(corpus, schedule, 2)[1]
+    for _ in range(4):
+        next(it)
+    again = _iterators(corpus, schedule, 2)[1]
+    again.set_state(json.loads(json.dumps(it.get_state())))
+    for w, got in zip(want[4:], (next(again) for _ in range(8))):
+        for k in w:
+            np.testing.assert_array_equal(w[k], got[k])
+
+
+def test_staged_schedule_switches_at_its_step():
+    """Stage 2 starts at step 5: batches 1-4 follow stage 1's weights, 5-12 stage 2's, each by tokens."""
+    corpus = _corpus({"a": [50] * 30, "b": [7] * 200})
+    schedule = mixture.parse_schedule([(1, (("a", 0.9), ("b", 0.1))), (5, (("a", 0.1), ("b", 0.9)))])
+    it = _iterators(corpus, schedule, 1, rows_total=32)[0]
+    batches = [next(it)[mixture.GROUP_KEY] for _ in range(12)]
+    share_b = lambda bs: (np.concatenate([b.ravel() for b in bs]) == 1).mean()  # noqa: E731
+    assert share_b(batches[:4]) == pytest.approx(0.1, abs=0.03)
+    assert share_b(batches[5:]) == pytest.approx(0.9, abs=0.03)  # step 5 may finish stage 1's last document
+
+
+@pytest.mark.parametrize("weights, match", [
+    ((("web", -0.5), ("code", 1)), "mixture_weights: weight of 'web' = -0.5"),
+    ((("web", float("nan")),), "weight of 'web' = nan"),
+    ((("web", 0), ("code", 0.0)), "all weights are 0"),
+    ((("web", 1), ("web", 2)), "'web' is given twice"),
+    ((("web",),), "is not \\('group', weight\\)"),
+])
+def test_bad_weights_are_config_errors_naming_the_key(weights, match):
+    from jaxpt.config import DataConfig
+    with pytest.raises(ConfigError, match=match):
+        DataConfig(mixture_weights=weights)
+
+
+def test_bad_schedules_and_unknown_groups():
+    from jaxpt.config import DataConfig
+    with pytest.raises(ConfigError, match="mixture_schedule.*starts at step 3"):
+        DataConfig(mixture_schedule=((3, (("a", 1),)),))
+    with pytest.raises(ConfigError, match="mixture_schedule.*start 1 does not follow 4"):
+        DataConfig(mixture_schedule=((1, (("a", 1),)), (4, (("a", 1),)), (1, (("a", 1),))))
+    with pytest.raises(ConfigError, match=r"mixture_schedule\[stage at step 4\]: weight of 'b' = -1"):
+        DataConfig(mixture_schedule=((1, (("a", 1),)), (4, (("b", -1),))))
+    with pytest.raises(ConfigError, match="not both"):
+        DataConfig(mixture_weights=(("a", 1),), mixture_schedule=((1, (("a", 1),)),))
+    schedule = mixture.parse_schedule([(1, (("web", 1), ("wbe", 1)))])
+    with pytest.raises(ConfigError, match=r"DataConfig.mixture_weights: group 'wbe': no domain 'wbe'.*\['code', 'web'\]"):
+        mixture.assign_groups(["web", "code"], ["s", "t"], mixture.group_names(schedule), "DataConfig.mixture_weights")
+    with pytest.raises(ConfigError, match="domain 'web' has no source 'zz'.*\\['s'\\]"):
+        mixture.assign_groups(["web", "code"], ["s", "t"], ["web/zz"], "K")
+
+
+def test_source_groups_split_a_domain():
+    """'ref/hq' takes that source's documents of the domain; 'ref' takes the rest."""
+    members = mixture.assign_groups(["ref", "ref", "ref", "code"], ["hq", "lq", "hq", "x"],
+                                    ["code", "ref", "ref/hq"], "K")
+    assert members == {"code": [3], "ref": [1], "ref/hq": [0, 2]}
