@@ -3,7 +3,9 @@
 A *mixture* gives each *group* of documents a share of the training **tokens** (not of the documents: long
 documents would otherwise be over-represented). A group is a domain (``'code'``) or a domain's source
 (``'reference/dict-foldoc'``, the finer tier a corpus keeps per document; e.g. the build's quality reference
-sources). A domain named both alone and with ``/source`` entries means its other sources.
+sources). A domain named both alone and with ``/source`` entries means its other sources. The groups are the
+union over all stages (a stage gives the others weight 0), so a source split out in one stage is split out in
+every stage: list it in each stage that should read it.
 
 Config face (:class:`jaxpt.config.DataConfig`):
 
