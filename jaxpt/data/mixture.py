@@ -18,11 +18,13 @@ Config face (:class:`jaxpt.config.DataConfig`):
 Weights are normalized per stage; 0 leaves a group out of that stage. Negative, NaN or infinite weights, a
 stage whose weights are all 0, and a group the data does not have raise :class:`ConfigError` naming the key.
 
-Sampling (:class:`TokenMixIterator`): a deterministic weighted interleave by tokens. Each next document is
-taken from the group ``g`` with the smallest ``t_g / w_g`` (``t_g``: tokens, EOS included, that ``g`` has
-contributed in the current stage; ties by name order), so after ``T`` tokens of a stage every group's share is
-within one document's length of ``w_g`` (``|t_g - w_g T| <= max document length``): the smooth weighted
-round-robin of network schedulers, counted in tokens. There is no coin flip, so the shares do not drift.
+Sampling (:class:`TokenMixIterator`): a deterministic weighted interleave by tokens. Each group keeps one open
+document; a row is filled piece by piece, each piece from the group ``g`` with the smallest ``t_g / w_g``
+(``t_g``: tokens, EOS included, that ``g`` has placed in the current stage; ties by name order), a piece being
+the rest of ``g``'s open document or what fits in the row. Since no piece is longer than ``seq_len``, after
+``T`` tokens of a stage every group is within one row of its share (``|t_g - w_g T| <= seq_len``) however long
+its documents are: the smooth weighted round-robin of network schedulers, counted in tokens. There is no coin
+flip, so the shares do not drift.
 
 Positions and shards: group ``g`` is one endless stream of its documents, reshuffled each epoch (``seed`` and
 the group name), and logical data shard ``k`` of ``S`` reads positions ``k, k + S, k + 2S, ...`` of it
@@ -33,11 +35,12 @@ stage boundary) continues every group where it stopped: no document repeats befo
 none is skipped. The state (JSON) is::
 
     {"batches": steps emitted, "positions": {group: next position}, "stage": index, "stage_weights": {...},
-     "stage_tokens": {group: tokens this stage}, "current": null | [group, position, offset]}
+     "stage_tokens": {group: tokens this stage}, "open": {group: [position, offset]}}
 
-``current`` is the document split across rows: it is read again at restore and continues at ``offset``
-whatever the mixture is now. A restored state whose stage weights differ from the config's starts a new stage
-(its token counts from 0).
+``open`` holds each group's document in progress: it is read again at restore and continues at ``offset``
+whatever the mixture is now (that of a group the new mixture does not name waits in the state for a stage that
+does). A restored state whose stage weights differ from the config's starts a new stage (its token counts
+from 0).
 """
 
 from __future__ import annotations
@@ -205,29 +208,37 @@ class TokenMixIterator:
       schedule: ``[(start_step, {group: weight}), ...]`` (:func:`parse_schedule`).
       rows: rows per batch (``global_batch_size / num_shards``).
       seq_len: tokens per row.
-      pad_id, eos_id: as :mod:`jaxpt.data.packing` (``eos_id`` None: no EOS appended).
+      pad_id, eos_id: as :mod:`jaxpt.data.packing` (``eos_id`` None: no EOS appended; ``pad_id`` is unused, the
+        stream is endless and never pads).
       first_step: the global step of the first batch (1; a fresh stream of a later stage: its first step).
 
     Each ``next`` returns int32 arrays [rows, seq_len]: ``tokens``, ``segment_ids``, ``positions``,
-    ``doc_index`` (as :mod:`jaxpt.data.packing`) and :data:`GROUP_KEY`.
+    ``doc_index`` (the layout of :mod:`jaxpt.data.packing`) and :data:`GROUP_KEY`.
+
+    Packing: each group keeps one open document. A row is filled piece by piece; each piece comes from the group
+    the interleave picks next and is the rest of its open document or what fits in the row, whichever is
+    shorter (a new segment at position 0, as a document continued into the next row is in
+    :mod:`jaxpt.data.packing`). Counting tokens as they are placed bounds each group's error by one row
+    (``seq_len`` tokens) per shard, however long its documents: a whole long document is never placed while the
+    other groups wait.
     """
 
     def __init__(self, read: Reader, schedule, *, rows: int, seq_len: int, pad_id: int = 0,
                  eos_id: int | None = None, first_step: int = 1):
-        from jaxpt.data.packing import _RowPacker
-        if rows < 1:
-            raise ValueError(f"rows must be positive, got {rows}")
-        self._read, self.schedule, self.rows = read, list(schedule), rows
+        if rows < 1 or seq_len < 1:
+            raise ValueError(f"rows and seq_len must be positive, got {rows}, {seq_len}")
+        self._read, self.schedule, self.rows, self.seq_len = read, list(schedule), rows, seq_len
+        self.pad_id, self.eos_id = pad_id, eos_id
         self.groups = group_names(self.schedule)
         self._index = {g: i for i, g in enumerate(self.groups)}
-        self._packer = _RowPacker(seq_len, pad_id=pad_id, eos_id=eos_id)
         self._first_step = first_step
         self.batches = 0
         self.positions: dict[str, int] = {g: 0 for g in self.groups}
         self.stage = stage_at(self.schedule, first_step)
         self.stage_tokens = {g: 0 for g in self.groups}
-        self._current: list | None = None  # [group, position] of the document the packer holds
-        self._row_groups: list[int] = []
+        # group -> [position, offset, tokens (EOS appended), doc_index] of its open document
+        self._open: dict[str, list] = {}
+        self._carried: dict[str, list] = {}  # open documents of groups this mixture does not name (kept in state)
 
     def __iter__(self):
         return self
@@ -240,30 +251,48 @@ class TokenMixIterator:
         live = [g for g in self.groups if w.get(g, 0) > 0]
         return min(live, key=lambda g: (self.stage_tokens[g] / w[g], self._index[g]))
 
-    def _next_doc(self):
-        g = self._pick()
-        for _ in range(1000):  # skip empty documents (no tokens and no EOS: nothing to pack)
+    def _load(self, g: str, pos: int, offset: int = 0) -> list:
+        tokens, doc_index = self._read(g, pos)
+        tokens = np.asarray(tokens)
+        if tokens.ndim != 1 or not np.issubdtype(tokens.dtype, np.integer):
+            raise ValueError(f"group {g!r} position {pos}: tokens must be a 1-D integer array, got shape "
+                             f"{tokens.shape} dtype {tokens.dtype}")
+        if self.eos_id is not None:
+            tokens = np.append(tokens, self.eos_id)
+        return [pos, offset, tokens.astype(np.int32, copy=False), int(doc_index)]
+
+    def _open_doc(self, g: str) -> list:
+        doc = self._open.get(g)
+        for _ in range(1000):  # skip empty documents (no tokens and no EOS: nothing to place)
+            if doc is not None and doc[1] < doc[2].size:
+                self._open[g] = doc
+                return doc
             pos = self.positions[g]
-            tokens, doc_index = self._read(g, pos)
+            doc = self._load(g, pos)
             self.positions[g] = pos + 1
-            n = len(tokens) + (self._packer.eos_id is not None)
-            if n:
-                break
-        else:
-            raise ValueError(f"mixture group {g!r}: 1000 empty documents in a row")
-        self.stage_tokens[g] += n
-        self._current = [g, pos]
-        self._row_groups.append(self._index[g])
-        return tokens, doc_index
+        raise ValueError(f"mixture group {g!r}: 1000 empty documents in a row")
 
     def _row(self) -> dict[str, np.ndarray]:
-        carried = self._packer.doc is not None
-        self._row_groups = [self._index[self._current[0]]] if carried else []
-        row = self._packer.fill(self._next_doc)
-        seg_group = np.asarray([-1] + self._row_groups, np.int32)
-        row[GROUP_KEY] = seg_group[row["segment_ids"]]
-        if self._packer.doc is None:
-            self._current = None
+        L = self.seq_len
+        row = {"tokens": np.full(L, self.pad_id, np.int32), "segment_ids": np.zeros(L, np.int32),
+               "positions": np.zeros(L, np.int32), "doc_index": np.full(L, -1, np.int32),
+               GROUP_KEY: np.full(L, -1, np.int32)}
+        filled = segment = 0
+        while filled < L:
+            g = self._pick()
+            doc = self._open_doc(g)
+            n = min(doc[2].size - doc[1], L - filled)
+            span, segment = slice(filled, filled + n), segment + 1
+            row["tokens"][span] = doc[2][doc[1]:doc[1] + n]
+            row["segment_ids"][span] = segment
+            row["positions"][span] = np.arange(n, dtype=np.int32)
+            row["doc_index"][span] = doc[3]
+            row[GROUP_KEY][span] = self._index[g]
+            doc[1] += n
+            filled += n
+            self.stage_tokens[g] += n
+            if doc[1] == doc[2].size:
+                del self._open[g]
         return row
 
     def __next__(self) -> dict[str, np.ndarray]:
@@ -275,9 +304,11 @@ class TokenMixIterator:
         return {k: np.stack([r[k] for r in rows]) for k in rows[0]}
 
     def get_state(self) -> dict[str, Any]:
-        cur = None if self._current is None else [*self._current, self._packer.offset]
+        open_docs = {g: d[:2] for g, d in self._carried.items()}
+        open_docs.update({g: d[:2] for g, d in self._open.items()})
         return {"batches": self.batches, "positions": dict(self.positions), "stage": self.stage,
-                "stage_weights": dict(self._weights()), "stage_tokens": dict(self.stage_tokens), "current": cur}
+                "stage_weights": dict(self._weights()), "stage_tokens": dict(self.stage_tokens),
+                "open": dict(sorted(open_docs.items()))}
 
     def set_state(self, state: Mapping[str, Any]) -> None:
         """Restore ``state`` (:meth:`get_state`, possibly of another mixture: module docstring).
@@ -285,25 +316,23 @@ class TokenMixIterator:
         Raises:
           ValueError: ``state`` is not a mixture state (e.g. a checkpoint written before token mixtures).
         """
-        if not isinstance(state, Mapping) or "positions" not in state:
-            raise ValueError(f"not a token-mixture data state (keys {sorted(state) if isinstance(state, Mapping) else state!r}); "
-                             "the checkpoint was written by a reader without per-group positions")
+        if not isinstance(state, Mapping) or "positions" not in state or "open" not in state:
+            got = sorted(state) if isinstance(state, Mapping) else state
+            raise ValueError(f"not a token-mixture data state (got {got!r}); the checkpoint was written by a "
+                             "reader without per-group positions")
         self.batches = int(state["batches"])
-        # Groups this mixture does not name keep their positions in the state for a later stage that does.
+        # Groups this mixture does not name keep their positions and open documents for a later stage.
         self.positions = {**{g: 0 for g in self.groups}, **{g: int(p) for g, p in state["positions"].items()}}
         self.stage = stage_at(self.schedule, self._first_step + self.batches)
         same = int(state["stage"]) == self.stage and _same_weights(state["stage_weights"], self._weights())
         saved = {g: int(t) for g, t in state["stage_tokens"].items()} if same else {}
         self.stage_tokens = {g: saved.get(g, 0) for g in self.groups}
-        self._packer.doc, self._current = None, None
-        cur = state.get("current")
-        # The document split across rows continues where it stopped; one of a group this mixture no longer
-        # names (no reader) is left unfinished: its group's position already counts it as read.
-        if cur is not None and cur[0] in self._index:
-            g, pos, offset = cur[0], int(cur[1]), int(cur[2])
-            tokens, doc_index = self._read(g, pos)
-            self._packer.start(tokens, doc_index, offset=offset)
-            self._current = [g, pos]
+        self._open, self._carried = {}, {}
+        for g, (pos, offset) in state["open"].items():
+            if g in self._index:
+                self._open[g] = self._load(g, int(pos), int(offset))
+            else:
+                self._carried[g] = [int(pos), int(offset)]
 
 
 def mixture_iterator(domains: Sequence[str], sources: Sequence[str], fetch: Callable[[int], tuple[np.ndarray, int]],
