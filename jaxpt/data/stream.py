@@ -58,19 +58,21 @@ def _shard_iterator(cfg, tokenizer, k: int, n: int):
 
     A corpus version, or the sample with ``DataConfig.mixture_weights`` / ``mixture_schedule``, is mixed by
     tokens (:mod:`jaxpt.data.mixture`); the sample without a mixture is read in its natural proportion."""
+    from jaxpt import stage as stage_lib
     from jaxpt.data import mixture
     schedule, key = mixture.schedule_from_config(cfg.data), mixture.config_key(cfg.data)
     rows = loader_batch_size(cfg) // n  # rows of one loader batch (a batch-size ramp takes several a step)
+    first_step = stage_lib.start_step(cfg) + 1  # an extension stage's stream feeds the steps after its parent's
     if cfg.data.source == "corpus":  # a corpus version built by data_pipelines.build
         from jaxpt.data.corpus import corpus_mixture_iterator
         return corpus_mixture_iterator(
             cfg.data.corpus_dir, tokenizer, schedule, key=key, seq_len=cfg.seq_len, rows=rows, seed=cfg.seed,
-            shard=k, num_shards=n, add_eos=cfg.data.add_eos, shuffle=cfg.data.shuffle)
+            shard=k, num_shards=n, add_eos=cfg.data.add_eos, shuffle=cfg.data.shuffle, first_step=first_step)
     from jaxpt.data import loader
     if schedule is not None:
         return loader.sample_mixture_iterator(
             cfg.data.train_path, tokenizer, schedule, key=key, seq_len=cfg.seq_len, rows=rows, seed=cfg.seed,
-            shard=k, num_shards=n, add_eos=cfg.data.add_eos, shuffle=cfg.data.shuffle)
+            shard=k, num_shards=n, add_eos=cfg.data.add_eos, shuffle=cfg.data.shuffle, first_step=first_step)
     return iter(loader.make_train_dataset(
         cfg.data.train_path, tokenizer, seq_len=cfg.seq_len, local_batch_size=rows,
         seed=cfg.seed, process_index=k, process_count=n, shuffle=cfg.data.shuffle, add_eos=cfg.data.add_eos,
