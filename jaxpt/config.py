@@ -108,6 +108,8 @@ class DataConfig:
         require(self, "mixture_schedule", not (self.mixture_schedule and self.mixture_weights),
                 "set it or DataConfig.mixture_weights, not both (a one-stage schedule is mixture_weights)")
         mixture_lib.schedule_from_config(self)  # ConfigError naming the key and the group
+        require(self, "mixture_schedule", not any(isinstance(e[1], dict) for e in self.mixture_schedule),
+                "write each stage's weights as (('group', weight), ...), not a dict (configs stay hashable)")
         require(self, "long_doc_weight", not (self.long_doc_weight and (self.mixture_weights or self.mixture_schedule)),
                 "a length mixture cannot be combined with DataConfig.mixture_weights / mixture_schedule")
         require(self, "corpus_dir", self.source != "corpus" or bool(self.corpus_dir),

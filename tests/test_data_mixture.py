@@ -167,6 +167,8 @@ def test_bad_schedules_and_unknown_groups():
         DataConfig(mixture_schedule=((1, (("a", 1),)), (4, (("a", 1),)), (1, (("a", 1),))))
     with pytest.raises(ConfigError, match=r"mixture_schedule\[stage at step 4\]: weight of 'b' = -1"):
         DataConfig(mixture_schedule=((1, (("a", 1),)), (4, (("b", -1),))))
+    with pytest.raises(ConfigError, match="not a dict"):
+        DataConfig(mixture_schedule=((1, {"a": 1}),))
     with pytest.raises(ConfigError, match="not both"):
         DataConfig(mixture_weights=(("a", 1),), mixture_schedule=((1, (("a", 1),)),))
     schedule = mixture.parse_schedule([(1, (("web", 1), ("wbe", 1)))])

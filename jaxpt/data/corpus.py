@@ -12,10 +12,13 @@ Layout of a corpus version directory (`CorpusVersion` reads it; nothing else ope
   TensorFlow is not imported;
 - ``heldout/<domain>.jsonl.gz``: the held-out split, document files (`jaxpt.data.documents`).
 
-`corpus_dataset` returns a Grain ``IterDataset`` of ``int32[n]`` token arrays: each domain is
-sharded by process (``records[process_index::process_count]``), shuffled with a seed, repeated
-without end, and the domains are mixed by their weights (Grain's ``MapDataset.mix``). Iterators are
-checkpointable (``get_state`` / ``set_state``).
+The trainer reads a version with `corpus_mixture_iterator`: packed batches mixed by *tokens*
+(:mod:`jaxpt.data.mixture`; ``DataConfig.mixture_weights`` / ``mixture_schedule``, else ``mixture.json``'s
+weights), per-domain read positions in its state. `corpus_dataset` is the plain document stream, a Grain
+``IterDataset`` of ``int32[n]`` token arrays: each domain sharded by process
+(``records[process_index::process_count]``), shuffled with a seed, repeated without end, and the domains mixed
+by *document* weights (Grain's ``MapDataset.mix``); its iterators are checkpointable (``get_state`` /
+``set_state``).
 """
 
 from __future__ import annotations
@@ -157,20 +160,6 @@ class _ForPacking:
         doc_id = example["id"]
         doc_id = doc_id.decode() if isinstance(doc_id, bytes) else str(doc_id)
         return {"tokens": _tokens(example), "doc_index": zlib.crc32(doc_id.encode()) & 0x7FFFFFFF}
-
-
-def packed_corpus_dataset(corpus_dir: str, tokenizer, *, seq_len: int, local_batch_size: int, seed: int,
-                          process_index: int = 0, process_count: int = 1, add_eos: bool = True,
-                          weights: Mapping[str, float] | None = None):
-    """The training stream of a corpus version: mixed by ``weights`` (domain -> weight; default the corpus's
-    ``mixture.json`` weights), packed like the sample path (:mod:`jaxpt.data.packing`), batched to
-    ``[local_batch_size, seq_len]`` dicts. Checkpointable."""
-    from jaxpt.data import packing
-    ds = _mixed(corpus_dir, seed=seed, process_index=process_index, process_count=process_count,
-                weights=weights, record_fn=_ForPacking())
-    ds = packing.PackedIterDataset(ds, seq_len, pad_id=tokenizer.pad_id,
-                                   eos_id=tokenizer.eos_id if add_eos else None)
-    return ds.batch(local_batch_size, drop_remainder=True)
 
 
 def corpus_mixture_iterator(corpus_dir: str, tokenizer, schedule, *, key: str, seq_len: int, rows: int, seed: int,
