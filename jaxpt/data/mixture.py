@@ -13,7 +13,8 @@ Config face (:class:`jaxpt.config.DataConfig`):
 - ``mixture_schedule = ((1, (('web', 0.1), ...)), (721, (('reference/dict-foldoc', 0.5), ...)))``: stages by
   first global step (1-based; the first stage starts at step 1, starts strictly increase), e.g. a high-quality
   mixture for the decay phase of a WSD schedule ("increase the proportion of high-quality data and apply
-  learning-rate annealing near the end", Hu et al. 2024, MiniCPM sec. 6; Llama 3 sec. 3.1.3).
+  learning-rate annealing near the end"; MiniCPM, Hu et al. 2024, mixes high-quality data into its WSD decay
+  phase, and Llama 3, Dubey et al. 2024, anneals on upsampled high-quality data).
 
 Weights are normalized per stage; 0 leaves a group out of that stage. Negative, NaN or infinite weights, a
 stage whose weights are all 0, and a group the data does not have raise :class:`ConfigError` naming the key.
@@ -21,10 +22,11 @@ stage whose weights are all 0, and a group the data does not have raise :class:`
 Sampling (:class:`TokenMixIterator`): a deterministic weighted interleave by tokens. Each group keeps one open
 document; a row is filled piece by piece, each piece from the group ``g`` with the smallest ``t_g / w_g``
 (``t_g``: tokens, EOS included, that ``g`` has placed in the current stage; ties by name order), a piece being
-the rest of ``g``'s open document or what fits in the row. Since no piece is longer than ``seq_len``, after
-``T`` tokens of a stage every group is within one row of its share (``|t_g - w_g T| <= seq_len``) however long
-its documents are: the smooth weighted round-robin of network schedulers, counted in tokens. There is no coin
-flip, so the shares do not drift.
+the rest of ``g``'s open document or what fits in the row. Since no piece is longer than ``seq_len`` (``L``),
+after ``T`` tokens of a stage with ``G`` groups every group is within a few rows of its share however long its
+documents are: ``w_g (T - G L) <= t_g <= w_g T + L`` (the picked group is the one furthest below its share, so
+no ratio ``t_g / w_g`` passes the smallest by more than ``L / w_g``). It is the smooth weighted round-robin of
+network schedulers, counted in tokens; there is no coin flip, so the shares do not drift.
 
 Positions and shards: group ``g`` is one endless stream of its documents, reshuffled each epoch (``seed`` and
 the group name), and logical data shard ``k`` of ``S`` reads positions ``k, k + S, k + 2S, ...`` of it
