@@ -3,6 +3,7 @@ shards (issue 17: within +-1 point over 2M tokens).
 
     python benchmarks/mixture_shares.py --docs ../shared/corpus/raw-v1 --tokenizer artifacts/sample/tokenizer.model
     python benchmarks/mixture_shares.py --docs artifacts/sample/train.jsonl.gz --tokenizer artifacts/sample/tokenizer.model
+    python benchmarks/mixture_shares.py --run workdirs/quickstart_staged   # a run's realized shares per stage
 
 ``--docs``: a directory of raw-v1 ``<domain>/*.jsonl.gz`` document files (every document, unfiltered; the
 ``web/pages.warc.gz`` copy is not read) or one prepared document file. The batches come from the trainer's own
@@ -35,8 +36,10 @@ def _read(path: str) -> list[dict]:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--docs", required=True)
-    p.add_argument("--tokenizer", required=True)
+    p.add_argument("--docs")
+    p.add_argument("--tokenizer")
+    p.add_argument("--run", help="a training workdir: print its realized shares per stage (metrics.jsonl) "
+                                 "against the schedule of its last session (run.json)")
     p.add_argument("--weights", default="web=0.08,code=0.22,reference=0.25,multilingual=0.45",
                    help="group=weight,... (default: raw_v1.gin's quota targets)")
     p.add_argument("--tokens", type=int, default=2_000_000)
@@ -44,6 +47,10 @@ def main(argv=None) -> int:
     p.add_argument("--global-batch", type=int, default=64)
     p.add_argument("--seq-len", type=int, default=1024)
     a = p.parse_args(argv)
+    if a.run:
+        return _run_shares(a.run)
+    if not (a.docs and a.tokenizer):
+        p.error("--docs and --tokenizer are required (or --run)")
     weights = tuple((k, float(v)) for k, v in (kv.split("=") for kv in a.weights.split(",")))
     schedule = mixture.parse_schedule([(1, weights)])
     groups = mixture.group_names(schedule)
@@ -87,6 +94,31 @@ def main(argv=None) -> int:
     rows.append("| document sampling (before) | " + " | ".join(f"{doc_share[g] / total:.4f}" for g in groups) + " | |")
     rows.append("| configured | " + " | ".join(f"{schedule[0][1][g]:.4f}" for g in groups) + " | |")
     print("\n".join(rows))
+    return 0
+
+
+def _run_shares(workdir: str) -> int:
+    """The last ``mixture/...`` record of each stage in ``workdir``'s metrics.jsonl beside its weights."""
+    import json
+    run = json.load(open(os.path.join(workdir, "run.json")))
+    schedule = run["sessions"][-1]["mixture"]
+    last = {}
+    for line in open(os.path.join(workdir, "metrics.jsonl")):
+        r = json.loads(line)
+        if "mixture/stage" in r:
+            last[r["mixture/stage"]] = r
+    groups = sorted({g for s in schedule for g in s["weights"]})
+    print("| stage (steps) | tokens | " + " | ".join(groups) + " |")
+    print("|" + "---|" * (len(groups) + 2))
+    for i, stage in enumerate(schedule):
+        r = last.get(i)
+        if r is None:
+            continue
+        end = schedule[i + 1]["start_step"] - 1 if i + 1 < len(schedule) else r["step"]
+        cells = [f"{r.get(f'mixture/share/{g}', 0.0):.3f} ({stage['weights'].get(g, 0.0):.3f})" for g in groups]
+        print(f"| {i} ({stage['start_step']}-{end}, logged at {r['step']}) | {r['mixture/stage_tokens']} | "
+              + " | ".join(cells) + " |")
+    print("realized (configured)")
     return 0
 
 
