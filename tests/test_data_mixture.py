@@ -236,8 +236,8 @@ def test_staged_sample_run_logs_shares_and_resumes_with_a_new_mixture(prepared_s
         assert shares[step]["mixture/stage"] == stage
         for i, name in enumerate(groups):
             assert shares[step][f"mixture/share/{name}"] == pytest.approx(counts[stage][i] / counts[stage].sum())
-    # the second session's mixture has no multilingual group (a multilingual document split at the boundary is
-    # left unfinished: the shares count code and reference only)
+    # the second session's mixture has no multilingual group (a multilingual document open at the boundary waits
+    # in the data state for a stage that names the group again): the shares count code and reference only
     assert "mixture/share/multilingual" not in shares[8]
     assert shares[8]["mixture/share/code"] + shares[8]["mixture/share/reference"] == pytest.approx(1.0)
 
