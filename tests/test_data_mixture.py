@@ -255,3 +255,16 @@ def test_staged_sample_run_logs_shares_and_resumes_with_a_new_mixture(prepared_s
     assert max(max(s) for s in steps_of.values()) == 8
     for d, s in steps_of.items():
         assert s == list(range(s[0], s[0] + len(s))), f"document {d} read at steps {s}"
+
+
+def test_stages_count_steps_not_loader_batches_under_a_batch_size_ramp():
+    """With TrainConfig.batch_size_schedule '1:4,3:8' (full batch 8, loader batch 4), steps 1-2 take one loader
+    batch and steps 3+ two: loader batches 0, 1, 2, 3, 4, 5 feed steps 1, 2, 3, 3, 4, 4 (counted by hand)."""
+    import types
+    from jaxpt.data import stream
+    cfg = types.SimpleNamespace(batch_size_schedule="1:4,3:8", global_batch_size=8, grad_accum_steps=1,
+                                batch_lr_scaling="none")
+    step_of = stream._step_of_batch(cfg, 1)
+    assert [step_of(b) for b in range(6)] == [1, 2, 3, 3, 4, 4]
+    assert stream._step_of_batch(types.SimpleNamespace(batch_size_schedule="", global_batch_size=8,
+                                                       grad_accum_steps=1, batch_lr_scaling="none"), 1) is None

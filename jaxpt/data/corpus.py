@@ -164,7 +164,7 @@ class _ForPacking:
 
 def corpus_mixture_iterator(corpus_dir: str, tokenizer, schedule, *, key: str, seq_len: int, rows: int, seed: int,
                             shard: int = 0, num_shards: int = 1, add_eos: bool = True, shuffle: bool = True,
-                            first_step: int = 1):
+                            first_step: int = 1, step_of_batch=None):
     """The training stream of a corpus version, mixed by tokens (:mod:`jaxpt.data.mixture`): logical shard
     ``shard`` of ``num_shards``, batches of ``rows`` packed rows of ``seq_len`` tokens.
 
@@ -205,7 +205,7 @@ def corpus_mixture_iterator(corpus_dir: str, tokenizer, schedule, *, key: str, s
     return mixture.mixture_iterator(domains, sources, fetch, schedule, key=key, seed=seed, shuffle=shuffle,
                                     shard=shard, num_shards=num_shards, rows=rows, seq_len=seq_len,
                                     pad_id=tokenizer.pad_id, eos_id=tokenizer.eos_id if add_eos else None,
-                                    first_step=first_step)
+                                    first_step=first_step, step_of_batch=step_of_batch)
 
 
 def _text(value) -> str:

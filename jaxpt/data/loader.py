@@ -143,7 +143,7 @@ def make_train_dataset(
 
 def sample_mixture_iterator(documents_path: str | os.PathLike, tokenizer: Tokenizer, schedule, *, key: str,
                             seq_len: int, rows: int, seed: int, shard: int = 0, num_shards: int = 1,
-                            add_eos: bool = True, shuffle: bool = True, first_step: int = 1):
+                            add_eos: bool = True, shuffle: bool = True, first_step: int = 1, step_of_batch=None):
     """Prepared documents mixed by tokens (:mod:`jaxpt.data.mixture`) by their ``domain`` (and ``source``)
     fields: logical shard ``shard`` of ``num_shards``, batches of ``rows`` rows ``int32[rows, seq_len]``
     (``doc_index``: the document's line in the file, 0-based). Documents are tokenized as they are read.
@@ -167,7 +167,7 @@ def sample_mixture_iterator(documents_path: str | os.PathLike, tokenizer: Tokeni
     return mixture.mixture_iterator(domains, sources, fetch, schedule, key=key, seed=seed, shuffle=shuffle,
                                     shard=shard, num_shards=num_shards, rows=rows, seq_len=seq_len,
                                     pad_id=tokenizer.pad_id, eos_id=tokenizer.eos_id if add_eos else None,
-                                    first_step=first_step)
+                                    first_step=first_step, step_of_batch=step_of_batch)
 
 
 def _length_mixture(texts: list[str], min_chars: int, weight: float, seed: int, shuffle: bool) -> grain.MapDataset:

@@ -213,6 +213,8 @@ class TokenMixIterator:
       pad_id, eos_id: as :mod:`jaxpt.data.packing` (``eos_id`` None: no EOS appended; ``pad_id`` is unused, the
         stream is endless and never pads).
       first_step: the global step of the first batch (1; a fresh stream of a later stage: its first step).
+      step_of_batch: loader batch index (0-based) -> the global step it feeds, for a batch-size ramp where a
+        step takes several batches (:mod:`jaxpt.batch_ramp`); None: ``first_step + index``.
 
     Each ``next`` returns int32 arrays [rows, seq_len]: ``tokens``, ``segment_ids``, ``positions``,
     ``doc_index`` (the layout of :mod:`jaxpt.data.packing`) and :data:`GROUP_KEY`.
@@ -226,17 +228,18 @@ class TokenMixIterator:
     """
 
     def __init__(self, read: Reader, schedule, *, rows: int, seq_len: int, pad_id: int = 0,
-                 eos_id: int | None = None, first_step: int = 1):
+                 eos_id: int | None = None, first_step: int = 1,
+                 step_of_batch: Callable[[int], int] | None = None):
         if rows < 1 or seq_len < 1:
             raise ValueError(f"rows and seq_len must be positive, got {rows}, {seq_len}")
         self._read, self.schedule, self.rows, self.seq_len = read, list(schedule), rows, seq_len
         self.pad_id, self.eos_id = pad_id, eos_id
         self.groups = group_names(self.schedule)
         self._index = {g: i for i, g in enumerate(self.groups)}
-        self._first_step = first_step
+        self._step_of = step_of_batch or (lambda b: first_step + b)
         self.batches = 0
         self.positions: dict[str, int] = {g: 0 for g in self.groups}
-        self.stage = stage_at(self.schedule, first_step)
+        self.stage = stage_at(self.schedule, self._step_of(0))
         self.stage_tokens = {g: 0 for g in self.groups}
         # group -> [position, offset, tokens (EOS appended), doc_index] of its open document
         self._open: dict[str, list] = {}
@@ -298,7 +301,7 @@ class TokenMixIterator:
         return row
 
     def __next__(self) -> dict[str, np.ndarray]:
-        stage = stage_at(self.schedule, self._first_step + self.batches)
+        stage = stage_at(self.schedule, self._step_of(self.batches))
         if stage != self.stage:
             self.stage, self.stage_tokens = stage, {g: 0 for g in self.groups}
         rows = [self._row() for _ in range(self.rows)]
@@ -325,7 +328,7 @@ class TokenMixIterator:
         self.batches = int(state["batches"])
         # Groups this mixture does not name keep their positions and open documents for a later stage.
         self.positions = {**{g: 0 for g in self.groups}, **{g: int(p) for g, p in state["positions"].items()}}
-        self.stage = stage_at(self.schedule, self._first_step + self.batches)
+        self.stage = stage_at(self.schedule, self._step_of(self.batches))
         same = int(state["stage"]) == self.stage and _same_weights(state["stage_weights"], self._weights())
         saved = {g: int(t) for g, t in state["stage_tokens"].items()} if same else {}
         self.stage_tokens = {g: saved.get(g, 0) for g in self.groups}
@@ -340,7 +343,7 @@ class TokenMixIterator:
 def mixture_iterator(domains: Sequence[str], sources: Sequence[str], fetch: Callable[[int], tuple[np.ndarray, int]],
                      schedule, *, key: str, seed: int, shuffle: bool, shard: int, num_shards: int, rows: int,
                      seq_len: int, pad_id: int = 0, eos_id: int | None = None,
-                     first_step: int = 1) -> TokenMixIterator:
+                     first_step: int = 1, step_of_batch: Callable[[int], int] | None = None) -> TokenMixIterator:
     """:class:`TokenMixIterator` of logical shard ``shard`` of ``num_shards`` over documents ``0..N-1``.
 
     Args:
@@ -348,7 +351,7 @@ def mixture_iterator(domains: Sequence[str], sources: Sequence[str], fetch: Call
       fetch: document index -> ``(tokens int[n], doc_index)``.
       schedule: :func:`parse_schedule` output; key: its config key (errors name it).
       seed, shuffle: group streams (:class:`GroupStream`).
-      shard, num_shards, rows, seq_len, pad_id, eos_id, first_step: as :class:`TokenMixIterator`.
+      shard, num_shards, rows, seq_len, pad_id, eos_id, first_step, step_of_batch: as :class:`TokenMixIterator`.
     Raises:
       ConfigError: a group with no documents (:func:`assign_groups`).
     """
@@ -361,7 +364,7 @@ def mixture_iterator(domains: Sequence[str], sources: Sequence[str], fetch: Call
         return fetch(members[g][streams[g][pos]])
 
     return TokenMixIterator(read, schedule, rows=rows, seq_len=seq_len, pad_id=pad_id, eos_id=eos_id,
-                            first_step=first_step)
+                            first_step=first_step, step_of_batch=step_of_batch)
 
 
 def _same_weights(a: Mapping[str, float], b: Mapping[str, float]) -> bool:
