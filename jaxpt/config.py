@@ -36,6 +36,7 @@ from jaxpt import batch_ramp
 from jaxpt import mesh as mesh_lib
 from jaxpt import stage as stage_lib
 from jaxpt.checkpoint import CheckpointConfig
+from jaxpt.data import mixture as mixture_lib
 from jaxpt.errors import ConfigError
 from jaxpt.eval.inloop import HeldoutEvalConfig
 from jaxpt.model.config import ModelConfig
@@ -62,8 +63,15 @@ class DataConfig:
         runs a contiguous block of them. 0: one per process at the run's start, then kept (recorded in
         checkpoints). Fixed for a run, so a resume on another process count continues exactly (see
         :mod:`jaxpt.data.shards`).
-      mixture_weights: ``(('domain', weight), ...)`` replacing the corpus version's ``mixture.json`` weights
-        (``source='corpus'``; a domain left out is not read); empty: the corpus's own weights.
+      mixture_weights: ``(('group', weight), ...)``: the share of the training *tokens* each group gets
+        (:mod:`jaxpt.data.mixture`); a group is a domain (``'code'``) or a domain's source, its finer quality
+        tier (``'reference/dict-foldoc'``). Normalized; a group left out or at 0 is not read. Both sources:
+        the corpus version's ``mixture.json`` weights are replaced, the sample's documents are grouped by their
+        ``domain``/``source`` fields. Empty: the corpus's own weights; the sample in its natural proportion.
+      mixture_schedule: staged mixtures ``((start_step, (('group', weight), ...)), ...)``: from global step
+        ``start_step`` (1-based; the first stage at 1) on, that stage's weights, e.g. a high-quality mixture for
+        the decay phase of WSD. Excludes ``mixture_weights``. Recorded in run.json; realized token shares per
+        stage are logged (``mixture/...`` in metrics.jsonl).
       long_doc_min_chars, long_doc_weight: a length mixture for ``source='sample'`` (e.g. a long-context stage
         upweighting long documents): with ``long_doc_weight`` > 0, each next document is one of at least
         ``long_doc_min_chars`` characters with probability ``long_doc_weight``, else a shorter one
@@ -73,7 +81,9 @@ class DataConfig:
       ConfigError: at construction, naming ``DataConfig.<field> = <value>``: a wrong type, an unknown
         source, a negative ``num_shards``, or ``source='corpus'`` without a ``corpus_dir``; a
         ``long_doc_weight`` outside [0, 1], or above 0 without ``long_doc_min_chars``; a non-positive
-        ``mixture_weights`` weight or a malformed entry.
+        ``mixture_weights`` / ``mixture_schedule`` that is malformed, has a negative, NaN or infinite weight, or
+        weights all 0 (naming the group), or both set. A group the data does not have is refused when the stream
+        is built (naming the key and the domains that exist).
     """
 
     source: Literal["sample", "corpus"] = "sample"
@@ -85,6 +95,7 @@ class DataConfig:
     add_eos: bool = True
     num_shards: int = 0
     mixture_weights: tuple = ()
+    mixture_schedule: tuple = ()
     long_doc_min_chars: int = 0
     long_doc_weight: float = 0.0
 
@@ -94,10 +105,13 @@ class DataConfig:
         require(self, "long_doc_weight", 0.0 <= self.long_doc_weight <= 1.0, "must be in [0, 1]")
         require(self, "long_doc_min_chars", self.long_doc_weight == 0 or self.long_doc_min_chars > 0,
                 "must be > 0 when DataConfig.long_doc_weight > 0 (it splits long from short documents)")
-        require(self, "mixture_weights", all(
-            isinstance(e, (tuple, list)) and len(e) == 2 and isinstance(e[0], str)
-            and isinstance(e[1], (int, float)) and e[1] >= 0 for e in self.mixture_weights),
-            "(('domain', weight >= 0), ...)")
+        require(self, "mixture_schedule", not (self.mixture_schedule and self.mixture_weights),
+                "set it or DataConfig.mixture_weights, not both (a one-stage schedule is mixture_weights)")
+        mixture_lib.schedule_from_config(self)  # ConfigError naming the key and the group
+        require(self, "mixture_schedule", not any(isinstance(e[1], dict) for e in self.mixture_schedule),
+                "write each stage's weights as (('group', weight), ...), not a dict (configs stay hashable)")
+        require(self, "long_doc_weight", not (self.long_doc_weight and (self.mixture_weights or self.mixture_schedule)),
+                "a length mixture cannot be combined with DataConfig.mixture_weights / mixture_schedule")
         require(self, "corpus_dir", self.source != "corpus" or bool(self.corpus_dir),
                 "must be set when DataConfig.source = 'corpus'")
 

@@ -189,3 +189,48 @@ def parse_window(text: str) -> tuple[int, int] | None:
         return int(a), int(b)
     except ValueError:
         raise ValueError(f"profile window {text!r}: expected START:STOP, e.g. '20:25'") from None
+
+
+class MixtureShareHook(Hook):
+    """Logs the realized token shares of the data mixture per stage (:mod:`jaxpt.data.mixture`).
+
+    Counts the tokens of each group in the batches the loop actually trains on (this process's rows, from the
+    host-side ``mixture_group`` key; every logical shard follows the weights, so one process's shares are the
+    global ones within a document per shard), per stage, from this session's start. Adds to each logged
+    record ``mixture/stage`` (0-based), ``mixture/stage_tokens`` and ``mixture/share/<group>`` (tokens of the
+    group / tokens of the stage so far, padding excluded), and asks for a record at each stage's last step.
+    A rollback starts the stage's counts again.
+    """
+
+    def __init__(self, schedule, groups: list[str]):
+        self.schedule, self.groups = list(schedule), list(groups)
+        self.pending: dict[int, np.ndarray] = {}
+        self.stage, self.totals = None, np.zeros(len(self.groups), np.int64)
+
+    def on_batch(self, ctx, step: int, local_batch: dict[str, np.ndarray]) -> None:
+        from jaxpt.data.mixture import GROUP_KEY
+        g = local_batch.get(GROUP_KEY)
+        if g is not None:
+            self.pending[step] = np.bincount(g[g >= 0].ravel(), minlength=len(self.groups))[:len(self.groups)]
+
+    def on_reported(self, ctx, report: StepReport) -> None:
+        from jaxpt.data.mixture import stage_at
+        counts = self.pending.pop(report.step, None)
+        if counts is None:
+            return
+        stage = stage_at(self.schedule, report.step)
+        if stage != self.stage:
+            self.stage, self.totals = stage, np.zeros(len(self.groups), np.int64)
+        self.totals += counts
+        total = int(self.totals.sum())
+        report.record["mixture/stage"] = stage
+        report.record["mixture/stage_tokens"] = total
+        for name, c in zip(self.groups, self.totals):
+            report.record[f"mixture/share/{name}"] = float(c) / total if total else 0.0
+        nxt = self.schedule[stage + 1][0] if stage + 1 < len(self.schedule) else None
+        if nxt is not None and report.step == nxt - 1:
+            report.write = True
+
+    def on_rewind(self, ctx, step: int) -> None:
+        self.pending.clear()
+        self.stage = None

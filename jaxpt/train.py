@@ -393,6 +393,17 @@ def _final(ctx: LoopContext, last: dict[str, Any]) -> dict[str, Any]:
     return final
 
 
+def _track_mixture(ctx: LoopContext, batches, registry) -> None:
+    """A token-mixture stream (:mod:`jaxpt.data.mixture`): record its stages in run.json (this session's
+    ``mixture``: ``[{"start_step", "weights"}]``, weights normalized) and log its realized shares per stage."""
+    its = list(getattr(batches, "iterators", {}).values())
+    schedule = getattr(its[0], "schedule", None) if its else None
+    if schedule is None:
+        return
+    registry.update_session({"mixture": [{"start_step": s, "weights": w} for s, w in schedule]})
+    ctx.hooks.append(hooks_lib.MixtureShareHook(schedule, its[0].groups))
+
+
 def run_training(cfg: TrainConfig, fault_injector=None, batch_injector=None) -> dict[str, Any]:
     """Check every input and the resume target (:func:`jaxpt.preflight.check`; nothing is written or compiled
     before it passes), set up, resume if the workdir has checkpoints, and train to ``cfg.steps``; returns the
@@ -437,6 +448,7 @@ def run_training(cfg: TrainConfig, fault_injector=None, batch_injector=None) -> 
             ctx = LoopContext(run, writer, batches, ckpt, meta, preemption, registry, fault_injector,
                               train_time_s=float(pre.resume_meta.get("train_time_s", 0.0)) if start else 0.0,
                               goodput=goodput, batch_injector=batch_injector)
+            _track_mixture(ctx, batches, registry)
             last = train_loop(ctx)
         final = _final(ctx, last)
         ctx.record_goodput(final["step"])

@@ -12,10 +12,13 @@ Layout of a corpus version directory (`CorpusVersion` reads it; nothing else ope
   (protobuf and numpy; neither TensorFlow nor TFDS is needed to train);
 - ``heldout/<domain>.jsonl.gz``: the held-out split, document files (`jaxpt.data.documents`).
 
-`corpus_dataset` returns a Grain ``IterDataset`` of ``int32[n]`` token arrays: each domain is
-sharded by process (``records[process_index::process_count]``), shuffled with a seed, repeated
-without end, and the domains are mixed by their weights (Grain's ``MapDataset.mix``). Iterators are
-checkpointable (``get_state`` / ``set_state``).
+The trainer reads a version with `corpus_mixture_iterator`: packed batches mixed by *tokens*
+(:mod:`jaxpt.data.mixture`; ``DataConfig.mixture_weights`` / ``mixture_schedule``, else ``mixture.json``'s
+weights), per-domain read positions in its state. `corpus_dataset` is the plain document stream, a Grain
+``IterDataset`` of ``int32[n]`` token arrays: each domain sharded by process
+(``records[process_index::process_count]``), shuffled with a seed, repeated without end, and the domains mixed
+by *document* weights (Grain's ``MapDataset.mix``); its iterators are checkpointable (``get_state`` /
+``set_state``).
 """
 
 from __future__ import annotations
@@ -175,18 +178,54 @@ class _ForPacking:
         return {"tokens": _tokens(example), "doc_index": zlib.crc32(doc_id.encode()) & 0x7FFFFFFF}
 
 
-def packed_corpus_dataset(corpus_dir: str, tokenizer, *, seq_len: int, local_batch_size: int, seed: int,
-                          process_index: int = 0, process_count: int = 1, add_eos: bool = True,
-                          weights: Mapping[str, float] | None = None):
-    """The training stream of a corpus version: mixed by ``weights`` (domain -> weight; default the corpus's
-    ``mixture.json`` weights), packed like the sample path (:mod:`jaxpt.data.packing`), batched to
-    ``[local_batch_size, seq_len]`` dicts. Checkpointable."""
-    from jaxpt.data import packing
-    ds = _mixed(corpus_dir, seed=seed, process_index=process_index, process_count=process_count,
-                weights=weights, record_fn=_ForPacking())
-    ds = packing.PackedIterDataset(ds, seq_len, pad_id=tokenizer.pad_id,
-                                   eos_id=tokenizer.eos_id if add_eos else None)
-    return ds.batch(local_batch_size, drop_remainder=True)
+def corpus_mixture_iterator(corpus_dir: str, tokenizer, schedule, *, key: str, seq_len: int, rows: int, seed: int,
+                            shard: int = 0, num_shards: int = 1, add_eos: bool = True, shuffle: bool = True,
+                            first_step: int = 1, step_of_batch=None):
+    """The training stream of a corpus version, mixed by tokens (:mod:`jaxpt.data.mixture`): logical shard
+    ``shard`` of ``num_shards``, batches of ``rows`` packed rows of ``seq_len`` tokens.
+
+    Args:
+      schedule: ``[(start_step, {group: weight})]`` (:func:`jaxpt.data.mixture.parse_schedule`); None: the
+        corpus's ``mixture.json`` weights (its token shares), groups of weight 0 left out.
+      key: the config key of ``schedule`` (errors name it).
+    Raises:
+      ConfigError: a group the corpus has no documents of (names ``key``, the group and the domains), bad weights.
+      FileNotFoundError: as :func:`read_corpus_version`.
+    """
+    from jaxpt.data import mixture
+    mix = read_mixture(corpus_dir)
+    if schedule is None:
+        key = f"{corpus_dir}/mixture.json weights"
+        schedule = [(1, mixture.parse_weights({d: w for d, w in mix["weights"].items() if w}, key))]
+    wanted = {g.split("/", 1)[0] for g in mixture.group_names(schedule)}
+    by_source = {g.split("/", 1)[0] for g in mixture.group_names(schedule) if "/" in g}
+    domains, sources, refs, srcs = [], [], [], {}
+    for d in sorted(wanted & set(mix["weights"])):
+        src = srcs[d] = domain_source(corpus_dir, d)
+        n = len(src)
+        domains += [d] * n
+        refs += [(d, i) for i in range(n)]
+        if d in by_source:  # read every record's source once (only for a domain split by source)
+            sources += [_text(src[i]["source"]) for i in range(n)]
+        else:
+            sources += [""] * n
+    if not domains and wanted:  # every wanted domain unknown: let assign_groups name them
+        domains, sources = list(mix["weights"]), [""] * len(mix["weights"])
+    for_packing = _ForPacking()
+
+    def fetch(i: int):
+        d, r = refs[i]
+        element = for_packing(srcs[d][r])
+        return element["tokens"], element["doc_index"]
+
+    return mixture.mixture_iterator(domains, sources, fetch, schedule, key=key, seed=seed, shuffle=shuffle,
+                                    shard=shard, num_shards=num_shards, rows=rows, seq_len=seq_len,
+                                    pad_id=tokenizer.pad_id, eos_id=tokenizer.eos_id if add_eos else None,
+                                    first_step=first_step, step_of_batch=step_of_batch)
+
+
+def _text(value) -> str:
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
 
 
 def corpus_dataset(
@@ -221,8 +260,10 @@ def _mixed(corpus_dir: str, *, seed: int, process_index: int = 0, process_count:
 
     if not 0 <= process_index < process_count:
         raise ValueError(f"process_index {process_index} not in [0, {process_count})")
+    from jaxpt.data import mixture
     mix = read_mixture(corpus_dir)
     weights = dict(weights if weights is not None else mix["weights"])
+    mixture.parse_weights(weights, "weights")  # negative, NaN or all-zero weights are errors, not 0
     unknown = set(weights) - set(mix["weights"])
     if unknown:
         raise ValueError(f"weights: domains {sorted(unknown)} not in {corpus_dir}/mixture.json")

@@ -141,6 +141,35 @@ def make_train_dataset(
     return it.batch(local_batch_size, drop_remainder=True)
 
 
+def sample_mixture_iterator(documents_path: str | os.PathLike, tokenizer: Tokenizer, schedule, *, key: str,
+                            seq_len: int, rows: int, seed: int, shard: int = 0, num_shards: int = 1,
+                            add_eos: bool = True, shuffle: bool = True, first_step: int = 1, step_of_batch=None):
+    """Prepared documents mixed by tokens (:mod:`jaxpt.data.mixture`) by their ``domain`` (and ``source``)
+    fields: logical shard ``shard`` of ``num_shards``, batches of ``rows`` rows ``int32[rows, seq_len]``
+    (``doc_index``: the document's line in the file, 0-based). Documents are tokenized as they are read.
+
+    Raises:
+      ConfigError: a group with no documents (names ``key``, the group and the domains the file has), bad
+        weights; DocumentFormatError for a malformed file (names file:line).
+    """
+    from jaxpt.data import mixture
+    docs = documents.read_documents(documents_path)
+    if not docs:
+        raise ConfigError(f"{documents_path}: no documents")
+    domains = [str(d.get("domain", "")) for d in docs]
+    sources = [str(d.get("source", "")) for d in docs]
+    texts = [d["text"] for d in docs]
+    del docs
+
+    def fetch(i: int):
+        return tokenizer.encode(texts[i]), i
+
+    return mixture.mixture_iterator(domains, sources, fetch, schedule, key=key, seed=seed, shuffle=shuffle,
+                                    shard=shard, num_shards=num_shards, rows=rows, seq_len=seq_len,
+                                    pad_id=tokenizer.pad_id, eos_id=tokenizer.eos_id if add_eos else None,
+                                    first_step=first_step, step_of_batch=step_of_batch)
+
+
 def _length_mixture(texts: list[str], min_chars: int, weight: float, seed: int, shuffle: bool) -> grain.MapDataset:
     """Infinite doc-index stream mixing short and long (``>= min_chars``) documents ``1 - weight : weight``.
 

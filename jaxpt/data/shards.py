@@ -3,8 +3,8 @@
 The global batch is split into ``num_shards`` (S) logical data shards. Shard ``k`` is an independent Grain
 pipeline that reads the ``k``-th of S interleaved slices of the data (the prepared sample: documents
 ``k, k + S, k + 2S, ...`` of the shuffled stream, `jaxpt.data.loader.make_train_dataset` with
-``process_index=k, process_count=S``; a corpus version: records ``k::S`` of every domain,
-`jaxpt.data.corpus.packed_corpus_dataset`) and contributes ``global_batch_size / S`` rows to every step.
+``process_index=k, process_count=S``; a corpus version, or the sample with a mixture: positions
+``k, k + S, ...`` of every group's document stream, `jaxpt.data.mixture`) and contributes ``global_batch_size / S`` rows to every step.
 
 Assignment (:func:`jaxpt.data.stream.train_batches`): each of the P processes runs a *contiguous block* of
 S / P shards, process ``p`` the shards ``p * S/P, ..., (p + 1) * S/P - 1``, and :class:`ShardedBatches`

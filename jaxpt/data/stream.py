@@ -54,18 +54,54 @@ def data_shard_count(cfg, saved_shards: int | None = None) -> int:
 
 
 def _shard_iterator(cfg, tokenizer, k: int, n: int):
-    """Iterator of logical shard ``k`` of ``n``: local batches ``int32[global_batch / n, seq_len]`` per key."""
+    """Iterator of logical shard ``k`` of ``n``: local batches ``int32[global_batch / n, seq_len]`` per key.
+
+    A corpus version, or the sample with ``DataConfig.mixture_weights`` / ``mixture_schedule``, is mixed by
+    tokens (:mod:`jaxpt.data.mixture`); the sample without a mixture is read in its natural proportion."""
+    from jaxpt import stage as stage_lib
+    from jaxpt.data import mixture
+    schedule, key = mixture.schedule_from_config(cfg.data), mixture.config_key(cfg.data)
+    rows = loader_batch_size(cfg) // n  # rows of one loader batch (a batch-size ramp takes several a step)
+    first_step = stage_lib.start_step(cfg) + 1  # an extension stage's stream feeds the steps after its parent's
+    step_of_batch = _step_of_batch(cfg, first_step)
     if cfg.data.source == "corpus":  # a corpus version built by data_pipelines.build
-        from jaxpt.data.corpus import packed_corpus_dataset
-        return iter(packed_corpus_dataset(
-            cfg.data.corpus_dir, tokenizer, seq_len=cfg.seq_len, local_batch_size=loader_batch_size(cfg) // n,
-            seed=cfg.seed, process_index=k, process_count=n, add_eos=cfg.data.add_eos,
-            weights=dict(cfg.data.mixture_weights) or None))
+        from jaxpt.data.corpus import corpus_mixture_iterator
+        return corpus_mixture_iterator(
+            cfg.data.corpus_dir, tokenizer, schedule, key=key, seq_len=cfg.seq_len, rows=rows, seed=cfg.seed,
+            shard=k, num_shards=n, add_eos=cfg.data.add_eos, shuffle=cfg.data.shuffle, first_step=first_step,
+            step_of_batch=step_of_batch)
     from jaxpt.data import loader
+    if schedule is not None:
+        return loader.sample_mixture_iterator(
+            cfg.data.train_path, tokenizer, schedule, key=key, seq_len=cfg.seq_len, rows=rows, seed=cfg.seed,
+            shard=k, num_shards=n, add_eos=cfg.data.add_eos, shuffle=cfg.data.shuffle, first_step=first_step,
+            step_of_batch=step_of_batch)
     return iter(loader.make_train_dataset(
-        cfg.data.train_path, tokenizer, seq_len=cfg.seq_len, local_batch_size=loader_batch_size(cfg) // n,
+        cfg.data.train_path, tokenizer, seq_len=cfg.seq_len, local_batch_size=rows,
         seed=cfg.seed, process_index=k, process_count=n, shuffle=cfg.data.shuffle, add_eos=cfg.data.add_eos,
         long_doc_min_chars=cfg.data.long_doc_min_chars, long_doc_weight=cfg.data.long_doc_weight))
+
+
+def _step_of_batch(cfg, first_step: int):
+    """Loader batch index (0-based) -> the global step it feeds under a batch-size ramp (a step of ``B`` rows
+    takes ``B / unit`` loader batches, :mod:`jaxpt.batch_ramp`); None without a ramp (one batch a step)."""
+    from jaxpt import batch_ramp
+    ramp = batch_ramp.from_config(cfg)
+    if len(ramp.sizes) == 1:
+        return None
+    base = ramp.rows_through(first_step - 1)
+
+    def step_of(b: int) -> int:  # the first step whose loader batches reach past index b (binary search)
+        lo, hi = first_step, first_step + b
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if (ramp.rows_through(mid) - base) // ramp.unit > b:
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
+
+    return step_of
 
 
 def train_batches(cfg, tokenizer, num_shards: int):
