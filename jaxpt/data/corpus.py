@@ -21,20 +21,19 @@ checkpointable (``get_state`` / ``set_state``).
 from __future__ import annotations
 
 import dataclasses
-import glob
 import json
 import os
 from typing import Any, Iterator, Mapping
 
 import numpy as np
 
+from jaxpt import fs
 from jaxpt.errors import ConfigError
 
 
 def _read_json(path: str) -> Any:
     try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
+        return json.loads(fs.read_text(path))
     except (ValueError, UnicodeDecodeError) as e:
         raise ConfigError(f"{path}: not JSON ({e})") from None
 
@@ -67,27 +66,27 @@ class CorpusVersion:
         """
         out = {}
         for domain, shards in sorted(self.mixture["shards"].items()):
-            out[domain] = [os.path.join(self.path, s) for s in shards]
+            out[domain] = [fs.join(self.path, s) for s in shards]
             for s, full in zip(shards, out[domain]):
-                if not os.path.isfile(full):
+                if not fs.isfile(full):
                     raise FileNotFoundError(f"{self.path}/mixture.json lists shard {s}, which does not exist")
         return out
 
     def heldout_files(self) -> list[str]:
         """The held-out split's document files, ``heldout/*.jsonl.gz`` sorted ([] for a version built without)."""
-        return sorted(glob.glob(os.path.join(self.path, "heldout", "*.jsonl.gz")))
+        return fs.glob(fs.join(self.path, "heldout"), "*.jsonl.gz")
 
     def tfds_dir(self) -> str:
         """The TFDS dataset directory ``<path>/<data_dir>/<name>/<version>``. Raises ConfigError without ``tfds``."""
         t = self.mixture.get("tfds")
         if not isinstance(t, dict) or not {"data_dir", "name", "version"} <= set(t):
             raise ConfigError(f"{self.path}/mixture.json: no 'tfds' entry with data_dir, name and version")
-        return os.path.join(self.path, t["data_dir"], t["name"], t["version"])
+        return fs.join(self.path, t["data_dir"], t["name"], t["version"])
 
 
 def is_corpus_version(path: str | os.PathLike) -> bool:
     """True if ``path`` is a directory holding ``mixture.json``."""
-    return os.path.isfile(os.path.join(path, "mixture.json"))
+    return fs.isfile(fs.join(path, "mixture.json"))
 
 
 def read_corpus_version(corpus_dir: str | os.PathLike) -> CorpusVersion:
@@ -98,15 +97,15 @@ def read_corpus_version(corpus_dir: str | os.PathLike) -> CorpusVersion:
       ConfigError: ``mixture.json`` or ``manifest.json`` is not JSON, or the mixture lacks ``weights``/``shards``.
     """
     corpus_dir = os.fspath(corpus_dir)
-    path = os.path.join(corpus_dir, "mixture.json")
-    if not os.path.exists(path):
+    path = fs.join(corpus_dir, "mixture.json")
+    if not fs.exists(path):
         raise FileNotFoundError(f"{path}: not a built corpus directory (no mixture.json)")
     mixture = _read_json(path)
     if not isinstance(mixture, dict) or not isinstance(mixture.get("weights"), dict) \
             or not isinstance(mixture.get("shards"), dict):
         raise ConfigError(f"{path}: not a corpus mixture (needs 'weights' and 'shards' objects)")
-    manifest_path = os.path.join(corpus_dir, "manifest.json")
-    manifest = _read_json(manifest_path) if os.path.isfile(manifest_path) else {}
+    manifest_path = fs.join(corpus_dir, "manifest.json")
+    manifest = _read_json(manifest_path) if fs.isfile(manifest_path) else {}
     return CorpusVersion(corpus_dir, mixture, manifest if isinstance(manifest, dict) else {})
 
 
@@ -128,17 +127,21 @@ def shard_records(paths: list[str]) -> Iterator[dict[str, str]]:
     from tensorflow_datasets.proto import tf_example_pb2
 
     for path in paths:
-        source = array_record_data_source.ArrayRecordDataSource([path])
+        # ArrayRecord's reader opens local files only: a shard in object storage is read from a local copy.
+        source = array_record_data_source.ArrayRecordDataSource([fs.local_copy(path)])
         for i in range(len(source)):
             f = tf_example_pb2.Example.FromString(source[i]).features.feature
             yield {k: _feature_text(f, k) for k in ("id", "source", "domain", "lang", "text")}
 
 
 def domain_source(corpus_dir: str, domain: str):
-    """Random-access TFDS source of one domain split (records decode to dicts of numpy arrays)."""
+    """Random-access TFDS source of one domain split (records decode to dicts of numpy arrays).
+
+    ArrayRecord's reader opens local files only, so a corpus version in object storage is read from a local
+    copy of its TFDS directory (:func:`jaxpt.fs.local_tree`, downloaded once per host and cached)."""
     import tensorflow_datasets as tfds
 
-    data_dir = read_corpus_version(corpus_dir).tfds_dir()
+    data_dir = fs.local_tree(read_corpus_version(corpus_dir).tfds_dir())
     return tfds.builder_from_directory(data_dir).as_data_source(split=domain)
 
 
