@@ -179,6 +179,9 @@ class MetricWriter:
             self._jsonl.close()
             if self._tb is not None:
                 self._tb.close()
+                # tensorboardX's gs:// writer uploads again when garbage-collected: let that happen now, not
+                # at interpreter exit when the bucket may be gone
+                self._tb = None
 
 
 # ------------------------------------------------------------------------------------------ reading metrics.jsonl

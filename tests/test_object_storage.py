@@ -64,6 +64,8 @@ def gcs():
         urllib.request.urlopen(req, timeout=10)
         yield f"gs://{BUCKET}"
     finally:
+        import gc
+        gc.collect()  # writers that upload when collected (TensorBoard's) do so while the server still runs
         server.terminate()
         server.wait(timeout=10)
         for k, v in saved.items():
