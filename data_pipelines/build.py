@@ -12,13 +12,13 @@ import collections
 import glob
 import json
 import os
-import shutil
 import sys
 import time
 
 import gin
 
 from jaxpt import progress as progress_lib
+from jaxpt import fs
 from jaxpt.data import documents
 
 from data_pipelines import config as config_lib
@@ -81,12 +81,11 @@ def run(cfg: config_lib.BuildConfig, out_dir: str, beam_args: list[str] | None =
     sources = cfg.registry()
     writer.SentencePieceEncoder(cfg.output.tokenizer_path)  # fail before the pipeline starts
     eval_hashes = load_eval_hashes(cfg) if cfg.decontam.enabled else {}
-    os.makedirs(out_dir, exist_ok=True)
+    fs.makedirs(out_dir)
     for sub in OUTPUT_SUBDIRS:
-        shutil.rmtree(os.path.join(out_dir, sub), ignore_errors=True)
+        fs.rmtree(fs.join(out_dir, sub))
     for f in ("manifest.json", "mixture.json"):
-        if os.path.exists(os.path.join(out_dir, f)):
-            os.remove(os.path.join(out_dir, f))
+        fs.remove(fs.join(out_dir, f))
     beam_args = list(beam_args or [])
     if not any(a.startswith("--runner") for a in beam_args):
         beam_args += ["--runner=DirectRunner"]
@@ -110,10 +109,11 @@ def _complete_shards(cfg, out_dir) -> dict[str, list[int]]:
     for d in domains:
         lens = []
         for i in range(n):
-            path = os.path.join(data_dir, writer.shard_filename(cfg.output.dataset_name, d, i, n))
-            if not os.path.exists(path):
+            path = fs.join(data_dir, writer.shard_filename(cfg.output.dataset_name, d, i, n))
+            if not fs.exists(path):
                 writer.write_array_record(path, [])
-            src = array_record_data_source.ArrayRecordDataSource([path])
+            # ArrayRecord opens local files only: a shard in object storage is counted from a local copy.
+            src = array_record_data_source.ArrayRecordDataSource([fs.local_copy(path)])
             lens.append(len(src))
         lengths[d] = lens
     return lengths
@@ -140,8 +140,8 @@ def _stage_records(cfg, operative: dict, eval_hashes: dict, stat, out_dir: str) 
         "heldout_split": {"rule": f"jaxpt.data.prepare.is_heldout(id, {cfg.output.heldout_fraction})",
                           "fraction": cfg.output.heldout_fraction,
                           "position": "after decontamination, before quotas (dedup ran on both splits)",
-                          "files": sorted(os.path.relpath(p, out_dir) for p in
-                                          glob.glob(os.path.join(out_dir, "heldout", "*.jsonl.gz")))},
+                          "files": ["heldout/" + fs.basename(p) for p in
+                                    fs.glob(fs.join(out_dir, "heldout"), "*.jsonl.gz")]},
         "quotas": dict(operative["quotas"], keep_fractions=stat("quota_fractions.json")),
     }
 
@@ -191,11 +191,11 @@ def finalize(cfg, sources, out_dir, eval_hashes, beam_seconds) -> dict:
     figs = manifest_lib.figures_from_decisions(rows)
     if figs["documents_in"] != figs["documents_out"] + figs["documents_heldout"] + figs["documents_dropped_total"]:
         raise AssertionError("decision log does not add up")  # impossible by construction; guards edits
-    stats_dir = os.path.join(out_dir, "_stats")
+    stats_dir = fs.join(out_dir, "_stats")
 
     def stat(name):
-        path = os.path.join(stats_dir, name)
-        return json.load(open(path)) if os.path.exists(path) else {}
+        path = fs.join(stats_dir, name)
+        return json.loads(fs.read_text(path)) if fs.exists(path) else {}
 
     tokens = figs["tokens_by_domain"]
     total = sum(tokens.values())
@@ -212,8 +212,7 @@ def finalize(cfg, sources, out_dir, eval_hashes, beam_seconds) -> dict:
             for d in sorted(lengths)
         },
     }
-    with open(os.path.join(out_dir, "mixture.json"), "w") as f:
-        json.dump(mixture, f, sort_keys=True, indent=1)
+    fs.write_text_atomic(fs.join(out_dir, "mixture.json"), json.dumps(mixture, sort_keys=True, indent=1))
     input_hashes = {}
     for s in sources:
         if s.format != "tfds":
@@ -245,8 +244,8 @@ def finalize(cfg, sources, out_dir, eval_hashes, beam_seconds) -> dict:
         "mixture": mixture,
         "output_sha256": manifest_lib.shard_hashes(out_dir),
     }
-    with open(os.path.join(out_dir, "manifest.json"), "w") as f:
-        json.dump(manifest, f, sort_keys=True, indent=1, ensure_ascii=False)
+    fs.write_text_atomic(fs.join(out_dir, "manifest.json"),
+                         json.dumps(manifest, sort_keys=True, indent=1, ensure_ascii=False))
     manifest["_beam_seconds"] = beam_seconds
     return manifest
 

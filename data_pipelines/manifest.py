@@ -7,10 +7,11 @@ test can rebuild them from ``DIR/decisions/`` alone. Shard hashes are sha256 of 
 from __future__ import annotations
 
 import collections
-import glob
 import hashlib
 import json
 import os
+
+from jaxpt import fs
 
 from data_pipelines import writer
 
@@ -21,7 +22,7 @@ STAGES = ("admission", "normalize", "langid", "rules", "exact_dedup", "near_dedu
 def read_decisions(out_dir: str) -> list[dict]:
     """All decision rows of a built corpus, sorted by id."""
     rows = []
-    for path in sorted(glob.glob(os.path.join(out_dir, "decisions", "*.jsonl.gz"))):
+    for path in fs.glob(fs.join(out_dir, "decisions"), "*.jsonl.gz"):
         rows.extend(writer.read_jsonl_gz(path))
     return sorted(rows, key=lambda r: r["id"])
 
@@ -79,9 +80,15 @@ def shard_hashes(out_dir: str) -> dict[str, str]:
     """sha256 of every output file under tfds/, heldout/ and decisions/ (relative path -> hex)."""
     out = {}
     for sub in ("tfds", "heldout", "decisions"):
-        for path in sorted(glob.glob(os.path.join(out_dir, sub, "**", "*"), recursive=True)):
-            if os.path.isfile(path):
-                out[os.path.relpath(path, out_dir)] = writer.file_sha256(path)
+        if not fs.isdir(fs.join(out_dir, sub)):
+            continue
+        for root, _, files in fs.walk(fs.join(out_dir, sub)):
+            for name in files:
+                if name.startswith("."):  # as glob's "*" (hidden files were never part of the output)
+                    continue
+                path = fs.join(root, name)
+                out[path[len(out_dir.rstrip("/")) + 1:]] = writer.file_sha256(path)
+    out = dict(sorted(out.items()))
     return out
 
 

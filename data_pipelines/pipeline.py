@@ -19,6 +19,8 @@ import os
 import apache_beam as beam
 import numpy as np
 
+from jaxpt import fs
+
 from data_pipelines import minhash, readers, stages, writer
 from data_pipelines.config import BuildConfig, Source
 
@@ -377,7 +379,7 @@ def write_shard(kv, out_dir, out_cfg):
     (domain, shard), items = kv
     items = sorted(items)
     name = writer.shard_filename(out_cfg.dataset_name, domain, shard, out_cfg.shards_per_domain)
-    writer.write_array_record(os.path.join(writer.tfds_dir(out_dir, out_cfg.dataset_name), name),
+    writer.write_array_record(fs.join(writer.tfds_dir(out_dir, out_cfg.dataset_name), name),
                               [ex for _, ex in items])
     yield name
 
@@ -401,7 +403,7 @@ def write_decisions(kv, out_dir, n):
     rows = sorted(rows, key=lambda r: r["id"])
     for r in rows:
         r.pop("sample", None)
-    path = os.path.join(out_dir, "decisions", f"decisions-{shard:05d}-of-{n:05d}.jsonl.gz")
+    path = fs.join(out_dir, "decisions", f"decisions-{shard:05d}-of-{n:05d}.jsonl.gz")
     writer.write_jsonl_gz(path, rows)
     yield path
 
@@ -409,12 +411,9 @@ def write_decisions(kv, out_dir, n):
 def write_review(kv, out_dir):
     (stage, reason), items = kv
     rows = [dict(r, review_priority=u) for u, r in sorted(items, key=lambda x: (x[0], x[1]["id"]))]
-    path = os.path.join(out_dir, "review", f"{stage}__{reason}.jsonl")
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path + ".tmp", "w", encoding="utf-8") as f:
-        for r in rows:
-            f.write(json.dumps(r, sort_keys=True, ensure_ascii=False) + "\n")
-    os.replace(path + ".tmp", path)
+    path = fs.join(out_dir, "review", f"{stage}__{reason}.jsonl")
+    fs.makedirs(fs.dirname(path))
+    fs.write_text_atomic(path, "".join(json.dumps(r, sort_keys=True, ensure_ascii=False) + "\n" for r in rows))
     yield path
 
 
@@ -452,9 +451,8 @@ def write_longtail(df_all, df_kept, out_dir, max_df):
         "all_terms_in": int((df_all > 0).sum()),
         "all_terms_kept": int((df_kept > 0).sum()),
     }
-    os.makedirs(os.path.join(out_dir, "_stats"), exist_ok=True)
-    with open(os.path.join(out_dir, "_stats", "longtail.json"), "w") as f:
-        json.dump(stats, f, sort_keys=True, indent=1)
+    fs.makedirs(fs.join(out_dir, "_stats"))
+    fs.write_text_atomic(fs.join(out_dir, "_stats", "longtail.json"), json.dumps(stats, sort_keys=True, indent=1))
     return stats
 
 
@@ -524,8 +522,8 @@ def build_graph(p: beam.Pipeline, cfg: BuildConfig, sources: list[Source], out_d
 
     _write_decision_log(drops, near_side, cfg, out_dir)
     _ = (p_thresholds | "ThresholdDict" >> beam.combiners.ToDict()
-         | "WriteThresholds" >> beam.Map(_write_json, os.path.join(out_dir, "_stats", "quality_thresholds.json")))
-    _ = (fractions | "WriteFractions" >> beam.Map(_write_json, os.path.join(out_dir, "_stats", "quota_fractions.json")))
+         | "WriteThresholds" >> beam.Map(_write_json, fs.join(out_dir, "_stats", "quality_thresholds.json")))
+    _ = (fractions | "WriteFractions" >> beam.Map(_write_json, fs.join(out_dir, "_stats", "quota_fractions.json")))
 
 
 def _quality_stage(p, docs, drops: list, cfg: BuildConfig):
@@ -607,7 +605,6 @@ def _write_decision_log(drops: list, near_side, cfg: BuildConfig, out_dir: str) 
 
 
 def _write_json(obj, path):
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "w") as f:
-        json.dump(obj, f, sort_keys=True, indent=1)
+    fs.makedirs(fs.dirname(path))
+    fs.write_text_atomic(path, json.dumps(obj, sort_keys=True, indent=1))
     return path

@@ -23,7 +23,7 @@ import os
 
 import numpy as np
 
-from jaxpt import jsonl
+from jaxpt import fs, jsonl
 
 DATASET_VERSION = "1.0.0"
 
@@ -31,7 +31,7 @@ DATASET_VERSION = "1.0.0"
 def file_sha256(path: str) -> str:
     """sha256 hex digest of a file's bytes."""
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    with fs.open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
@@ -44,13 +44,13 @@ class SentencePieceEncoder:
     """
 
     def __init__(self, path: str):
-        if not os.path.exists(path):
+        if not fs.exists(path):
             raise FileNotFoundError(f"OutputConfig.tokenizer_path: no SentencePiece model at '{path}'")
         import sentencepiece as spm
 
         self.path = path
         self.sha256 = file_sha256(path)
-        self._sp = spm.SentencePieceProcessor(model_file=path)
+        self._sp = spm.SentencePieceProcessor(model_file=fs.local_copy(path))  # SentencePiece opens local files
         self.vocab_size = self._sp.get_piece_size()
 
     def encode(self, text: str) -> np.ndarray:
@@ -74,7 +74,7 @@ def corpus_features():
 
 
 def tfds_dir(out_dir: str, dataset_name: str) -> str:
-    return os.path.join(out_dir, "tfds", dataset_name, DATASET_VERSION)
+    return fs.join(out_dir, "tfds", dataset_name, DATASET_VERSION)
 
 
 def shard_filename(dataset_name: str, domain: str, index: int, count: int) -> str:
@@ -83,9 +83,18 @@ def shard_filename(dataset_name: str, domain: str, index: int, count: int) -> st
 
 
 def write_array_record(path: str, records: list[bytes]) -> None:
-    """Writes `records` in order (``group_size:1``, the TFDS setting) via a temp file + rename."""
+    """Writes `records` in order (``group_size:1``, the TFDS setting) via a temp file + rename (object storage:
+    ArrayRecord's writer opens local files only, so the local temp file is uploaded in one object write)."""
+    import tempfile
+
     from array_record.python.array_record_module import ArrayRecordWriter
 
+    if fs.is_remote(path):
+        with tempfile.TemporaryDirectory() as d:
+            local = os.path.join(d, fs.basename(path))
+            write_array_record(local, records)
+            fs.copy(local, path)
+        return
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = path + ".tmp"
     w = ArrayRecordWriter(tmp, "group_size:1")
@@ -98,16 +107,19 @@ def write_array_record(path: str, records: list[bytes]) -> None:
 def heldout_path(out_dir: str, domain: str) -> str:
     """``DIR/heldout/<domain>.jsonl.gz``: the held-out documents of one domain (id, source, domain, lang, text,
     n_tokens), sorted by id. `jaxpt.eval.heldout.resolve_source` and the trainer read this layout."""
-    return os.path.join(out_dir, "heldout", f"{domain}.jsonl.gz")
+    return fs.join(out_dir, "heldout", f"{domain}.jsonl.gz")
 
 
 def write_jsonl_gz(path: str, rows: list[dict]) -> None:
     """Deterministic gzip JSON Lines (no file name or mtime in the gzip header; sorted keys)."""
-    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fs.makedirs(fs.dirname(path))
     buf = io.BytesIO()
     with gzip.GzipFile(filename="", mode="wb", fileobj=buf, mtime=0, compresslevel=6) as gz:
         for r in rows:
             gz.write(json.dumps(r, sort_keys=True, ensure_ascii=False).encode("utf-8") + b"\n")
+    if fs.is_remote(path):  # one object write is atomic
+        fs.write_bytes(path, buf.getvalue())
+        return
     tmp = path + ".tmp"
     with open(tmp, "wb") as f:
         f.write(buf.getvalue())
@@ -132,7 +144,7 @@ def write_tfds_metadata(out_dir: str, dataset_name: str, split_lengths: dict[str
     splits = []
     for split, lengths in sorted(split_lengths.items()):
         nbytes = sum(
-            os.path.getsize(os.path.join(data_dir, shard_filename(dataset_name, split, i, len(lengths))))
+            fs.path(fs.join(data_dir, shard_filename(dataset_name, split, i, len(lengths)))).stat().length
             for i in range(len(lengths))
         )
         splits.append(tfds.core.SplitInfo(name=split, shard_lengths=list(lengths), num_bytes=nbytes))

@@ -39,7 +39,8 @@ def load_tokenizer(cfg: TrainConfig):
     """
     from jaxpt.data.tokenizer import Tokenizer
     path = cfg.data.tokenizer_path
-    if not os.path.exists(path):
+    from jaxpt import fs
+    if not fs.exists(path):
         raise ConfigError(f"DataConfig.tokenizer_path = {path!r}: no such file "
                           "(run `python -m jaxpt.data.prepare --output artifacts/sample` first)")
     return Tokenizer.load(path)

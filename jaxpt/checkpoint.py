@@ -18,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import os
 import platform
 from typing import Any
 
@@ -27,6 +26,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as ocm
 
+from jaxpt import fs
 from jaxpt.validation import check_types, non_negative, require
 
 log = logging.getLogger("jaxpt.checkpoint")
@@ -119,9 +119,9 @@ class Checkpointer:
     def __init__(self, workdir: str, cfg: CheckpointConfig, *, read_only: bool = False):
         """``read_only``: only restore (never creates, saves to or prunes the directory), e.g. for notebooks."""
         self.cfg = cfg
-        self.directory = os.path.abspath(os.path.join(workdir, "checkpoints"))
+        self.directory = fs.absolute(fs.join(workdir, "checkpoints"))
         if read_only:
-            if not os.path.isdir(self.directory):
+            if not fs.isdir(self.directory):
                 raise CheckpointError(f"{self.directory}: no such checkpoint directory")
             absl_logger = logging.getLogger("absl")
             level = absl_logger.level
@@ -211,7 +211,7 @@ class Checkpointer:
 
     def has_checkpoint_dirs(self) -> bool:
         """True if the checkpoint directory holds anything (committed or not)."""
-        return os.path.isdir(self.directory) and any(os.scandir(self.directory))
+        return fs.isdir(self.directory) and bool(fs.listdir(self.directory))
 
     def read_meta(self, step: int) -> dict[str, Any]:
         """The ``meta`` item of ``step``.
@@ -306,7 +306,7 @@ class Checkpointer:
         import time
         step = self.latest_step()
         if step is None:
-            leftovers = [e.name for e in os.scandir(self.directory)] if self.has_checkpoint_dirs() else []
+            leftovers = fs.listdir(self.directory) if self.has_checkpoint_dirs() else []
             real = [n for n in leftovers if "tmp" not in n]
             if real:
                 raise CheckpointError(f"{self.directory} holds {sorted(real)} but no restorable checkpoint; "
@@ -356,7 +356,7 @@ def run_meta(cfg: Any, mesh: Any, tokenizer: Any, config_text: str, data_version
         "model": dataclasses.asdict(cfg.model),
         "mesh": mesh_lib.mesh_shape(mesh),
         "model_layout": {"scan_layers": cfg.model.scan_layers},
-        "tokenizer": {"path": os.path.abspath(cfg.data.tokenizer_path), "sha256": tokenizer.sha256},
+        "tokenizer": {"path": fs.absolute(cfg.data.tokenizer_path), "sha256": tokenizer.sha256},
         "data_version": data_version,
         "process_count": jax.process_count(),
         "data_shards": data_shards,

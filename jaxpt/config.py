@@ -549,9 +549,9 @@ def write_operative_config(cfg: TrainConfig, write: bool = True) -> str:
     ``cfg``; return its text. Called after every check passed, so a refused run leaves no workdir behind."""
     text = operative_config_str(cfg)
     if write:
-        os.makedirs(cfg.workdir, exist_ok=True)
-        with open(os.path.join(cfg.workdir, "config.gin"), "w") as f:
-            f.write(text)
+        from jaxpt import fs
+        fs.makedirs(cfg.workdir)
+        fs.write_text_atomic(fs.join(cfg.workdir, "config.gin"), text)
     return text
 
 

@@ -24,6 +24,7 @@ import sys
 from typing import Sequence
 
 from jaxpt import progress as progress_lib
+from jaxpt import fs
 
 
 def _lengths(text: str) -> list[int]:
@@ -75,14 +76,20 @@ def run_extrapolation(args) -> int:
     tol = extrapolation.DEFAULT_TOLERANCE if args.tolerance is None else args.tolerance
     report = extrapolation.measure(restored, args.lengths, texts=texts, trained_length=args.trained_length,
                                    tolerance=tol, max_tokens=args.max_tokens, batch_size=args.batch_size)
-    report["checkpoint"]["workdir"] = os.path.abspath(args.workdir)
+    report["checkpoint"]["workdir"] = fs.absolute(args.workdir)
     report["heldout_source"] = source
-    output = args.output or os.path.join(args.workdir, "extrapolation", f"step_{restored.step}.json")
-    os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
+    output = args.output or fs.join(args.workdir, "extrapolation", f"step_{restored.step}.json")
+    fs.makedirs(fs.dirname(fs.absolute(output)))
     report["plot"] = os.path.splitext(output)[0] + ".png"
-    extrapolation.plot(report, report["plot"], label=os.path.basename(os.path.abspath(args.workdir)))
-    with open(output, "w") as f:
-        json.dump(report, f, indent=2)
+    label = fs.basename(fs.absolute(args.workdir))
+    if fs.is_remote(output):  # matplotlib writes local files: render, then upload
+        import tempfile
+        with tempfile.TemporaryDirectory() as d:
+            extrapolation.plot(report, os.path.join(d, "plot.png"), label=label)
+            fs.copy(os.path.join(d, "plot.png"), report["plot"])
+    else:
+        extrapolation.plot(report, report["plot"], label=label)
+    fs.write_text_atomic(output, json.dumps(report, indent=2))
     print(format_report(report))
     print(f"wrote {output} and {report['plot']}")
     return 0

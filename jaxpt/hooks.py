@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import time
 from typing import Any
 
 import jax
 import numpy as np
+
+from jaxpt import fs
 
 log = logging.getLogger("jaxpt.hooks")
 
@@ -137,7 +138,7 @@ class ProfileHook(Hook):
     def __init__(self, workdir: str, start: int, stop: int):
         if not 1 <= start <= stop:
             raise ValueError(f"profile window {start}:{stop}: need 1 <= start <= stop")
-        self.dir, self.start, self.stop = os.path.join(workdir, "profile"), start, stop
+        self.dir, self.start, self.stop = fs.join(workdir, "profile"), start, stop
         self.active = False
 
     def on_batch(self, ctx, step: int, local_batch) -> None:

@@ -26,7 +26,7 @@ from typing import Any, Mapping, Sequence
 import jax
 import numpy as np
 
-from jaxpt import decode
+from jaxpt import decode, fs
 from jaxpt.checkpoint import CheckpointConfig, CheckpointError, Checkpointer
 
 
@@ -156,7 +156,7 @@ def _load_tokenizer(meta: Mapping[str, Any], cfg, explicit, where: str):
     for path in candidates:
         if not path:
             continue
-        if not os.path.exists(path):
+        if not fs.exists(path):
             tried.append(f"{path} (missing)")
             continue
         tok = Tokenizer.load(path)

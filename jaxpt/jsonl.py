@@ -29,6 +29,7 @@ import os
 import zlib
 from typing import BinaryIO, Iterable, Iterator
 
+from jaxpt import fs
 from jaxpt.errors import FileFormatError
 
 LINE_REASONS = ("blank_line", "invalid_utf8", "bad_json", "not_an_object", "truncated_file")
@@ -58,7 +59,7 @@ def compression(path: str | os.PathLike) -> str:
     Raises:
       FileNotFoundError, OSError: the file cannot be opened.
     """
-    with open(path, "rb") as f:
+    with fs.open(path, "rb") as f:
         head = f.read(4)
     if head.startswith(GZIP_MAGIC):
         return "gzip"
@@ -119,7 +120,7 @@ def iter_lines(path: str | os.PathLike, error: type[FileFormatError] = FileForma
     kind = compression(path)
     chunks = {"gzip": _gzip_chunks, "zstd": _zstd_chunks, "none": _plain_chunks}[kind]
     line_no, tail = 0, b""
-    with open(path, "rb") as f:
+    with fs.open(path, "rb") as f:
         try:
             for chunk in chunks(f):
                 *lines, tail = (tail + chunk).split(b"\n")
@@ -188,8 +189,14 @@ def drop_partial_last_line(path: str | os.PathLike) -> int:
     Raises:
       OSError: the file cannot be read or truncated.
     """
-    if not os.path.isfile(path):
+    if not fs.isfile(path):
         return 0
+    if fs.is_remote(path):  # an object cannot be truncated: write back the complete lines
+        data = fs.read_bytes(path)
+        keep = data[:data.rfind(b"\n") + 1]
+        if len(keep) != len(data):
+            fs.write_bytes(path, keep)
+        return len(data) - len(keep)
     with open(path, "rb+") as f:
         size = f.seek(0, os.SEEK_END)
         if size == 0:
@@ -241,7 +248,7 @@ def drop_superseded(records: Iterable[dict]) -> list[dict]:
 def last_step(path: str | os.PathLike) -> int | None:
     """The largest ``step`` among the records of ``path`` after :func:`drop_superseded` (None: no file, or no
     record with a step). A half-written last line is skipped."""
-    if not os.path.isfile(path):
+    if not fs.isfile(path):
         return None
     steps = [r["step"] for r in drop_superseded(read_objects(path, partial_last_line=True))
              if isinstance(r.get("step"), int) and SUPERSEDED_AFTER not in r]

@@ -15,7 +15,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from jaxpt import jsonl
+from jaxpt import fs, jsonl
 from jaxpt.errors import FileFormatError
 
 
@@ -138,10 +138,10 @@ class MetricWriter:
         self._tb = None
         if not enabled:
             return
-        os.makedirs(workdir, exist_ok=True)
-        self.path = os.path.join(workdir, METRICS_FILE)
+        fs.makedirs(workdir)
+        self.path = fs.join(workdir, METRICS_FILE)
         jsonl.drop_partial_last_line(self.path)  # a record half-written by a killed run (see read_metrics)
-        self._jsonl = open(self.path, "a", buffering=1)
+        self._jsonl = fs.Appender(self.path)
         purge = None
         if start_step is not None:
             last = jsonl.last_step(self.path)
@@ -159,7 +159,7 @@ class MetricWriter:
         try:
             from tensorboardX import SummaryWriter
             self._tb_files = getattr(self, "_tb_files", 0) + 1  # a rewind within the second needs a new file name
-            self._tb = SummaryWriter(os.path.join(self.workdir, "tensorboard"), purge_step=purge_step,
+            self._tb = SummaryWriter(fs.join(self.workdir, "tensorboard"), purge_step=purge_step,
                                      filename_suffix=f".{os.getpid()}.{self._tb_files}")
         except ImportError:  # TensorBoard is optional; metrics.jsonl is the record of truth.
             self._tb = None
@@ -202,6 +202,9 @@ class MetricWriter:
             self._jsonl.close()
             if self._tb is not None:
                 self._tb.close()
+                # tensorboardX's gs:// writer uploads again when garbage-collected: let that happen now, not
+                # at interpreter exit when the bucket may be gone
+                self._tb = None
 
 
 # ------------------------------------------------------------------------------------------ reading metrics.jsonl
@@ -216,7 +219,7 @@ class MetricsFormatError(FileFormatError):
 
 def metrics_path(workdir: str) -> str:
     """``<workdir>/metrics.jsonl``, or ``workdir`` itself when it is a file."""
-    return workdir if os.path.isfile(workdir) else os.path.join(workdir, METRICS_FILE)
+    return workdir if fs.isfile(workdir) else fs.join(workdir, METRICS_FILE)
 
 
 def check_metrics_record(record: dict, path: str, line_no: int) -> dict:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 from typing import Any
 
 import jax
@@ -21,6 +20,7 @@ import jax
 from jaxpt import batch_ramp
 from jaxpt import builder as builder_lib
 from jaxpt import config as config_lib
+from jaxpt import fs
 from jaxpt.config import TrainConfig
 from jaxpt.errors import ConfigError
 
@@ -69,13 +69,13 @@ def check_paths(cfg: TrainConfig) -> None:
     """
     from jaxpt.data import corpus
     d = cfg.data
-    if d.source == "sample" and not os.path.isfile(d.train_path):
+    if d.source == "sample" and not fs.isfile(d.train_path):
         raise ConfigError(f"DataConfig.train_path = {d.train_path!r}: no such file "
                           "(run `python -m jaxpt.data.prepare --output artifacts/sample` first)")
-    if d.source == "corpus" and not (os.path.isdir(d.corpus_dir) and corpus.is_corpus_version(d.corpus_dir)):
+    if d.source == "corpus" and not corpus.is_corpus_version(d.corpus_dir):
         raise ConfigError(f"DataConfig.corpus_dir = {d.corpus_dir!r}: not a corpus version directory "
                           "(no mixture.json; build one with `python -m data_pipelines.build`)")
-    if os.path.isfile(cfg.workdir):
+    if fs.isfile(cfg.workdir):
         raise ConfigError(f"TrainConfig.workdir = {cfg.workdir!r}: a file, not a directory")
 
 
@@ -88,8 +88,8 @@ def check_resume(cfg: TrainConfig, tokenizer) -> tuple[int, dict, list[str]]:
         tokenizer or data-shard count, or saves an unknown setting that changes numerics.
     """
     from jaxpt import checkpoint as ckpt_lib
-    directory = os.path.join(cfg.workdir, "checkpoints")
-    if not cfg.checkpoint.enabled or not os.path.isdir(directory):
+    directory = fs.join(cfg.workdir, "checkpoints")
+    if not cfg.checkpoint.enabled or not fs.isdir(directory):
         return 0, {}, []
     ckpt = ckpt_lib.Checkpointer(cfg.workdir, cfg.checkpoint, read_only=True)
     try:
@@ -164,7 +164,7 @@ def check_stage(cfg: TrainConfig, tokenizer, resume_step: int, resume_meta: dict
     from jaxpt.optim import check_schedule
     parent, notes = None, []
     if resume_step:
-        where = os.path.join(os.path.abspath(cfg.workdir), "checkpoints", str(resume_step))
+        where = fs.join(fs.absolute(cfg.workdir), "checkpoints", str(resume_step))
         init_from = stage_lib.check_resumed_stage(cfg, resume_meta, where)
     elif cfg.init_from:
         parent = stage_lib.find_parent(cfg, tokenizer.sha256)
@@ -201,7 +201,7 @@ def plan(cfg: TrainConfig) -> dict[str, Any]:
     tokens_per_step = c.global_batch_size * c.seq_len
     ramp = batch_ramp.from_config(c)  # a batch-size ramp's steps before the full batch hold fewer tokens
     start = pre.resume_step or (pre.parent.step if pre.parent is not None else 0)  # a new stage: its parent's step
-    return {"workdir": os.path.abspath(c.workdir), "mesh": mesh_lib.format_mesh(pre.sizes),
+    return {"workdir": fs.absolute(c.workdir), "mesh": mesh_lib.format_mesh(pre.sizes),
             "devices": {"count": jax.device_count(), "kind": jax.devices()[0].device_kind},
             "params": count_params(c.model)["total"], "vocab_size": c.model.vocab_size,
             "memory_per_device": mem.as_dict(), "tokens_per_step": tokens_per_step,
@@ -218,7 +218,7 @@ def last_final(workdir: str, step: int) -> dict[str, Any]:
     or ``{"step": step, "event": "nothing_to_do"}`` when there is none."""
     from jaxpt import monitor
     path = monitor.metrics_path(workdir)
-    finals = [r for r in monitor.read_metrics(workdir) if r.get("event") == "final"] if os.path.exists(path) else []
+    finals = [r for r in monitor.read_metrics(workdir) if r.get("event") == "final"] if fs.exists(path) else []
     return finals[-1] if finals else {"step": step, "event": "nothing_to_do"}
 
 

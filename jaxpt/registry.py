@@ -20,6 +20,8 @@ import subprocess
 import uuid
 from typing import Any
 
+from jaxpt import fs
+
 RUN_FILE = "run.json"
 
 
@@ -43,17 +45,15 @@ class RunRegistry:
     """Writes and updates ``<workdir>/run.json`` (a no-op unless ``enabled``)."""
 
     def __init__(self, workdir: str, enabled: bool = True):
-        self.path = os.path.join(workdir, RUN_FILE)
+        self.path = fs.join(workdir, RUN_FILE)
         self.enabled = enabled
         self.record: dict[str, Any] = {}
 
     def _write(self) -> None:
         if not self.enabled:
             return
-        tmp = self.path + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(self.record, f, indent=2, default=str)
-        os.replace(tmp, self.path)  # atomic: a reader never sees half a file
+        # atomic: a reader never sees half a file
+        fs.write_text_atomic(self.path, json.dumps(self.record, indent=2, default=str))
 
     def start(self, cfg, config_text: str, run, data_version: str, stages: list[dict] | None = None) -> None:
         """Create run.json, or add a session to an existing one (a resumed run keeps its id). ``stages``: the
@@ -62,18 +62,17 @@ class RunRegistry:
         from jaxpt import config as config_lib, mesh as mesh_lib, state as state_lib
         if not self.enabled:
             return
-        if os.path.exists(self.path):
-            with open(self.path) as f:
-                self.record = json.load(f)
+        if fs.exists(self.path):
+            self.record = json.loads(fs.read_text(self.path))
         else:
-            self.record = {"run_id": f"{os.path.basename(os.path.abspath(cfg.workdir))}-{uuid.uuid4().hex[:8]}",
-                           "workdir": os.path.abspath(cfg.workdir), "started_at": _now(), "events": [],
+            self.record = {"run_id": f"{fs.basename(fs.absolute(cfg.workdir))}-{uuid.uuid4().hex[:8]}",
+                           "workdir": fs.absolute(cfg.workdir), "started_at": _now(), "events": [],
                            "sessions": []}
         self.record.update({
             "status": "running",
             "config_hash": config_lib.config_hash(config_text),
             "data_version": data_version,
-            "tokenizer": {"path": os.path.abspath(cfg.data.tokenizer_path), "sha256": run.tokenizer.sha256},
+            "tokenizer": {"path": fs.absolute(cfg.data.tokenizer_path), "sha256": run.tokenizer.sha256},
             "git": git_state(os.path.dirname(os.path.abspath(__file__))),
             "mesh": mesh_lib.format_mesh(mesh_lib.mesh_shape(run.mesh)),
             "devices": {"count": jax.device_count(), "kind": jax.devices()[0].device_kind,

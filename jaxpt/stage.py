@@ -34,13 +34,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import optax
 
+from jaxpt import fs
 from jaxpt.errors import ConfigError
 
 
@@ -62,8 +62,8 @@ def parse_init_from(text: str) -> tuple[str, int | None]:
             raise ValueError(f"'@{step}' is not a step (a positive integer)")
         step_n = int(step)
     path = path.rstrip("/")
-    if os.path.basename(path) == "checkpoints":
-        path = os.path.dirname(path)
+    if fs.basename(path) == "checkpoints":
+        path = fs.dirname(path)
     return path, step_n
 
 
@@ -111,8 +111,8 @@ def find_parent(cfg, tokenizer_sha256: str | None) -> Parent:
     from jaxpt import checkpoint as ckpt_lib
     path, step = parse_init_from(cfg.init_from)
     where = f"TrainConfig.init_from = {cfg.init_from!r}"
-    workdir = os.path.realpath(path)  # symlinks resolved: one parent, one name
-    if not os.path.isdir(os.path.join(workdir, "checkpoints")):
+    workdir = fs.realpath(path)  # symlinks resolved: one parent, one name
+    if not fs.isdir(fs.join(workdir, "checkpoints")):
         raise ConfigError(f"{where}: {workdir} holds no checkpoints/ directory")
     ckpt = ckpt_lib.Checkpointer(workdir, ckpt_lib.CheckpointConfig(enabled=False), read_only=True)
     try:
@@ -154,7 +154,7 @@ def check_resumed_stage(cfg, resume_meta: dict, where: str) -> str:
     if not cfg.init_from and not saved:
         return ""
     path, step = parse_init_from(cfg.init_from)
-    same_path = bool(path) and saved and os.path.realpath(path) == os.path.realpath(saved["path"])
+    same_path = bool(path) and saved and fs.realpath(path) == fs.realpath(saved["path"])
     if same_path and step in (None, saved["step"]):
         return saved_spec
     raise ConfigError(f"TrainConfig.init_from = {cfg.init_from!r}, but the checkpoint {where} this run resumes "
@@ -165,7 +165,7 @@ def check_resumed_stage(cfg, resume_meta: dict, where: str) -> str:
 def stage_record(cfg, parent: Parent | None) -> dict[str, Any]:
     """The ``stage`` entry of checkpoint meta and run.json: name, start step, parent, optimizer handling."""
     record: dict[str, Any] = {"name": cfg.stage_name or ("extension" if parent else "base"),
-                              "workdir": os.path.abspath(cfg.workdir), "start_step": parent.step if parent else 0,
+                              "workdir": fs.absolute(cfg.workdir), "start_step": parent.step if parent else 0,
                               "target_steps": cfg.steps, "seq_len": cfg.seq_len,
                               "parent": {"path": parent.workdir, "step": parent.step} if parent else None}
     if parent:
@@ -182,8 +182,7 @@ def parent_stages(parent: Parent) -> list[dict[str, Any]]:
     from jaxpt.registry import RUN_FILE
     stages = []
     try:
-        with open(os.path.join(parent.workdir, RUN_FILE)) as f:
-            stages = json.load(f).get("stages") or []
+        stages = json.loads(fs.read_text(fs.join(parent.workdir, RUN_FILE))).get("stages") or []
     except (OSError, ValueError):
         pass
     stages = [dict(s) for s in stages if s.get("start_step", 0) < parent.step]

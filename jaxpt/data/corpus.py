@@ -24,7 +24,6 @@ by *document* weights (Grain's ``MapDataset.mix``); its iterators are checkpoint
 from __future__ import annotations
 
 import dataclasses
-import glob
 import json
 import os
 from typing import Any, Iterator, Mapping
@@ -32,13 +31,13 @@ from typing import Any, Iterator, Mapping
 import numpy as np
 
 from jaxpt.data import example_proto
+from jaxpt import fs
 from jaxpt.errors import ConfigError
 
 
 def _read_json(path: str) -> Any:
     try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
+        return json.loads(fs.read_text(path))
     except (ValueError, UnicodeDecodeError) as e:
         raise ConfigError(f"{path}: not JSON ({e})") from None
 
@@ -71,27 +70,27 @@ class CorpusVersion:
         """
         out = {}
         for domain, shards in sorted(self.mixture["shards"].items()):
-            out[domain] = [os.path.join(self.path, s) for s in shards]
+            out[domain] = [fs.join(self.path, s) for s in shards]
             for s, full in zip(shards, out[domain]):
-                if not os.path.isfile(full):
+                if not fs.isfile(full):
                     raise FileNotFoundError(f"{self.path}/mixture.json lists shard {s}, which does not exist")
         return out
 
     def heldout_files(self) -> list[str]:
         """The held-out split's document files, ``heldout/*.jsonl.gz`` sorted ([] for a version built without)."""
-        return sorted(glob.glob(os.path.join(self.path, "heldout", "*.jsonl.gz")))
+        return fs.glob(fs.join(self.path, "heldout"), "*.jsonl.gz")
 
     def tfds_dir(self) -> str:
         """The TFDS dataset directory ``<path>/<data_dir>/<name>/<version>``. Raises ConfigError without ``tfds``."""
         t = self.mixture.get("tfds")
         if not isinstance(t, dict) or not {"data_dir", "name", "version"} <= set(t):
             raise ConfigError(f"{self.path}/mixture.json: no 'tfds' entry with data_dir, name and version")
-        return os.path.join(self.path, t["data_dir"], t["name"], t["version"])
+        return fs.join(self.path, t["data_dir"], t["name"], t["version"])
 
 
 def is_corpus_version(path: str | os.PathLike) -> bool:
     """True if ``path`` is a directory holding ``mixture.json``."""
-    return os.path.isfile(os.path.join(path, "mixture.json"))
+    return fs.isfile(fs.join(path, "mixture.json"))
 
 
 def read_corpus_version(corpus_dir: str | os.PathLike) -> CorpusVersion:
@@ -102,15 +101,15 @@ def read_corpus_version(corpus_dir: str | os.PathLike) -> CorpusVersion:
       ConfigError: ``mixture.json`` or ``manifest.json`` is not JSON, or the mixture lacks ``weights``/``shards``.
     """
     corpus_dir = os.fspath(corpus_dir)
-    path = os.path.join(corpus_dir, "mixture.json")
-    if not os.path.exists(path):
+    path = fs.join(corpus_dir, "mixture.json")
+    if not fs.exists(path):
         raise FileNotFoundError(f"{path}: not a built corpus directory (no mixture.json)")
     mixture = _read_json(path)
     if not isinstance(mixture, dict) or not isinstance(mixture.get("weights"), dict) \
             or not isinstance(mixture.get("shards"), dict):
         raise ConfigError(f"{path}: not a corpus mixture (needs 'weights' and 'shards' objects)")
-    manifest_path = os.path.join(corpus_dir, "manifest.json")
-    manifest = _read_json(manifest_path) if os.path.isfile(manifest_path) else {}
+    manifest_path = fs.join(corpus_dir, "manifest.json")
+    manifest = _read_json(manifest_path) if fs.isfile(manifest_path) else {}
     return CorpusVersion(corpus_dir, mixture, manifest if isinstance(manifest, dict) else {})
 
 
@@ -125,7 +124,8 @@ def shard_records(paths: list[str]) -> Iterator[dict[str, str]]:
     from array_record.python import array_record_data_source
 
     for path in paths:
-        source = array_record_data_source.ArrayRecordDataSource([path])
+        # ArrayRecord's reader opens local files only: a shard in object storage is read from a local copy.
+        source = array_record_data_source.ArrayRecordDataSource([fs.local_copy(path)])
         for i in range(len(source)):
             record = example_proto.parse_corpus_record(source[i])
             yield {k: record[k] for k in example_proto.CORPUS_TEXT_FEATURES}
@@ -158,7 +158,9 @@ def domain_source(corpus_dir: str, domain: str) -> DomainSource:
     shards = read_corpus_version(corpus_dir).shard_paths()
     if domain not in shards:
         raise ValueError(f"{corpus_dir}/mixture.json: no shards for domain {domain!r} (has {sorted(shards)})")
-    return DomainSource(shards[domain])
+    # ArrayRecord's reader opens local files only: shards in object storage are read from local copies
+    # (:func:`jaxpt.fs.local_copy`, downloaded once per host and cached).
+    return DomainSource([fs.local_copy(p) for p in shards[domain]])
 
 
 def _tokens(example) -> np.ndarray:

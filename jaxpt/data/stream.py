@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 
 import jax
 import numpy as np
 
-from jaxpt import jsonl
+from jaxpt import fs, jsonl
 from jaxpt import mesh as mesh_lib
 from jaxpt.errors import ConfigError
 
@@ -153,11 +152,10 @@ def data_version(cfg) -> str:
         if version.data_version:
             return version.data_version
         return f"content:{version.content_id[:16]}" if version.content_id else "unknown"
-    path = os.path.join(os.path.dirname(d.train_path), "prepare.json")
-    if not os.path.exists(path):
+    path = fs.join(fs.dirname(d.train_path), "prepare.json")
+    if not fs.exists(path):
         return "unknown"
-    with open(path, "rb") as f:
-        raw = f.read()
+    raw = fs.read_bytes(path)
     try:
         version = json.loads(raw).get("data_version")
     except (ValueError, AttributeError):
@@ -176,10 +174,10 @@ class BatchDocumentLog:
     """
 
     def __init__(self, workdir: str, start_step: int | None = None):
-        os.makedirs(os.path.join(workdir, "batches"), exist_ok=True)
-        self.path = os.path.join(workdir, "batches", f"process_{jax.process_index()}.jsonl")
+        fs.makedirs(fs.join(workdir, "batches"))
+        self.path = fs.join(workdir, "batches", f"process_{jax.process_index()}.jsonl")
         jsonl.drop_partial_last_line(self.path)  # a line half-written by a killed run must not end up mid-file
-        self._f = open(self.path, "a", buffering=1)
+        self._f = fs.Appender(self.path)
         if start_step is not None:
             last, after = jsonl.last_step(self.path), start_step if start_step else -1
             if last is not None and last > after:

@@ -50,6 +50,8 @@ import numpy as np
 import sentencepiece as spm
 from sentencepiece import sentencepiece_model_pb2
 
+from jaxpt import fs
+
 PAD_ID = 0
 EOS_ID = 1
 UNK_ID = 2
@@ -63,6 +65,11 @@ SPACE_SYMBOL = "\u2581"
 MAX_SENTENCE_CHARS = 1 << 16
 
 
+def _as_path(path: str | os.PathLike) -> pathlib.Path:
+    """A local path as ``pathlib.Path``; an object-storage one (``gs://``) as ``etils.epath.Path`` (same API)."""
+    return fs.path(path) if fs.is_remote(path) else pathlib.Path(path)
+
+
 class Tokenizer:
     """A loaded SentencePiece model with the fixed special ids above.
 
@@ -72,7 +79,7 @@ class Tokenizer:
 
     def __init__(self, model_proto: bytes, path: str | os.PathLike | None = None):
         self._proto = bytes(model_proto)
-        self._path = None if path is None else pathlib.Path(path)
+        self._path = None if path is None else _as_path(path)
         self._sp = spm.SentencePieceProcessor()
         self._sp.LoadFromSerializedProto(self._proto)
         self._sha256 = hashlib.sha256(self._proto).hexdigest()
@@ -95,7 +102,7 @@ class Tokenizer:
     @classmethod
     def load(cls, path: str | os.PathLike) -> "Tokenizer":
         """Loads a `.model` file. Raises FileNotFoundError, or ValueError naming the file if unreadable."""
-        path = pathlib.Path(path)
+        path = _as_path(path)
         proto = path.read_bytes()
         try:
             return cls(proto, path)
@@ -366,7 +373,7 @@ def train(texts: Iterable[str], model_path: str | os.PathLike, settings: Trainer
         SentencePiece's, prefixed with `model_path`).
     """
     settings.validate()
-    model_path = pathlib.Path(model_path)
+    model_path = _as_path(model_path)
     model_path.parent.mkdir(parents=True, exist_ok=True)
     spm.set_random_generator_seed(settings.seed)
     buf = io.BytesIO()
@@ -378,6 +385,9 @@ def train(texts: Iterable[str], model_path: str | os.PathLike, settings: Trainer
         )
     except RuntimeError as e:
         raise ValueError(f"SentencePiece training for {model_path} failed: {e}") from e
+    if fs.is_remote(model_path):  # one object upload is atomic already
+        model_path.write_bytes(buf.getvalue())
+        return model_path
     tmp = model_path.with_name(model_path.name + ".tmp")
     tmp.write_bytes(buf.getvalue())
     tmp.replace(model_path)

@@ -16,13 +16,13 @@ bits per UTF-8 byte (``nll / ln 2 / bytes``, comparable across tokenizers; Gao e
 from __future__ import annotations
 
 import dataclasses
-import glob
 import math
 import os
 from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
+from jaxpt import fs
 from jaxpt.data import corpus, documents
 from jaxpt.eval.scorer import Scorer, Window, rolling_windows
 
@@ -69,14 +69,13 @@ def resolve_source(source: str, split: str = "heldout") -> list[str]:
     Raises:
       FileNotFoundError: naming the source and what was looked for.
     """
-    if os.path.isfile(source):
+    if fs.isfile(source):
         return [source]
-    if os.path.isdir(source):
-        for cand in (os.path.join(source, f"{split}.jsonl.gz"), os.path.join(source, f"{split}.jsonl")):
-            if os.path.isfile(cand):
+    if fs.isdir(source):
+        for cand in (fs.join(source, f"{split}.jsonl.gz"), fs.join(source, f"{split}.jsonl")):
+            if fs.isfile(cand):
                 return [cand]
-        files = sorted(glob.glob(os.path.join(source, split, "*.jsonl.gz"))
-                       + glob.glob(os.path.join(source, split, "*.jsonl")))
+        files = sorted(fs.glob(fs.join(source, split), "*.jsonl.gz") + fs.glob(fs.join(source, split), "*.jsonl"))
         if files:
             return files
         raise FileNotFoundError(f"{split} source {source}: a directory without {split}.jsonl.gz or "
@@ -113,7 +112,7 @@ def training_texts(source: str) -> Iterator[str]:
     try:
         paths = resolve_source(source, "train")
     except FileNotFoundError:
-        if not (os.path.isdir(source) and corpus.is_corpus_version(source)):
+        if not corpus.is_corpus_version(source):
             raise
         shards = [p for ps in corpus.read_corpus_version(source).shard_paths().values() for p in ps]
         for record in corpus.shard_records(shards):

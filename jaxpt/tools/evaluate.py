@@ -27,6 +27,7 @@ import time
 from typing import Any, Sequence
 
 from jaxpt import progress as progress_lib
+from jaxpt import fs
 
 log = logging.getLogger("jaxpt.tools.evaluate")
 
@@ -88,7 +89,7 @@ def run_card(restored, card, *, workdir: str = "", heldout: str | None = None, t
     t_tasks = time.perf_counter()
     report = {
         "card": card.ident,
-        "checkpoint": {"workdir": os.path.abspath(workdir) if workdir else None, "step": restored.step,
+        "checkpoint": {"workdir": fs.absolute(workdir) if workdir else None, "step": restored.step,
                        "data_version": restored.meta.get("data_version"),
                        "tokenizer_sha256": restored.tokenizer.sha256, "num_params": restored.num_params},
         "heldout": ppl,
@@ -129,13 +130,13 @@ def write_review_sheet(restored, card, step, path: str, workdir: str) -> dict[st
     if need < step.seq_len:
         step = type(step).for_restored(restored, seq_len=need, batch_size=step.batch_size)
     gens = [g.text for g in decode.greedy(step, ids, spot.max_new_tokens, eos_id=tok.eos_id, tokenizer=tok)]
-    rows = review.review_rows(prompts, gens, card=card, checkpoint=os.path.abspath(workdir) if workdir else "",
+    rows = review.review_rows(prompts, gens, card=card, checkpoint=fs.absolute(workdir) if workdir else "",
                               step=restored.step, labels=spot.labels)
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
+    fs.makedirs(fs.dirname(fs.absolute(path)))
+    with fs.open(path, "w", encoding="utf-8") as f:
         for r in rows:
             f.write(json.dumps(r, ensure_ascii=False) + "\n")
-    return {"sheet": os.path.abspath(path), "prompts": len(rows), "max_new_tokens": spot.max_new_tokens,
+    return {"sheet": fs.absolute(path), "prompts": len(rows), "max_new_tokens": spot.max_new_tokens,
             "labels": list(spot.labels)}
 
 
@@ -182,20 +183,18 @@ def cmd_run(args) -> int:
 def _write_json(path: str | None, obj: Any) -> None:
     if not path:
         return
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=1, ensure_ascii=False, allow_nan=True)
+    fs.makedirs(fs.dirname(fs.absolute(path)))
+    fs.write_text_atomic(path, json.dumps(obj, indent=1, ensure_ascii=False, allow_nan=True))
 
 
 def _report_of(arg: str, args) -> dict[str, Any]:
-    if os.path.isdir(arg):
+    if fs.isdir(arg):
         if not args.card:
             raise ValueError(f"{arg} is a workdir: pass --card to evaluate it")
         from jaxpt.eval.card import load_card
         return run_card(_restore(arg, None, args.mesh), load_card(args.card), workdir=arg,
                         use_seqio=not args.no_seqio)
-    with open(arg, encoding="utf-8") as f:
-        return json.load(f)
+    return json.loads(fs.read_text(arg))
 
 
 def cmd_compare(args) -> int:
@@ -225,7 +224,7 @@ def cmd_card_stamp(args) -> int:
 def cmd_spot_check_build(args) -> int:
     from jaxpt.eval import heldout, review
     rows = review.build_spot_check(heldout.load_documents(args.heldout, "heldout"), seed=args.seed)
-    with open(args.output, "w", encoding="utf-8") as f:
+    with fs.open(args.output, "w", encoding="utf-8") as f:
         for r in rows:
             f.write(json.dumps(r, ensure_ascii=False) + "\n")
     from jaxpt.eval.card import file_sha256
@@ -240,10 +239,10 @@ def cmd_export_probes(args) -> int:
     card = load_card(args.card)
     tasks = build_probe_tasks(card, heldout.load_documents(args.heldout, "heldout"),
                               heldout.training_texts(args.train))
-    os.makedirs(args.output_dir, exist_ok=True)
+    fs.makedirs(args.output_dir)
     for name, te in tasks.items():
-        path = os.path.join(args.output_dir, f"{name}.jsonl")
-        with open(path, "w", encoding="utf-8") as f:
+        path = fs.join(args.output_dir, f"{name}.jsonl")
+        with fs.open(path, "w", encoding="utf-8") as f:
             for ex in te.examples:
                 text = (ex["contexts"][ex["label"]] + ex["continuations"][ex["label"]] if te.spec.is_choice
                         else ex["prompt"] + ex["target"])

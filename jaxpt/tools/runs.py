@@ -17,7 +17,7 @@ import re
 import sys
 from typing import Any
 
-from jaxpt import monitor
+from jaxpt import fs, monitor
 from jaxpt.errors import ConfigError
 from jaxpt.registry import RUN_FILE
 
@@ -31,12 +31,11 @@ def load_run(path_or_id: str, root: str = "workdirs") -> dict[str, Any]:
     Raises:
       FileNotFoundError: naming what was looked for.
     """
-    candidates = [path_or_id, os.path.join(path_or_id, RUN_FILE)]
+    candidates = [path_or_id, fs.join(path_or_id, RUN_FILE)]
     for c in candidates:
-        if os.path.isfile(c):
-            with open(c) as f:
-                rec = json.load(f)
-            rec.setdefault("workdir", os.path.dirname(os.path.abspath(c)))
+        if fs.isfile(c):
+            rec = json.loads(fs.read_text(c))
+            rec.setdefault("workdir", fs.dirname(fs.absolute(c)))
             return rec
     for rec in find_runs(root):
         if rec.get("run_id") == path_or_id:
@@ -47,11 +46,12 @@ def load_run(path_or_id: str, root: str = "workdirs") -> dict[str, Any]:
 def find_runs(root: str) -> list[dict[str, Any]]:
     """Every run.json under ``root`` (recursively), sorted by start time."""
     out = []
-    for dirpath, _, files in os.walk(root):
+    if not fs.isdir(root):  # os.walk of a missing root yields nothing; so does this
+        return []
+    for dirpath, _, files in fs.walk(root):
         if RUN_FILE in files:
             try:
-                with open(os.path.join(dirpath, RUN_FILE)) as f:
-                    rec = json.load(f)
+                rec = json.loads(fs.read_text(fs.join(dirpath, RUN_FILE)))
             except (OSError, ValueError):
                 continue
             rec.setdefault("workdir", dirpath)
@@ -65,7 +65,7 @@ def read_curves(workdir: str) -> dict[str, list[tuple[int, float]]]:
     resume or rollback superseded, and of any step still logged twice (a log written before supersede markers)
     the last value is kept. Raises MetricsFormatError as :func:`jaxpt.monitor.read_metrics`."""
     curves: dict[str, dict[int, float]] = {"loss": {}, "grad_norm": {}, "learning_rate": {}}
-    if os.path.exists(monitor.metrics_path(workdir)):
+    if fs.exists(monitor.metrics_path(workdir)):
         for rec in monitor.read_metrics(workdir):
             for k in curves:
                 if isinstance(rec.get(k), (int, float)) and "event" not in rec:
@@ -81,7 +81,7 @@ def read_expert_shares(workdir: str) -> dict[int, dict[int, list[tuple[int, floa
     of metrics.jsonl (a mixture-of-experts run; empty otherwise), superseded records left out as in
     :func:`read_curves`. Raises MetricsFormatError as :func:`jaxpt.monitor.read_metrics`."""
     out: dict[int, dict[int, dict[int, float]]] = {}
-    if os.path.exists(monitor.metrics_path(workdir)):
+    if fs.exists(monitor.metrics_path(workdir)):
         for rec in monitor.read_metrics(workdir):
             if "event" in rec:
                 continue

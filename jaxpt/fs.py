@@ -1,0 +1,316 @@
+"""The one filesystem layer: every path jaxpt and ``data_pipelines`` read or write, local or object storage.
+
+Paths are plain strings everywhere (configs, records, logs); this module turns them into
+``etils.epath.Path`` (the layer Orbax and Grain use) only where a file is touched. A path with a URI scheme
+(``gs://bucket/x``, also ``s3://``) is *remote*; anything else is a local path.
+
+What object storage changes, and how each function handles it:
+
+* There are no directories: ``makedirs`` of a bucket prefix is a no-op there; ``isdir`` is true once an
+  object exists under the prefix.
+* An object is written whole and cannot be appended to: :func:`append_text` re-writes the object with the
+  new text at its end (one small object per log, so O(size) per append is fine); a write replaces an object
+  atomically, so :func:`write_text_atomic` needs no temporary file there.
+* Libraries that only read local files (ArrayRecord's C++ reader, SentencePiece) get a local copy through
+  :func:`local_copy`, cached under ``$JAXPT_CACHE_DIR`` (default ``<tmp>/jaxpt-cache``) by the object's URI.
+* ``os.path.abspath`` would turn ``gs://b/x`` into ``<cwd>/gs:/b/x``: use :func:`absolute`.
+
+Emulators: with ``STORAGE_EMULATOR_HOST=http://host:port`` set (the variable the Google Cloud clients,
+gcsfs and TensorBoard's GCS writer honour), importing this module also points TensorStore (Orbax's array
+storage) at it (``TENSORSTORE_GCS_HTTP_URL``), selects epath's fsspec/gcsfs backend (``EPATH_USE_TF=false``:
+``tf.io.gfile`` has no emulator endpoint) and turns off gcsfs's bucket-layout probe (an API emulators lack).
+Each is only a default: a variable already set wins.
+"""
+
+from __future__ import annotations
+
+import builtins
+import gzip
+import hashlib
+import os
+import re
+import shutil
+import tempfile
+from typing import IO, Iterator
+
+from etils import epath
+
+_SCHEME = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
+
+if os.environ.get("STORAGE_EMULATOR_HOST"):
+    os.environ.setdefault("TENSORSTORE_GCS_HTTP_URL", os.environ["STORAGE_EMULATOR_HOST"])
+    os.environ.setdefault("EPATH_USE_TF", "false")
+    os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+
+
+def is_remote(path: str | os.PathLike) -> bool:
+    """Whether ``path`` names object storage (has a URI scheme such as ``gs://``)."""
+    return bool(_SCHEME.match(os.fspath(path)))
+
+
+def path(p: str | os.PathLike) -> epath.Path:
+    """``p`` as an ``epath.Path`` (local or remote)."""
+    return epath.Path(p)
+
+
+def join(base: str | os.PathLike, *parts: str) -> str:
+    """``base/part/...`` as a string; keeps ``gs://`` intact (``os.path.join`` would too on POSIX, but this
+    says what is meant and never normalizes the scheme's double slash away)."""
+    out = os.fspath(base)
+    for p in parts:
+        out = p if is_remote(p) or os.path.isabs(p) else (out.rstrip("/") + "/" + p if out else p)
+    return out
+
+
+def absolute(p: str | os.PathLike) -> str:
+    """``os.path.abspath`` for local paths; a remote path is returned unchanged."""
+    return os.fspath(p) if is_remote(p) else os.path.abspath(p)
+
+
+def realpath(p: str | os.PathLike) -> str:
+    """``os.path.realpath`` (symlinks resolved) for local paths; a remote path is returned unchanged."""
+    return os.fspath(p) if is_remote(p) else os.path.realpath(p)
+
+
+def basename(p: str | os.PathLike) -> str:
+    """The last component of ``p`` (trailing slashes ignored)."""
+    return os.fspath(p).rstrip("/").rsplit("/", 1)[-1]
+
+
+def dirname(p: str | os.PathLike) -> str:
+    """``p`` without its last component; keeps the scheme (``gs://b/x`` -> ``gs://b``)."""
+    s = os.fspath(p).rstrip("/")
+    if is_remote(s):
+        head = s.rsplit("/", 1)[0]
+        return head if "://" in head and not head.endswith(":/") else s
+    return os.path.dirname(s)
+
+
+def exists(p: str | os.PathLike) -> bool:
+    return path(p).exists()
+
+
+def isfile(p: str | os.PathLike) -> bool:
+    """A file (an object, remotely) exists at ``p``."""
+    q = path(p)
+    return q.is_file() if is_remote(p) else os.path.isfile(p)
+
+
+def isdir(p: str | os.PathLike) -> bool:
+    """A directory exists at ``p`` (remotely: some object exists under the prefix ``p/``)."""
+    return path(p).is_dir() if is_remote(p) else os.path.isdir(p)
+
+
+def makedirs(p: str | os.PathLike) -> None:
+    """Create directory ``p`` and its parents if missing (a no-op on object storage, which has none)."""
+    if is_remote(p):
+        return
+    os.makedirs(p, exist_ok=True)
+
+
+def listdir(p: str | os.PathLike) -> list[str]:
+    """Names (not paths) of the entries of directory ``p``, sorted.
+
+    Raises:
+      FileNotFoundError: ``p`` is not a directory.
+    """
+    if not is_remote(p):
+        return sorted(os.listdir(p))
+    if not isdir(p):
+        raise FileNotFoundError(f"{p}: no such directory")
+    return sorted(c.name for c in path(p).iterdir())
+
+
+def glob(p: str | os.PathLike, pattern: str) -> list[str]:
+    """Paths (strings, sorted) of the entries of directory ``p`` matching the glob ``pattern``."""
+    if not is_remote(p) and not os.path.isdir(p):
+        return []
+    return sorted(os.fspath(c) for c in path(p).glob(pattern))
+
+
+def open(p: str | os.PathLike, mode: str = "r", **kwargs) -> IO:  # noqa: A001 - the layer's open
+    """Open ``p`` (``r``/``w``/``a``, text or ``b``). Remote ``a`` is not supported by object storage: use
+    :func:`append_text`."""
+    if not is_remote(p):
+        return builtins.open(p, mode, **kwargs)
+    if "a" in mode:
+        raise ValueError(f"{p}: object storage cannot append; use jaxpt.fs.append_text")
+    if kwargs.get("encoding") not in (None, "utf-8", "utf8"):
+        raise ValueError(f"{p}: only utf-8 text on object storage")
+    return path(p).open(mode)
+
+
+def open_maybe_gzip(p: str | os.PathLike, mode: str = "rb") -> IO:
+    """Binary ``open``, gunzipping when ``p`` ends in ``.gz`` (reads) or compressing (writes)."""
+    f = open(p, mode.replace("t", "").rstrip("b") + "b")
+    return gzip.GzipFile(fileobj=f, mode=mode.rstrip("b") + "b") if os.fspath(p).endswith(".gz") else f
+
+
+def read_text(p: str | os.PathLike) -> str:
+    return path(p).read_text()
+
+
+def read_bytes(p: str | os.PathLike) -> bytes:
+    return path(p).read_bytes()
+
+
+def write_text_atomic(p: str | os.PathLike, text: str) -> None:
+    """Write ``text`` (UTF-8) to ``p`` so a reader never sees half of it: a temporary file and ``os.replace``
+    locally; one object upload remotely (which replaces an object atomically)."""
+    if is_remote(p):
+        path(p).write_text(text)
+        return
+    tmp = f"{p}.tmp"
+    with builtins.open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, p)
+
+
+def write_bytes(p: str | os.PathLike, data: bytes) -> None:
+    path(p).write_bytes(data)
+
+
+def append_text(p: str | os.PathLike, text: str) -> None:
+    """Append ``text`` (UTF-8) to the file ``p``, creating it if missing.
+
+    Remotely the object is read and written back whole (objects are immutable), so each call costs the
+    object's size: meant for logs of at most some MiB (``metrics.jsonl``, batch logs).
+    """
+    if not is_remote(p):
+        with builtins.open(p, "a") as f:
+            f.write(text)
+        return
+    q = path(p)
+    old = q.read_text() if q.exists() else ""
+    q.write_text(old + text)
+
+
+class Appender:
+    """A line-buffered append-only text writer for ``p``: a file opened for append locally; remotely, the
+    object re-written on every :meth:`write` (see :func:`append_text`) with everything written so far."""
+
+    def __init__(self, p: str | os.PathLike):
+        self.path = os.fspath(p)
+        self._local = None if is_remote(p) else builtins.open(self.path, "a", buffering=1)
+        if self._local is None:
+            q = path(p)
+            self._text = q.read_text() if q.exists() else ""
+
+    def write(self, text: str) -> None:
+        if self._local is not None:
+            self._local.write(text)
+            return
+        self._text += text
+        path(self.path).write_text(self._text)
+
+    def flush(self) -> None:
+        if self._local is not None:
+            self._local.flush()
+
+    def close(self) -> None:
+        if self._local is not None:
+            self._local.close()
+
+
+def remove(p: str | os.PathLike) -> None:
+    """Delete the file ``p`` (missing is fine)."""
+    q = path(p)
+    if q.exists():
+        q.unlink()
+
+
+def rmtree(p: str | os.PathLike) -> None:
+    """Delete the directory ``p`` and everything under it (missing is fine)."""
+    if is_remote(p):
+        q = path(p)
+        if q.exists():
+            q.rmtree()
+    else:
+        shutil.rmtree(p, ignore_errors=True)
+
+
+def copy(src: str | os.PathLike, dst: str | os.PathLike) -> None:
+    """Copy the file ``src`` to ``dst`` (either may be remote), overwriting ``dst``."""
+    if not is_remote(src) and not is_remote(dst):
+        shutil.copyfile(src, dst)
+        return
+    with open(src, "rb") as fi, open(dst, "wb") as fo:
+        shutil.copyfileobj(fi, fo, 1 << 20)
+
+
+def copytree(src: str | os.PathLike, dst: str | os.PathLike) -> None:
+    """Copy the directory ``src`` to ``dst`` recursively (either may be remote)."""
+    for root, _, files in walk(src):
+        rel = os.fspath(root)[len(os.fspath(src)):].lstrip("/")
+        target = join(dst, rel) if rel else os.fspath(dst)
+        makedirs(target)
+        for name in files:
+            copy(join(root, name), join(target, name))
+
+
+def walk(p: str | os.PathLike) -> Iterator[tuple[str, list[str], list[str]]]:
+    """``os.walk`` for either kind of path: (directory, subdirectory names, file names), top-down."""
+    if not is_remote(p):
+        yield from os.walk(p)
+        return
+    scheme = os.fspath(p).split("://", 1)[0] + "://"
+    for root, dirs, files in path(p).walk():
+        root = os.fspath(root)
+        # the fsspec backend yields bucket paths without their scheme ("bkt/x"); tf.io.gfile keeps it
+        yield (root if is_remote(root) else scheme + root.lstrip("/")), list(dirs), list(files)
+
+
+def cache_dir() -> str:
+    """Where :func:`local_copy` keeps downloaded objects: ``$JAXPT_CACHE_DIR`` or ``<tmp>/jaxpt-cache``."""
+    return os.environ.get("JAXPT_CACHE_DIR") or os.path.join(tempfile.gettempdir(), "jaxpt-cache")
+
+
+def local_copy(p: str | os.PathLike) -> str:
+    """A local path with the contents of file ``p``: ``p`` itself when local; else a cached download.
+
+    For readers that only open local files (ArrayRecord, SentencePiece). The cache key is the URI plus the
+    object's size and modification time, so a re-written object is fetched again; the download goes to a
+    temporary name first, so concurrent processes never read half a file.
+    """
+    if not is_remote(p):
+        return os.fspath(p)
+    st = path(p).stat()
+    key = hashlib.sha256(f"{os.fspath(p)}|{st.length}|{st.mtime}".encode()).hexdigest()[:24]
+    out = os.path.join(cache_dir(), key, basename(p))
+    if not os.path.isfile(out):
+        os.makedirs(os.path.dirname(out), exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(out))
+        with os.fdopen(fd, "wb") as fo, open(p, "rb") as fi:
+            shutil.copyfileobj(fi, fo, 1 << 20)
+        os.replace(tmp, out)
+    return out
+
+
+
+
+def local_tree(p: str | os.PathLike) -> str:
+    """A local directory with the contents of directory ``p``: ``p`` itself when local; else a cached download
+    of every file under it (as :func:`local_copy`, keyed by the URI and every file's size and mtime; a
+    ``.complete`` marker is written last, so a download cut short is redone)."""
+    if not is_remote(p):
+        return os.fspath(p)
+    root = os.fspath(p).rstrip("/")
+    files = []
+    for d, _, names in walk(root):
+        for name in names:
+            full = join(d, name)
+            st = path(full).stat()
+            files.append((full[len(root):].lstrip("/"), st.length, st.mtime))
+    key = hashlib.sha256(repr((root, sorted(files))).encode()).hexdigest()[:24]
+    out = os.path.join(cache_dir(), key, basename(root))
+    marker = os.path.join(cache_dir(), key, ".complete")
+    if not os.path.isfile(marker):
+        for rel, _, _ in files:
+            target = os.path.join(out, rel)
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=os.path.dirname(target))
+            with os.fdopen(fd, "wb") as fo, open(join(root, rel), "rb") as fi:
+                shutil.copyfileobj(fi, fo, 1 << 20)
+            os.replace(tmp, target)
+        builtins.open(marker, "w").close()
+    return out

