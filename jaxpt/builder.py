@@ -132,7 +132,7 @@ def build(cfg: TrainConfig, *, devices: Sequence[Any] | None = None, tokenizer=N
     lr_schedule = optim.learning_rate_schedule(cfg.optimizer, horizon)
     spec = state_lib.make_state_spec(
         cfg.model, lambda p: optim.make_optimizer(cfg.optimizer, horizon, p), mesh, rules, cfg.stability,
-        offload_optimizer_state=cfg.offload_optimizer_state)
+        offload_optimizer_state=cfg.offload_optimizer_state, shard_optimizer_state=cfg.shard_optimizer_state)
     train_step = step_lib.jit_train_step(spec, mesh, rules, z_loss_weight=cfg.z_loss_weight,
                                          lr_schedule=lr_schedule, grad_clip_norm=cfg.optimizer.grad_clip_norm,
                                          grad_accum=cfg.grad_accum_steps)

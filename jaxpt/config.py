@@ -151,6 +151,12 @@ class TrainConfig:
         state, for host-link traffic each step; whether the step's peak falls depends on where that peak is,
         so check ``python -m jaxpt.compile`` (device and host bytes). A last resort
         (:func:`jaxpt.state.make_state_spec`). The same numbers as without it.
+      shard_optimizer_state: ZeRO-1/2 (Rajbhandari et al. 2020): split the optimizer state over the data-parallel
+        mesh axes (those of the ``batch`` and ``length`` rules: ``data``, ``fsdp``, ``expert``, ``sequence``) that a
+        param is replicated on; gradients are reduce-scattered into those shards, the update runs on ``1/N`` of
+        each param per device and the params are all-gathered after it. Per device, the optimizer state of a
+        param replicated over ``N`` devices shrinks ``N``-fold (:func:`jaxpt.state.zero_sharding`). The same
+        numbers up to the order of float sums; checkpoints restore across the switch (only shardings differ).
     """
 
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
@@ -179,6 +185,7 @@ class TrainConfig:
     stage_name: str = ""
     reset_optimizer: bool = False
     offload_optimizer_state: bool = False
+    shard_optimizer_state: bool = False
 
     def __post_init__(self) -> None:
         check_types(self)
@@ -233,7 +240,8 @@ BOOKKEEPING: dict[str, frozenset[str] | None] = {
                               "pipeline_repeats"}),
     "TrainConfig": frozenset({"workdir", "steps", "log_every", "eval_every", "eval_batches", "progress_bar",
                               "log_batch_documents", "profile_steps", "mesh", "dcn_mesh", "logical_axis_rules",
-                              "grad_accum_steps", "stage_name", "offload_optimizer_state"}),
+                              "grad_accum_steps", "stage_name", "offload_optimizer_state",
+                              "shard_optimizer_state"}),
 }
 
 

@@ -172,7 +172,7 @@ def split_microbatches(batch: dict[str, jax.Array], num: int) -> dict[str, jax.A
     return out
 
 
-def loss_and_grads(params, graphdef, batch, z_loss_weight: float, grad_accum: int = 1):
+def loss_and_grads(params, graphdef, batch, z_loss_weight: float, grad_accum: int = 1, grad_shardings=None):
     """Gradients of the global-batch mean loss, optionally accumulated over ``grad_accum`` micro-batches.
 
     Every micro-batch's loss is normalized by the target-token count of the *whole* global batch, so the
@@ -180,6 +180,9 @@ def loss_and_grads(params, graphdef, batch, z_loss_weight: float, grad_accum: in
     whatever the number of real tokens in each micro-batch. Accumulation changes memory, not math.
     Each aux output is reduced over micro-batches, in order, as its :class:`AuxSpec` declares
     (:func:`aux_specs`): e.g. ``max_attention_logit`` by max.
+
+    ``grad_shardings`` (a params-shaped tree of shardings, ZeRO-2): the accumulated gradients are kept in them,
+    so each micro-batch's gradients are reduce-scattered into a ``1/N`` shard instead of summed whole.
 
     Returns: ``(aux, grads)`` with ``aux`` as in :func:`loss_fn` for the global batch.
     Raises:
@@ -196,12 +199,17 @@ def loss_and_grads(params, graphdef, batch, z_loss_weight: float, grad_accum: in
     def body(g_acc, mb):
         mb = {k: mesh_lib.constrain(v, ("batch", "length")) for k, v in mb.items()}
         (_, aux), g = grad_fn(params, graphdef, mb, z_loss_weight, n_total, grad_accum)
-        return jax.tree.map(jnp.add, g_acc, g), aux
+        return _placed(jax.tree.map(jnp.add, g_acc, g), grad_shardings), aux
 
-    zeros = jax.tree.map(jnp.zeros_like, params)
+    zeros = _placed(jax.tree.map(jnp.zeros_like, params), grad_shardings)
     # Aux values come out stacked [grad_accum, ...] and are folded in micro-batch order afterwards.
     grads, per_microbatch = jax.lax.scan(body, zeros, micro)
     return reduce_aux(aux_specs(graphdef, params), per_microbatch, over="microbatches"), grads
+
+
+def _placed(tree, shardings):
+    """``tree`` constrained to ``shardings`` (a matching tree), or unchanged when ``shardings`` is None."""
+    return tree if shardings is None else jax.lax.with_sharding_constraint(tree, shardings)
 
 
 #: Parameter groups for per-group gradient norms, matched on path names (first match wins).
@@ -244,8 +252,15 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], *, spec: StateSpe
     With ``spec.opt_state_device_shardings`` set (optimizer state offloaded to ``pinned_host`` memory), the
     optimizer state is copied to device memory for the update and the new state back to host memory; the
     numbers are the same as without offload.
+
+    With ``spec.update_shardings`` set (``TrainConfig.shard_optimizer_state``, ZeRO-1/2), the gradients are
+    reduce-scattered into those shards, the update runs there on the matching slices of the params, and the new
+    params are all-gathered back to their own shardings; the same numbers up to the order of float sums.
     """
-    aux, grads = loss_and_grads(state.params, spec.graphdef, batch, z_loss_weight, grad_accum)
+    zero = spec.update_shardings
+    aux, grads = loss_and_grads(state.params, spec.graphdef, batch, z_loss_weight, grad_accum, zero)
+    grads = _placed(grads, zero)
+    old_params = _placed(state.params, zero)  # a local slice: no communication
     grad_norm = optax.global_norm(grads)
     clipped = (grad_norm > grad_clip_norm) if grad_clip_norm > 0 else jnp.asarray(False)
     old_opt_state = state.opt_state
@@ -254,9 +269,9 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], *, spec: StateSpe
         # early, where it sits beside the backward pass's activations and the offload saves nothing at the peak.
         grads, old_opt_state = jax.lax.optimization_barrier((grads, old_opt_state))
         old_opt_state = jax.device_put(old_opt_state, spec.opt_state_device_shardings)
-    updates, opt_state = spec.tx.update(grads, old_opt_state, state.params)
+    updates, opt_state = spec.tx.update(grads, old_opt_state, old_params)
     updates = jax.tree.map(lambda u: u * state.lr_scale.astype(u.dtype), updates)
-    params = optax.apply_updates(state.params, updates)
+    params = optax.apply_updates(old_params, updates)
     skip, history, stab_metrics = decide_skip(spec.stability, state.stability, aux["loss"], grad_norm, clipped)
     keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(skip, o, n), new, old)  # noqa: E731
     rng = keep(jax.random.key_data(jax.random.split(jax.random.wrap_key_data(state.rng))[0]), state.rng)
@@ -270,7 +285,8 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], *, spec: StateSpe
     if spec.opt_state_device_shardings is not None:  # and back to host memory until the next step
         opt_state = jax.device_put(opt_state, spec.shardings.opt_state)
     new_state = state.replace(
-        step=state.step + 1, params=keep(params, state.params), opt_state=opt_state,
+        step=state.step + 1, params=_placed(keep(params, old_params), None if zero is None else spec.shardings.params),
+        opt_state=opt_state,
         rng=rng, num_updates=state.num_updates + (~skip).astype(jnp.int32), stability=history)
     return new_state, metrics
 
