@@ -157,6 +157,9 @@ class TrainConfig:
         each param per device and the params are all-gathered after it. Per device, the optimizer state of a
         param replicated over ``N`` devices shrinks ``N``-fold (:func:`jaxpt.state.zero_sharding`). The same
         numbers up to the order of float sums; checkpoints restore across the switch (only shardings differ).
+      compilation_cache_dir: the persistent compilation cache, so a restart loads its compiled programs instead of
+        recompiling: ``'auto'`` (JAX's own setting, e.g. ``JAX_COMPILATION_CACHE_DIR``, else ``<workdir>/jax_cache``,
+        shared by every host of the run), a path, or ``''`` for none (:mod:`jaxpt.compile_cache`).
     """
 
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
@@ -186,6 +189,7 @@ class TrainConfig:
     reset_optimizer: bool = False
     offload_optimizer_state: bool = False
     shard_optimizer_state: bool = False
+    compilation_cache_dir: str = "auto"
 
     def __post_init__(self) -> None:
         check_types(self)
@@ -241,7 +245,7 @@ BOOKKEEPING: dict[str, frozenset[str] | None] = {
     "TrainConfig": frozenset({"workdir", "steps", "log_every", "eval_every", "eval_batches", "progress_bar",
                               "log_batch_documents", "profile_steps", "mesh", "dcn_mesh", "logical_axis_rules",
                               "grad_accum_steps", "stage_name", "offload_optimizer_state",
-                              "shard_optimizer_state"}),
+                              "shard_optimizer_state", "compilation_cache_dir"}),
 }
 
 

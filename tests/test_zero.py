@@ -76,6 +76,7 @@ def test_zero_sharding_adds_the_data_axes_a_param_is_replicated_on():
     assert state_lib.zero_sharding(s(), (), axes).spec == P()
 
 
+@pytest.mark.slow
 def test_sharded_optimizer_trains_to_the_same_numbers(runs):
     """data=8, three AdamW steps: the loss and grad norm of every step, the params and both Adam moments with the
     optimizer state sharded 8 ways equal those of the replicated optimizer (rel 1e-5); and training moved."""
@@ -86,6 +87,7 @@ def test_sharded_optimizer_trains_to_the_same_numbers(runs):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.slow
 def test_per_device_optimizer_bytes_fall_by_the_data_parallel_size(runs):
     """Per device, the Adam moments take 1/8 of their replicated bytes on data=8 (every dimension of the tiny model
     has a size 8 divides); the step counts (int32 scalars) stay replicated. The params stay whole on every device.
@@ -102,6 +104,7 @@ def test_per_device_optimizer_bytes_fall_by_the_data_parallel_size(runs):
     assert arg[False] - arg[True] == full - full // 8
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("saved_sharded", [False, True])
 def test_checkpoint_restores_across_the_switch(runs, tmp_path, saved_sharded):
     """A state saved after step 2 with the switch one way restores with it the other way (the same numbers, in the
