@@ -34,12 +34,19 @@ def targets_and_weights(tokens_BxL: jax.Array, segment_ids_BxL: jax.Array) -> tu
     return targets, weights
 
 
-def token_losses(logits_BxLxV: jax.Array, targets_BxL: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Per-token cross-entropy and ``log Z``, both float32 [B, L], computed in float32."""
+def token_losses(logits_BxLxV: jax.Array, targets_BxL: jax.Array, *,
+                 return_row_max: bool = False) -> tuple[jax.Array, ...]:
+    """Per-token cross-entropy and ``log Z``, both float32 [B, L], computed in float32; with ``return_row_max``
+    also each position's largest logit (float32 [B, L], no gradient).
+
+    ``log Z = m + log(sum(exp(logits - m)))`` with ``m`` the row max held constant, as ``jax.nn.logsumexp`` computes
+    it; the row max is returned so that the ``max_logit`` metric needs no second pass over the ``[B, L, V]`` logits.
+    """
     logits = logits_BxLxV.astype(jnp.float32)
-    log_z = jax.nn.logsumexp(logits, axis=-1)
+    row_max = jax.lax.stop_gradient(jnp.max(logits, axis=-1))
+    log_z = row_max + jnp.log(jnp.sum(jnp.exp(logits - row_max[..., None]), axis=-1))
     target_logit = jnp.take_along_axis(logits, targets_BxL[..., None], axis=-1)[..., 0]
-    return log_z - target_logit, log_z
+    return (log_z - target_logit, log_z, row_max) if return_row_max else (log_z - target_logit, log_z)
 
 
 def chunked_token_losses(x_BxLxD: jax.Array, w_DxV: jax.Array, targets_BxL: jax.Array,
@@ -70,8 +77,7 @@ def chunked_token_losses(x_BxLxD: jax.Array, w_DxV: jax.Array, targets_BxL: jax.
     def one_chunk(w, x_BxCxD, t_BxC):
         logits_BxCxV = jnp.einsum("bcd,dv->bcv", x_BxCxD, w, preferred_element_type=jnp.float32)
         logits_BxCxV = mesh_lib.constrain(logits_BxCxV, ("batch", "length", "vocab"))
-        ce, log_z = token_losses(logits_BxCxV, t_BxC)
-        return ce, log_z, jnp.max(logits_BxCxV, axis=-1)
+        return token_losses(logits_BxCxV, t_BxC, return_row_max=True)
 
     def body(_, xs):
         return None, one_chunk(w_DxV, *xs)
@@ -98,8 +104,8 @@ def model_token_losses(model, batch: dict[str, jax.Array], targets_BxL: jax.Arra
         logits, aux = model(*args, return_aux=True)
     else:
         logits, aux = model(*args), {}
-    ce, log_z = token_losses(logits, targets_BxL)
-    return ce, log_z, jnp.max(logits), aux
+    ce, log_z, row_max = token_losses(logits, targets_BxL, return_row_max=True)
+    return ce, log_z, jnp.max(row_max), aux
 
 
 #: Reductions of the outputs :func:`loss_fn` computes itself. ``loss`` and ``z_loss`` are *summed* over
