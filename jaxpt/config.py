@@ -155,7 +155,9 @@ class TrainConfig:
         mesh axes (those of the ``batch`` and ``length`` rules: ``data``, ``fsdp``, ``expert``, ``sequence``) that a
         param is replicated on; gradients are reduce-scattered into those shards, the update runs on ``1/N`` of
         each param per device and the params are all-gathered after it. Per device, the optimizer state of a
-        param replicated over ``N`` devices shrinks ``N``-fold (:func:`jaxpt.state.zero_sharding`). The same
+        param replicated over ``N`` devices shrinks ``N``-fold (:func:`jaxpt.state.zero_sharding`). (Whether the
+        gradient all-reduce becomes a reduce-scatter is XLA's choice per backend: on CPU it stays an all-reduce
+        followed by slices.) The same
         numbers up to the order of float sums; checkpoints restore across the switch (only shardings differ).
       compilation_cache_dir: the persistent compilation cache, so a restart loads its compiled programs instead of
         recompiling: ``'auto'`` (JAX's own setting, e.g. ``JAX_COMPILATION_CACHE_DIR``, else ``<workdir>/jax_cache``,
