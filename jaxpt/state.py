@@ -58,7 +58,7 @@ class StateSpec:
     ``update_shardings`` is None unless the optimizer state is sharded over the data-parallel axes
     (``TrainConfig.shard_optimizer_state``, ZeRO-1/2): then it is a params-shaped tree of the shardings the
     update runs in (each param's sharding, further split over the data-parallel axes it is replicated on,
-    :func:`zero_sharding`); the optimizer state is stored in them and the gradients are reduce-scattered into them.
+    :func:`zero_sharding`); the optimizer state is stored in them and the gradients are constrained to them.
     """
 
     graphdef: Any
