@@ -153,7 +153,7 @@ class TrainConfig:
         (:func:`jaxpt.state.make_state_spec`). The same numbers as without it.
       shard_optimizer_state: ZeRO-1/2 (Rajbhandari et al. 2020): split the optimizer state over the data-parallel
         mesh axes (those of the ``batch`` and ``length`` rules: ``data``, ``fsdp``, ``expert``, ``sequence``) that a
-        param is replicated on; gradients are reduce-scattered into those shards, the update runs on ``1/N`` of
+        param is replicated on; gradients are constrained to those shards, the update runs on ``1/N`` of
         each param per device and the params are all-gathered after it. Per device, the optimizer state of a
         param replicated over ``N`` devices shrinks ``N``-fold (:func:`jaxpt.state.zero_sharding`). (Whether the
         gradient all-reduce becomes a reduce-scatter is XLA's choice per backend: on CPU it stays an all-reduce

@@ -188,7 +188,7 @@ def loss_and_grads(params, graphdef, batch, z_loss_weight: float, grad_accum: in
     (:func:`aux_specs`): e.g. ``max_attention_logit`` by max.
 
     ``grad_shardings`` (a params-shaped tree of shardings, ZeRO-2): the accumulated gradients are kept in them,
-    so each micro-batch's gradients are reduce-scattered into a ``1/N`` shard instead of summed whole.
+    so each micro-batch's gradients are summed into a ``1/N`` shard (a reduce-scatter where XLA makes one).
 
     Returns: ``(aux, grads)`` with ``aux`` as in :func:`loss_fn` for the global batch.
     Raises:
