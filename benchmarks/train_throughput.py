@@ -281,7 +281,8 @@ def main():
     say = (lambda *a: print(*a, file=sys.stderr)) if args.json else print  # noqa: E731
     say(f"reference model: {REF.d_model=} {REF.num_layers=} {REF.num_heads=}x{REF.head_dim} "
         f"{REF.mlp_dim=} {REF.vocab_size=} seq {SEQ} batch {BATCH} fp32; {jax.device_count()} devices")
-    say(f"model FLOPs per token {fpt / 1e6:.1f} MFLOP (6N_matmul + causal attention); per step {step_flops / 1e9:.1f} GFLOP")
+    say(f"model FLOPs per token {fpt / 1e6:.1f} MFLOP (6N_matmul + causal attention); "
+        f"per step {step_flops / 1e9:.1f} GFLOP")
     square = flops_lib.measure_matmul_peak(n=2048, dtype=jnp.float32)
     gemm = model_gemm_ceiling()
     say(f"ceiling 1, square 2048^3 fp32 matmul on one device: {square / 1e9:.1f} GFLOP/s (host)")

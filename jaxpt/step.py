@@ -260,8 +260,9 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], *, spec: StateSpe
     numbers are the same as without offload.
 
     With ``spec.update_shardings`` set (``TrainConfig.shard_optimizer_state``, ZeRO-1/2), the gradients are
-    constrained to those shards (a reduce-scatter where XLA makes one), the update runs there on the matching slices of the params, and the new
-    params are all-gathered back to their own shardings; the same numbers up to the order of float sums.
+    constrained to those shards (a reduce-scatter where XLA makes one), the update runs there on the matching
+    slices of the params, and the new params are all-gathered back to their own shardings; the same numbers up
+    to the order of float sums.
     """
     zero = spec.update_shardings
     aux, grads = loss_and_grads(state.params, spec.graphdef, batch, z_loss_weight, grad_accum, zero)

@@ -640,7 +640,8 @@ def estimate_memory(cfg, sizes: Mapping[str, int], device_bytes: float | None = 
     shape, dtype and sharding; AdamW keeps two moments per param in the param dtype (optax ``adamw``
     with ``mu_dtype=None``); the optimizer's update is one more param-sized tree, alive with the old
     params until the step commits (or skips) it. With ``TrainConfig.shard_optimizer_state`` the moments and the
-    update are split a further :func:`zero_factor` ways. Weights sharded over the batch's axes (FSDP) are all-gathered for compute;
+    update are split a further :func:`zero_factor` ways.
+    Weights sharded over the batch's axes (FSDP) are all-gathered for compute;
     their gathered copies (in the compute dtype) are counted for every layer at once, because XLA keeps
     the forward pass's gathered weights for the backward pass unless a remat policy makes it re-gather,
     which it does not reliably do. The embedding table is gathered whole for the lookup (see
