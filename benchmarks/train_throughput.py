@@ -1,13 +1,21 @@
-"""Train-step throughput of the reference model, with two ceilings and a plain-JAX step, side by side.
+"""Train-step throughput of the reference model, with two ceilings, a plain-JAX step and MaxText, side by side.
 
 Reference model (issue 2): d_model 256, 4 layers, 4 heads of 64, MLP 1024, vocab 8192, sequence 256,
 global batch 16, fp32, 8 simulated CPU devices. Prints tokens/s, step time and MFU against:
   * the host's large square matmul (2048^3 fp32) FLOP/s, and
   * the same GEMMs as the model's train step at the model's own shapes, data-parallel on the same devices.
 A plain-JAX train step (one jit, params replicated, batch split over all devices, no NNX, no logical
-rules) runs in the same process as a baseline for the ratio.
+rules) runs in the same process as a baseline for the ratio. Each mesh is timed with the optimizer state
+replicated (the default) and sharded over the data-parallel axes (``TrainConfig.shard_optimizer_state``, ZeRO-1).
 
-    XLA_FLAGS=--xla_force_host_platform_device_count=8 python benchmarks/train_throughput.py [--mesh data=8]
+With ``MAXTEXT_PYTHON`` naming a Python 3.12 interpreter with ``maxtext[tpu]`` installed, MaxText's trainer runs the
+same model on synthetic data in a subprocess for each mesh (``ici_data/fsdp/tensor_parallelism`` set to match),
+alternating with jaxpt round by round (A B A B, ``--rounds``) so that drift hits both; its tokens/s is the median of
+its "Tokens/s/device" log lines over steps >= 5, times the device count. ``--json`` prints one object:
+``{"meshes": {"data=8": {"jaxpt_tokens_per_sec", "jaxpt_zero1_tokens_per_sec", "maxtext_tokens_per_sec", "ratio",
+"gemm_ceiling_fraction"}, ...}, ...}`` (``ratio``: jaxpt / MaxText, the better of jaxpt's two optimizer layouts).
+
+    XLA_FLAGS=--xla_force_host_platform_device_count=8 python benchmarks/train_throughput.py [--mesh data=8] [--json]
 
 Figures only; never part of the test pass/fail. These 2-core machines are noisy: compare ratios from
 one run, not absolute numbers across runs.
@@ -16,7 +24,13 @@ one run, not absolute numbers across runs.
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
 import time
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
@@ -62,15 +76,95 @@ def time_fn(fn, *args, steps: int, warmup: int = 2, carry: bool = False):
     return float(np.median(times))
 
 
-def jaxpt_step_time(mesh_spec: str, steps: int) -> float:
-    """Median step time of the train step exactly as ``jaxpt.train`` builds it (:func:`jaxpt.builder.build`:
-    stability policy, z-loss, schedule and shardings included) on the reference model."""
-    cfg = TrainConfig(model=REF, optimizer=optim.OptimizerConfig(warmup_steps=10, decay_steps=1000),
-                      mesh=mesh_spec, global_batch_size=BATCH, seq_len=SEQ, steps=1000, z_loss_weight=1e-4)
-    built = builder.build(cfg)
-    shard = built.batch_shardings()["tokens"]
-    batch = {k: jax.device_put(v, shard) for k, v in batch_arrays(np.random.default_rng(0), REF.vocab_size).items()}
-    return time_fn(built.train_step, built.init_state(), batch, steps=steps, carry=True)
+class JaxptStep:
+    """The train step exactly as ``jaxpt.train`` builds it (:func:`jaxpt.builder.build`: stability policy, z-loss,
+    schedule and shardings included) on the reference model, compiled once and timed in rounds."""
+
+    def __init__(self, mesh_spec: str, shard_optimizer_state: bool = False):
+        cfg = TrainConfig(model=REF, optimizer=optim.OptimizerConfig(warmup_steps=10, decay_steps=1000),
+                          mesh=mesh_spec, global_batch_size=BATCH, seq_len=SEQ, steps=1000, z_loss_weight=1e-4,
+                          shard_optimizer_state=shard_optimizer_state, compilation_cache_dir="")
+        self.built = builder.build(cfg)
+        shard = self.built.batch_shardings()["tokens"]
+        self.batch = {k: jax.device_put(v, shard)
+                      for k, v in batch_arrays(np.random.default_rng(0), REF.vocab_size).items()}
+        self.state = self.built.init_state()
+
+    def time(self, steps: int) -> float:
+        """Median seconds per step over ``steps`` (after 2 warm-up steps)."""
+        out = [self.state]
+
+        def step(state, batch):
+            out[0], metrics = self.built.train_step(state, batch)
+            return out[0], metrics
+
+        t = time_fn(step, self.state, self.batch, steps=steps, carry=True)
+        self.state = out[0]
+        return t
+
+
+def jaxpt_step_time(mesh_spec: str, steps: int, shard_optimizer_state: bool = False) -> float:
+    """Median step time of :class:`JaxptStep` on ``mesh_spec``."""
+    return JaxptStep(mesh_spec, shard_optimizer_state).time(steps)
+
+
+#: ``TrainConfig.mesh`` axis -> MaxText's ICI parallelism key.
+MAXTEXT_AXES = {"data": "ici_data_parallelism", "fsdp": "ici_fsdp_parallelism", "tensor": "ici_tensor_parallelism"}
+_MAXTEXT_STEP = re.compile(r"completed step: (\d+),.*?Tokens/s/device: ([0-9.]+)")
+
+
+def maxtext_command(python: str, mesh_spec: str, out_dir: str, steps: int = 30) -> list[str]:
+    """MaxText's trainer on the reference model (the command of issue 21), its mesh matching ``mesh_spec``.
+
+    Raises:
+      ValueError: ``mesh_spec`` uses an axis MaxText's command here has no key for (only data, fsdp, tensor).
+    """
+    sizes = {a: 1 for a in MAXTEXT_AXES}
+    for part in filter(None, mesh_spec.split(",")):
+        axis, size = part.split("=")
+        if axis not in MAXTEXT_AXES:
+            raise ValueError(f"--mesh {mesh_spec}: no MaxText parallelism key for axis {axis!r}")
+        sizes[axis] = int(size)
+    base = subprocess.run([python, "-c", "import maxtext, os; print(os.path.dirname(maxtext.__file__))"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    per_device = BATCH // jax.device_count()
+    return [python, "-m", "maxtext.trainers.pre_train.train", os.path.join(base, "configs", "base.yml"),
+            "run_name=peer", f"base_output_directory={out_dir}", "hardware=cpu", "dataset_type=synthetic",
+            f"steps={steps}", "enable_checkpointing=false", f"per_device_batch_size={per_device}",
+            f"max_target_length={SEQ}", f"vocab_size={REF.vocab_size}", f"base_emb_dim={REF.d_model}",
+            f"base_num_query_heads={REF.num_heads}", f"base_num_kv_heads={REF.num_kv_heads}",
+            f"head_dim={REF.head_dim}", f"base_mlp_dim={REF.mlp_dim}", f"base_num_decoder_layers={REF.num_layers}",
+            "log_period=10", "skip_jax_distributed_system=true", "enable_tensorboard=false", "dtype=float32",
+            *(f"{MAXTEXT_AXES[a]}={n}" for a, n in sizes.items())]
+
+
+def parse_maxtext_tokens_per_sec(log: str, devices: int, first_step: int = 5) -> float:
+    """Median of MaxText's "Tokens/s/device" over the steps >= ``first_step``, times ``devices`` (tokens/s, host).
+
+    Raises:
+      ValueError: no such step line in ``log``.
+    """
+    rates = [float(r) for s, r in _MAXTEXT_STEP.findall(log) if int(s) >= first_step]
+    if not rates:
+        raise ValueError(f"no MaxText 'completed step: N (>= {first_step}) ... Tokens/s/device' line in its log")
+    return statistics.median(rates) * devices
+
+
+def maxtext_tokens_per_sec(python: str, mesh_spec: str, steps: int = 30, timeout_s: float = 1800) -> float:
+    """Run MaxText once on ``mesh_spec`` (8 simulated CPU devices) and return its tokens/s.
+
+    Raises:
+      RuntimeError: the trainer failed (the end of its log in the message), or ValueError from the parser.
+    """
+    env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={jax.device_count()}",
+               JAX_PLATFORMS="cpu", DECOUPLE_GCLOUD="TRUE")
+    with tempfile.TemporaryDirectory(prefix="maxtext_") as out:
+        proc = subprocess.run(maxtext_command(python, mesh_spec, out, steps), env=env, capture_output=True,
+                              text=True, timeout=timeout_s)
+    log = proc.stdout + proc.stderr
+    if proc.returncode != 0:
+        raise RuntimeError(f"MaxText on {mesh_spec} exited with {proc.returncode}: {log[-3000:]}")
+    return parse_maxtext_tokens_per_sec(log, jax.device_count())
 
 
 def plain_jax_step_time(steps: int) -> float:
@@ -173,26 +267,59 @@ def model_gemm_ceiling(repeats: int = 5) -> float:
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mesh", action="append", default=None,
-                    help="mesh(es) for the jaxpt step (default: data=8 and data=2,fsdp=2,tensor=2)")
-    ap.add_argument("--steps", type=int, default=10)
+                    help="mesh(es) for the jaxpt step (default: data=8, fsdp=8 and data=2,fsdp=2,tensor=2)")
+    ap.add_argument("--steps", type=int, default=10, help="timed jaxpt steps per round")
+    ap.add_argument("--rounds", type=int, default=2, help="rounds of jaxpt then MaxText (A B A B); medians over them")
+    ap.add_argument("--maxtext-steps", type=int, default=30, help="steps of each MaxText run")
+    ap.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     args = ap.parse_args()
-    meshes = args.mesh or ["data=8", "data=2,fsdp=2,tensor=2"]
+    meshes = args.mesh or ["data=8", "fsdp=8", "data=2,fsdp=2,tensor=2"]
+    maxtext = os.environ.get("MAXTEXT_PYTHON")
     tokens = BATCH * SEQ
     fpt = flops_lib.flops_per_token(REF, SEQ)
     step_flops = tokens * fpt
-    print(f"reference model: {REF.d_model=} {REF.num_layers=} {REF.num_heads=}x{REF.head_dim} "
-          f"{REF.mlp_dim=} {REF.vocab_size=} seq {SEQ} batch {BATCH} fp32; {jax.device_count()} devices")
-    print(f"model FLOPs per token {fpt / 1e6:.1f} MFLOP (6N_matmul + causal attention); per step {step_flops / 1e9:.1f} GFLOP")
+    say = (lambda *a: print(*a, file=sys.stderr)) if args.json else print  # noqa: E731
+    say(f"reference model: {REF.d_model=} {REF.num_layers=} {REF.num_heads=}x{REF.head_dim} "
+        f"{REF.mlp_dim=} {REF.vocab_size=} seq {SEQ} batch {BATCH} fp32; {jax.device_count()} devices")
+    say(f"model FLOPs per token {fpt / 1e6:.1f} MFLOP (6N_matmul + causal attention); "
+        f"per step {step_flops / 1e9:.1f} GFLOP")
     square = flops_lib.measure_matmul_peak(n=2048, dtype=jnp.float32)
     gemm = model_gemm_ceiling()
-    print(f"ceiling 1, square 2048^3 fp32 matmul on one device: {square / 1e9:.1f} GFLOP/s (host)")
-    print(f"ceiling 2, the model's GEMMs at its shapes on {jax.device_count()} devices: {gemm / 1e9:.1f} GFLOP/s (host)")
+    say(f"ceiling 1, square 2048^3 fp32 matmul on one device: {square / 1e9:.1f} GFLOP/s (host)")
+    say(f"ceiling 2, the model's GEMMs at its shapes on {jax.device_count()} devices: {gemm / 1e9:.1f} GFLOP/s (host)")
     t_plain = plain_jax_step_time(args.steps)
-    rows = [("plain JAX (data-parallel, one jit)", t_plain)]
+    steps = {(m, z): JaxptStep(m, z) for m in meshes for z in (False, True)}
+    times: dict = {k: [] for k in steps}
+    mt: dict[str, list[float]] = {m: [] for m in meshes}
+    for r in range(args.rounds):  # A B A B: jaxpt, then MaxText, per mesh, each round
+        for m in meshes:
+            for z in (False, True):
+                times[(m, z)].append(steps[(m, z)].time(args.steps))
+            if maxtext:
+                mt[m].append(maxtext_tokens_per_sec(maxtext, m, args.maxtext_steps))
+                say(f"round {r + 1}: {m}: jaxpt {tokens / times[(m, False)][-1]:.0f} (ZeRO-1 "
+                    f"{tokens / times[(m, True)][-1]:.0f}), MaxText {mt[m][-1]:.0f} tokens/s")
+    med = {k: float(np.median(v)) for k, v in times.items()}
+    out = {"meshes": {}, "plain_jax_tokens_per_sec": tokens / t_plain, "gemm_ceiling_flops": gemm,
+           "square_matmul_flops": square, "rounds": args.rounds, "maxtext": bool(maxtext)}
     for m in meshes:
-        rows.append((f"jaxpt mesh {m}", jaxpt_step_time(m, args.steps)))
+        best = min(med[(m, False)], med[(m, True)])
+        row = {"jaxpt_tokens_per_sec": tokens / med[(m, False)], "jaxpt_zero1_tokens_per_sec": tokens / med[(m, True)],
+               "maxtext_tokens_per_sec": statistics.median(mt[m]) if mt[m] else None,
+               "gemm_ceiling_fraction": step_flops / best / gemm, "vs_plain_jax": t_plain / best}
+        row["ratio"] = tokens / best / row["maxtext_tokens_per_sec"] if mt[m] else None
+        out["meshes"][m] = row
+    if args.json:
+        print(json.dumps(out, indent=2))
+        return
+    rows = [("plain JAX (data-parallel, one jit)", t_plain, None)]
+    for m in meshes:
+        rows.append((f"jaxpt mesh {m}", med[(m, False)], None))
+        rows.append((f"jaxpt mesh {m}, ZeRO-1", med[(m, True)], None))
+        if mt[m]:
+            rows.append((f"MaxText {m}", tokens / out["meshes"][m]["maxtext_tokens_per_sec"], None))
     print(f"\n{'step':42s} {'step s':>8s} {'tokens/s':>9s} {'GFLOP/s':>8s} {'MFU/sq':>7s} {'MFU/gemm':>8s} {'vs plain':>8s}")
-    for name, t in rows:
+    for name, t, _ in rows:
         achieved = step_flops / t
         print(f"{name:42s} {t:8.3f} {tokens / t:9.0f} {achieved / 1e9:8.1f} {achieved / square:7.1%} "
               f"{achieved / gemm:8.1%} {t_plain / t:8.2f}x")

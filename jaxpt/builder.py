@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import os
 from typing import Any, Sequence
 
 import jax
@@ -149,7 +148,7 @@ def build(cfg: TrainConfig, *, devices: Sequence[Any] | None = None, tokenizer=N
     lr_schedule = optim.learning_rate_schedule(cfg.optimizer, horizon)
     spec = state_lib.make_state_spec(
         cfg.model, lambda p: optim.make_optimizer(cfg.optimizer, horizon, p), mesh, rules, cfg.stability,
-        offload_optimizer_state=cfg.offload_optimizer_state)
+        offload_optimizer_state=cfg.offload_optimizer_state, shard_optimizer_state=cfg.shard_optimizer_state)
 
     def make_train_step(grad_accum: int, lr_factor: float = 1.0):
         return step_lib.jit_train_step(spec, mesh, rules, z_loss_weight=cfg.z_loss_weight, lr_schedule=lr_schedule,

@@ -172,6 +172,17 @@ class TrainConfig:
       batch_lr_scaling: with ``batch_size_schedule``, the learning rate at ``B`` rows is the schedule's times
         ``(B / global_batch_size) ** p``: ``sqrt`` (p = 1/2, Malladi et al. 2022 for Adam), ``linear`` (p = 1,
         Goyal et al. 2017) or ``none``.
+      shard_optimizer_state: ZeRO-1/2 (Rajbhandari et al. 2020): split the optimizer state over the data-parallel
+        mesh axes (those of the ``batch`` and ``length`` rules: ``data``, ``fsdp``, ``expert``, ``sequence``) that a
+        param is replicated on; gradients are constrained to those shards, the update runs on ``1/N`` of
+        each param per device and the params are all-gathered after it. Per device, the optimizer state of a
+        param replicated over ``N`` devices shrinks ``N``-fold (:func:`jaxpt.state.zero_sharding`). (Whether the
+        gradient all-reduce becomes a reduce-scatter is XLA's choice per backend: on CPU it stays an all-reduce
+        followed by slices.) The same
+        numbers up to the order of float sums; checkpoints restore across the switch (only shardings differ).
+      compilation_cache_dir: the persistent compilation cache, so a restart loads its compiled programs instead of
+        recompiling: ``'auto'`` (JAX's own setting, e.g. ``JAX_COMPILATION_CACHE_DIR``, else ``<workdir>/jax_cache``,
+        shared by every host of the run), a path, or ``''`` for none (:mod:`jaxpt.compile_cache`).
     """
 
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
@@ -202,6 +213,8 @@ class TrainConfig:
     offload_optimizer_state: bool = False
     batch_size_schedule: str = ""
     batch_lr_scaling: str = "sqrt"
+    shard_optimizer_state: bool = False
+    compilation_cache_dir: str = "auto"
 
     def __post_init__(self) -> None:
         check_types(self)
@@ -263,7 +276,8 @@ BOOKKEEPING: dict[str, frozenset[str] | None] = {
                               "pipeline_repeats"}),
     "TrainConfig": frozenset({"workdir", "steps", "log_every", "eval_every", "eval_batches", "progress_bar",
                               "log_batch_documents", "profile_steps", "mesh", "dcn_mesh", "logical_axis_rules",
-                              "grad_accum_steps", "stage_name", "offload_optimizer_state"}),
+                              "grad_accum_steps", "stage_name", "offload_optimizer_state",
+                              "shard_optimizer_state", "compilation_cache_dir"}),
 }
 
 

@@ -12,6 +12,7 @@ from typing import Any
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
@@ -53,6 +54,11 @@ class StateSpec:
     (``TrainConfig.offload_optimizer_state``): then ``shardings.opt_state`` are ``pinned_host`` shardings
     (where the state lives between steps) and these are the same shardings in device memory (where the
     train step brings it for the update, :func:`jaxpt.step.train_step`).
+
+    ``update_shardings`` is None unless the optimizer state is sharded over the data-parallel axes
+    (``TrainConfig.shard_optimizer_state``, ZeRO-1/2): then it is a params-shaped tree of the shardings the
+    update runs in (each param's sharding, further split over the data-parallel axes it is replicated on,
+    :func:`zero_sharding`); the optimizer state is stored in them and the gradients are constrained to them.
     """
 
     graphdef: Any
@@ -61,6 +67,7 @@ class StateSpec:
     shardings: TrainState         # NamedSharding per leaf
     stability: StabilityConfig
     opt_state_device_shardings: Any = None
+    update_shardings: Any = None
 
 
 #: The memory kind offloaded optimizer state lives in: host RAM the accelerator can DMA from directly.
@@ -103,6 +110,53 @@ def param_shardings(abstract_params: Any, mesh: Mesh, rules) -> Any:
         abstract_params, is_leaf=lambda x: isinstance(x, nnx.Variable))
 
 
+def _spec_axes(entry) -> tuple[str, ...]:
+    return () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+
+
+def zero_axes(mesh: Mesh, rules) -> tuple[str, ...]:
+    """Mesh axes (size > 1) over which every device computes the same update unless the optimizer is sharded:
+    those the ``batch`` and ``length`` logical axes map to (data parallelism, context parallelism; by the
+    default rules ``data``, ``fsdp``, ``expert``, ``sequence``). A param sharded over one of them (FSDP's
+    ``embed`` over ``fsdp``) is already split there; :func:`zero_sharding` adds only the others."""
+    table = mesh_lib._rules_dict(rules)  # noqa: SLF001 - the same first-rule-wins reading as the specs
+    axes = []
+    for logical in ("batch", "length"):
+        axes += [a for a in table.get(logical, ()) if a not in axes and mesh.shape[a] > 1]
+    return tuple(axes)
+
+
+def zero_sharding(sharding: NamedSharding, shape: tuple[int, ...], axes: tuple[str, ...]) -> NamedSharding:
+    """``sharding`` (of an array of ``shape``) further split over the mesh ``axes`` it does not use yet: the layout
+    of a param's optimizer state and update under ZeRO (Rajbhandari et al. 2020, "ZeRO: Memory Optimizations
+    Toward Training Trillion Parameter Models", stage 1: optimizer state partitioned over data parallelism).
+
+    The new axes go on the dimension with the most elements per shard that their product still divides (after
+    the axes already on that dimension, so a param sharded over ``fsdp`` is gathered from its ZeRO shards within
+    each ``fsdp`` block). An array no dimension of which they divide (a scalar, an odd size) keeps ``sharding``:
+    it stays replicated over them, which costs memory but not correctness.
+    """
+    spec = list(sharding.spec) + [None] * (len(shape) - len(sharding.spec))
+    used = {a for entry in spec for a in _spec_axes(entry)}
+    extra = tuple(a for a in axes if a not in used)
+    if not extra:
+        return sharding
+    mesh = sharding.mesh
+    n = int(np.prod([mesh.shape[a] for a in extra]))
+    best, best_local = None, 0
+    for d, size in enumerate(shape):
+        k = int(np.prod([mesh.shape[a] for a in _spec_axes(spec[d])]))
+        if size % (k * n) == 0 and size // k > best_local:
+            best, best_local = d, size // k
+    if best is None:
+        return sharding
+    joined = _spec_axes(spec[best]) + extra
+    spec[best] = joined[0] if len(joined) == 1 else joined
+    while spec and spec[-1] is None:
+        spec.pop()
+    return NamedSharding(mesh, PartitionSpec(*spec), memory_kind=sharding.memory_kind)
+
+
 def abstract_model(cfg: ModelConfig) -> tuple[Any, Any]:
     """``(graphdef, abstract params)`` without allocating any array."""
     model = nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0)))
@@ -112,7 +166,7 @@ def abstract_model(cfg: ModelConfig) -> tuple[Any, Any]:
 
 def make_state_spec(model_cfg: ModelConfig, tx_factory, mesh: Mesh, rules,
                     stability_cfg: StabilityConfig | None = None, *,
-                    offload_optimizer_state: bool = False) -> StateSpec:
+                    offload_optimizer_state: bool = False, shard_optimizer_state: bool = False) -> StateSpec:
     """Build the abstract train state and its shardings.
 
     Args:
@@ -123,6 +177,10 @@ def make_state_spec(model_cfg: ModelConfig, tx_factory, mesh: Mesh, rules,
       offload_optimizer_state: keep every optimizer-state leaf in ``pinned_host`` memory between steps
         (same sharding, host memory kind); the device shardings are kept in
         ``StateSpec.opt_state_device_shardings``.
+      shard_optimizer_state: ZeRO-1/2: store each param's optimizer state split over the data-parallel axes
+        (:func:`zero_axes`) it is replicated on (:func:`zero_sharding`); the update runs on those shards
+        (``StateSpec.update_shardings``) and the params are all-gathered after it. Per device, the optimizer
+        state of a param replicated over ``N`` data-parallel devices shrinks ``N``-fold.
 
     Raises:
       ConfigError: ``offload_optimizer_state`` and the mesh's devices have no ``pinned_host`` memory
@@ -135,8 +193,12 @@ def make_state_spec(model_cfg: ModelConfig, tx_factory, mesh: Mesh, rules,
     abs_opt = jax.eval_shape(tx.init, abs_params)
     replicated = NamedSharding(mesh, PartitionSpec())
     # Optimizer leaves that mirror a param (Adam moments) take its sharding; scalars (counts) replicate.
+    u_shard = None
+    if shard_optimizer_state:
+        axes = zero_axes(mesh, rules)
+        u_shard = jax.tree.map(lambda s, a: zero_sharding(s, a.shape, axes), p_shard, abs_params)
     o_shard = optax.tree_map_params(
-        tx, lambda _, s: s, abs_opt, p_shard,
+        tx, lambda _, s: s, abs_opt, p_shard if u_shard is None else u_shard,
         transform_non_params=lambda _: replicated, is_leaf=lambda x: isinstance(x, nnx.Variable))
     o_device = None
     if offload_optimizer_state:
@@ -155,7 +217,7 @@ def make_state_spec(model_cfg: ModelConfig, tx_factory, mesh: Mesh, rules,
     abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                             abs_state, shardings)
     return StateSpec(graphdef=graphdef, tx=tx, abstract=abstract, shardings=shardings,
-                     stability=stability_cfg, opt_state_device_shardings=o_device)
+                     stability=stability_cfg, opt_state_device_shardings=o_device, update_shardings=u_shard)
 
 
 def init_state(spec: StateSpec, model_cfg: ModelConfig, seed: int) -> TrainState:

@@ -34,12 +34,19 @@ def targets_and_weights(tokens_BxL: jax.Array, segment_ids_BxL: jax.Array) -> tu
     return targets, weights
 
 
-def token_losses(logits_BxLxV: jax.Array, targets_BxL: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Per-token cross-entropy and ``log Z``, both float32 [B, L], computed in float32."""
+def token_losses(logits_BxLxV: jax.Array, targets_BxL: jax.Array, *,
+                 return_row_max: bool = False) -> tuple[jax.Array, ...]:
+    """Per-token cross-entropy and ``log Z``, both float32 [B, L], computed in float32; with ``return_row_max``
+    also each position's largest logit (float32 [B, L], no gradient).
+
+    ``log Z = m + log(sum(exp(logits - m)))`` with ``m`` the row max held constant, as ``jax.nn.logsumexp`` computes
+    it; the row max is returned so that the ``max_logit`` metric needs no second pass over the ``[B, L, V]`` logits.
+    """
     logits = logits_BxLxV.astype(jnp.float32)
-    log_z = jax.nn.logsumexp(logits, axis=-1)
+    row_max = jax.lax.stop_gradient(jnp.max(logits, axis=-1))
+    log_z = row_max + jnp.log(jnp.sum(jnp.exp(logits - row_max[..., None]), axis=-1))
     target_logit = jnp.take_along_axis(logits, targets_BxL[..., None], axis=-1)[..., 0]
-    return log_z - target_logit, log_z
+    return (log_z - target_logit, log_z, row_max) if return_row_max else (log_z - target_logit, log_z)
 
 
 def chunked_token_losses(x_BxLxD: jax.Array, w_DxV: jax.Array, targets_BxL: jax.Array,
@@ -70,8 +77,7 @@ def chunked_token_losses(x_BxLxD: jax.Array, w_DxV: jax.Array, targets_BxL: jax.
     def one_chunk(w, x_BxCxD, t_BxC):
         logits_BxCxV = jnp.einsum("bcd,dv->bcv", x_BxCxD, w, preferred_element_type=jnp.float32)
         logits_BxCxV = mesh_lib.constrain(logits_BxCxV, ("batch", "length", "vocab"))
-        ce, log_z = token_losses(logits_BxCxV, t_BxC)
-        return ce, log_z, jnp.max(logits_BxCxV, axis=-1)
+        return token_losses(logits_BxCxV, t_BxC, return_row_max=True)
 
     def body(_, xs):
         return None, one_chunk(w_DxV, *xs)
@@ -98,8 +104,8 @@ def model_token_losses(model, batch: dict[str, jax.Array], targets_BxL: jax.Arra
         logits, aux = model(*args, return_aux=True)
     else:
         logits, aux = model(*args), {}
-    ce, log_z = token_losses(logits, targets_BxL)
-    return ce, log_z, jnp.max(logits), aux
+    ce, log_z, row_max = token_losses(logits, targets_BxL, return_row_max=True)
+    return ce, log_z, jnp.max(row_max), aux
 
 
 #: Reductions of the outputs :func:`loss_fn` computes itself. ``loss`` and ``z_loss`` are *summed* over
@@ -172,7 +178,7 @@ def split_microbatches(batch: dict[str, jax.Array], num: int) -> dict[str, jax.A
     return out
 
 
-def loss_and_grads(params, graphdef, batch, z_loss_weight: float, grad_accum: int = 1):
+def loss_and_grads(params, graphdef, batch, z_loss_weight: float, grad_accum: int = 1, grad_shardings=None):
     """Gradients of the global-batch mean loss, optionally accumulated over ``grad_accum`` micro-batches.
 
     Every micro-batch's loss is normalized by the target-token count of the *whole* global batch, so the
@@ -180,6 +186,9 @@ def loss_and_grads(params, graphdef, batch, z_loss_weight: float, grad_accum: in
     whatever the number of real tokens in each micro-batch. Accumulation changes memory, not math.
     Each aux output is reduced over micro-batches, in order, as its :class:`AuxSpec` declares
     (:func:`aux_specs`): e.g. ``max_attention_logit`` by max.
+
+    ``grad_shardings`` (a params-shaped tree of shardings, ZeRO-2): the accumulated gradients are kept in them,
+    so each micro-batch's gradients are summed into a ``1/N`` shard (a reduce-scatter where XLA makes one).
 
     Returns: ``(aux, grads)`` with ``aux`` as in :func:`loss_fn` for the global batch.
     Raises:
@@ -196,12 +205,17 @@ def loss_and_grads(params, graphdef, batch, z_loss_weight: float, grad_accum: in
     def body(g_acc, mb):
         mb = {k: mesh_lib.constrain(v, ("batch", "length")) for k, v in mb.items()}
         (_, aux), g = grad_fn(params, graphdef, mb, z_loss_weight, n_total, grad_accum)
-        return jax.tree.map(jnp.add, g_acc, g), aux
+        return _placed(jax.tree.map(jnp.add, g_acc, g), grad_shardings), aux
 
-    zeros = jax.tree.map(jnp.zeros_like, params)
+    zeros = _placed(jax.tree.map(jnp.zeros_like, params), grad_shardings)
     # Aux values come out stacked [grad_accum, ...] and are folded in micro-batch order afterwards.
     grads, per_microbatch = jax.lax.scan(body, zeros, micro)
     return reduce_aux(aux_specs(graphdef, params), per_microbatch, over="microbatches"), grads
+
+
+def _placed(tree, shardings):
+    """``tree`` constrained to ``shardings`` (a matching tree), or unchanged when ``shardings`` is None."""
+    return tree if shardings is None else jax.lax.with_sharding_constraint(tree, shardings)
 
 
 #: Parameter groups for per-group gradient norms, matched on path names (first match wins).
@@ -246,8 +260,16 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], *, spec: StateSpe
     With ``spec.opt_state_device_shardings`` set (optimizer state offloaded to ``pinned_host`` memory), the
     optimizer state is copied to device memory for the update and the new state back to host memory; the
     numbers are the same as without offload.
+
+    With ``spec.update_shardings`` set (``TrainConfig.shard_optimizer_state``, ZeRO-1/2), the gradients are
+    constrained to those shards (a reduce-scatter where XLA makes one), the update runs there on the matching
+    slices of the params, and the new params are all-gathered back to their own shardings; the same numbers up
+    to the order of float sums.
     """
-    aux, grads = loss_and_grads(state.params, spec.graphdef, batch, z_loss_weight, grad_accum)
+    zero = spec.update_shardings
+    aux, grads = loss_and_grads(state.params, spec.graphdef, batch, z_loss_weight, grad_accum, zero)
+    grads = _placed(grads, zero)
+    old_params = _placed(state.params, zero)  # a local slice: no communication
     grad_norm = optax.global_norm(grads)
     clipped = (grad_norm > grad_clip_norm) if grad_clip_norm > 0 else jnp.asarray(False)
     old_opt_state = state.opt_state
@@ -256,10 +278,10 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], *, spec: StateSpe
         # early, where it sits beside the backward pass's activations and the offload saves nothing at the peak.
         grads, old_opt_state = jax.lax.optimization_barrier((grads, old_opt_state))
         old_opt_state = jax.device_put(old_opt_state, spec.opt_state_device_shardings)
-    updates, opt_state = spec.tx.update(grads, old_opt_state, state.params)
+    updates, opt_state = spec.tx.update(grads, old_opt_state, old_params)
     lr_scale = state.lr_scale if lr_factor == 1.0 else state.lr_scale * jnp.float32(lr_factor)
     updates = jax.tree.map(lambda u: u * lr_scale.astype(u.dtype), updates)
-    params = optax.apply_updates(state.params, updates)
+    params = optax.apply_updates(old_params, updates)
     skip, history, stab_metrics = decide_skip(spec.stability, state.stability, aux["loss"], grad_norm, clipped)
     keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(skip, o, n), new, old)  # noqa: E731
     rng = keep(jax.random.key_data(jax.random.split(jax.random.wrap_key_data(state.rng))[0]), state.rng)
@@ -273,7 +295,8 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], *, spec: StateSpe
     if spec.opt_state_device_shardings is not None:  # and back to host memory until the next step
         opt_state = jax.device_put(opt_state, spec.shardings.opt_state)
     new_state = state.replace(
-        step=state.step + 1, params=keep(params, state.params), opt_state=opt_state,
+        step=state.step + 1, params=_placed(keep(params, old_params), None if zero is None else spec.shardings.params),
+        opt_state=opt_state,
         rng=rng, num_updates=state.num_updates + (~skip).astype(jnp.int32), stability=history)
     return new_state, metrics
 

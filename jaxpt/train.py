@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxpt import builder as builder_lib
+from jaxpt import compile_cache
 from jaxpt import config as config_lib
 from jaxpt import distributed
 from jaxpt import flops as flops_lib
@@ -408,17 +409,27 @@ def run_training(cfg: TrainConfig, fault_injector=None, batch_injector=None) -> 
     """Check every input and the resume target (:func:`jaxpt.preflight.check`; nothing is written or compiled
     before it passes), set up, resume if the workdir has checkpoints, and train to ``cfg.steps``; returns the
     final record. A workdir already at ``cfg.steps`` is left untouched (its last final record is returned).
+    Compiled programs go to, and come from, the persistent compilation cache (``TrainConfig.compilation_cache_dir``,
+    :mod:`jaxpt.compile_cache`), so a restart does not recompile.
 
     ``fault_injector`` (``(step, state) -> state``, applied before each step) and ``batch_injector``
     (``(step, local_batch) -> local_batch``, applied to each fetched batch) are for drills and tests.
     """
-    from jaxpt.checkpoint import Checkpointer, run_meta
     t_start = time.perf_counter()
     pre = preflight.check(cfg)
     if pre.nothing_to_do:
         log.warning("nothing to do: the newest checkpoint of %s is at step %d = TrainConfig.steps; nothing "
                     "written (pass a larger --steps to train on)", cfg.workdir, pre.resume_step)
         return preflight.last_final(cfg.workdir, pre.resume_step)
+    # After the checks (a refused config leaves no cache directory behind), before anything compiles.
+    with compile_cache.persistent_cache(compile_cache.resolve_cache_dir(cfg.compilation_cache_dir, cfg.workdir)):
+        return _train(cfg, pre, t_start, fault_injector, batch_injector)
+
+
+def _train(cfg: TrainConfig, pre: preflight.Preflight, t_start: float, fault_injector,
+           batch_injector) -> dict[str, Any]:
+    """:func:`run_training` once its checks passed: write the operative config, set up, resume, train, finish."""
+    from jaxpt.checkpoint import Checkpointer, run_meta
     is_main = jax.process_index() == 0
     config_text = config_lib.write_operative_config(cfg, write=is_main)  # after every check passed
     run = setup(cfg, pre)

@@ -27,6 +27,7 @@ def test_run_writes_records_and_learns(prepared_sample, tmp_path):
     assert np.isfinite(final["heldout_loss"]) and final["heldout_tokens"] > 0
     assert (tmp_path / "config.gin").read_text().count("ModelConfig.d_model = 64") == 1
     assert list((tmp_path / "tensorboard").iterdir())
+    assert list((tmp_path / "jax_cache").iterdir())  # the compilation cache is on by default, in the workdir
     # lr reported is the schedule's value at the update's index (0-based): warmup 5 steps to 3e-3.
     assert steps[2]["learning_rate"] == pytest.approx(3e-3 * 2 / 5, rel=1e-5)
 

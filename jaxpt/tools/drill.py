@@ -24,9 +24,11 @@ killed trainer finished minus the step resumed at). The report is written to
 ``<workdir>/drill_report.json``; the exit status is 0 when everything matches, 1 on any mismatch, 2 when
 the drill itself could not run (a trainer failed, a timeout).
 
-Restarts share a persistent JAX compilation cache (``<workdir>/jax_cache``), as a production restart
-would, so recovery time is dominated by restore rather than recompilation; ``--no-compilation-cache``
-turns it off.
+The trainer keeps its persistent compilation cache on, as in production (``TrainConfig.compilation_cache_dir =
+'auto'``: ``<run workdir>/jax_cache``, :mod:`jaxpt.compile_cache`), so a restart loads its programs instead of
+recompiling them. ``--compilation-cache off`` turns it off for the interrupted run; ``both`` runs the same kill plan
+twice, with the cache (``interrupted/``) and without (``interrupted_nocache/``), checks both against the reference
+and reports the recovery times side by side (``summary.recovery_time_s_mean_without_cache``).
 """
 
 from __future__ import annotations
@@ -96,7 +98,11 @@ def plan_kills(steps: int, kills: int, save_every: int, mode: str, seed: int, ma
 # ------------------------------------------------------------------------------------------ the trainer
 
 
-def trainer_command(args: argparse.Namespace, workdir: str) -> list[str]:
+#: The operative-config key the drill may set differently in the reference and the interrupted run.
+CACHE_KEY = "TrainConfig.compilation_cache_dir"
+
+
+def trainer_command(args: argparse.Namespace, workdir: str, cache: bool = True) -> list[str]:
     cmd = [sys.executable, "-m", "jaxpt.train", "--workdir", workdir, "--steps", str(args.steps)]
     for c in args.config:
         cmd += ["--config", c]
@@ -107,18 +113,11 @@ def trainer_command(args: argparse.Namespace, workdir: str) -> list[str]:
               "CheckpointConfig.async_save = True"]
     if args.save_every:
         forced.append(f"CheckpointConfig.save_every_steps = {args.save_every}")
+    if not cache:
+        forced.append(f"{CACHE_KEY} = ''")
     for b in [*args.gin, *forced]:
         cmd += ["--gin", b]
     return cmd
-
-
-def trainer_env(args: argparse.Namespace) -> dict[str, str]:
-    env = dict(os.environ)
-    if args.compilation_cache:
-        env.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.abspath(os.path.join(args.workdir, "jax_cache")))
-        env.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
-        env.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
-    return env
 
 
 class MetricsTail:
@@ -180,16 +179,17 @@ class Launch:
     returncode: int | None = None
 
 
-def run_launch(args, workdir: str, index: int, t0: float, kill: Kill | None, log_dir: str) -> Launch:
+def run_launch(args, workdir: str, index: int, t0: float, kill: Kill | None, log_dir: str,
+               cache: bool = True) -> Launch:
     """Start the trainer; SIGKILL it at ``kill`` (or let it finish). Raises DrillError on failure/timeout."""
     tail = MetricsTail(workdir)
     if kill is not None:
         kill = _retarget(kill, workdir, args.steps, args.save_every or 1)
     launch = Launch(index, time.monotonic() - t0)
     start = time.monotonic()
-    with open(os.path.join(log_dir, f"launch_{index:02d}.log"), "w") as log:
-        proc = subprocess.Popen(trainer_command(args, workdir), stdout=log, stderr=subprocess.STDOUT,
-                                env=trainer_env(args))
+    name = f"launch_{index:02d}{'' if cache else '_nocache'}.log"
+    with open(os.path.join(log_dir, name), "w") as log:
+        proc = subprocess.Popen(trainer_command(args, workdir, cache), stdout=log, stderr=subprocess.STDOUT)
         try:
             fired_at = _watch(proc, tail, launch, kill, workdir, start, args.timeout_s)
         finally:
@@ -404,9 +404,14 @@ def recovery_verdict(recovery_times_s: list[float], save_every_steps: int, step_
 
 
 def run_drill(args: argparse.Namespace) -> dict[str, Any]:
+    """The reference run, then the interrupted run(s) of ``--compilation-cache``; the report as written to
+    ``drill_report.json`` (the cache-on series at the top level, the cache-off one under
+    ``without_compilation_cache`` when both ran)."""
     ref_dir = args.reference or os.path.join(args.workdir, "reference")
-    got_dir = os.path.join(args.workdir, "interrupted")
-    for d in ([got_dir] if args.reference else [ref_dir, got_dir]):
+    series = {"on": [True], "off": [False], "both": [True, False]}[args.compilation_cache]
+    got_dirs = {c: os.path.join(args.workdir, "interrupted" if c == series[0] else "interrupted_nocache")
+                for c in series}
+    for d in ([] if args.reference else [ref_dir]) + list(got_dirs.values()):
         if os.path.isdir(d) and os.listdir(d):
             raise DrillError(f"{d} is not empty; use a fresh --workdir")
     log_dir = os.path.join(args.workdir, "logs")
@@ -418,23 +423,37 @@ def run_drill(args: argparse.Namespace) -> dict[str, Any]:
     if not args.reference:
         run_launch(args, ref_dir, 0, t0, None, log_dir)
     reference_s = time.monotonic() - t0
+    results = {c: run_series(args, ref_dir, got_dirs[c], plan, t0, log_dir, c) for c in series}
+    report = {"command": trainer_command(args, got_dirs[series[0]], series[0]), "steps": args.steps,
+              "kills": args.kills, "seed": args.seed, "mode": args.mode, "save_every_steps": save_every,
+              "rtol": args.rtol, "reference_wall_s": round(reference_s, 2), **results[series[0]]}
+    if len(series) == 2:
+        off = results[False]
+        report["without_compilation_cache"] = off
+        report["summary"]["recovery_time_s_mean_without_cache"] = off["summary"]["recovery_time_s_mean"]
+        report["ok"] = report["ok"] and off["ok"]
+    return report
+
+
+def run_series(args: argparse.Namespace, ref_dir: str, got_dir: str, plan: list[Kill], t0: float, log_dir: str,
+               cache: bool) -> dict[str, Any]:
+    """The interrupted run into ``got_dir`` (the trainer's compilation cache on or off), killed by ``plan``, and
+    its comparison with the reference: restarts, matches, summary and ``ok``."""
     t_drill = time.monotonic()
     launches, kill_times = [], []
     for i, kill in enumerate(plan, 1):
-        launch = run_launch(args, got_dir, i, t0, kill, log_dir)
+        launch = run_launch(args, got_dir, i, t0, kill, log_dir, cache)
         if i == 1:
             check_same_config(ref_dir, got_dir)
         kill_times.append(launch.started_s + launch.kill["fired_after_s"])
         launches.append(launch)
-    launches.append(run_launch(args, got_dir, len(plan) + 1, t0, None, log_dir))
+    launches.append(run_launch(args, got_dir, len(plan) + 1, t0, None, log_dir, cache))
     if not plan:
         check_same_config(ref_dir, got_dir)
     restarts = summarize_restarts(launches, kill_times)
 
-    report = {"command": trainer_command(args, got_dir), "steps": args.steps, "kills": args.kills,
-              "seed": args.seed, "mode": args.mode, "save_every_steps": save_every, "rtol": args.rtol,
-              "reference_wall_s": round(reference_s, 2),
-              "interrupted_wall_s": round(time.monotonic() - t_drill, 2), "restarts": restarts}
+    report = {"compilation_cache": cache, "interrupted_wall_s": round(time.monotonic() - t_drill, 2),
+              "restarts": restarts}
     report.update(compare_metrics(step_records(ref_dir), step_records(got_dir), args.steps, args.rtol))
     report.update(compare_batches(batch_documents(ref_dir), batch_documents(got_dir), args.steps))
     report.update(compare_final_state(ref_dir, got_dir, args.steps, args.rtol))
@@ -448,7 +467,7 @@ def run_drill(args: argparse.Namespace) -> dict[str, Any]:
         "steps_lost_total": sum(r["steps_lost"] for r in restarts),
         "steps_lost_max": max((r["steps_lost"] for r in restarts), default=0),
         "recovery_time_s_mean": round(float(np.mean(times)), 2) if times else None,
-        **recovery_verdict(times, save_every, mean_step_time_s(ref_dir)),
+        **recovery_verdict(times, args.save_every, mean_step_time_s(ref_dir)),
     }
     report["ok"] = bool(report["loss_curve_continuous"] and report["learning_rate_match"]
                         and report["data_position_match"] and report["rng_match"]
@@ -459,7 +478,8 @@ def run_drill(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def check_same_config(ref_dir: str, got_dir: str) -> None:
-    """The reference and the interrupted run must have the same operative config (workdir aside).
+    """The reference and the interrupted run must have the same operative config (workdir and compilation cache
+    aside).
 
     Raises:
       DrillError: naming the first differing line.
@@ -469,7 +489,8 @@ def check_same_config(ref_dir: str, got_dir: str) -> None:
         with open(os.path.join(d, "config.gin")) as f:
             for line in f.read().splitlines():
                 # gin wraps long values onto indented continuation lines
-                skipping = line.startswith("TrainConfig.workdir") or (skipping and line[:1].isspace())
+                skipping = (line.startswith(("TrainConfig.workdir", CACHE_KEY))
+                            or (skipping and line[:1].isspace()))
                 if not skipping:
                     out.append(line)
         return out
@@ -504,8 +525,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "instead of training a reference")
     p.add_argument("--rtol", type=float, default=0.0, help="tolerance of the comparisons (0: bitwise)")
     p.add_argument("--timeout-s", type=float, default=900.0, help="per trainer launch")
-    p.add_argument("--no-compilation-cache", dest="compilation_cache", action="store_false",
-                   help="do not share a persistent JAX compilation cache between launches")
+    p.add_argument("--compilation-cache", choices=("on", "off", "both"), default="on",
+                   help="the interrupted trainer's persistent compilation cache: on (the default, as in production), "
+                        "off, or both (the same kill plan twice; recovery times side by side)")
+    p.add_argument("--no-compilation-cache", dest="compilation_cache", action="store_const", const="off",
+                   help="the same as --compilation-cache off")
     args = p.parse_args(argv)
     if args.steps < 2 or args.kills < 0:
         p.error("need --steps >= 2 and --kills >= 0")
@@ -533,6 +557,10 @@ def main(argv: list[str] | None = None) -> int:
           f"loss curve continuous: {report['loss_curve_continuous']}; learning rate: "
           f"{report['learning_rate_match']}; data position: {report['data_position_match']}; RNG: "
           f"{report['rng_match']}; final params: {report['final_params_match']}")
+    if "without_compilation_cache" in report:
+        off = report["without_compilation_cache"]["summary"]
+        print(f"  without the compilation cache: recovery {off['recovery_time_s_mean']} s mean, "
+              f"{off['recovery_time_s_max']} s max (with it: {s['recovery_time_s_mean']} s mean)")
     print(f"  {'OK' if report['ok'] else 'MISMATCH'}; report: {path}")
     return 0 if report["ok"] else 1
 

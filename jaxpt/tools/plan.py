@@ -622,6 +622,17 @@ def logits_bytes(cfg: ModelConfig, batch: int, seq_len: int, rules, sizes: Mappi
     return 2 * 4 * local_elements((batch, rows, cfg.vocab_size), ("batch", "length", "vocab"), rules, sizes)
 
 
+def zero_factor(rules, sizes: Mapping[str, int]) -> int:
+    """How many ways ``TrainConfig.shard_optimizer_state`` (ZeRO-1) splits the optimizer state and the update beyond
+    the params' own sharding: the product of the data-parallel axes (those of ``batch`` and ``length``) that the
+    ``embed`` rule (FSDP) does not already use (:func:`jaxpt.state.zero_sharding`). An estimate: it assumes every
+    param has a dimension that product divides (true of the usual power-of-two shapes)."""
+    from jaxpt.mesh import _rules_dict  # the same first-rule-wins reading as the specs
+    table = _rules_dict(rules)
+    axes = {a for logical in ("batch", "length") for a in table.get(logical, ())} - set(table.get("embed", ()))
+    return math.prod(sizes.get(a, 1) for a in axes)
+
+
 def estimate_memory(cfg, sizes: Mapping[str, int], device_bytes: float | None = None,
                     usable_fraction: float = 0.9) -> MemoryEstimate:
     """Per-device memory of one train step of ``cfg`` (a :class:`jaxpt.config.TrainConfig`) on a mesh.
@@ -629,7 +640,9 @@ def estimate_memory(cfg, sizes: Mapping[str, int], device_bytes: float | None = 
     Params are sharded by their logical axes and ``cfg.logical_axis_rules``; gradients have the params'
     shape, dtype and sharding; AdamW keeps two moments per param in the param dtype (optax ``adamw``
     with ``mu_dtype=None``); the optimizer's update is one more param-sized tree, alive with the old
-    params until the step commits (or skips) it. Weights sharded over the batch's axes (FSDP) are all-gathered for compute;
+    params until the step commits (or skips) it. With ``TrainConfig.shard_optimizer_state`` the moments and the
+    update are split a further :func:`zero_factor` ways.
+    Weights sharded over the batch's axes (FSDP) are all-gathered for compute;
     their gathered copies (in the compute dtype) are counted for every layer at once, because XLA keeps
     the forward pass's gathered weights for the backward pass unless a remat policy makes it re-gather,
     which it does not reliably do. The embedding table is gathered whole for the lookup (see
@@ -654,10 +667,11 @@ def estimate_memory(cfg, sizes: Mapping[str, int], device_bytes: float | None = 
     stored, gathered, lookup = param_elements(m, rules, sizes)
     p = stored * DTYPE_BYTES[m.param_dtype]
     pipe = pipeline_shape(m, sizes)
+    z = zero_factor(rules, sizes) if getattr(cfg, "shard_optimizer_state", False) else 1
     return MemoryEstimate(
         stash=pipeline_buffer_bytes(m, cfg.global_batch_size, cfg.seq_len, rules, sizes),
         pipeline=None if pipe is None else pipe.as_dict(),
-        params=p, grads=p, opt_state=2 * p, update=p,
+        params=p, grads=p, opt_state=2 * p // z, update=p // z,
         gathered_params=gathered * DTYPE_BYTES[m.compute_dtype] + lookup * DTYPE_BYTES[m.param_dtype],
         activations=activation_bytes(m, cfg.global_batch_size, cfg.seq_len, rules, sizes),
         logits=logits_bytes(m, cfg.global_batch_size, cfg.seq_len, rules, sizes),
