@@ -31,6 +31,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _die_with_parent() -> None:
+    """In the child, before exec: ask Linux for SIGKILL when the parent process exits (prctl PR_SET_PDEATHSIG)."""
+    import ctypes
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+
+
 @pytest.fixture(scope="module")
 def gcs():
     """A fresh in-memory fake-gcs-server with bucket ``bkt``; the environment points every client at it."""
@@ -45,7 +51,8 @@ def gcs():
     host = f"http://127.0.0.1:{port}"
     server = subprocess.Popen([str(_server._get_binary_path()), "-scheme", "http", "-backend", "memory",
                                "-host", "127.0.0.1", "-port", str(port), "-external-url", host,
-                               "-log-level", "error"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                               "-log-level", "error"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              preexec_fn=_die_with_parent)
     env = {"STORAGE_EMULATOR_HOST": host, "TENSORSTORE_GCS_HTTP_URL": host, "EPATH_USE_TF": "false",
            "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false", "GOOGLE_CLOUD_PROJECT": "test"}
     saved = {k: os.environ.get(k) for k in env}
@@ -64,10 +71,11 @@ def gcs():
         urllib.request.urlopen(req, timeout=10)
         yield f"gs://{BUCKET}"
     finally:
+        # The server is not stopped here: tensorboardX's gs:// record writer uploads once more whenever it is
+        # garbage-collected, at the latest at interpreter exit, and with the server gone that upload retries for
+        # two minutes. The kernel kills the server when this process exits (_die_with_parent).
         import gc
-        gc.collect()  # writers that upload when collected (TensorBoard's) do so while the server still runs
-        server.terminate()
-        server.wait(timeout=10)
+        gc.collect()
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
