@@ -58,6 +58,11 @@ def prepared_sample(tmp_path_factory) -> pathlib.Path:
 HELDOUT_SMALL = "heldout_small.jsonl.gz"
 
 
+def _heldout_file(prepared: pathlib.Path) -> pathlib.Path:
+    small = prepared / HELDOUT_SMALL
+    return small if small.exists() else prepared / "heldout.jsonl.gz"
+
+
 def _write_small_heldout(src: pathlib.Path, dst: pathlib.Path, chars_per_domain: int = 6000) -> None:
     import gzip
     import json
@@ -76,10 +81,11 @@ def _write_small_heldout(src: pathlib.Path, dst: pathlib.Path, chars_per_domain:
 
 def tiny_bindings(prepared: pathlib.Path, workdir: pathlib.Path, **overrides) -> list[str]:
     """gin bindings for a fast run on the prepared sample: the quickstart config with a small model, evaluated on
-    the small held-out subset (:data:`HELDOUT_SMALL`)."""
+    the small held-out subset (:data:`HELDOUT_SMALL`) where ``prepared`` has one (the shared prepared sample),
+    else on ``prepared/heldout.jsonl.gz`` (tests that build their own data folder choose their own held-out)."""
     b = {
         "DataConfig.train_path": repr(str(prepared / "train.jsonl.gz")),
-        "DataConfig.heldout_path": repr(str(prepared / HELDOUT_SMALL)),
+        "DataConfig.heldout_path": repr(str(_heldout_file(prepared))),
         "DataConfig.tokenizer_path": repr(str(prepared / "tokenizer.model")),
         "ModelConfig.d_model": "64", "ModelConfig.num_layers": "2", "ModelConfig.num_heads": "4",
         "ModelConfig.num_kv_heads": "2", "ModelConfig.head_dim": "16", "ModelConfig.mlp_dim": "128",
