@@ -8,8 +8,8 @@ circular schedule with ``R = 2``) against ``data=4``.
 Measured bubble = ``1 - 1 / median_rounds(t_pipelined / t_unpipelined)``, each ratio from a pipelined step timed
 right after an unpipelined one (alternating, so load changes on a shared host cancel within a pair; the median
 over rounds, with its interquartile range printed, discards pairs the load split). Each stage runs its layer
-group in all ``M R + S - 1`` iterations (in the bubble on a placeholder), so on simulated devices that share the host's cores a pipelined
-step does ``(M R + S - 1) / (M R)`` times the unpipelined compute and the measured share matches the idle
+group in all ``M R + S - 1`` iterations (in the bubble on a placeholder), so on simulated devices that share
+the host's cores a pipelined step does ``(M R + S - 1) / (M R)`` times the unpipelined compute and the measured share matches the idle
 share a real pipeline has, less the embedding, head and optimizer (not pipelined, equal in both), which pull
 it under theory by their share of the step, while a micro-batch's smaller matmuls (``B / M`` rows) run less
 efficiently than whole-batch ones and push it over theory as M grows.

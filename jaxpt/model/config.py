@@ -200,8 +200,8 @@ class ModelConfig:
 
     def _check_moe(self) -> None:
         positive(self, "moe_num_experts", "moe_top_k", "moe_every", "moe_capacity_factor")
-        non_negative(self, "moe_group_size", "moe_shared_expert_dim", "moe_load_balance_weight", "moe_router_z_loss_weight",
-                     "moe_router_init_std")
+        non_negative(self, "moe_group_size", "moe_shared_expert_dim", "moe_load_balance_weight",
+                     "moe_router_z_loss_weight", "moe_router_init_std")
         require(self, "moe_top_k", self.moe_top_k <= self.moe_num_experts,
                 f"must be at most ModelConfig.moe_num_experts = {self.moe_num_experts}")
         require(self, "moe_every", self.num_layers % self.moe_every == 0,
