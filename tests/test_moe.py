@@ -151,6 +151,10 @@ def test_moe_config_errors_name_the_field():
         C.validate(_tiny_train_cfg("expert=8"), 8)
     with pytest.raises(ConfigError, match=r"ModelConfig.moe_router_init_std = -0.1"):
         dataclasses.replace(TINY, moe_router_init_std=-0.1)
+    # moe_router_init_std sets the router weights' init (128 draws: std within ~25%); 0 falls back to init_std
+    for std, expect in ((0.002, 0.002), (0.0, TINY.init_std)):
+        w = MoE(dataclasses.replace(TINY, moe_router_init_std=std), rngs=nnx.Rngs(0)).w_router[...]
+        assert 0.75 * expect < float(jnp.std(w)) < 1.25 * expect
     # dropless is not expert-parallel: refused on expert > 1, accepted on expert = 1 (data/fsdp/tensor)
     with pytest.raises(ConfigError, match=r"ModelConfig.moe_dropless = True is not expert-parallel.*expert = 2"):
         C.validate(_tiny_train_cfg("expert=2,data=4", moe_dropless=True), 8)
