@@ -411,6 +411,15 @@ def _check_expert_axis(cfg: TrainConfig, sizes: dict[str, int]) -> None:
     if n > 1 and m.num_moe_layers and m.moe_num_experts % n:
         raise ConfigError(f"ModelConfig.moe_num_experts = {m.moe_num_experts} is not divisible by mesh "
                           f"expert = {n} (TrainConfig.mesh = {cfg.mesh!r})")
+    if n > 1 and m.num_moe_layers and m.moe_dropless:
+        # The dropless path sorts all of a call's assignments by expert and runs jax.lax.ragged_dot on them:
+        # under the SPMD partitioner that is one global sort and every expert's weights gathered, not experts
+        # split over devices with tokens exchanged. An expert-parallel dropless layer needs a shard_map with
+        # a ragged all-to-all (MegaBlocks/MaxText style), which jaxpt does not have.
+        raise ConfigError(f"ModelConfig.moe_dropless = True is not expert-parallel, so mesh expert = {n} "
+                          f"(TrainConfig.mesh = {cfg.mesh!r}) is refused: use expert = 1 (experts then split "
+                          "over fsdp/tensor like other weights), or capacity mode (moe_dropless = False; "
+                          "moe_capacity_factor >= moe_num_experts / moe_top_k drops nothing)")
 
 
 def _check_batch(cfg: TrainConfig, sizes: dict[str, int]) -> None:
@@ -514,7 +523,8 @@ def validate(cfg: TrainConfig, num_devices: int) -> dict[str, int]:
         divisible by 2 x its size, or an ``attention_impl`` that does not support it, or rows splash cannot
         block; schedule phases that do not fit the decay horizon (:func:`jaxpt.optim.check_schedule`; a stage's
         horizon is ``steps`` minus its start step, :func:`jaxpt.stage.start_step`); mesh ``expert`` > 1 for a
-        model without MoE layers, or not dividing ``ModelConfig.moe_num_experts``.
+        model without MoE layers, or not dividing ``ModelConfig.moe_num_experts``, or with
+        ``ModelConfig.moe_dropless`` (not expert-parallel).
     """
     m = cfg.model
     sizes = _mesh_shape(cfg, num_devices).sizes

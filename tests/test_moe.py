@@ -149,6 +149,16 @@ def test_moe_config_errors_name_the_field():
         C.validate(_tiny_train_cfg("expert=4,data=2", mlp="swiglu"), 8)
     with pytest.raises(ConfigError, match=r"ModelConfig.moe_num_experts = 4 is not divisible by mesh expert = 8"):
         C.validate(_tiny_train_cfg("expert=8"), 8)
+    with pytest.raises(ConfigError, match=r"ModelConfig.moe_router_init_std = -0.1"):
+        dataclasses.replace(TINY, moe_router_init_std=-0.1)
+    # moe_router_init_std sets the router weights' init (128 draws: std within ~25%); 0 falls back to init_std
+    for std, expect in ((0.002, 0.002), (0.0, TINY.init_std)):
+        w = MoE(dataclasses.replace(TINY, moe_router_init_std=std), rngs=nnx.Rngs(0)).w_router[...]
+        assert 0.75 * expect < float(jnp.std(w)) < 1.25 * expect
+    # dropless is not expert-parallel: refused on expert > 1, accepted on expert = 1 (data/fsdp/tensor)
+    with pytest.raises(ConfigError, match=r"ModelConfig.moe_dropless = True is not expert-parallel.*expert = 2"):
+        C.validate(_tiny_train_cfg("expert=2,data=4", moe_dropless=True), 8)
+    assert C.validate(_tiny_train_cfg("fsdp=2,data=4", moe_dropless=True), 8)["expert"] == 1
 
 
 # ------------------------------------------------------------------------------- sharded, through build()
@@ -264,3 +274,70 @@ def test_presets_have_the_published_shapes():
     q = C.parse(["configs/quickstart_moe.gin"], ["ModelConfig.vocab_size = 512"])
     assert (q.model.mlp, q.model.moe_num_experts, q.model.moe_top_k, q.model.num_moe_layers) == ("moe", 4, 2, 4)
     assert C.validate(q, 8) == {"stage": 1, "data": 2, "fsdp": 1, "sequence": 1, "expert": 4, "tensor": 1}
+
+
+# ------------------------------------------------------------------------------------------------ padding
+def test_padding_takes_no_capacity_and_counts_in_no_statistic():
+    """capacity_factor 1.0, top-1, 8 tokens, 4 experts: C = 2. Tokens 0-2 are padding (segment id 0) routed
+    to expert 0; real tokens 3-7 want experts [0, 0, 1, 2, 3]. Counted as tokens, the padding would fill
+    expert 0's two slots and drop both real expert-0 tokens; excluded, nothing is dropped, the real tokens get
+    exactly what they get with no padding in the group, padding gets 0, and the shares, the balancing loss and
+    the z-loss are Switch eq. 4 / ST-MoE eq. 5 over the 5 real tokens, computed here by hand. Dropless mode
+    gives the real tokens the same outputs and the same statistics."""
+    cfg = dataclasses.replace(TINY, moe_top_k=1, moe_capacity_factor=1.0)
+    target = np.array([0, 0, 0, 0, 0, 1, 2, 3])
+    seg = np.array([[0, 0, 0, 1, 1, 1, 1, 1]], np.int32)
+    D = cfg.d_model
+    x = np.zeros((1, 8, D), np.float32)
+    x[0, np.arange(8), 4 + np.arange(8)] = 1.0
+    x[0, np.arange(8), target] = 1.0
+    w = np.zeros((D, 4), np.float32)
+    w[np.arange(4), np.arange(4)] = 3.0              # logits 3 for the target expert, 0 for the others
+    logits = x[0] @ w
+    real = seg[0] > 0
+    p = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
+    f = np.bincount(target[real], minlength=4) / real.sum()
+    P = p[real].mean(0)
+    z = np.mean(np.log(np.exp(logits[real]).sum(-1)) ** 2)
+    moe = MoE(cfg, rngs=nnx.Rngs(0))
+    moe.w_router[...] = jnp.asarray(w)
+    for dropless in (False, True):
+        moe.cfg = dataclasses.replace(cfg, moe_dropless=dropless)
+        y, aux = moe(jnp.asarray(x), jnp.asarray(seg))
+        y = np.asarray(y)
+        assert float(aux["moe/dropped_fraction"]) == 0.0
+        assert np.all(y[0, :3] == 0)
+        np.testing.assert_allclose(np.asarray(aux["moe/expert_share"]), f, rtol=1e-6)
+        np.testing.assert_allclose(float(aux["moe/load_balance_loss"]), 4 * np.sum(f * P), rtol=1e-6)
+        np.testing.assert_allclose(float(aux["moe/router_z_loss"]), z, rtol=1e-6)
+        # each real token alone in a one-token group (a row) of its own: its expert's output times its gate
+        alone, _ = moe(jnp.asarray(x[0, 3:, None]), jnp.ones((5, 1), jnp.int32))
+        np.testing.assert_allclose(y[0, 3:], np.asarray(alone)[:, 0], rtol=1e-5, atol=1e-7)
+    # without the mask (all tokens real) the padding takes expert 0's slots: the two real expert-0 tokens drop
+    moe.cfg = cfg
+    y, aux = moe(jnp.asarray(x), jnp.ones_like(jnp.asarray(seg)))
+    assert float(aux["moe/dropped_fraction"]) * 8 == 3 and np.all(np.asarray(y)[0, 3:5] == 0)
+
+
+def test_padding_content_changes_no_real_token_and_no_moe_metric():
+    """Through the decoder (the block hands segment ids to the MoE), with capacity factor 1.0 so capacity is
+    contested: rewriting the padding tokens (segment id 0) of a batch changes neither the real tokens' logits
+    nor any MoE statistic, whereas the same rewrite of real tokens does change the statistics."""
+    cfg = dataclasses.replace(TINY, moe_capacity_factor=1.0)
+    model = Decoder(cfg, rngs=nnx.Rngs(0))
+    b = _batch(2, 32, 256, seed=1)
+    seg = np.ones((2, 32), np.int32)
+    seg[0, 20:] = 0
+    seg[1, 12:] = 0
+    pad = seg == 0
+    fwd = jax.jit(lambda t, s, p: model(t, s, p, return_aux=True))
+    logits, aux = fwd(b["tokens"], jnp.asarray(seg), b["positions"])
+    other = np.where(pad, (np.asarray(b["tokens"]) * 7 + 3) % 256, np.asarray(b["tokens"]))
+    logits2, aux2 = fwd(jnp.asarray(other), jnp.asarray(seg), b["positions"])
+    np.testing.assert_allclose(np.asarray(logits2)[~pad], np.asarray(logits)[~pad], rtol=1e-5, atol=1e-6)
+    for k in ("moe/expert_share", "moe/load_balance_loss", "moe/router_z_loss", "moe/dropped_fraction"):
+        np.testing.assert_allclose(np.asarray(aux2[k]), np.asarray(aux[k]), rtol=1e-5, atol=1e-7, err_msg=k)
+    # the check can fail: rewriting real tokens instead moves the shares
+    real_rewrite = np.where(~pad, (np.asarray(b["tokens"]) * 7 + 3) % 256, np.asarray(b["tokens"]))
+    _, aux3 = fwd(jnp.asarray(real_rewrite), jnp.asarray(seg), b["positions"])
+    assert np.abs(np.asarray(aux3["moe/expert_share"]) - np.asarray(aux["moe/expert_share"])).max() > 1e-3

@@ -1,9 +1,10 @@
 """Pipeline parallelism (``stage`` mesh axis): same losses as data parallelism, config checks, restores across
 pipeline layouts, stages across slices by default.
 
-The loss-equality runs cover GPipe and the circular schedule each with and without gradient accumulation,
-split over the two models (quickstart on ``stage=2,data=4``; an 8-layer model on ``stage=4,fsdp=2``), so each
-combination is run once; the reference is the same model on ``data=8`` without accumulation.
+The loss-equality runs cover, for each of the two models (quickstart on ``stage=2,data=4``; an 8-layer model on
+``stage=4,fsdp=2``), GPipe and the circular schedule each with and without gradient accumulation: one 20-step
+run per schedule that switches accumulation on or off at step 10 (a new compiled step, the same state), against
+one reference per model on ``data=8`` without accumulation, all started from the reference's initial state.
 """
 
 from __future__ import annotations
@@ -37,16 +38,6 @@ def _batches(cfg: C.TrainConfig, n: int, seed: int = 0) -> list[dict[str, np.nda
     return [two[i % 2] for i in range(n)]
 
 
-def _losses(cfg: C.TrainConfig, batches) -> list[float]:
-    built = builder.build(cfg)
-    state = built.init_state()
-    out = []
-    for b in batches:
-        state, metrics = built.train_step(state, b)
-        out.append(metrics["loss"])
-    return [float(x) for x in jax.device_get(out)]
-
-
 def _quickstart(mesh: str, **model) -> C.TrainConfig:
     # vocab 4096: the tokenizer `make quickstart` prepares (the config follows the tokenizer); batches are synthetic.
     cfg = C.parse(["configs/quickstart.gin"], ["ModelConfig.vocab_size = 4096"], mesh=mesh)
@@ -59,27 +50,52 @@ def _eight_layers(mesh: str, **model) -> C.TrainConfig:
     return C.TrainConfig(model=m, mesh=mesh, global_batch_size=16, seq_len=32, steps=100)
 
 
-def _assert_close(got, ref, rel):
+def _assert_close(got, ref, rel, label=""):
+    assert len(got) == len(ref)
     worst = max(abs(g - r) / abs(r) for g, r in zip(got, ref))
-    assert worst <= rel, (worst, got, ref)
+    assert worst <= rel, (label, worst, got, ref)
+
+
+def _run_phases(phases, batches, state0) -> list[float]:
+    """Train from ``state0`` (host arrays) through ``phases``, ``[(cfg or Built, num_steps), ...]`` in order:
+    each phase runs its config's step on the state carried on (placed on its shardings). Returns the losses."""
+    state, out, done = state0, [], 0
+    for cfg, n in phases:
+        built = cfg if isinstance(cfg, builder.Built) else builder.build(cfg)
+        state = jax.device_put(state, built.spec.shardings)
+        for b in batches[done:done + n]:
+            state, metrics = built.train_step(state, b)
+            out.append(metrics["loss"])
+        done += n
+    return [float(x) for x in jax.device_get(out)]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("make,mesh,runs", [
-    (_quickstart, "stage=2,data=4", [({}, 1), ({"pipeline_repeats": 2}, 2)]),
-    (_eight_layers, "stage=4,fsdp=2", [({"pipeline_microbatches": 4}, 2),
-                                       ({"pipeline_microbatches": 8, "pipeline_repeats": 2}, 1)]),
+@pytest.mark.parametrize("make,mesh,schedules", [
+    (_quickstart, "stage=2,data=4", {"gpipe": [({}, 1), ({}, 2)],
+                                     "circular": [({"pipeline_repeats": 2}, 2), ({"pipeline_repeats": 2}, 1)]}),
+    (_eight_layers, "stage=4,fsdp=2", {
+        "gpipe": [({"pipeline_microbatches": 4}, 1), ({"pipeline_microbatches": 4}, 2)],
+        "circular": [({"pipeline_microbatches": 8, "pipeline_repeats": 2}, 1),
+                     ({"pipeline_microbatches": 4, "pipeline_repeats": 2}, 2)]}),
 ], ids=["quickstart-stage2-data4", "8layers-stage4-fsdp2"])
-def test_pipelined_losses_equal_data_parallel(make, mesh, runs):
-    """20 train steps pipelined (GPipe: repeats 1; circular: repeats 2; gradient accumulation 1 or 2) give the
-    losses of the same model on data=8 without accumulation, within rel 1e-4."""
+def test_pipelined_losses_equal_data_parallel(make, mesh, schedules):
+    """20 train steps pipelined give the losses of the same model on data=8 without accumulation, within rel
+    1e-4, for GPipe (repeats 1) and the circular schedule (repeats 2), each with gradient accumulation off
+    (1) and on (2): each schedule's run has one setting for steps 1-10 and the other for steps 11-20."""
     ref_cfg = make("data=8")
     batches = _batches(ref_cfg, STEPS)
-    ref = _losses(ref_cfg, batches)
+    built = builder.build(ref_cfg)
+    state0 = jax.device_get(built.init_state())
+    ref = _run_phases([(built, STEPS)], batches, state0)
     assert ref[-2] < ref[0] - 1e-3  # it learns (same batch), so equal losses compare updates, not only a forward
-    for model, accum in runs:
-        cfg = dataclasses.replace(make(mesh, **model), grad_accum_steps=accum)
-        _assert_close(_losses(cfg, batches), ref, 1e-4)
+    half = STEPS // 2
+    for name, ((model1, accum1), (model2, accum2)) in schedules.items():
+        assert {accum1, accum2} == {1, 2}
+        phases = [(dataclasses.replace(make(mesh, **model1), grad_accum_steps=accum1), half),
+                  (dataclasses.replace(make(mesh, **model2), grad_accum_steps=accum2), STEPS - half)]
+        got = _run_phases(phases, batches, state0)
+        _assert_close(got, ref, 1e-4, name)
 
 
 @pytest.mark.slow

@@ -62,7 +62,10 @@ class Block(nnx.Module):
         """Returns ``(x [B, L, D], aux)``: aux the union of the attention's and the MLP's for this block."""
         attn_out, attn_aux = self.attn(self.attn_norm(x_BxLxD), segment_ids_BxL, positions_BxL)
         x_BxLxD = constrain(x_BxLxD + attn_out, ("batch", "length", "embed"))
-        mlp_out, mlp_aux = self.mlp(self.mlp_norm(x_BxLxD))
+        h_BxLxD = self.mlp_norm(x_BxLxD)
+        # An MLP that must tell padding from tokens (a mixture of experts: padding takes no capacity) says so.
+        seg = (segment_ids_BxL,) if getattr(self.mlp, "takes_segment_ids", False) else ()
+        mlp_out, mlp_aux = self.mlp(h_BxLxD, *seg)
         x_BxLxD = x_BxLxD + mlp_out
         return constrain(x_BxLxD, ("batch", "length", "embed")), {**attn_aux, **mlp_aux}
 

@@ -4,7 +4,9 @@ An MLP is an ``nnx.Module`` class (or factory) called as ``cls(cfg, rngs=rngs)``
 ``x [B, L, D]`` (compute dtype, already normalized) to ``(y [B, L, D] in the compute dtype, aux)``, where
 ``aux`` holds exactly the auxiliary outputs its registration declares: none for a dense MLP; a
 mixture-of-experts MLP would return e.g. a load-balancing loss declared with a ``loss_weight``
-(:class:`jaxpt.model.auxiliary.AuxSpec`), which the train step adds to the loss. Params carry
+(:class:`jaxpt.model.auxiliary.AuxSpec`), which the train step adds to the loss. An MLP class whose
+``takes_segment_ids`` is True is called as ``mlp(x, segment_ids [B, L] int32)`` instead (0 marks padding: the
+mixture of experts gives it no capacity and leaves it out of its statistics). Params carry
 ``logical_axes`` metadata like every other param (see :mod:`jaxpt.mesh`).
 """
 

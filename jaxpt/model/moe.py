@@ -30,8 +30,8 @@ the (micro-)batch:
 * ``moe/expert_share``: ``f_i`` per MoE layer, ``[num_moe_layers, E]`` (each row sums to 1), reported as
   ``moe/expert_share/layer{j}/expert{i}`` where j counts MoE layers (decoder layer ``(j + 1) moe_every - 1``).
 
-Padding tokens are routed like any other (the MLP does not see segment ids), so they take capacity and count
-in the statistics; packed rows have little padding.
+Padding tokens (segment id 0; the block passes the segment ids) take no capacity and have zero gates (in
+dropless mode too), and count in none of the statistics above: ``T`` is the number of real tokens.
 """
 
 from __future__ import annotations
@@ -92,42 +92,57 @@ class Routing(NamedTuple):
     share: jax.Array
 
 
-def route(logits_GxSxE: jax.Array, k: int) -> Routing:
+def route(logits_GxSxE: jax.Array, k: int, valid_GxS: jax.Array | None = None) -> Routing:
     """Softmax top-k routing and its balance statistics from float32 router logits ``[G, S, E]``.
 
     Load-balancing loss: Fedus et al. 2021 (Switch Transformer), eq. 4, ``E * sum_i f_i P_i``, with ``f_i`` over
     all k choices. Router z-loss: Zoph et al. 2022 (ST-MoE), eq. 5, ``mean_t logsumexp(logits_t)^2``.
+
+    Args:
+      logits_GxSxE: router logits (cast to float32).
+      k: experts per token.
+      valid_GxS: bool, False at padding tokens (segment id 0); None: every token is real. The statistics
+        (``f_i``, ``P_i``, the z-loss mean, ``share``) are over real tokens only, so padding neither pulls the
+        balancing loss nor shows in the shares; with no real token at all they are 0.
     """
     E = logits_GxSxE.shape[-1]
     logits = logits_GxSxE.astype(jnp.float32)
     probs = jax.nn.softmax(logits, axis=-1)
     top_p, experts = jax.lax.top_k(probs, k)
     gates = top_p if k == 1 else top_p / jnp.sum(top_p, axis=-1, keepdims=True)
+    w_GxS = jnp.ones(logits.shape[:2], jnp.float32) if valid_GxS is None else valid_GxS.astype(jnp.float32)
+    n = jnp.maximum(jnp.sum(w_GxS), 1.0)
     chosen_GxSxE = jnp.sum(jax.nn.one_hot(experts, E, dtype=jnp.float32), axis=-2)
-    share = jnp.mean(chosen_GxSxE, axis=(0, 1)) / k
-    mean_prob = jnp.mean(probs, axis=(0, 1))
+    share = jnp.einsum("gse,gs->e", chosen_GxSxE, w_GxS) / (n * k)
+    mean_prob = jnp.einsum("gse,gs->e", probs, w_GxS) / n
     load_balance = E * jnp.sum(jax.lax.stop_gradient(share) * mean_prob)
-    z = jnp.mean(jnp.square(jax.nn.logsumexp(logits, axis=-1)))
+    z = jnp.sum(jnp.square(jax.nn.logsumexp(logits, axis=-1)) * w_GxS) / n
     return Routing(probs, experts.astype(jnp.int32), gates, load_balance, z, share)
 
 
 def dispatch_and_combine(experts_GxSxK: jax.Array, gates_GxSxK: jax.Array, num_experts: int,
-                         capacity: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+                         capacity: int, valid_GxS: jax.Array | None = None
+                         ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """GShard's capacity-limited slot assignment.
 
     Slots of each expert in a group are given choice by choice (all first choices in token order, then all
-    second choices, ...); an assignment whose slot would be ``>= capacity`` is dropped.
+    second choices, ...); an assignment whose slot would be ``>= capacity`` is dropped. Padding tokens
+    (``valid_GxS`` False) are not assigned at all: they take no slot and are not counted as dropped.
 
     Args:
       experts_GxSxK: int32 chosen experts. gates_GxSxK: float32 combine weights. num_experts: E.
       capacity: C slots per expert per group.
+      valid_GxS: bool, False at padding tokens; None: all tokens are real.
     Returns:
       ``(dispatch bool [G, S, E, C], combine float32 [G, S, E, C], dropped int32 scalar)``: ``dispatch`` is
       1 where token s fills slot c of expert e; ``combine`` the gate there; ``dropped`` the number of
-      assignments over capacity.
+      real tokens' assignments over capacity.
     """
     G, S, K = experts_GxSxK.shape
-    onehot_GxKxSxE = jnp.swapaxes(jax.nn.one_hot(experts_GxSxK, num_experts, dtype=jnp.int32), 1, 2)
+    onehot_GxSxKxE = jax.nn.one_hot(experts_GxSxK, num_experts, dtype=jnp.int32)
+    if valid_GxS is not None:
+        onehot_GxSxKxE = onehot_GxSxKxE * valid_GxS[:, :, None, None].astype(jnp.int32)
+    onehot_GxKxSxE = jnp.swapaxes(onehot_GxSxKxE, 1, 2)
     flat = onehot_GxKxSxE.reshape(G, K * S, num_experts)
     slot = (jnp.cumsum(flat, axis=1) - 1).reshape(G, K, S, num_experts)
     kept = (onehot_GxKxSxE > 0) & (slot < capacity)
@@ -138,7 +153,7 @@ def dispatch_and_combine(experts_GxSxK: jax.Array, gates_GxSxK: jax.Array, num_e
     dispatch = jnp.einsum("gkse,gksc->gsec", expert_oh_GxKxSxE, slot_oh_GxKxSxC) > 0
     gates_GxKxS = jnp.swapaxes(gates_GxSxK, 1, 2)
     combine = jnp.einsum("gkse,gksc,gks->gsec", expert_oh_GxKxSxE, slot_oh_GxKxSxC, gates_GxKxS)
-    dropped = G * S * K - jnp.sum(kept_GxKxS.astype(jnp.int32))
+    dropped = jnp.sum(onehot_GxKxSxE) - jnp.sum(kept_GxKxS.astype(jnp.int32))
     return dispatch, combine, dropped
 
 
@@ -181,7 +196,7 @@ class MoE(nnx.Module):
         E, D, F = cfg.moe_num_experts, cfg.d_model, cfg.mlp_dim
         pd = cfg.jnp_param_dtype
         out_std = cfg.init_std / math.sqrt(2 * cfg.num_layers)
-        self.w_router = _param(rngs, (D, E), ("embed", None), cfg.init_std, pd)
+        self.w_router = _param(rngs, (D, E), ("embed", None), cfg.moe_router_init_std or cfg.init_std, pd)
         self.router_bias = nnx.Param(jnp.zeros((E,), pd), logical_axes=(None,))
         self.w_gate = _param(rngs, (E, D, F), ("exp", "embed", "mlp"), cfg.init_std, pd)
         self.w_up = _param(rngs, (E, D, F), ("exp", "embed", "mlp"), cfg.init_std, pd)
@@ -191,31 +206,43 @@ class MoE(nnx.Module):
             self.shared = SwiGLU(dataclasses.replace(cfg, mlp="swiglu", mlp_dim=cfg.moe_shared_expert_dim),
                                  rngs=rngs)
 
+    #: The block passes the token's segment ids (0 = padding) to this MLP (see :mod:`jaxpt.model.mlp`).
+    takes_segment_ids = True
+
     def router_logits(self, x_BxLxD: jax.Array) -> jax.Array:
         """float32 [B, L, E] router logits, computed in float32."""
         return (jnp.einsum("bld,de->ble", x_BxLxD.astype(jnp.float32), self.w_router[...].astype(jnp.float32))
                 + self.router_bias[...].astype(jnp.float32))
 
-    def __call__(self, x_BxLxD):
+    def __call__(self, x_BxLxD, segment_ids_BxL=None):
+        """``x [B, L, D]``, optional ``segment_ids [B, L]`` int32 (0 marks padding) -> ``(y [B, L, D], aux)``.
+
+        Padding tokens are routed (their router output is computed) but take no expert capacity, get a zero
+        output, and count in none of the statistics: shares, losses and the dropped fraction are over real
+        tokens."""
         cfg = self.cfg
         B, L, _ = x_BxLxD.shape
-        routing = route(self.router_logits(x_BxLxD), cfg.moe_top_k)
+        valid_BxL = None if segment_ids_BxL is None else segment_ids_BxL > 0
+        routing = route(self.router_logits(x_BxLxD), cfg.moe_top_k, valid_BxL)
+        if valid_BxL is not None:
+            routing = routing._replace(gates=routing.gates * valid_BxL[..., None].astype(routing.gates.dtype))
         if cfg.moe_dropless:
             y_BxLxD = self._dropless(x_BxLxD, routing)
             dropped = jnp.zeros((), jnp.int32)
         else:
-            y_BxLxD, dropped = self._capacity(x_BxLxD, routing)
+            y_BxLxD, dropped = self._capacity(x_BxLxD, routing, valid_BxL)
         if cfg.moe_shared_expert_dim:
             y_BxLxD = y_BxLxD + self.shared(x_BxLxD)[0]
+        n_real = B * L if valid_BxL is None else jnp.maximum(jnp.sum(valid_BxL.astype(jnp.float32)), 1.0)
         aux = {LOAD_BALANCE: routing.load_balance_loss, ROUTER_Z: routing.router_z_loss,
-               DROPPED: dropped.astype(jnp.float32) / (B * L * cfg.moe_top_k), SHARE: routing.share}
+               DROPPED: dropped.astype(jnp.float32) / (n_real * cfg.moe_top_k), SHARE: routing.share}
         return constrain(y_BxLxD, ("batch", "length", "embed")), aux
 
     def _expert_weights(self):
         cd = self.cfg.jnp_compute_dtype
         return self.w_gate[...].astype(cd), self.w_up[...].astype(cd), self.w_down[...].astype(cd)
 
-    def _capacity(self, x_BxLxD, routing: Routing):
+    def _capacity(self, x_BxLxD, routing: Routing, valid_BxL=None):
         """Dispatch/combine einsums over ``[E, G, C, D]`` (GShard); XLA inserts the all-to-alls."""
         cfg = self.cfg
         cd = cfg.jnp_compute_dtype
@@ -228,7 +255,9 @@ class MoE(nnx.Module):
         experts_GxSxK = routing.experts.reshape(G, S, -1)
         gates_GxSxK = routing.gates.reshape(G, S, -1)
         C = expert_capacity(cfg, S)
-        dispatch, combine, dropped = dispatch_and_combine(experts_GxSxK, gates_GxSxK, cfg.moe_num_experts, C)
+        valid_GxS = None if valid_BxL is None else valid_BxL.reshape(G, S)
+        dispatch, combine, dropped = dispatch_and_combine(experts_GxSxK, gates_GxSxK, cfg.moe_num_experts, C,
+                                                          valid_GxS)
         w_gate, w_up, w_down = self._expert_weights()
         ebcd, ebcf = ("exp", "batch", None, "embed"), ("exp", "batch", None, "mlp")
         x_ExGxCxD = constrain(jnp.einsum("gsec,gsd->egcd", dispatch.astype(cd), x_GxSxD), ebcd)
