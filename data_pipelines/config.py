@@ -364,6 +364,9 @@ class BuildConfig:
         for q in self.quality.reference_sources:
             if q not in names:
                 raise ConfigError(f"QualityConfig.reference_sources: '{q}' is not a registered source")
+        for q in self.langid.declared_sources:
+            if q not in names:
+                raise ConfigError(f"LangIdConfig.declared_sources: '{q}' is not a registered source")
         if self.quotas.enabled and self.quotas.targets:
             domains = {s.domain for s in out}
             missing = domains - set(self.quotas.targets)

@@ -221,6 +221,10 @@ def test_declared_sources_take_their_declared_language_without_detection():
     assert [(d["id"], d["lang"], d["lang_by"]) for d in kept] == [("dict#1", "en", "declared")]
     assert [(d["id"], d["verdict"]) for d in drops] == [("wiki#1", "langid:language_not_allowed")]
     assert clean.lid.texts == [text]  # run once, on the source not declared
+    bad = BuildConfig(sources=[dict(name="dict", domain="reference", path="x", format="jsonl", license="x",
+                                     acquired="2026-11-30")], langid=LangIdConfig(declared_sources=("dictt",)))
+    with pytest.raises(ConfigError, match="LangIdConfig.declared_sources: 'dictt' is not a registered source"):
+        bad.registry()
 
 
 # ---------------------------------------------------------------- item 6: language ID
