@@ -129,7 +129,12 @@ class LangIdConfig:
     at least `min_relative_distance` (lingua's ``with_minimum_relative_distance``); otherwise the
     document takes its declared language: the record's own ``lang`` if the source allows it, else the
     source's first language. With no declared language it is ``und`` (dropped where a source restricts
-    languages)."""
+    languages).
+
+    `declared_sources` names sources whose text is in its declared language by construction (a monolingual
+    English dictionary, whose entries quote etymologies, Latin taxa and foreign names that a detector
+    mislabels): the detector is not run on them and each document takes its declared language, so none is
+    dropped as ``language_not_allowed``."""
 
     languages: tuple[str, ...] = ("en", "de", "fr", "es", "it", "pl", "ru", "ja", "zh", "pt", "cs")
     max_chars: int = 1200
@@ -137,6 +142,7 @@ class LangIdConfig:
     min_chars: int = 50
     min_confidence: float = 0.5
     min_relative_distance: float = 0.0
+    declared_sources: tuple[str, ...] = ()
     enabled: bool = True
 
 
@@ -148,6 +154,12 @@ class RuleConfig:
     `per_domain` overrides any field for one domain, e.g. ``{"code": {"max_symbol_ratio": 1.0}}``;
     `per_source` then overrides fields for one source (by name), for a kind of text that shares a domain
     with others (man pages among fortunes).
+
+    `skip` names rules (`stages.RULES` reasons, e.g. ``"repeated_lines"``) not applied at all; set per domain or
+    per source, it scopes a rule to the text it was calibrated on. Gopher's repetition and quality rules (Rae et
+    al. 2021, app. A, table A1) were tuned on MassiveWeb prose; on dictionaries, fortunes, man pages and
+    documentation they mostly delete good text (`data/labels/raw-v1-clean-1`, README "Wrongful deletions").
+    An unknown name raises ConfigError naming ``RuleConfig.skip`` (or the per-domain/per-source key).
     """
 
     min_words: int = 5
@@ -169,6 +181,8 @@ class RuleConfig:
     min_alpha_word_fraction: float = 0.6
     dup_line_min_words: int = 4  # shorter repeated lines (citation tags, braces) are structure, not duplicates
     repetition_min_words: int = 50  # n-gram repetition rules need this many words (Gopher's own floor)
+    skip: tuple[str, ...] = ()
+    drop_cross_references: bool = False  # reference entries whose body is only "See {x}." (`stages.is_cross_reference`)
     per_domain: dict = dataclasses.field(default_factory=dict)
     per_source: dict = dataclasses.field(default_factory=dict)
     enabled: bool = True
@@ -185,7 +199,13 @@ class RuleConfig:
             if bad:
                 raise ConfigError(f"RuleConfig.{key}: unknown thresholds {sorted(bad)}")
             out = dataclasses.replace(out, **over)
-        return out
+        from data_pipelines.stages import RULES  # stages imports this module
+
+        unknown = sorted(set(out.skip) - {r[0] for r in RULES})
+        if unknown:
+            raise ConfigError(f"RuleConfig.skip (for domain '{domain}', source '{source}') = {list(out.skip)}: "
+                              f"unknown rules {unknown}; known: {[r[0] for r in RULES]}")
+        return dataclasses.replace(out, skip=tuple(out.skip))
 
 
 @gin.configurable
@@ -344,6 +364,9 @@ class BuildConfig:
         for q in self.quality.reference_sources:
             if q not in names:
                 raise ConfigError(f"QualityConfig.reference_sources: '{q}' is not a registered source")
+        for q in self.langid.declared_sources:
+            if q not in names:
+                raise ConfigError(f"LangIdConfig.declared_sources: '{q}' is not a registered source")
         if self.quotas.enabled and self.quotas.targets:
             domains = {s.domain for s in out}
             missing = domains - set(self.quotas.targets)

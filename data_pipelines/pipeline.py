@@ -89,7 +89,9 @@ class CleanBatch(beam.DoFn):
                 yield beam.pvalue.TaggedOutput(DROPS, _decision(doc, "normalize", "empty_after_normalization"))
                 continue
             docs.append(dict(doc, text=text))
-        need = [d for d in docs if self.lid and self.sources[d["source"]].languages is not None]
+        trusted = set(self.cfg.langid.declared_sources)
+        need = [d for d in docs if self.lid and self.sources[d["source"]].languages is not None
+                and d["source"] not in trusted]
         declared = [_declared_language(d, self.sources[d["source"]]) for d in need]
         langs = dict(zip((d["id"] for d in need),
                          self.lid.detect([d["text"] for d in need], declared) if need else []))
@@ -101,6 +103,8 @@ class CleanBatch(beam.DoFn):
                     yield beam.pvalue.TaggedOutput(
                         DROPS, _decision(doc, "langid", "language_not_allowed", detail=doc["lang"]))
                     continue
+            elif doc["source"] in trusted and allowed is not None:
+                doc["lang"], doc["lang_by"] = _declared_language(doc, self.sources[doc["source"]]), "declared"
             else:
                 doc["lang"], doc["lang_by"] = doc.get("lang_hint") or "und", "record"
             if self.cfg.rules.enabled:

@@ -201,6 +201,22 @@ RULES = (
 )
 
 
+_XREF_RE = re.compile(r"See(?: also)? \{[^{}\n]+\}(?:,? (?:and )?\{[^{}\n]+\})*\.?")
+_POS_RE = re.compile(r"[a-z]{1,6}\.(?: ?[a-z]{1,6}\.)?")
+
+
+def is_cross_reference(text: str) -> bool:
+    """True if `text` is a dictionary entry whose body is only a cross-reference: a headword line, an optional
+    part-of-speech line (``v.``, ``adj.``), then ``See {word}.`` (GCIDE, Jargon File and FOLDOC markup), e.g.
+    ``"Unassayed \\Unassayed\\\n   See {assayed}.\n"``. Such an entry carries no text of its own; the word
+    count cannot tell it from a short definition ("RESTITUTOR, n.  Benefactor; philanthropist.")."""
+    lines = [ln.strip() for ln in text.strip().split("\n") if ln.strip()]
+    body = lines[1:]
+    if body and _POS_RE.fullmatch(body[0]):
+        body = body[1:]
+    return len(body) == 1 and _XREF_RE.fullmatch(body[0]) is not None
+
+
 _NGRAM_STATS = ("top_2gram_fraction", "top_3gram_fraction", "top_4gram_fraction", "dup_5gram_fraction")
 
 
@@ -210,8 +226,12 @@ def rule_reason(text: str, cfg: RuleConfig) -> str | None:
     The n-gram repetition rules (top 2/3/4-gram, duplicated 5-grams) apply only to documents of at least
     `cfg.repetition_min_words` words: Gopher calibrated them on documents of 50 words or more, and in a
     ten-word entry one repeated pair of words is already a fifth of its characters. For the same reason the
-    symbol ratio ('#' and ellipses per word) divides by at least `cfg.repetition_min_words` words.
+    symbol ratio ('#' and ellipses per word) divides by at least `cfg.repetition_min_words` words. Rules named
+    in `cfg.skip` are not applied. With `cfg.drop_cross_references`, a bare cross-reference entry
+    (`is_cross_reference`) is ``cross_reference_only``, checked first.
     """
+    if cfg.drop_cross_references and is_cross_reference(text):
+        return "cross_reference_only"
     st = rule_stats(text, cfg.dup_line_min_words)
     if st["n_words"] < cfg.repetition_min_words:
         st.update({k: float("nan") for k in _NGRAM_STATS})  # NaN compares false: the rule passes
@@ -219,6 +239,8 @@ def rule_reason(text: str, cfg: RuleConfig) -> str | None:
     # denominator is at least repetition_min_words words (a short text may hold up to 5 such symbols at 0.1).
     st["symbol_ratio"] = st["symbol_count"] / max(1, st["n_ws_words"], cfg.repetition_min_words)
     for reason, stat, op, field in RULES:
+        if reason in cfg.skip:
+            continue
         limit = getattr(cfg, field)
         if (op == "<" and st[stat] < limit) or (op == ">" and st[stat] > limit):
             return reason

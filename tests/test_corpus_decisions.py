@@ -160,6 +160,73 @@ def test_per_source_overrides_scope_a_threshold_to_one_source():
         RuleConfig(per_source={"man": {"nope": 1}}).for_domain("m", "man")
 
 
+def test_skip_scopes_a_rule_to_the_domains_it_was_calibrated_on():
+    # Two senses that share their closing gloss word for word: 2 of 4 lines are one 5-word line (0.5 > 0.3).
+    entry = "Abide, v.\nTo wait for; to await.\nsee the entry for wait\nsee the entry for wait\n"
+    assert stages.rule_stats(entry, 4)["dup_line_fraction"] == 0.5
+    rules = RuleConfig(min_words=1, per_domain={"reference": {"skip": ["repeated_lines", "repeated_line_chars"]}},
+                       per_source={"webcrawl": {"skip": []}})
+    assert stages.rule_reason(entry, rules.for_domain("web", "pages")) == "repeated_lines"
+    assert stages.rule_reason(entry, rules.for_domain("reference", "dict")) is None
+    assert stages.rule_reason(entry, rules.for_domain("reference", "webcrawl")) == "repeated_lines"  # source wins
+    # A skipped rule passes; the rules after it still apply.
+    assert stages.rule_reason(entry.upper() + "# # # # # # #", rules.for_domain("reference", "dict")) \
+        == "symbol_ratio"  # 7 '#' over max(13, 50) words = 0.14 > 0.1
+    with pytest.raises(ConfigError, match=r"RuleConfig.skip .*unknown rules \['repeated_line'\]"):
+        RuleConfig(skip=("repeated_line",)).for_domain("web", "pages")
+
+
+def test_bare_cross_reference_entries_are_dropped_by_name_short_definitions_kept():
+    gcide = "Unassayed \\Unassayed\\\n   See {assayed}.\n"
+    jargon = "unswizzle\n v.\n\n    See {swizzle}.\n\n"
+    devil = "RESTITUTOR, n.  Benefactor; philanthropist.\n\n"  # 4 words, a definition of its own
+    foldoc = "NAK\n\n   {Negative Acknowledgement}\n\n"  # an expansion, not a pointer
+    longer = "Abide\n\n   To wait. See {wait}.\n"
+    on = RuleConfig(min_words=1, min_chars=1, drop_cross_references=True)
+    assert [stages.rule_reason(t, on) for t in (gcide, jargon, devil, foldoc, longer)] \
+        == ["cross_reference_only", "cross_reference_only", None, None, None]
+    assert stages.rule_reason(gcide, RuleConfig(min_words=1, min_chars=1)) is None  # off by default
+    # Scoped per domain: a fortune that happens to read "See {...}" is not a dictionary pointer.
+    rules = RuleConfig(min_words=1, min_chars=1, per_domain={"reference": {"drop_cross_references": True}})
+    assert stages.rule_reason(gcide, rules.for_domain("reference", "dict-gcide")) == "cross_reference_only"
+    assert stages.rule_reason(gcide, rules.for_domain("multilingual", "fortunes")) is None
+
+
+class _AlwaysGerman:
+    """A detector that labels every text German (the failure on English dictionary entries), counting calls."""
+
+    def __init__(self):
+        self.texts = []
+
+    def detect(self, texts, declared=None):
+        self.texts += texts
+        return [("de", 0.9, "detector") for _ in texts]
+
+
+def test_declared_sources_take_their_declared_language_without_detection():
+    import types
+
+    from data_pipelines import pipeline
+
+    src = {n: Source(name=n, domain="reference", path="x", format="jsonl", license="x", acquired="2026-11-30",
+                    languages=("en",)) for n in ("dict", "wiki")}
+    cfg = types.SimpleNamespace(normalize=BuildConfig().normalize, rules=RuleConfig(min_words=1, min_chars=1),
+                                langid=LangIdConfig(declared_sources=("dict",)))
+    clean = pipeline.CleanBatch(cfg, src)
+    clean.lid, clean.rules = _AlwaysGerman(), {}
+    text = "Spongoblast, n. (Zool.) One of the cells which, in sponges, secrete the spongin fibres."
+    out = list(clean.process([{"id": f"{n}#1", "source": n, "domain": "reference", "text": text} for n in src]))
+    kept = [d for d in out if not hasattr(d, "tag")]
+    drops = [d.value for d in out if hasattr(d, "tag")]
+    assert [(d["id"], d["lang"], d["lang_by"]) for d in kept] == [("dict#1", "en", "declared")]
+    assert [(d["id"], d["verdict"]) for d in drops] == [("wiki#1", "langid:language_not_allowed")]
+    assert clean.lid.texts == [text]  # run once, on the source not declared
+    bad = BuildConfig(sources=[dict(name="dict", domain="reference", path="x", format="jsonl", license="x",
+                                     acquired="2026-11-30")], langid=LangIdConfig(declared_sources=("dictt",)))
+    with pytest.raises(ConfigError, match="LangIdConfig.declared_sources: 'dictt' is not a registered source"):
+        bad.registry()
+
+
 # ---------------------------------------------------------------- item 6: language ID
 
 
