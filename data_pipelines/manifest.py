@@ -9,7 +9,6 @@ from __future__ import annotations
 import collections
 import hashlib
 import json
-import os
 
 from jaxpt import fs
 

@@ -12,9 +12,7 @@ from a sorted list, so two runs on the same inputs give byte-identical files.
 
 from __future__ import annotations
 
-import collections
 import json
-import os
 
 import apache_beam as beam
 import numpy as np

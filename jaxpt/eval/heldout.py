@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
