@@ -114,7 +114,26 @@ def check_resume(cfg: TrainConfig, tokenizer) -> tuple[int, dict, list[str]]:
     if shards and cfg.data.num_shards and shards != cfg.data.num_shards:
         raise ckpt_lib.CheckpointError(f"{where} has {shards} data shards, DataConfig.num_shards = "
                                        f"{cfg.data.num_shards} (it must stay fixed for a run)")
+    _check_ramp_unchanged(meta, cfg, where)
     return step, meta, notes + changed_settings(meta, cfg)
+
+
+def _check_ramp_unchanged(meta: dict, cfg: TrainConfig, where: str) -> None:
+    """A batch-size ramp cannot change at a resume: the data iterator's saved position counts loader batches
+    whose size comes from the ramp (:mod:`jaxpt.batch_ramp`), so another ramp would read from a wrong position.
+
+    Raises:
+      CheckpointError: naming ``TrainConfig.batch_size_schedule``, both values and the way out.
+    """
+    from jaxpt import checkpoint as ckpt_lib
+    key = "TrainConfig.batch_size_schedule"
+    saved = ckpt_lib.saved_settings({"config_gin": meta.get("config_gin")}).get(key, "")
+    saved = saved.strip("'\"") if isinstance(saved, str) else saved
+    if (saved or cfg.batch_size_schedule) and saved != cfg.batch_size_schedule:
+        raise ckpt_lib.CheckpointError(
+            f"{where} was trained with {key} = {saved!r}, this run sets {cfg.batch_size_schedule!r}: the data "
+            "iterator's position counts batches of the ramp's sizes, so a run cannot change its ramp at a resume "
+            "(keep the saved schedule, or start a new stage from this checkpoint with TrainConfig.init_from)")
 
 
 def changed_settings(meta: dict, cfg: TrainConfig) -> list[str]:

@@ -103,3 +103,22 @@ def test_ramp_resumed_mid_ramp_equals_uninterrupted_bitwise(prepared_sample, tmp
 def _jsonl(path):
     import json
     return [json.loads(line) for line in open(path) if "doc_index" in line]
+
+
+def test_a_changed_ramp_is_refused_at_resume(prepared_sample, tmp_path):
+    """The saved data position counts batches of the ramp's sizes: resuming under another ramp (or adding or
+    removing one) is refused naming the key and both values; the same ramp passes."""
+    from jaxpt import checkpoint as ckpt_lib
+    from jaxpt import preflight
+    saved = {"config_gin": "TrainConfig.batch_size_schedule = '1:4,11:8,21:16'\n"}
+    same = C.parse(["configs/quickstart.gin"], tiny_bindings(prepared_sample, tmp_path, **{
+        "TrainConfig.batch_size_schedule": "'1:4,11:8,21:16'"}))
+    preflight._check_ramp_unchanged(saved, same, "ckpt/20")
+    for schedule in ("'1:8,21:16'", "''"):
+        cfg = C.parse(["configs/quickstart.gin"], tiny_bindings(prepared_sample, tmp_path, **{
+            "TrainConfig.batch_size_schedule": schedule}))
+        with pytest.raises(ckpt_lib.CheckpointError, match=r"ckpt/20 was trained with TrainConfig.batch_size_schedule "
+                                                          r"= '1:4,11:8,21:16', this run sets"):
+            preflight._check_ramp_unchanged(saved, cfg, "ckpt/20")
+    plain = C.parse(["configs/quickstart.gin"], tiny_bindings(prepared_sample, tmp_path))
+    preflight._check_ramp_unchanged({"config_gin": "TrainConfig.steps = 5\n"}, plain, "ckpt/5")  # no ramp either side
