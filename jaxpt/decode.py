@@ -255,13 +255,8 @@ class NoCacheStep:
             self._fn = jax.jit(lambda p, t, s, q: next_token_logits(p, t, s, q, graphdef=graphdef))
             self._put = jnp.asarray
             return
-        dp = mesh_lib.data_parallel_size(mesh_lib.mesh_shape(mesh), rules)
-        self.batch_size = -(-batch_size // dp) * dp
+        self.batch_size, self.params, param_s, batch_s = place_on_mesh(params, mesh, rules, batch_size)
         replicated = NamedSharding(mesh, PartitionSpec())
-        batch_s = mesh_lib.batch_sharding(mesh, rules)
-        param_s = jax.tree.map(lambda x: x.sharding if isinstance(getattr(x, "sharding", None), NamedSharding)
-                               and x.sharding.mesh == mesh else replicated, params)
-        self.params = jax.device_put(params, param_s)
 
         def traced(params, tokens, segment_ids, positions):
             with mesh_lib.activation_sharding(mesh, rules):
@@ -280,19 +275,12 @@ class NoCacheStep:
         Raises:
           ValueError: ``seq_len`` above the model's ``max_seq_len`` or below 2.
         """
-        seq_len = seq_len or model.cfg.max_seq_len
-        if seq_len > model.cfg.max_seq_len:
-            raise ValueError(f"NoCacheStep: seq_len = {seq_len} exceeds the model's max_seq_len = "
-                             f"{model.cfg.max_seq_len}")
-        graphdef, params = nnx.split(model)
-        return cls(graphdef, params, mesh, rules, seq_len=seq_len, batch_size=batch_size, pad_id=pad_id)
+        return step_from_model(cls, model, mesh, rules, seq_len=seq_len, batch_size=batch_size, pad_id=pad_id)
 
     @classmethod
     def for_restored(cls, restored: Any, *, seq_len: int | None = None, batch_size: int = 1) -> "NoCacheStep":
         """A step over a :func:`jaxpt.restore` result: its mesh, rules, pad id and, by default, its ``seq_len``."""
-        cfg = restored.config
-        return cls.from_model(restored.model, restored.mesh, cfg.logical_axis_rules, seq_len=seq_len or cfg.seq_len,
-                              batch_size=batch_size, pad_id=restored.tokenizer.pad_id)
+        return step_for_restored(cls, restored, seq_len=seq_len, batch_size=batch_size)
 
     def prefill(self, prompts: Sequence[np.ndarray]) -> tuple[_Rows, np.ndarray]:
         """See :meth:`DecodeStep.prefill`."""
@@ -331,3 +319,38 @@ class NoCacheStep:
         positions = (columns[None] * segment_ids).astype(np.int32)
         logits = self._fn(self.params, self._put(state.tokens), self._put(segment_ids), self._put(positions))
         return np.asarray(jax.device_get(logits))[:n]
+
+
+def place_on_mesh(params, mesh: Mesh, rules, batch_size: int):
+    """Where a decode step's params and rows live on ``mesh``: ``(batch_size, params, param_shardings,
+    batch_sharding)``. ``batch_size`` is rounded up to a multiple of the data-parallel size; params already on
+    ``mesh`` keep their shardings (training's), others are replicated onto it."""
+    dp = mesh_lib.data_parallel_size(mesh_lib.mesh_shape(mesh), rules)
+    replicated = NamedSharding(mesh, PartitionSpec())
+    param_s = jax.tree.map(lambda x: x.sharding if isinstance(getattr(x, "sharding", None), NamedSharding)
+                           and x.sharding.mesh == mesh else replicated, params)
+    return -(-batch_size // dp) * dp, jax.device_put(params, param_s), param_s, mesh_lib.batch_sharding(mesh, rules)
+
+
+def step_from_model(cls, model, mesh: Mesh | None = None, rules=mesh_lib.DEFAULT_RULES, *,
+                    seq_len: int | None = None, batch_size: int = 1, pad_id: int = 0):
+    """A ``cls`` decode step (:class:`NoCacheStep`, :class:`jaxpt.kv_cache.KVCacheStep`) over an ``nnx`` model;
+    ``seq_len`` defaults to its ``max_seq_len``.
+
+    Raises:
+      ValueError: ``seq_len`` above the model's ``max_seq_len`` or below 2.
+    """
+    seq_len = seq_len or model.cfg.max_seq_len
+    if seq_len > model.cfg.max_seq_len:
+        raise ValueError(f"{cls.__name__}: seq_len = {seq_len} exceeds the model's max_seq_len = "
+                         f"{model.cfg.max_seq_len}")
+    graphdef, params = nnx.split(model)
+    return cls(graphdef, params, mesh, rules, seq_len=seq_len, batch_size=batch_size, pad_id=pad_id)
+
+
+def step_for_restored(cls, restored: Any, *, seq_len: int | None = None, batch_size: int = 1):
+    """A ``cls`` decode step over a :func:`jaxpt.restore` result: its mesh, rules, pad id and, by default, its
+    ``seq_len``."""
+    cfg = restored.config
+    return step_from_model(cls, restored.model, restored.mesh, cfg.logical_axis_rules,
+                           seq_len=seq_len or cfg.seq_len, batch_size=batch_size, pad_id=restored.tokenizer.pad_id)

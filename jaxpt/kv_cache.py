@@ -34,6 +34,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxpt import mesh as mesh_lib
+from jaxpt.decode import place_on_mesh, step_for_restored, step_from_model
 from jaxpt.model.attention import dot_product_attention, xla_attention
 from jaxpt.model.rope import apply_rope, rope_frequencies
 
@@ -194,13 +195,7 @@ class KVCacheStep:
             self._extend = jax.jit(ext, donate_argnums=1)
             self._put = jnp.asarray
             return
-        dp = mesh_lib.data_parallel_size(mesh_lib.mesh_shape(mesh), rules)
-        self.batch_size = -(-batch_size // dp) * dp
-        replicated = NamedSharding(mesh, PartitionSpec())
-        batch_s = mesh_lib.batch_sharding(mesh, rules)
-        param_s = jax.tree.map(lambda x: x.sharding if isinstance(getattr(x, "sharding", None), NamedSharding)
-                               and x.sharding.mesh == mesh else replicated, params)
-        self.params = jax.device_put(params, param_s)
+        self.batch_size, self.params, param_s, batch_s = place_on_mesh(params, mesh, rules, batch_size)
 
         # Rows are never split over ``sequence`` here (a one-token query cannot be; and the model's context-parallel
         # attention expects its zigzag row order, which only Decoder.hidden applies): ``length`` maps to no axis.
@@ -226,12 +221,12 @@ class KVCacheStep:
         Raises:
           ValueError: ``seq_len`` above the model's ``max_seq_len`` or below 2.
         """
-        return _from_model(cls, model, mesh, rules, seq_len=seq_len, batch_size=batch_size, pad_id=pad_id)
+        return step_from_model(cls, model, mesh, rules, seq_len=seq_len, batch_size=batch_size, pad_id=pad_id)
 
     @classmethod
     def for_restored(cls, restored: Any, *, seq_len: int | None = None, batch_size: int = 1) -> "KVCacheStep":
         """A step over a :func:`jaxpt.restore` result: its mesh, rules, pad id and, by default, its ``seq_len``."""
-        return _for_restored(cls, restored, seq_len=seq_len, batch_size=batch_size)
+        return step_for_restored(cls, restored, seq_len=seq_len, batch_size=batch_size)
 
     def prefill(self, prompts: Sequence[np.ndarray]) -> tuple[CacheState, np.ndarray]:
         """See :meth:`jaxpt.decode.DecodeStep.prefill`."""
@@ -267,25 +262,3 @@ class KVCacheStep:
         put = self._put if self.mesh is None else self._put_rows
         logits, cache = self._extend(self.params, state.cache, put(row_tokens), put(positions))
         return CacheState(cache, state.lengths + 1), np.asarray(jax.device_get(logits))[:n]
-
-
-def _from_model(cls, model, mesh: Mesh | None = None, rules=mesh_lib.DEFAULT_RULES, *, seq_len: int | None = None,
-                batch_size: int = 1, pad_id: int = 0):
-    """A step over an ``nnx`` model; ``seq_len`` defaults to its ``max_seq_len``.
-
-    Raises:
-      ValueError: ``seq_len`` above the model's ``max_seq_len`` or below 2.
-    """
-    seq_len = seq_len or model.cfg.max_seq_len
-    if seq_len > model.cfg.max_seq_len:
-        raise ValueError(f"{cls.__name__}: seq_len = {seq_len} exceeds the model's max_seq_len = "
-                         f"{model.cfg.max_seq_len}")
-    graphdef, params = nnx.split(model)
-    return cls(graphdef, params, mesh, rules, seq_len=seq_len, batch_size=batch_size, pad_id=pad_id)
-
-
-def _for_restored(cls, restored: Any, *, seq_len: int | None = None, batch_size: int = 1):
-    """A step over a :func:`jaxpt.restore` result: its mesh, rules, pad id and, by default, its ``seq_len``."""
-    cfg = restored.config
-    return _from_model(cls, restored.model, restored.mesh, cfg.logical_axis_rules, seq_len=seq_len or cfg.seq_len,
-                       batch_size=batch_size, pad_id=restored.tokenizer.pad_id)
