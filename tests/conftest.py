@@ -97,3 +97,17 @@ def tiny_bindings(prepared: pathlib.Path, workdir: pathlib.Path, **overrides) ->
     }
     b.update({k: str(v) for k, v in overrides.items()})
     return [f"{k} = {v}" for k, v in b.items()]
+
+
+def packed_batch(built, rows: int, length: int, vocab: int, seed: int) -> dict:
+    """A synthetic packed global batch placed with ``built``'s batch shardings: two documents per row (12 tokens,
+    then ``length - 16``), the last 4 positions padding (segment id 0); tokens uniform in [1, vocab)."""
+    import jax
+    import numpy as np
+    rng = np.random.default_rng(seed)
+    segs = np.concatenate([np.full((rows, 12), 1), np.full((rows, length - 16), 2), np.zeros((rows, 4))],
+                          1).astype(np.int32)
+    pos = np.concatenate([np.arange(12), np.arange(length - 16), np.arange(4)]).astype(np.int32)
+    host = {"tokens": rng.integers(1, vocab, size=(rows, length), dtype=np.int32), "segment_ids": segs,
+            "positions": np.broadcast_to(pos, (rows, length)).copy()}
+    return {k: jax.device_put(v, built.batch_shardings()[k]) for k, v in host.items()}

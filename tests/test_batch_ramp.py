@@ -8,14 +8,6 @@ import pytest
 from conftest import tiny_bindings
 
 
-def small_heldout(prepared, tmp_path, docs=8):
-    """The first ``docs`` held-out documents in their own file: the run's final full evaluation stays cheap."""
-    import gzip as gz
-    src, dst = prepared / "heldout.jsonl.gz", tmp_path / "heldout_small.jsonl.gz"
-    with gz.open(src, "rt") as f, gz.open(dst, "wt") as g:
-        for _, line in zip(range(docs), f):
-            g.write(line)
-    return {"DataConfig.heldout_path": repr(str(dst))}
 from jaxpt import batch_ramp
 from jaxpt import config as C
 from jaxpt import monitor, optim, train
@@ -70,7 +62,7 @@ def test_ramp_resumed_mid_ramp_equals_uninterrupted_bitwise(prepared_sample, tmp
     rows of an 8-row loader in order (1, 1, 2, 2, 2 of its batches)."""
     over = {"TrainConfig.batch_size_schedule": "'1:8,3:16'", "TrainConfig.grad_accum_steps": "2",
             "TrainConfig.log_batch_documents": "True", "CheckpointConfig.enabled": "True",
-            "CheckpointConfig.save_every_steps": "2", **small_heldout(prepared_sample, tmp_path)}
+            "CheckpointConfig.save_every_steps": "2"}
     records = {}
     for name, stops in (("whole", (5,)), ("resumed", (2, 5))):
         b = tiny_bindings(prepared_sample, tmp_path / name, **over)

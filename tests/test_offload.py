@@ -12,6 +12,7 @@ import jax
 import numpy as np
 import pytest
 
+from conftest import packed_batch
 from jaxpt import builder
 from jaxpt import compile as compile_lib
 from jaxpt import config as config_lib
@@ -30,13 +31,7 @@ def _cfg(offload: bool):
 
 
 def _batch(built, seed):
-    """A packed batch: two documents per row, the last 4 positions padding."""
-    rng = np.random.default_rng(seed)
-    segs = np.concatenate([np.full((B, 12), 1), np.full((B, L - 16), 2), np.zeros((B, 4))], 1).astype(np.int32)
-    pos = np.concatenate([np.arange(12), np.arange(L - 16), np.arange(4)]).astype(np.int32)
-    host = {"tokens": rng.integers(1, V, size=(B, L), dtype=np.int32), "segment_ids": segs,
-            "positions": np.broadcast_to(pos, (B, L)).copy()}
-    return {k: jax.device_put(v, built.batch_shardings()[k]) for k, v in host.items()}
+    return packed_batch(built, B, L, V, seed)
 
 
 def test_cpu_devices_have_pinned_host_memory():

@@ -11,14 +11,6 @@ import pytest
 from conftest import tiny_bindings
 
 
-def small_heldout(prepared, tmp_path, docs=8):
-    """The first ``docs`` held-out documents in their own file: the run's final full evaluation stays cheap."""
-    import gzip as gz
-    src, dst = prepared / "heldout.jsonl.gz", tmp_path / "heldout_small.jsonl.gz"
-    with gz.open(src, "rt") as f, gz.open(dst, "wt") as g:
-        for _, line in zip(range(docs), f):
-            g.write(line)
-    return {"DataConfig.heldout_path": repr(str(dst))}
 from jaxpt import config as C
 from jaxpt import gate, monitor, profile_comm, train
 
@@ -73,8 +65,7 @@ def test_profile_window_on_a_real_run_gives_axis_shares_and_the_gate_blames_them
     the total. The gate, given an estimate far above the measured rate, fails the throughput criterion and
     blames what the profile and the data wait say; with no estimate it compiles the run's config here and
     estimates expected_flops_utilization x peak x tokens / compiled FLOPs, equal to jaxpt.compile's report."""
-    b = tiny_bindings(prepared_sample, tmp_path, **{"TrainConfig.profile_steps": "'2:3'",
-                                                    **small_heldout(prepared_sample, tmp_path)})
+    b = tiny_bindings(prepared_sample, tmp_path, **{"TrainConfig.profile_steps": "'2:3'"})
     cfg = C.parse(["configs/quickstart.gin"], b, steps=4, mesh="data=2,fsdp=4")
     train.run_training(cfg)
     assert list((tmp_path / "profile").rglob("*.xplane.pb"))

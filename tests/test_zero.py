@@ -10,6 +10,7 @@ import orbax.checkpoint as ocp
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from conftest import packed_batch
 from jaxpt import builder
 from jaxpt import config as config_lib
 from jaxpt import mesh as mesh_lib
@@ -31,13 +32,7 @@ def _cfg(shard: bool):
 
 
 def _batch(built, seed):
-    """Two documents per row, the last 4 positions padding."""
-    rng = np.random.default_rng(seed)
-    segs = np.concatenate([np.full((B, 12), 1), np.full((B, L - 16), 2), np.zeros((B, 4))], 1).astype(np.int32)
-    pos = np.concatenate([np.arange(12), np.arange(L - 16), np.arange(4)]).astype(np.int32)
-    host = {"tokens": rng.integers(1, V, size=(B, L), dtype=np.int32), "segment_ids": segs,
-            "positions": np.broadcast_to(pos, (B, L)).copy()}
-    return {k: jax.device_put(v, built.batch_shardings()[k]) for k, v in host.items()}
+    return packed_batch(built, B, L, V, seed)
 
 
 def _bytes_per_device(tree) -> int:
