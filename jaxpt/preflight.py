@@ -69,6 +69,10 @@ def check_paths(cfg: TrainConfig) -> None:
     """
     from jaxpt.data import corpus
     d = cfg.data
+    for key, p in (("TrainConfig.workdir", cfg.workdir), ("DataConfig.train_path", d.train_path),
+                   ("DataConfig.corpus_dir", d.corpus_dir), ("DataConfig.tokenizer_path", d.tokenizer_path),
+                   ("DataConfig.heldout_path", d.heldout_path)):
+        _check_reachable(key, p)
     if d.source == "sample" and not fs.isfile(d.train_path):
         raise ConfigError(f"DataConfig.train_path = {d.train_path!r}: no such file "
                           "(run `python -m jaxpt.data.prepare --output artifacts/sample` first)")
@@ -77,6 +81,20 @@ def check_paths(cfg: TrainConfig) -> None:
                           "(no mixture.json; build one with `python -m data_pipelines.build`)")
     if fs.isfile(cfg.workdir):
         raise ConfigError(f"TrainConfig.workdir = {cfg.workdir!r}: a file, not a directory")
+
+
+def _check_reachable(key: str, path: str) -> None:
+    """An object-storage path (``gs://...``) whose bucket cannot be reached (no credentials, no network, a
+    wrong emulator address) is a ConfigError naming ``key`` and the way out, not a library traceback."""
+    if not path or not fs.is_remote(path):
+        return
+    try:
+        fs.exists(path)
+    except Exception as e:  # noqa: BLE001 - any client failure here means "cannot reach the bucket"
+        cause = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+        raise ConfigError(f"{key} = {path!r}: cannot reach object storage ({cause}); give this machine "
+                          "credentials (`gcloud auth application-default login`, or a service account on the VM), or "
+                          "point STORAGE_EMULATOR_HOST at an emulator") from e
 
 
 def check_resume(cfg: TrainConfig, tokenizer) -> tuple[int, dict, list[str]]:
@@ -157,6 +175,7 @@ def check(cfg: TrainConfig) -> Preflight:
     from jaxpt.eval import inloop
     sizes = config_lib.validate(cfg, jax.device_count())
     check_paths(cfg)
+    check_mixture_groups(cfg)
     docs = inloop.load_heldout(cfg)  # a missing or malformed held-out set fails now, not after the last step
     tokenizer = builder_lib.load_tokenizer(cfg)
     resolved = builder_lib.resolve_vocab(cfg, tokenizer)
@@ -167,6 +186,31 @@ def check(cfg: TrainConfig) -> Preflight:
     for note in notes:
         log.warning("%s", note)
     return Preflight(resolved, sizes, tokenizer, docs, hset, step, meta, notes, parent)
+
+
+def check_mixture_groups(cfg: TrainConfig) -> None:
+    """Every group named by ``DataConfig.mixture_weights`` / ``mixture_schedule`` has documents in the training
+    data (a ``'domain'`` group: that domain; ``'domain/source'``: that source of the domain), checked before
+    anything is written or compiled. A corpus version is checked by its ``mixture.json`` domains; a source group
+    of a corpus version is checked when its records are read (reading every record's source is the loader's
+    job).
+
+    Raises:
+      ConfigError: as :func:`jaxpt.data.mixture.assign_groups`, naming the key, the group and what exists.
+    """
+    from jaxpt.data import corpus, documents, mixture
+    schedule = mixture.schedule_from_config(cfg.data)
+    if schedule is None:
+        return
+    key = mixture.config_key(cfg.data)
+    groups = mixture.group_names(schedule)
+    if cfg.data.source == "corpus":
+        domains = list(corpus.read_mixture(cfg.data.corpus_dir)["weights"])
+        mixture.assign_groups(domains, [""] * len(domains), sorted({g.split("/", 1)[0] for g in groups}), key)
+        return
+    docs = documents.read_documents(cfg.data.train_path)
+    mixture.assign_groups([str(d.get("domain", "")) for d in docs], [str(d.get("source", "")) for d in docs],
+                          groups, key)
 
 
 def check_stage(cfg: TrainConfig, tokenizer, resume_step: int, resume_meta: dict):

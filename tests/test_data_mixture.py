@@ -268,3 +268,30 @@ def test_stages_count_steps_not_loader_batches_under_a_batch_size_ramp():
     assert [step_of(b) for b in range(6)] == [1, 2, 3, 3, 4, 4]
     assert stream._step_of_batch(types.SimpleNamespace(batch_size_schedule="", global_batch_size=8,
                                                        grad_accum_steps=1, batch_lr_scaling="none"), 1) is None
+
+
+def test_preflight_names_an_unknown_group_before_anything_is_written(prepared_sample, tmp_path):
+    """A misspelt group (or a source the domain lacks) fails preflight (so ``--dry_run`` too), naming the key,
+    the group and what exists; the workdir is not created."""
+    from conftest import tiny_bindings
+    from jaxpt import config as C
+    from jaxpt import preflight
+    for weights, words in (("(('referenc', 1.0),)", "no domain 'referenc'"),
+                           ("(('reference/dict-nope', 1.0),)", "has no source 'dict-nope'")):
+        cfg = C.parse(["configs/quickstart.gin"], tiny_bindings(prepared_sample, tmp_path / "run", **{
+            "DataConfig.mixture_weights": weights}))
+        with pytest.raises(ConfigError, match=f"DataConfig.mixture_weights: group .*{words}"):
+            preflight.check(cfg)
+    assert not (tmp_path / "run").exists()
+
+
+def test_an_unreachable_bucket_is_a_config_error_naming_the_key(monkeypatch):
+    from jaxpt import fs, preflight
+
+    def unreachable(path):
+        raise OSError("Could not resolve host: storage.googleapis.com")
+    monkeypatch.setattr(fs, "exists", unreachable)
+    with pytest.raises(ConfigError, match=r"TrainConfig.workdir = 'gs://b/run': cannot reach object storage "
+                                          r"\(OSError: Could not resolve host.*STORAGE_EMULATOR_HOST"):
+        preflight._check_reachable("TrainConfig.workdir", "gs://b/run")
+    preflight._check_reachable("TrainConfig.workdir", "/tmp/local")  # local paths are not probed here
