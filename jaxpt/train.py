@@ -157,21 +157,29 @@ class LoopContext:
 
     def save_checkpoint(self, step: int, force: bool = False, wait: bool = False) -> None:
         """Save ``step`` (asynchronously unless ``wait``; the meta item records the training wall time so
-        far); the time the loop is blocked counts as checkpoint time, and the run's goodput is recorded."""
+        far); the time the loop is blocked counts as checkpoint time, not step time (the step being saved is
+        finished first, so its own compute stays step time), and the run's goodput is recorded."""
+        jax.block_until_ready(self.run.state)
         t0 = time.perf_counter()
         saved = self.ckpt.save(step, self.run.state, self.batches,
                                {**self.meta, "train_time_s": self.train_time_s()}, force=force)
         if wait:
             self.ckpt.wait()
-        self.goodput.add("checkpoint_s", time.perf_counter() - t0)
+        blocked = time.perf_counter() - t0
+        self.goodput.add("checkpoint_s", blocked)
+        self.timer.exclude(blocked)
         self.goodput.checkpoint_saves += bool(saved)
         self.record_goodput(step)
 
     def evaluate(self, max_batches: int | None = None) -> dict[str, float]:
-        """:meth:`Run.evaluate`, its time counted as evaluation time."""
+        """:meth:`Run.evaluate`, its time counted as evaluation time, not step time (the last step is finished
+        first, so its own compute stays step time)."""
+        jax.block_until_ready(self.run.state.params)
         t0 = time.perf_counter()
         out = self.run.evaluate(max_batches)
-        self.goodput.add("eval_s", time.perf_counter() - t0)
+        spent = time.perf_counter() - t0
+        self.goodput.add("eval_s", spent)
+        self.timer.exclude(spent)
         return out
 
     def record_goodput(self, step: int) -> None:
