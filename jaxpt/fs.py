@@ -37,10 +37,26 @@ from etils import epath
 
 _SCHEME = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
 
-if os.environ.get("STORAGE_EMULATOR_HOST"):
-    os.environ.setdefault("TENSORSTORE_GCS_HTTP_URL", os.environ["STORAGE_EMULATOR_HOST"])
+
+
+def _emulator_settings() -> None:
+    """With ``STORAGE_EMULATOR_HOST`` set (now, not only at import: a notebook or test may set it later), point
+    TensorStore at the emulator, make epath use its fsspec/gcsfs backend and turn off gcsfs's bucket-layout probe.
+    epath decides "TensorFlow or fsspec" once per process and caches it (``gpath._is_tf_installed``); when that
+    cached decision predates the setting, it is cleared so the next path is made with fsspec."""
+    host = os.environ.get("STORAGE_EMULATOR_HOST")
+    if not host:
+        return
+    os.environ.setdefault("TENSORSTORE_GCS_HTTP_URL", host)
     os.environ.setdefault("EPATH_USE_TF", "false")
     os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+    from etils.epath import gpath
+    cached = getattr(gpath, "_is_tf_installed", None)
+    if os.environ["EPATH_USE_TF"].lower() in ("false", "0") and cached is not None and cached():
+        cached.cache_clear()
+
+
+_emulator_settings()
 
 
 def is_remote(path: str | os.PathLike) -> bool:
@@ -50,6 +66,8 @@ def is_remote(path: str | os.PathLike) -> bool:
 
 def path(p: str | os.PathLike) -> epath.Path:
     """``p`` as an ``epath.Path`` (local or remote)."""
+    if is_remote(p):
+        _emulator_settings()
     return epath.Path(p)
 
 

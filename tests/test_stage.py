@@ -163,7 +163,7 @@ def test_extrapolation_report_of_a_checkpoint(prepared_sample, parent_run, tmp_p
     restored = jaxpt.restore(str(parent_run))
     tok = restored.tokenizer
     stream = np.concatenate([np.append(np.asarray(tok.encode(t), np.int32), np.int32(tok.eos_id))
-                             for t in load_texts(prepared_sample / "heldout.jsonl.gz")])[:256]
+                             for t in load_texts(restored.config.data.heldout_path)])[:256]  # the run's own held-out
     rows = stream.reshape(8, 32)
     logits = np.asarray(jax.device_get(restored.model(rows, np.ones_like(rows), np.tile(np.arange(32), (8, 1)))),
                         np.float64)
