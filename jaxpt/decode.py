@@ -226,8 +226,27 @@ class _Rows:
     tokens: np.ndarray
     lengths: np.ndarray
 
+class StepConstructors:
+    """``from_model`` and ``for_restored`` for decode steps whose ``__init__`` takes ``(graphdef, params, mesh,
+    rules, *, seq_len, batch_size, pad_id)`` (:class:`NoCacheStep`, :class:`jaxpt.kv_cache.KVCacheStep`)."""
 
-class NoCacheStep:
+    @classmethod
+    def from_model(cls, model, mesh: Mesh | None = None, rules=mesh_lib.DEFAULT_RULES, *, seq_len: int | None = None,
+                   batch_size: int = 1, pad_id: int = 0):
+        """A step over an ``nnx`` model; ``seq_len`` defaults to its ``max_seq_len``.
+
+        Raises:
+          ValueError: ``seq_len`` above the model's ``max_seq_len`` or below 2.
+        """
+        return step_from_model(cls, model, mesh, rules, seq_len=seq_len, batch_size=batch_size, pad_id=pad_id)
+
+    @classmethod
+    def for_restored(cls, restored: Any, *, seq_len: int | None = None, batch_size: int = 1):
+        """A step over a :func:`jaxpt.restore` result: its mesh, rules, pad id and, by default, its ``seq_len``."""
+        return step_for_restored(cls, restored, seq_len=seq_len, batch_size=batch_size)
+
+
+class NoCacheStep(StepConstructors):
     """A :class:`DecodeStep` without a KV cache: every call reruns the model on the whole ``[B, L]`` batch, the
     rows left-aligned and right-padded (segment id 0 after the real tokens; causal masking hides the padding).
 
@@ -266,21 +285,6 @@ class NoCacheStep:
         # Every process holds the whole (identical) host batch and each device takes its slice, so this also runs
         # multi-host, where the batch sharding spans devices this process cannot address.
         self._put = lambda a: jax.make_array_from_callback(a.shape, batch_s, lambda i: a[i])
-
-    @classmethod
-    def from_model(cls, model, mesh: Mesh | None = None, rules=mesh_lib.DEFAULT_RULES, *, seq_len: int | None = None,
-                   batch_size: int = 1, pad_id: int = 0) -> "NoCacheStep":
-        """A step over an ``nnx`` model; ``seq_len`` defaults to its ``max_seq_len``.
-
-        Raises:
-          ValueError: ``seq_len`` above the model's ``max_seq_len`` or below 2.
-        """
-        return step_from_model(cls, model, mesh, rules, seq_len=seq_len, batch_size=batch_size, pad_id=pad_id)
-
-    @classmethod
-    def for_restored(cls, restored: Any, *, seq_len: int | None = None, batch_size: int = 1) -> "NoCacheStep":
-        """A step over a :func:`jaxpt.restore` result: its mesh, rules, pad id and, by default, its ``seq_len``."""
-        return step_for_restored(cls, restored, seq_len=seq_len, batch_size=batch_size)
 
     def prefill(self, prompts: Sequence[np.ndarray]) -> tuple[_Rows, np.ndarray]:
         """See :meth:`DecodeStep.prefill`."""

@@ -34,7 +34,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxpt import mesh as mesh_lib
-from jaxpt.decode import place_on_mesh, step_for_restored, step_from_model
+from jaxpt.decode import StepConstructors, place_on_mesh
 from jaxpt.model.attention import dot_product_attention, xla_attention
 from jaxpt.model.rope import apply_rope, rope_frequencies
 
@@ -165,7 +165,7 @@ class CacheState:
     lengths: np.ndarray
 
 
-class KVCacheStep:
+class KVCacheStep(StepConstructors):
     """A :class:`jaxpt.decode.DecodeStep` with a KV cache (module docstring); same arguments as
     :class:`jaxpt.decode.NoCacheStep`, which it replaces without changing any caller.
 
@@ -212,21 +212,6 @@ class KVCacheStep:
         self._put = lambda a: jax.make_array_from_callback(a.shape, batch_s, lambda i: a[i])
         self._put_rows = lambda a: jax.make_array_from_callback(
             a.shape, NamedSharding(mesh, PartitionSpec(*batch_s.spec[:1])), lambda i: a[i])
-
-    @classmethod
-    def from_model(cls, model, mesh: Mesh | None = None, rules=mesh_lib.DEFAULT_RULES, *,
-                   seq_len: int | None = None, batch_size: int = 1, pad_id: int = 0) -> "KVCacheStep":
-        """A step over an ``nnx`` model; ``seq_len`` defaults to its ``max_seq_len``.
-
-        Raises:
-          ValueError: ``seq_len`` above the model's ``max_seq_len`` or below 2.
-        """
-        return step_from_model(cls, model, mesh, rules, seq_len=seq_len, batch_size=batch_size, pad_id=pad_id)
-
-    @classmethod
-    def for_restored(cls, restored: Any, *, seq_len: int | None = None, batch_size: int = 1) -> "KVCacheStep":
-        """A step over a :func:`jaxpt.restore` result: its mesh, rules, pad id and, by default, its ``seq_len``."""
-        return step_for_restored(cls, restored, seq_len=seq_len, batch_size=batch_size)
 
     def prefill(self, prompts: Sequence[np.ndarray]) -> tuple[CacheState, np.ndarray]:
         """See :meth:`jaxpt.decode.DecodeStep.prefill`."""
