@@ -272,7 +272,7 @@ class DecontamConfig:
       paragraph between blank lines, a line) has exactly its word sequence. One or two words occur inside most
       documents, so matching them anywhere would remove the corpus; a line or paragraph that is nothing but the
       example is a copy of it (Dolma's paragraph decontamination likewise matches a paragraph shorter than its
-      n-gram as a whole, and the GPT-4 report compares an example shorter than its 50-character probe whole).
+      n-gram as a whole, and the GPT-4 technical report uses a whole example shorter than its 50-character probes).
     - k = 0 (``empty``, e.g. only punctuation): matches nothing; counted and named in the manifest and the build
       summary.
 

@@ -301,16 +301,25 @@ class HashedNgramLM:
 _NGRAM_MULT = np.array([0x9E3779B97F4A7C15 * (2 * j + 1) % (1 << 64) for j in range(64)], dtype=np.uint64)
 
 
-def _word_ngram_hashes(toks: list[str], n: int) -> np.ndarray:
-    """``uint64[max(0, len(toks) - n + 1)]``: the hash of every word n-gram of `toks` (`ngram_hashes`)."""
-    if len(toks) < n:
+def _word_hashes(toks: list[str]) -> np.ndarray:
+    """``uint64[len(toks)]``: crc32 of each word."""
+    return np.fromiter(map(minhash._word_hash, toks), dtype=np.uint64, count=len(toks))
+
+
+def _combine(wh: np.ndarray, n: int) -> np.ndarray:
+    """``uint64[max(0, len(wh) - n + 1)]``: the hash of every n-gram of word hashes `wh` (`ngram_hashes`)."""
+    m = len(wh) - n + 1
+    if m <= 0:
         return np.zeros(0, dtype=np.uint64)
-    wh = np.fromiter(map(minhash._word_hash, toks), dtype=np.uint64, count=len(toks))
-    m = len(toks) - n + 1
     acc = np.zeros(m, dtype=np.uint64)
     for j in range(n):
         acc += wh[j : j + m] * _NGRAM_MULT[j]
     return minhash._mix64(acc)
+
+
+def _word_ngram_hashes(toks: list[str], n: int) -> np.ndarray:
+    """``uint64[max(0, len(toks) - n + 1)]``: the hash of every word n-gram of `toks` (`ngram_hashes`)."""
+    return _combine(_word_hashes(toks), n) if len(toks) >= n else np.zeros(0, dtype=np.uint64)
 
 
 def ngram_hashes(text: str, n: int) -> set[int]:
@@ -384,6 +393,7 @@ class EvalIndex:
         self.examples: dict[str, list[dict]] = {}
         # (rule, k) -> {hash: [(set, example index), ...]}
         self._tables: dict[tuple[str, int], dict[int, list[tuple[str, int]]]] = collections.defaultdict(dict)
+        self._sorted: dict[tuple[str, int], np.ndarray] | None = None  # each table's hashes, sorted (uint64)
 
     def add(self, set_name: str, example_id: str, text: str) -> None:
         """Adds one example of eval set `set_name` under the rule of its length class."""
@@ -399,6 +409,7 @@ class EvalIndex:
         else:
             hashes, key = [sequence_hash(toks)], (DECONTAM_RULES[cls], len(toks))
         table = self._tables[key]
+        self._sorted = None
         for h in set(hashes):
             refs = table.setdefault(h, [])
             if not refs or refs[-1] != ref:
@@ -406,20 +417,27 @@ class EvalIndex:
 
     def match(self, text: str) -> list[tuple[str, int, str]]:
         """Sorted, distinct ``(set, example index, rule)`` of every example that `text` contains by its rule."""
+        if self._sorted is None:
+            self._sorted = {key: np.array(sorted(t), dtype=np.uint64) for key, t in self._tables.items()}
         found = set()
         toks = minhash.words(text)
-        short: dict[int, set[int]] | None = None
+        wh = short = None  # computed once per document, whatever the number of lengths
         for (rule, k), table in self._tables.items():
             if rule == "whole_unit":
-                if short is None:  # each unit hashed once, whatever the number of short lengths
+                if short is None:
                     short = collections.defaultdict(set)
                     for u in unit_word_sequences(text, self.short_units, toks):
                         if len(u) < self.min_ngram:
                             short[len(u)].add(sequence_hash(u))
-                hashes = short.get(k, set())
+                hits = short.get(k, set()) & table.keys()
             else:
-                hashes = set(_word_ngram_hashes(toks, k).tolist())
-            for h in hashes & table.keys():
+                if len(toks) < k:
+                    continue
+                wh = _word_hashes(toks) if wh is None else wh
+                grams, keys = _combine(wh, k), self._sorted[(rule, k)]
+                at = np.minimum(np.searchsorted(keys, grams), len(keys) - 1)
+                hits = set(grams[keys[at] == grams].tolist())
+            for h in hits:
                 found.update((s, i, rule) for s, i in table[h])
         return sorted(found)
 
