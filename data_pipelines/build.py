@@ -59,6 +59,7 @@ def load_eval_index(cfg: config_lib.BuildConfig) -> stages.EvalIndex:
         files = sorted(glob.glob(path)) or sorted(glob.glob(pattern))
         if not files:
             raise config_lib.ConfigError(f"DecontamConfig.eval_sets['{name}']: '{pattern}' matches no file")
+        index.add_set(name)
         for f in files:
             for _, record in documents.iter_documents(f):
                 index.add(name, record["id"], record["text"])

@@ -395,6 +395,10 @@ class EvalIndex:
         self._tables: dict[tuple[str, int], dict[int, list[tuple[str, int]]]] = collections.defaultdict(dict)
         self._sorted: dict[tuple[str, int], np.ndarray] | None = None  # each table's hashes, sorted (uint64)
 
+    def add_set(self, set_name: str) -> None:
+        """Registers eval set `set_name`, so that a set with no example is reported too."""
+        self.examples.setdefault(set_name, [])
+
     def add(self, set_name: str, example_id: str, text: str) -> None:
         """Adds one example of eval set `set_name` under the rule of its length class."""
         toks = minhash.words(text)
@@ -504,6 +508,8 @@ def decontamination_report(index: EvalIndex, matches: dict[str, list], warn_docu
                    "documents_removed": len({d for (s2, _), ds in docs_by_example.items() if s2 == s for d in ds}),
                    "by_length_class": by_class, "empty_examples": empty, "matched_examples": listed,
                    "matched_examples_not_listed": max(0, len(matched) - max_listed)}
+        if not examples:
+            warnings.append(f"decontamination: eval set '{s}' has no example")
         if empty:
             warnings.append(f"decontamination: eval set '{s}' has {len(empty)} example(s) with no word after "
                             f"normalization, which match nothing: {', '.join(empty[:10])}")

@@ -436,7 +436,7 @@ def test_short_examples_match_only_the_configured_units(tmp_path):
 
 
 def test_decontamination_report_counts_examples_rules_and_documents(tmp_path):
-    from data_pipelines import stages
+    from data_pipelines import build, stages
 
     index = _qa_index(tmp_path)
     extra = {"line_again": "Ouagadougou\nis the capital."}  # the 1-word example removes a second document
@@ -461,6 +461,12 @@ def test_decontamination_report_counts_examples_rules_and_documents(tmp_path):
     assert "qa-empty" in rep["warnings"][0] and "match nothing" in rep["warnings"][0]
     assert "'qa.jsonl:1'" in rep["warnings"][1] and "removed 3 documents" in rep["warnings"][1]
     assert "DecontamConfig.warn_documents_per_example = 1" in rep["warnings"][1]
+    # A set whose file holds no example is reported, not left out.
+    (tmp_path / "none.jsonl").write_text("")
+    cfg = BuildConfig(sources=[], decontam=DecontamConfig(eval_sets={"none": str(tmp_path / "none.jsonl")}))
+    rep = stages.decontamination_report(build.load_eval_index(cfg), {}, 100)
+    assert rep["eval_sets"]["none"]["examples"] == 0
+    assert rep["warnings"] == ["decontamination: eval set 'none' has no example"]
 
 
 def test_sequence_hash_is_the_ngram_hash_of_the_whole_sequence():
