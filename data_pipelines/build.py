@@ -39,38 +39,31 @@ def load_config(config_files: list[str], bindings: list[str]) -> config_lib.Buil
     return cfg
 
 
-def load_eval_hashes(cfg: config_lib.BuildConfig) -> dict[str, dict[int, set[int]]]:
-    """Word n-gram hashes per evaluation set named in `DecontamConfig.eval_sets`, by n-gram length.
+def load_eval_index(cfg: config_lib.BuildConfig) -> stages.EvalIndex:
+    """The eval examples of every set in `DecontamConfig.eval_sets`, hashed by the rule of their length class.
 
     Each file of a set is a document file (`jaxpt.data.documents`: one JSON object with a string ``text`` per
-    line, plain or gzip). An example of at least `DecontamConfig.ngram` words contributes its ``ngram``-grams; a
-    shorter one (of k >= `DecontamConfig.min_ngram` words) contributes its whole word sequence as one k-gram, so
-    a training document containing it is caught too (as `jaxpt.eval.decontam` does for the trainer's probes).
-    Examples shorter than `min_ngram` words are not matched (a one-word example would match most documents).
+    line, plain or gzip); each line is one example, named by its ``id`` or ``<file name>:<line>``. Every example
+    is indexed: long ones by their `DecontamConfig.ngram`-grams, shorter ones by their whole word sequence, matched
+    anywhere (``medium``) or only as a whole unit of a document (``short``); an example with no word is kept in the
+    index (``empty``) so the manifest names it (`stages.DECONTAM_RULES`).
 
-    Returns:
-      ``{set name: {n-gram length: hashes}}``.
     Raises:
       ConfigError: a pattern that matches no file.
       DocumentFormatError: (a ConfigError) a line of an eval set breaks the document contract (file, line, reason).
     """
-    from data_pipelines import minhash
-
-    out = {}
-    n, min_n = cfg.decontam.ngram, cfg.decontam.min_ngram
-    for name, pattern in sorted(cfg.decontam.eval_sets.items()):
+    dc = cfg.decontam
+    index = stages.EvalIndex(dc.ngram, dc.min_ngram, tuple(dc.short_units))
+    for name, pattern in sorted(dc.eval_sets.items()):
         path = pattern if os.path.isabs(pattern) else os.path.join(cfg.source_root, pattern)
         files = sorted(glob.glob(path)) or sorted(glob.glob(pattern))
         if not files:
             raise config_lib.ConfigError(f"DecontamConfig.eval_sets['{name}']: '{pattern}' matches no file")
-        hashes: dict[int, set[int]] = collections.defaultdict(set)
+        index.add_set(name)
         for f in files:
-            for text in documents.read_texts(f):
-                k = min(n, len(minhash.words(text)))
-                if k >= max(1, min_n):
-                    hashes[k] |= stages.ngram_hashes(text, k)
-        out[name] = dict(sorted(hashes.items()))
-    return out
+            for _, record in documents.iter_documents(f):
+                index.add(name, record["id"], record["text"])
+    return index
 
 
 def run(cfg: config_lib.BuildConfig, out_dir: str, beam_args: list[str] | None = None) -> dict:
@@ -80,7 +73,7 @@ def run(cfg: config_lib.BuildConfig, out_dir: str, beam_args: list[str] | None =
 
     sources = cfg.registry()
     writer.SentencePieceEncoder(cfg.output.tokenizer_path)  # fail before the pipeline starts
-    eval_hashes = load_eval_hashes(cfg) if cfg.decontam.enabled else {}
+    eval_index = load_eval_index(cfg) if cfg.decontam.enabled else None
     fs.makedirs(out_dir)
     for sub in OUTPUT_SUBDIRS:
         fs.rmtree(fs.join(out_dir, sub))
@@ -93,9 +86,9 @@ def run(cfg: config_lib.BuildConfig, out_dir: str, beam_args: list[str] | None =
     beam_args += ["--no_pipeline_type_check"]
     t0 = time.time()
     with beam.Pipeline(options=PipelineOptions(beam_args)) as p:
-        pipeline.build_graph(p, cfg, sources, out_dir, eval_hashes)
+        pipeline.build_graph(p, cfg, sources, out_dir, eval_index)
     beam_seconds = time.time() - t0
-    return finalize(cfg, sources, out_dir, eval_hashes, beam_seconds)
+    return finalize(cfg, sources, out_dir, eval_index, beam_seconds)
 
 
 def _complete_shards(cfg, out_dir) -> dict[str, list[int]]:
@@ -119,7 +112,7 @@ def _complete_shards(cfg, out_dir) -> dict[str, list[int]]:
     return lengths
 
 
-def _stage_records(cfg, operative: dict, eval_hashes: dict, stat, out_dir: str) -> dict:
+def _stage_records(cfg, operative: dict, eval_index, decontam: dict, stat, out_dir: str) -> dict:
     """The manifest's per-stage settings and figures (thresholds, keep fractions, the held-out rule and files)."""
     return {
         "admission": operative["admission"],
@@ -133,10 +126,10 @@ def _stage_records(cfg, operative: dict, eval_hashes: dict, stat, out_dir: str) 
                            clusters="connected components",
                            short_documents="fewer words than shingle_size: one shingle of all words"),
         "quality": dict(operative["quality"], thresholds_per_source=stat("quality_thresholds.json")),
-        "decontamination": {"ngram": cfg.decontam.ngram, "min_ngram": cfg.decontam.min_ngram,
-                            "eval_sets": dict(sorted(cfg.decontam.eval_sets.items())),
-                            "eval_ngrams": {k: sum(map(len, v.values())) for k, v in sorted(eval_hashes.items())},
-                            "eval_ngram_lengths": {k: sorted(v) for k, v in sorted(eval_hashes.items())}},
+        "decontamination": {**operative["decontam"], "rules": stages.DECONTAM_RULES,
+                            "eval_ngrams": eval_index.ngram_counts() if eval_index else {},
+                            "eval_ngram_lengths": eval_index.lengths() if eval_index else {},
+                            "eval_sets_report": decontam["eval_sets"]},
         "heldout_split": {"rule": f"jaxpt.data.prepare.is_heldout(id, {cfg.output.heldout_fraction})",
                           "fraction": cfg.output.heldout_fraction,
                           "position": "after decontamination, before quotas (dedup ran on both splits)",
@@ -175,7 +168,15 @@ def quota_warnings(cfg, rows: list[dict]) -> list[str]:
     return stages.quota_share_warnings(dict(kept), cfg.quotas.targets, cfg.quotas.share_tolerance)
 
 
-def finalize(cfg, sources, out_dir, eval_hashes, beam_seconds) -> dict:
+def decontamination_figures(cfg, eval_index, rows: list[dict]) -> dict:
+    """`stages.decontamination_report` from the decision log's decontamination rows (their ``eval_matches``)."""
+    if not eval_index:
+        return {"eval_sets": {}, "warnings": []}
+    matches = {r["id"]: r["eval_matches"] for r in rows if r["stage"] == "decontamination"}
+    return stages.decontamination_report(eval_index, matches, cfg.decontam.warn_documents_per_example)
+
+
+def finalize(cfg, sources, out_dir, eval_index, beam_seconds) -> dict:
     """After the Beam graph: TFDS metadata, ``DIR/mixture.json`` (per-domain token weights and shard lists) and
     ``DIR/manifest.json`` (the data version record, every count recomputed from the decision log).
 
@@ -220,6 +221,7 @@ def finalize(cfg, sources, out_dir, eval_hashes, beam_seconds) -> dict:
                 input_hashes[f"{s.name}:{os.path.basename(path)}"] = writer.file_sha256(path)
     operative = cfg.to_json()
     enc = writer.SentencePieceEncoder(cfg.output.tokenizer_path)
+    decontam = decontamination_figures(cfg, eval_index, rows)
     longtail = stat("longtail.json")
     if longtail:
         longtail["rare_term_share_kept"] = longtail["rare_terms_kept"] / max(1, longtail["rare_terms_in"])
@@ -233,13 +235,14 @@ def finalize(cfg, sources, out_dir, eval_hashes, beam_seconds) -> dict:
             for s in sources
         ],
         "input_file_sha256": input_hashes,
-        "stages": _stage_records(cfg, operative, eval_hashes, stat, out_dir),
+        "stages": _stage_records(cfg, operative, eval_index, decontam, stat, out_dir),
         "tokenizer": {"path": cfg.output.tokenizer_path, "sha256": enc.sha256, "vocab_size": enc.vocab_size},
         **figs,
         "long_tail_coverage": {"terms": longtail, "languages": figs["language_coverage"]},
         "decontaminated_ids": [r["id"] for r in rows if r["stage"] == "decontamination"],
         "damaged_input_files": damaged_input_files(rows),
         "quota_share_warnings": quota_warnings(cfg, rows),
+        "decontamination_warnings": decontam["warnings"],
         "language_labels_by_source": language_label_origins(rows),
         "mixture": mixture,
         "output_sha256": manifest_lib.shard_hashes(out_dir),
@@ -266,7 +269,7 @@ def main(argv=None):
         return 2
     print(json.dumps({k: m[k] for k in ("data_version", "documents_in", "documents_out", "documents_heldout",
                                         "heldout_by_domain", "tokens_out", "documents_dropped")}, indent=1))
-    for w in m["quota_share_warnings"]:
+    for w in m["quota_share_warnings"] + m["decontamination_warnings"]:
         print(f"WARNING: {w}", file=sys.stderr)
     print(f"built {args.output} in {time.time() - t:.1f}s")
     return 0

@@ -259,22 +259,49 @@ class QualityConfig:
 @dataclasses.dataclass
 class DecontamConfig:
     """Stage 8. `eval_sets` maps a name to a path/glob of document files (`jaxpt.data.documents`: a string
-    ``text`` per line; a malformed line stops the build with DocumentFormatError naming it); documents sharing a
-    word `ngram` (lower-cased `minhash.words`) with any eval example are dropped. An example shorter than `ngram`
-    words is matched by its whole word sequence, if it has at least `min_ngram` words (a one- or two-word
-    example would match a large part of any corpus)."""
+    ``text`` per line, one eval example each; a malformed line stops the build with DocumentFormatError naming it).
+    A training document is dropped when it contains an example of any length; words are lower-cased
+    `minhash.words` (``\\w+`` runs, one per CJK character), so case, punctuation and spacing do not matter.
+
+    By the example's word count k (`stages.DECONTAM_RULES`):
+
+    - k >= `ngram` (``long``): the document shares any `ngram`-word n-gram with it (GPT-3's rule, Brown et al.
+      2020, app. C; lm-evaluation-harness uses 13).
+    - `min_ngram` <= k < `ngram` (``medium``): the document contains its whole word sequence.
+    - 1 <= k < `min_ngram` (``short``): a whole unit of the document named in `short_units` (the document, a
+      paragraph between blank lines, a line) has exactly its word sequence. One or two words occur inside most
+      documents, so matching them anywhere would remove the corpus; a line or paragraph that is nothing but the
+      example is a copy of it (Dolma's paragraph decontamination likewise matches a paragraph shorter than its
+      n-gram as a whole, and the GPT-4 technical report uses a whole example shorter than its 50-character probes).
+    - k = 0 (``empty``, e.g. only punctuation): matches nothing; counted and named in the manifest and the build
+      summary.
+
+    The manifest reports, per eval set and length class, how many examples matched and how many documents they
+    removed, and lists matched examples with the documents each removed; an example that removed more than
+    `warn_documents_per_example` documents (0: no limit) is warned about, so an over-broad example shows."""
 
     eval_sets: dict = dataclasses.field(default_factory=dict)
     ngram: int = 13
     min_ngram: int = 3
+    short_units: tuple[str, ...] = ("document", "paragraph", "line")
+    warn_documents_per_example: int = 100
     enabled: bool = True
 
     def validate(self):
-        """Raises ConfigError unless 1 <= min_ngram <= ngram <= 64 (`stages.ngram_hashes` handles n <= 64)."""
+        """Raises ConfigError naming the field unless 1 <= min_ngram <= ngram <= 64 (`stages.ngram_hashes` handles
+        n <= 64), `short_units` is a non-empty subset of ``document``, ``paragraph``, ``line`` and
+        `warn_documents_per_example` >= 0."""
         if not 1 <= self.ngram <= 64:
             raise ConfigError(f"DecontamConfig.ngram = {self.ngram} must be in [1, 64]")
         if not 1 <= self.min_ngram <= self.ngram:
             raise ConfigError(f"DecontamConfig.min_ngram = {self.min_ngram} must be in [1, ngram = {self.ngram}]")
+        units = ("document", "paragraph", "line")
+        if isinstance(self.short_units, str) or not self.short_units or set(self.short_units) - set(units):
+            raise ConfigError(f"DecontamConfig.short_units = {self.short_units!r} must be a non-empty list of "
+                              f"{list(units)}")
+        if not (isinstance(self.warn_documents_per_example, int) and self.warn_documents_per_example >= 0):
+            raise ConfigError(f"DecontamConfig.warn_documents_per_example = {self.warn_documents_per_example} "
+                              "must be an integer >= 0 (0: never warn)")
 
 
 @gin.configurable

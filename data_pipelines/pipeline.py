@@ -266,22 +266,26 @@ def apply_quality(doc, thresholds):
 
 
 class Decontaminate(beam.DoFn):
-    """Drops a document sharing a word n-gram with an eval set (`build.load_eval_hashes`: hashes by n-gram length,
-    so an eval example shorter than `DecontamConfig.ngram` is matched by its whole word sequence)."""
+    """Drops a document containing an eval example (`stages.EvalIndex.match`; `DecontamConfig` says by which rule
+    for which example length). The decision row names the sets (``detail``) and lists every match as
+    ``eval_matches``: ``[set, example index, rule]``, from which the manifest counts the documents each example
+    removed. The reason is ``eval_ngram_overlap`` when an n-gram or word-sequence rule matched, else
+    ``eval_unit_match`` (only a short example matched, as a whole document, paragraph or line), so the review sample
+    of the short-example rule is its own."""
 
-    def __init__(self, eval_hashes: dict[str, dict[int, set[int]]]):
-        self.eval_hashes = eval_hashes
-        self.lengths = sorted({k for by_len in eval_hashes.values() for k in by_len})
+    def __init__(self, eval_index: stages.EvalIndex):
+        self.eval_index = eval_index
 
     def process(self, doc):
-        grams = {k: stages.ngram_hashes(doc["text"], k) for k in self.lengths}
-        hits = sorted(name for name, by_len in self.eval_hashes.items()
-                      if any(not grams[k].isdisjoint(hs) for k, hs in by_len.items()))
-        if hits:
-            yield beam.pvalue.TaggedOutput(DROPS, _decision(doc, "decontamination", "eval_ngram_overlap",
-                                                            detail=",".join(hits), quality_score=doc.get("quality")))
-        else:
+        hits = self.eval_index.match(doc["text"])
+        if not hits:
             yield doc
+            return
+        rules = {rule for _, _, rule in hits}
+        reason = "eval_unit_match" if rules == {"whole_unit"} else "eval_ngram_overlap"
+        yield beam.pvalue.TaggedOutput(DROPS, _decision(
+            doc, "decontamination", reason, detail=",".join(sorted({s for s, _, _ in hits})),
+            eval_matches=[list(h) for h in hits], quality_score=doc.get("quality")))
 
 
 # ---------------------------------------------------------------- stage 8b: held-out split
@@ -462,7 +466,7 @@ def write_longtail(df_all, df_kept, out_dir, max_df):
 
 
 def build_graph(p: beam.Pipeline, cfg: BuildConfig, sources: list[Source], out_dir: str,
-                eval_hashes: dict[str, dict[int, set[int]]]) -> None:
+                eval_index: stages.EvalIndex | None) -> None:
     """Adds every stage to pipeline `p`; outputs land in `out_dir` (manifest written afterwards)."""
     by_name = {s.name: s for s in sources}
     inputs = []
@@ -505,8 +509,8 @@ def build_graph(p: beam.Pipeline, cfg: BuildConfig, sources: list[Source], out_d
 
     docs, p_thresholds = _quality_stage(p, docs, drops, cfg)
 
-    if cfg.decontam.enabled and eval_hashes:
-        dc = docs | "Decontaminate" >> beam.ParDo(Decontaminate(eval_hashes)).with_outputs(
+    if cfg.decontam.enabled and eval_index:
+        dc = docs | "Decontaminate" >> beam.ParDo(Decontaminate(eval_index)).with_outputs(
             DROPS, main="docs")
         drops.append(dc[DROPS])
         docs = dc.docs

@@ -73,8 +73,8 @@ def make_corpus(root: str, seed: int = 0) -> dict:
 
     Files: ``web/pages.warc.gz`` (WARC, 6 HTML pages), ``en/news-*.jsonl.gz`` (English prose with
     exact and near duplicates, junk and French records), ``de/prose.jsonl.zst`` (German),
-    ``ref/articles.parquet`` (English), ``eval/probe.jsonl`` (an eval set that one English
-    document contains).
+    ``ref/articles.parquet`` (English), ``eval/probe.jsonl`` (an eval set: an example that one English
+    document contains, one that none contains, and ``probe-empty``, an example with no word).
     """
     rng = random.Random(seed)
     os.makedirs(os.path.join(root, "en"), exist_ok=True)
@@ -159,6 +159,7 @@ def make_corpus(root: str, seed: int = 0) -> dict:
     with open(os.path.join(root, "eval", "probe.jsonl"), "w") as f:
         f.write(json.dumps({"text": eval_text}) + "\n")
         f.write(json.dumps({"text": prose(rng, EN, 2)}) + "\n")
+        f.write(json.dumps({"id": "probe-empty", "text": "?!"}) + "\n")  # no word: matches nothing, named
     facts["n_records"] = len(en) + 40 + 30 + 6
     return facts
 

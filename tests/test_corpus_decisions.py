@@ -348,30 +348,143 @@ def test_bad_quota_config_names_the_field(field, value):
 # ---------------------------------------------------------------- item 8: decontamination
 
 
-def test_eval_example_shorter_than_the_ngram_is_caught(tmp_path):
-    from data_pipelines import build, pipeline
+# Eval set 'qa' (file qa.jsonl, default DecontamConfig: ngram 13, min_ngram 3): one example per length class.
+QA_EXAMPLES = [
+    {"text": "Ouagadougou"},  # qa.jsonl:1, 1 word: short
+    {"text": "Burkina Faso"},  # qa.jsonl:2, 2 words: short
+    {"text": "Which river flows through the city of Ouagadougou in the dry season?"},  # qa.jsonl:3, 12 = n - 1
+    {"text": "The quick brown fox jumps over the lazy dog while the farmer sleeps under trees."},  # qa.jsonl:4, 15
+    {"id": "qa-empty", "text": " ?! -- "},  # no word: empty
+]
+# Training documents -> the example indices that must remove them (empty: it survives).
+QA_DOCS = {
+    "one_word_in_sentence": ("We flew to Ouagadougou last year and liked it.", []),
+    "one_word_as_line": ("Capitals quiz\nOuagadougou\nNext question follows.", [0]),
+    "one_word_as_document": ("  OUAGADOUGOU! ", [0]),
+    "two_words_in_sentence": ("Burkina Faso is a landlocked country.", []),
+    "two_words_as_paragraph": ("Intro paragraph here.\n\nBurkina\nFaso\n\nOutro text.", [1]),
+    "two_words_plus_more_on_line": ("Burkina Faso, West Africa\nMore text.", []),
+    "twelve_words_inside": ("Quiz: which river flows through the city of Ouagadougou in the dry season? No one.", [2]),
+    "eleven_of_twelve": ("which river flows through the city of Ouagadougou in the wet season", []),
+    "thirteen_gram_inside": ("Story: the quick brown fox jumps over the lazy dog while the farmer sleeps. End.", [3]),
+    "twelve_of_the_long": ("the quick brown fox jumps over the lazy dog while the farmer rests.", []),
+    "punctuation_only": ("?! --", []),
+}
 
-    ev = tmp_path / "eval.jsonl"
-    ev.write_text(json.dumps({"text": "What is the capital of Burkina Faso?"}) + "\n"  # 7 words < 13
-                  + json.dumps({"text": "Yes"}) + "\n")  # under min_ngram: not matched
-    cfg = BuildConfig(sources=[], decontam=DecontamConfig(eval_sets={"qa": str(ev)}, ngram=13, min_ngram=3))
-    hashes = build.load_eval_hashes(cfg)
-    assert sorted(hashes["qa"]) == [7]
-    dc = pipeline.Decontaminate(hashes)
-    hit = {"id": "x", "source": "s", "domain": "web", "lang": "en",
-           "text": "Quiz night. What is the capital of Burkina Faso? Ouagadougou, of course."}
-    miss = dict(hit, id="y", text="Quiz night. What is the capital of Burkina? Yes, of course.")
-    out_hit, out_miss = list(dc.process(hit)), list(dc.process(miss))
-    assert out_hit[0].value["verdict"] == "decontamination:eval_ngram_overlap"
-    assert out_miss == [miss]
-    old = build.load_eval_hashes(BuildConfig(sources=[], decontam=DecontamConfig(
-        eval_sets={"qa": str(ev)}, ngram=13, min_ngram=13)))
-    assert list(pipeline.Decontaminate(old).process(hit)) == [hit]  # the fault: 13-grams only
+
+def _qa_index(tmp_path, **over):
+    from data_pipelines import build
+
+    ev = tmp_path / "qa.jsonl"
+    ev.write_text("".join(json.dumps(e) + "\n" for e in QA_EXAMPLES))
+    cfg = BuildConfig(sources=[], decontam=DecontamConfig(eval_sets={"qa": str(ev)}, **over))
+    cfg.decontam.validate()
+    return build.load_eval_index(cfg)
 
 
-def test_bad_decontam_config_names_the_field():
-    with pytest.raises(ConfigError, match="DecontamConfig.min_ngram = 20"):
-        DecontamConfig(ngram=13, min_ngram=20).validate()
+def _decontaminate(index, docs: dict[str, str]):
+    """(kept ids, {dropped id: decision row}) of `pipeline.Decontaminate` over `docs` (id -> text)."""
+    from data_pipelines import pipeline
+
+    dc, kept, dropped = pipeline.Decontaminate(index), [], {}
+    for doc_id, text in docs.items():
+        for out in dc.process({"id": doc_id, "source": "s", "domain": "web", "lang": "en", "text": text}):
+            if isinstance(out, dict):
+                kept.append(out["id"])
+            else:
+                dropped[out.value["id"]] = out.value
+    return kept, dropped
+
+
+def test_eval_examples_of_every_length_remove_exactly_their_documents(tmp_path):
+    """1- and 2-word examples remove only documents where they are a whole line, paragraph or document; the
+    12-word (n - 1) example removes a document holding its word sequence, the 15-word one a document sharing a
+    13-gram; 11 of 12 words, 12 of 13 or a word inside a sentence remove nothing; the empty example matches nothing."""
+    index = _qa_index(tmp_path)
+    assert [e["length_class"] for e in index.examples["qa"]] == ["short", "short", "medium", "long", "empty"]
+    assert [e["id"] for e in index.examples["qa"]] == ["qa.jsonl:1", "qa.jsonl:2", "qa.jsonl:3", "qa.jsonl:4",
+                                                       "qa-empty"]
+    kept, dropped = _decontaminate(index, {k: v[0] for k, v in QA_DOCS.items()})
+    assert sorted(kept) == sorted(k for k, v in QA_DOCS.items() if not v[1])
+    rule = {0: "whole_unit", 1: "whole_unit", 2: "word_sequence", 3: "ngram"}
+    for doc_id, (_, want) in QA_DOCS.items():
+        if want:
+            row = dropped[doc_id]
+            assert row["eval_matches"] == [["qa", i, rule[i]] for i in want], doc_id
+            assert row["verdict"] == ("decontamination:eval_unit_match" if want[0] < 2
+                                      else "decontamination:eval_ngram_overlap"), doc_id
+            assert row["detail"] == "qa"
+    # Counts add up: in = kept + each drop reason.
+    reasons = collections.Counter(r["reason"] for r in dropped.values())
+    assert reasons == {"eval_unit_match": 3, "eval_ngram_overlap": 2}
+    assert len(QA_DOCS) == len(kept) + sum(reasons.values())
+
+
+def test_short_examples_match_only_the_configured_units(tmp_path):
+    docs = {k: QA_DOCS[k][0] for k in ("one_word_as_line", "one_word_as_document", "two_words_as_paragraph")}
+    _, dropped = _decontaminate(_qa_index(tmp_path, short_units=("document",)), docs)
+    assert sorted(dropped) == ["one_word_as_document"]
+    _, dropped = _decontaminate(_qa_index(tmp_path, short_units=("paragraph",)), docs)
+    assert sorted(dropped) == ["one_word_as_document", "two_words_as_paragraph"]  # a one-line doc is a paragraph
+    _, dropped = _decontaminate(_qa_index(tmp_path, short_units=("line",)), docs)
+    assert sorted(dropped) == ["one_word_as_document", "one_word_as_line"]
+    # min_ngram = 1 matches a one-word example anywhere: a sentence that merely names the city goes too, which is
+    # why short examples are matched as whole units by default.
+    docs["one_word_in_sentence"] = QA_DOCS["one_word_in_sentence"][0]
+    _, dropped = _decontaminate(_qa_index(tmp_path, min_ngram=1), docs)
+    assert sorted(dropped) == sorted(docs)
+
+
+def test_decontamination_report_counts_examples_rules_and_documents(tmp_path):
+    from data_pipelines import build, stages
+
+    index = _qa_index(tmp_path)
+    extra = {"line_again": "Ouagadougou\nis the capital."}  # the 1-word example removes a second document
+    _, dropped = _decontaminate(index, {**{k: v[0] for k, v in QA_DOCS.items()}, **extra})
+    rep = stages.decontamination_report(index, {d: r["eval_matches"] for d, r in dropped.items()}, 1)
+    qa = rep["eval_sets"]["qa"]
+    assert qa["examples"] == 5 and qa["documents_removed"] == 6
+    assert qa["by_length_class"] == {
+        "long": {"words": ">=13", "rule": "ngram", "examples": 1, "examples_matched": 1, "documents_removed": 1},
+        "medium": {"words": "3-12", "rule": "word_sequence", "examples": 1, "examples_matched": 1,
+                   "documents_removed": 1},
+        "short": {"words": "1-2", "rule": "whole_unit", "examples": 2, "examples_matched": 2, "documents_removed": 4},
+        "empty": {"words": "0", "rule": None, "examples": 1, "examples_matched": 0, "documents_removed": 0}}
+    assert sum(c["examples"] for c in qa["by_length_class"].values()) == qa["examples"]
+    assert qa["empty_examples"] == ["qa-empty"]
+    assert [(e["id"], e["documents_removed"], e["rule"]) for e in qa["matched_examples"]] == [
+        ("qa.jsonl:1", 3, "whole_unit"), ("qa.jsonl:2", 1, "whole_unit"), ("qa.jsonl:3", 1, "word_sequence"),
+        ("qa.jsonl:4", 1, "ngram")]
+    assert qa["matched_examples_not_listed"] == 0
+    # Warnings: the empty example by name, and the example that removed 3 > 1 documents.
+    assert len(rep["warnings"]) == 2
+    assert "qa-empty" in rep["warnings"][0] and "match nothing" in rep["warnings"][0]
+    assert "'qa.jsonl:1'" in rep["warnings"][1] and "removed 3 documents" in rep["warnings"][1]
+    assert "DecontamConfig.warn_documents_per_example = 1" in rep["warnings"][1]
+    # A set whose file holds no example is reported, not left out.
+    (tmp_path / "none.jsonl").write_text("")
+    cfg = BuildConfig(sources=[], decontam=DecontamConfig(eval_sets={"none": str(tmp_path / "none.jsonl")}))
+    rep = stages.decontamination_report(build.load_eval_index(cfg), {}, 100)
+    assert rep["eval_sets"]["none"]["examples"] == 0
+    assert rep["warnings"] == ["decontamination: eval set 'none' has no example"]
+
+
+def test_sequence_hash_is_the_ngram_hash_of_the_whole_sequence():
+    from data_pipelines import minhash, stages
+
+    for text in ("a", "Burkina Faso", "ein zwei drei vier", "東京 タワー", " ".join(map(str, range(64)))):
+        w = minhash.words(text)
+        assert {stages.sequence_hash(w)} == stages.ngram_hashes(text, len(w)), text
+
+
+@pytest.mark.parametrize("over,match", [({"min_ngram": 20}, "DecontamConfig.min_ngram = 20"),
+                                        ({"short_units": ("sentence",)}, "DecontamConfig.short_units"),
+                                        ({"short_units": ()}, "DecontamConfig.short_units"),
+                                        ({"warn_documents_per_example": -1},
+                                         "DecontamConfig.warn_documents_per_example = -1")])
+def test_bad_decontam_config_names_the_field(over, match):
+    with pytest.raises(ConfigError, match=match):
+        DecontamConfig(**over).validate()
 
 
 # ---------------------------------------------------------------- labels: the stratified sample

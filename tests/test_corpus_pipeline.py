@@ -156,6 +156,12 @@ def test_filters_langid_decontamination(corpus):
     assert rows[corpus["facts"]["eval_hit"]]["verdict"] == "decontamination:eval_ngram_overlap"
     m = json.load(open(os.path.join(corpus["out"], "manifest.json")))
     assert m["decontaminated_ids"] == [corpus["facts"]["eval_hit"]]
+    probe = m["stages"]["decontamination"]["eval_sets_report"]["probe"]
+    assert (probe["examples"], probe["documents_removed"], probe["empty_examples"]) == (3, 1, ["probe-empty"])
+    assert sum(c["examples"] for c in probe["by_length_class"].values()) == 3
+    assert [(e["id"], e["rule"], e["documents_removed"]) for e in probe["matched_examples"]] == [
+        ("probe.jsonl:1", "ngram", 1)]
+    assert [w for w in m["decontamination_warnings"] if "probe-empty" in w]
     # WARC pages: main text kept, navigation and footer boilerplate gone.
     src = writer.corpus_features  # noqa: F841 (import check)
     import tensorflow_datasets as tfds

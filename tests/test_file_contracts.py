@@ -100,7 +100,7 @@ def _strict_entry_points(root, path: str, tokenizer) -> dict:
         "heldout_path (jaxpt.eval.heldout.load_documents)": lambda: heldout.load_documents(path),
         "jaxpt.eval.heldout.training_texts": lambda: list(heldout.training_texts(path)),
         "data_pipelines.neardup_eval": lambda: neardup_eval.read_raw_docs(root, "src/*.jsonl.gz"),
-        "decontamination eval sets": lambda: build.load_eval_hashes(deco),
+        "decontamination eval sets": lambda: build.load_eval_index(deco),
     }
 
 
