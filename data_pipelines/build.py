@@ -23,7 +23,7 @@ from jaxpt.data import documents
 
 from data_pipelines import config as config_lib
 from data_pipelines import manifest as manifest_lib
-from data_pipelines import pipeline, stages, writer
+from data_pipelines import pipeline, sink, stages, writer
 
 OUTPUT_SUBDIRS = ("tfds", "heldout", "decisions", "review", "_stats")
 
@@ -31,6 +31,7 @@ OUTPUT_SUBDIRS = ("tfds", "heldout", "decisions", "review", "_stats")
 def load_config(config_files: list[str], bindings: list[str]) -> config_lib.BuildConfig:
     """Parses gin files + bindings and returns the validated BuildConfig."""
     gin.clear_config()
+    fs.register_gin_reader()  # --config gs://b/build.gin
     # Not finalized: a locked gin config would refuse configurables registered later in the same process
     # (the tokenizer CLI's, jaxpt's), so what ran first would decide what can run next.
     gin.parse_config_files_and_bindings(config_files, bindings, finalize_config=False)
@@ -213,7 +214,7 @@ def finalize(cfg, sources, out_dir, eval_index, beam_seconds) -> dict:
             for d in sorted(lengths)
         },
     }
-    fs.write_text_atomic(fs.join(out_dir, "mixture.json"), json.dumps(mixture, sort_keys=True, indent=1))
+    sink.write_text(fs.join(out_dir, "mixture.json"), json.dumps(mixture, sort_keys=True, indent=1))
     input_hashes = {}
     for s in sources:
         if s.format != "tfds":
@@ -247,7 +248,7 @@ def finalize(cfg, sources, out_dir, eval_index, beam_seconds) -> dict:
         "mixture": mixture,
         "output_sha256": manifest_lib.shard_hashes(out_dir),
     }
-    fs.write_text_atomic(fs.join(out_dir, "manifest.json"),
+    sink.write_text(fs.join(out_dir, "manifest.json"),
                          json.dumps(manifest, sort_keys=True, indent=1, ensure_ascii=False))
     manifest["_beam_seconds"] = beam_seconds
     return manifest

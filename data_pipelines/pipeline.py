@@ -19,7 +19,7 @@ import numpy as np
 
 from jaxpt import fs
 
-from data_pipelines import minhash, readers, stages, writer
+from data_pipelines import minhash, readers, sink, stages, writer
 from data_pipelines.config import BuildConfig, Source
 
 DROPS = "drops"
@@ -418,8 +418,7 @@ def write_review(kv, out_dir):
     (stage, reason), items = kv
     rows = [dict(r, review_priority=u) for u, r in sorted(items, key=lambda x: (x[0], x[1]["id"]))]
     path = fs.join(out_dir, "review", f"{stage}__{reason}.jsonl")
-    fs.makedirs(fs.dirname(path))
-    fs.write_text_atomic(path, "".join(json.dumps(r, sort_keys=True, ensure_ascii=False) + "\n" for r in rows))
+    sink.write_text(path, "".join(json.dumps(r, sort_keys=True, ensure_ascii=False) + "\n" for r in rows))
     yield path
 
 
@@ -457,8 +456,7 @@ def write_longtail(df_all, df_kept, out_dir, max_df):
         "all_terms_in": int((df_all > 0).sum()),
         "all_terms_kept": int((df_kept > 0).sum()),
     }
-    fs.makedirs(fs.join(out_dir, "_stats"))
-    fs.write_text_atomic(fs.join(out_dir, "_stats", "longtail.json"), json.dumps(stats, sort_keys=True, indent=1))
+    sink.write_text(fs.join(out_dir, "_stats", "longtail.json"), json.dumps(stats, sort_keys=True, indent=1))
     return stats
 
 
@@ -611,6 +609,5 @@ def _write_decision_log(drops: list, near_side, cfg: BuildConfig, out_dir: str) 
 
 
 def _write_json(obj, path):
-    fs.makedirs(fs.dirname(path))
-    fs.write_text_atomic(path, json.dumps(obj, sort_keys=True, indent=1))
+    sink.write_text(path, json.dumps(obj, sort_keys=True, indent=1))
     return path

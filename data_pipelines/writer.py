@@ -83,25 +83,21 @@ def shard_filename(dataset_name: str, domain: str, index: int, count: int) -> st
 
 
 def write_array_record(path: str, records: list[bytes]) -> None:
-    """Writes `records` in order (``group_size:1``, the TFDS setting) via a temp file + rename (object storage:
-    ArrayRecord's writer opens local files only, so the local temp file is uploaded in one object write)."""
-    import tempfile
+    """Writes `records` in order (``group_size:1``, the TFDS setting) to ``path`` (local or ``gs://``).
 
+    ArrayRecord's writer opens local files only, so the shard is written to a local scratch file first and then
+    sent through Beam's filesystems (`data_pipelines.sink`: one object upload to a bucket, a rename locally)."""
     from array_record.python.array_record_module import ArrayRecordWriter
 
-    if fs.is_remote(path):
-        with tempfile.TemporaryDirectory() as d:
-            local = os.path.join(d, fs.basename(path))
-            write_array_record(local, records)
-            fs.copy(local, path)
-        return
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = path + ".tmp"
-    w = ArrayRecordWriter(tmp, "group_size:1")
-    for r in records:
-        w.write(r)
-    w.close()
-    os.replace(tmp, path)
+    from data_pipelines import sink
+
+    with sink.local_scratch_dir() as d:
+        local = os.path.join(d, fs.basename(path))
+        w = ArrayRecordWriter(local, "group_size:1")
+        for r in records:
+            w.write(r)
+        w.close()
+        sink.upload_file(local, path)
 
 
 def heldout_path(out_dir: str, domain: str) -> str:
@@ -111,19 +107,15 @@ def heldout_path(out_dir: str, domain: str) -> str:
 
 
 def write_jsonl_gz(path: str, rows: list[dict]) -> None:
-    """Deterministic gzip JSON Lines (no file name or mtime in the gzip header; sorted keys)."""
-    fs.makedirs(fs.dirname(path))
+    """Deterministic gzip JSON Lines (no file name or mtime in the gzip header; sorted keys), written through
+    Beam's filesystems (`data_pipelines.sink`)."""
+    from data_pipelines import sink
+
     buf = io.BytesIO()
     with gzip.GzipFile(filename="", mode="wb", fileobj=buf, mtime=0, compresslevel=6) as gz:
         for r in rows:
             gz.write(json.dumps(r, sort_keys=True, ensure_ascii=False).encode("utf-8") + b"\n")
-    if fs.is_remote(path):  # one object write is atomic
-        fs.write_bytes(path, buf.getvalue())
-        return
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
-        f.write(buf.getvalue())
-    os.replace(tmp, path)
+    sink.write_bytes(path, buf.getvalue())
 
 
 def read_jsonl_gz(path: str) -> list[dict]:

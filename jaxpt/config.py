@@ -25,7 +25,6 @@ import dataclasses
 import difflib
 import hashlib
 import json
-import os
 import re
 import typing
 from typing import Literal, Sequence
@@ -33,6 +32,7 @@ from typing import Literal, Sequence
 import gin
 
 from jaxpt import batch_ramp
+from jaxpt import fs
 from jaxpt import mesh as mesh_lib
 from jaxpt import stage as stage_lib
 from jaxpt.checkpoint import CheckpointConfig
@@ -325,6 +325,9 @@ def build_config() -> TrainConfig:
     return _GIN[TrainConfig](**subs)
 
 
+fs.register_gin_reader()  # --config gs://b/x.gin, include 'gs://b/y.gin'
+
+
 def parse(config_files: Sequence[str] = (), bindings: Sequence[str] = (), *,
           workdir: str | None = None, steps: int | None = None, mesh: str | None = None) -> TrainConfig:
     """Parse gin files and bindings (see the module docstring for order) and build the config.
@@ -338,10 +341,12 @@ def parse(config_files: Sequence[str] = (), bindings: Sequence[str] = (), *,
     """
     gin.clear_config()
     for path in config_files:
-        if not os.path.exists(path):
+        if not fs.exists(path):
             raise ConfigError(f"--config {path}: no such file")
         try:
             gin.parse_config_file(path)
+        except OSError as e:  # an included file that no reader finds
+            raise ConfigError(f"in config file {path}: {e}") from None
         except (ValueError, SyntaxError) as e:
             raise ConfigError(f"in config file {path}: {e}{did_you_mean(str(e))}") from None
     flag_bindings = []

@@ -59,6 +59,19 @@ def _emulator_settings() -> None:
 _emulator_settings()
 
 
+def _open_text(p: str):
+    return open(p, "r")
+
+
+def register_gin_reader() -> None:
+    """Let gin read config files from object storage: ``--config gs://b/x.gin`` and, inside any gin file,
+    ``include 'gs://b/base.gin'`` (gin tries its registered file readers in turn; this one takes the paths with a
+    URI scheme). A relative ``include`` is resolved as gin always does (against the working directory and gin's
+    search paths), not against the including file's bucket. Idempotent (gin keeps one entry per reader)."""
+    import gin
+    gin.config.register_file_reader(_open_text, is_remote)
+
+
 def is_remote(path: str | os.PathLike) -> bool:
     """Whether ``path`` names object storage (has a URI scheme such as ``gs://``)."""
     return bool(_SCHEME.match(os.fspath(path)))
