@@ -24,6 +24,7 @@ from jaxpt.data import documents
 from data_pipelines import config as config_lib
 from data_pipelines import manifest as manifest_lib
 from data_pipelines import pipeline, sink, stages, writer
+from data_pipelines import progress as build_progress
 
 OUTPUT_SUBDIRS = ("tfds", "heldout", "decisions", "review", "_stats")
 
@@ -86,7 +87,8 @@ def run(cfg: config_lib.BuildConfig, out_dir: str, beam_args: list[str] | None =
     # Elements are plain dicts; Beam's inferred hints on multi-output DoFns are wrong, not useful.
     beam_args += ["--no_pipeline_type_check"]
     t0 = time.time()
-    with beam.Pipeline(options=PipelineOptions(beam_args)) as p:
+    total_files = sum(1 if s.format == "tfds" else len(s.files(cfg.source_root)) for s in sources)
+    with build_progress.BuildProgress(total_files), beam.Pipeline(options=PipelineOptions(beam_args)) as p:
         pipeline.build_graph(p, cfg, sources, out_dir, eval_index)
     beam_seconds = time.time() - t0
     return finalize(cfg, sources, out_dir, eval_index, beam_seconds)

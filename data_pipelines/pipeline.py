@@ -19,7 +19,7 @@ import numpy as np
 
 from jaxpt import fs
 
-from data_pipelines import minhash, readers, sink, stages, writer
+from data_pipelines import minhash, progress, readers, sink, stages, writer
 from data_pipelines.config import BuildConfig, Source
 
 DROPS = "drops"
@@ -46,10 +46,12 @@ class ReadSource(beam.DoFn):
         src = self.sources[name]
         it = readers.read_tfds(src, self.cfg) if src.format == "tfds" else readers.read_file(path, src, self.cfg)
         for rec in it:
+            progress.count("read")
             if "verdict" in rec:
                 yield beam.pvalue.TaggedOutput(DROPS, rec)
             else:
                 yield rec
+        progress.count("files")
 
 
 # ---------------------------------------------------------------- stages 2-4
@@ -587,10 +589,20 @@ def _quota_stage(docs, drops: list, cfg: BuildConfig):
     return qt.docs, fractions
 
 
+def _count_decision(row: dict) -> dict:
+    """``row`` unchanged, counted in the build's progress as kept, held out or dropped by its verdict."""
+    v = row["verdict"]
+    progress.count(v if v in ("kept", "heldout") else "dropped")
+    return row
+
+
 def _write_decision_log(drops: list, near_side, cfg: BuildConfig, out_dir: str) -> None:
     """Stages 11-12: one decision row per input record (sharded by id hash) and the review samples per rule."""
+    # Counted where each stage emits its rows (the Maps fuse into the producing stages), not after the Flatten,
+    # whose next step waits for near-dedup's side input.
+    counted = [d | f"CountDecisions{i}" >> beam.Map(_count_decision) for i, d in enumerate(drops)]
     decisions = (
-        tuple(drops) | "AllDecisions" >> beam.Flatten()
+        tuple(counted) | "AllDecisions" >> beam.Flatten()
         | "ClusterIds" >> beam.Map(finalize_decision, near_side)
     )
     n_dec = cfg.output.decision_shards

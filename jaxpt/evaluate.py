@@ -82,13 +82,7 @@ def run_extrapolation(args) -> int:
     fs.makedirs(fs.dirname(fs.absolute(output)))
     report["plot"] = os.path.splitext(output)[0] + ".png"
     label = fs.basename(fs.absolute(args.workdir))
-    if fs.is_remote(output):  # matplotlib writes local files: render, then upload
-        import tempfile
-        with tempfile.TemporaryDirectory() as d:
-            extrapolation.plot(report, os.path.join(d, "plot.png"), label=label)
-            fs.copy(os.path.join(d, "plot.png"), report["plot"])
-    else:
-        extrapolation.plot(report, report["plot"], label=label)
+    extrapolation.plot(report, report["plot"], label=label)  # local or gs:// (fs.write_figure)
     fs.write_text_atomic(output, json.dumps(report, indent=2))
     print(format_report(report))
     print(f"wrote {output} and {report['plot']}")

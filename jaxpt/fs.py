@@ -201,6 +201,22 @@ def write_bytes(p: str | os.PathLike, data: bytes) -> None:
     path(p).write_bytes(data)
 
 
+def write_figure(fig, p: str | os.PathLike, **savefig_kwargs) -> None:
+    """Save the matplotlib figure ``fig`` to ``p`` (local or remote), the format from ``p``'s extension
+    (``.png``, ``.svg``, ``.pdf``): rendered in memory, then one write (matplotlib's ``savefig`` opens local
+    paths only)."""
+    import io
+    buf = io.BytesIO()
+    fig.savefig(buf, format=os.path.splitext(os.fspath(p))[1].lstrip(".") or "png", **savefig_kwargs)
+    if is_remote(p):
+        write_bytes(p, buf.getvalue())
+        return
+    tmp = f"{os.fspath(p)}.tmp"
+    with builtins.open(tmp, "wb") as f:
+        f.write(buf.getvalue())
+    os.replace(tmp, p)
+
+
 def append_text(p: str | os.PathLike, text: str) -> None:
     """Append ``text`` (UTF-8) to the file ``p``, creating it if missing.
 

@@ -52,13 +52,12 @@ import argparse
 import dataclasses
 import json
 import math
-import os
 import sys
 from typing import Any
 
 import numpy as np
 
-from jaxpt import monitor
+from jaxpt import fs, monitor
 from jaxpt.errors import ConfigError, report_cli_error
 from jaxpt.validation import check_types, positive, require
 
@@ -319,8 +318,8 @@ def compiled_step_report(workdir: str) -> dict[str, Any]:
     import jax
     from jaxpt import builder, config as config_lib
     from jaxpt.compile import compiled_flops
-    gin_path = os.path.join(workdir, "config.gin")
-    if not os.path.isfile(gin_path):
+    gin_path = fs.join(workdir, "config.gin")
+    if not fs.isfile(gin_path):
         raise ConfigError(f"{gin_path}: no operative config to compile")
     ran = _run_json(workdir).get("devices") or {}
     here = {"count": jax.device_count(), "kind": jax.devices()[0].device_kind}
@@ -382,8 +381,8 @@ def check_throughput(records: list[dict], workdir: str, cfg: GateConfig, estimat
 
 def committed_checkpoints(workdir: str) -> list[int]:
     """Committed checkpoint steps under ``<workdir>/checkpoints`` (directories named by their step)."""
-    d = os.path.join(workdir, "checkpoints")
-    return sorted(int(n) for n in os.listdir(d) if n.isdigit()) if os.path.isdir(d) else []
+    d = fs.join(workdir, "checkpoints")
+    return sorted(int(n) for n in fs.listdir(d) if n.isdigit()) if fs.isdir(d) else []
 
 
 def check_checkpoint_restore(all_records: list[dict], workdir: str, cfg: GateConfig) -> Criterion:
@@ -475,21 +474,19 @@ def check_heldout(records: list[dict], cfg: GateConfig) -> Criterion:
 
 def _gin_value(workdir: str, key: str) -> str | None:
     """The value text of ``key`` in the run's operative ``config.gin`` (None when absent)."""
-    path = os.path.join(workdir, "config.gin")
-    if os.path.isfile(path):
-        with open(path) as f:
-            for line in f:
-                if line.split("=")[0].strip() == key:
-                    return line.split("=", 1)[1].strip()
+    path = fs.join(workdir, "config.gin")
+    if fs.isfile(path):
+        for line in fs.read_text(path).splitlines():
+            if line.split("=")[0].strip() == key:
+                return line.split("=", 1)[1].strip()
     return None
 
 
 def _run_json(workdir: str) -> dict:
-    path = os.path.join(workdir, "run.json")
-    if not os.path.isfile(path):
+    path = fs.join(workdir, "run.json")
+    if not fs.isfile(path):
         return {}
-    with open(path) as f:
-        return json.load(f)
+    return json.loads(fs.read_text(path))
 
 
 def judge(workdir: str, cfg: GateConfig | None = None, estimate_tokens_per_sec: float | None = None,
@@ -514,8 +511,7 @@ def judge(workdir: str, cfg: GateConfig | None = None, estimate_tokens_per_sec: 
     if estimate is None and estimate_mfu is None:
         try:
             if isinstance(compile_report, str):
-                with open(compile_report) as f:
-                    compile_report = json.load(f)
+                compile_report = json.loads(fs.read_text(compile_report))
             report = compile_report or compiled_step_report(workdir)
             estimate, how = compiled_estimate(records, report, cfg.expected_flops_utilization)
         except (ConfigError, OSError, ValueError) as e:

@@ -35,12 +35,13 @@ import gzip
 import hashlib
 import io
 import json
-import pathlib
+import os
 import sys
 import time
 from importlib import metadata
 from typing import Any
 
+from jaxpt import fs
 from jaxpt.data import documents
 
 FORMAT_VERSION = 1
@@ -71,8 +72,8 @@ def is_heldout(doc_id: str, heldout_fraction: float) -> bool:
     return h < heldout_fraction * 2.0**64
 
 
-def _sha256_file(path: pathlib.Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+def _sha256_file(path: str) -> str:
+    return hashlib.sha256(fs.read_bytes(path)).hexdigest()
 
 
 def _library_versions() -> dict[str, str]:
@@ -88,7 +89,7 @@ def extract_main_text(html: str) -> str:
     return text or ""
 
 
-def clean_and_split(source_files: list[pathlib.Path], settings: PrepareSettings) -> tuple[
+def clean_and_split(source_files: list[str], settings: PrepareSettings) -> tuple[
         list[dict], list[dict], dict[str, Any]]:
     """Reads, cleans, drops and splits; returns (train docs, held-out docs, counts)."""
     train, heldout = [], []
@@ -134,19 +135,27 @@ def clean_and_split(source_files: list[pathlib.Path], settings: PrepareSettings)
     return train, heldout, counts
 
 
-def _write_jsonl_gz(path: pathlib.Path, docs: list[dict]) -> None:
+def _write_jsonl_gz(path: str, docs: list[dict]) -> None:
     buf = io.BytesIO()
     # mtime=0 and no file name: the bytes depend on the documents only (prepare is deterministic).
     with gzip.GzipFile(filename="", mode="wb", fileobj=buf, compresslevel=6, mtime=0) as gz:
         for doc in docs:
             gz.write((json.dumps({k: doc[k] for k in SCHEMA}, ensure_ascii=False) + "\n").encode("utf-8"))
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(buf.getvalue())
-    tmp.replace(path)
+    if fs.is_remote(path):  # one object upload is atomic
+        fs.write_bytes(path, buf.getvalue())
+        return
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        f.write(buf.getvalue())
+    os.replace(tmp, path)
 
 
-def _inputs_record(source_dir: pathlib.Path, settings: PrepareSettings) -> dict[str, Any]:
-    files = sorted(source_dir.glob("*.jsonl.gz"))
+def _source_files(source_dir: str) -> list[str]:
+    return fs.glob(source_dir, "*.jsonl.gz")
+
+
+def _inputs_record(source_dir: str, settings: PrepareSettings) -> dict[str, Any]:
+    files = _source_files(source_dir)
     if not files:
         raise FileNotFoundError(f"no *.jsonl.gz files in --source {source_dir}")
     return {
@@ -154,31 +163,33 @@ def _inputs_record(source_dir: pathlib.Path, settings: PrepareSettings) -> dict[
         "settings": dataclasses.asdict(settings),
         "split_rule": SPLIT_RULE,
         "libraries": _library_versions(),
-        "sources": [{"file": f.name, "sha256": _sha256_file(f), "bytes": f.stat().st_size} for f in files],
+        "sources": [{"file": fs.basename(f), "sha256": _sha256_file(f), "bytes": fs.path(f).stat().length}
+                    for f in files],
     }
 
 
-def _up_to_date(output: pathlib.Path, inputs: dict[str, Any]) -> dict[str, Any] | None:
+def _up_to_date(output: str, inputs: dict[str, Any]) -> dict[str, Any] | None:
     """The existing prepare.json if it matches `inputs` and its listed outputs are intact, else None."""
-    record_path = output / "prepare.json"
-    if not record_path.is_file():
+    record_path = fs.join(output, "prepare.json")
+    if not fs.isfile(record_path):
         return None
     try:
-        record = json.loads(record_path.read_text())
+        record = json.loads(fs.read_text(record_path))
     except json.JSONDecodeError:
         return None
     if record.get("inputs") != inputs:
         return None
     for name, digest in record.get("outputs", {}).items():
-        f = output / name
-        if not f.is_file() or _sha256_file(f) != digest:
+        f = fs.join(output, name)
+        if not fs.isfile(f) or _sha256_file(f) != digest:
             return None
     return record
 
 
-def prepare(source_dir: str | pathlib.Path, output: str | pathlib.Path,
+def prepare(source_dir: str | os.PathLike, output: str | os.PathLike,
             settings: PrepareSettings = PrepareSettings(), *, force: bool = False) -> dict[str, Any]:
-    """Runs the steps in the module docstring; returns the prepare.json record.
+    """Runs the steps in the module docstring; returns the prepare.json record. ``source_dir`` and ``output``
+    may be local or object storage (``gs://``, through `jaxpt.fs`).
 
     Raises:
       FileNotFoundError: `source_dir` holds no `*.jsonl.gz` file.
@@ -190,20 +201,20 @@ def prepare(source_dir: str | pathlib.Path, output: str | pathlib.Path,
     from jaxpt.data import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
 
     settings.validate()
-    source_dir, output = pathlib.Path(source_dir), pathlib.Path(output)
+    source_dir, output = os.fspath(source_dir), os.fspath(output)
     inputs = _inputs_record(source_dir, settings)
     if not force and (record := _up_to_date(output, inputs)) is not None:
         record["up_to_date"] = True
         return record
     start = time.perf_counter()
-    output.mkdir(parents=True, exist_ok=True)
-    (output / "prepare.json").unlink(missing_ok=True)  # written last: its presence means complete
-    train, heldout, counts = clean_and_split(sorted(source_dir.glob("*.jsonl.gz")), settings)
+    fs.makedirs(output)
+    fs.remove(fs.join(output, "prepare.json"))  # written last: its presence means complete
+    train, heldout, counts = clean_and_split(_source_files(source_dir), settings)
     model_path = tokenizer_lib.train_sentencepiece(
-        (d["text"] for d in train), output / "tokenizer.model", settings.vocab_size, seed=settings.seed)
+        (d["text"] for d in train), fs.join(output, "tokenizer.model"), settings.vocab_size, seed=settings.seed)
     tok = tokenizer_lib.Tokenizer.load(model_path)
-    _write_jsonl_gz(output / "train.jsonl.gz", train)
-    _write_jsonl_gz(output / "heldout.jsonl.gz", heldout)
+    _write_jsonl_gz(fs.join(output, "train.jsonl.gz"), train)
+    _write_jsonl_gz(fs.join(output, "heldout.jsonl.gz"), heldout)
     tokens = {split: _token_counts(tok, docs) for split, docs in (("train", train), ("heldout", heldout))}
     record = {
         "inputs": inputs,
@@ -211,12 +222,10 @@ def prepare(source_dir: str | pathlib.Path, output: str | pathlib.Path,
         "tokens": tokens,
         "tokenizer": {"file": "tokenizer.model", "sha256": tok.sha256, "vocab_size": tok.vocab_size,
                       "pad_id": tok.pad_id, "eos_id": tok.eos_id, "unk_id": tok.unk_id, "bos_id": tok.bos_id},
-        "outputs": {name: _sha256_file(output / name) for name in OUTPUT_FILES},
+        "outputs": {name: _sha256_file(fs.join(output, name)) for name in OUTPUT_FILES},
         "seconds": round(time.perf_counter() - start, 2),
     }
-    tmp = output / "prepare.json.tmp"
-    tmp.write_text(json.dumps(record, indent=1, ensure_ascii=False) + "\n")
-    tmp.replace(output / "prepare.json")
+    fs.write_text_atomic(fs.join(output, "prepare.json"), json.dumps(record, indent=1, ensure_ascii=False) + "\n")
     record["up_to_date"] = False
     return record
 
@@ -232,9 +241,9 @@ def _token_counts(tok, docs: list[dict]) -> dict[str, int]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m jaxpt.data.prepare",
                                      description="Split the bundled sample and train its tokenizer.")
-    parser.add_argument("--output", required=True, type=pathlib.Path, help="output folder")
-    parser.add_argument("--source", default=pathlib.Path("data/sample"), type=pathlib.Path,
-                        help="folder of raw-v1-schema *.jsonl.gz files (default: data/sample)")
+    parser.add_argument("--output", required=True, help="output folder (local or gs://)")
+    parser.add_argument("--source", default="data/sample",
+                        help="folder of raw-v1-schema *.jsonl.gz files, local or gs:// (default: data/sample)")
     parser.add_argument("--vocab-size", type=int, default=PrepareSettings.vocab_size)
     parser.add_argument("--heldout-fraction", type=float, default=PrepareSettings.heldout_fraction)
     parser.add_argument("--seed", type=int, default=PrepareSettings.seed)

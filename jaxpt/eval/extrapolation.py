@@ -22,10 +22,11 @@ mean would dilute them with the short-context positions every length shares. ``T
 from __future__ import annotations
 
 import math
-import os
 from typing import Any, Sequence
 
 import numpy as np
+
+from jaxpt import fs
 
 #: Default relative tolerance of the effective extrapolation length.
 DEFAULT_TOLERANCE = 0.05
@@ -189,7 +190,7 @@ def plot(report: dict[str, Any], path: str, label: str = "") -> str:
     ax2.legend(fontsize=7)
     fig.suptitle(f"length extrapolation {label} (step {report['checkpoint']['step']})")
     fig.tight_layout()
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, dpi=100)
+    fs.makedirs(fs.dirname(fs.absolute(path)))
+    fs.write_figure(fig, path, dpi=100)
     plt.close(fig)
     return path

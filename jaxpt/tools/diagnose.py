@@ -22,11 +22,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 from typing import Any, Callable
 
 import numpy as np
 
+from jaxpt import fs
 from jaxpt.errors import ConfigError
 
 
@@ -103,7 +103,7 @@ def document_info(cfg, doc_indices: list[int]) -> list[dict[str, Any]]:
     """``[{"doc_index", "id", "source"}, ...]``: the ``id`` and ``source`` of each document when the training
     data is one document file (its ``doc_index`` is the line index); ``doc_index`` alone otherwise."""
     path = cfg.data.train_path
-    if cfg.data.source == "sample" and path and os.path.isfile(path):
+    if cfg.data.source == "sample" and path and fs.isfile(path):
         from jaxpt.data import documents
         docs = documents.read_documents(path)
         return [{"doc_index": i, "id": docs[i].get("id", ""), "source": docs[i].get("source", "")}
@@ -135,8 +135,8 @@ def diagnose(workdir: str, step: int, refs: int = 4,
     from jaxpt import config as config_lib, train
     from jaxpt.checkpoint import Checkpointer
     from jaxpt.data import stream
-    gin_path = os.path.join(workdir, "config.gin")
-    if not os.path.isfile(gin_path):
+    gin_path = fs.join(workdir, "config.gin")
+    if not fs.isfile(gin_path):
         raise ConfigError(f"{gin_path}: no operative config; is {workdir} a training workdir?")
     if refs < 2:
         raise ConfigError(f"refs = {refs}: need at least 2 reference batches")

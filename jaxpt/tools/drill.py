@@ -35,18 +35,20 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import json
 import os
 import random
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Any
 
 import numpy as np
 
-from jaxpt import jsonl, monitor
+from jaxpt import fs, jsonl, monitor
 from jaxpt.errors import FileFormatError
 
 #: Per-step metrics that must be identical in a resumed run (timing figures are not).
@@ -129,18 +131,18 @@ class MetricsTail:
     """
 
     def __init__(self, workdir: str):
-        self.path = os.path.join(workdir, monitor.METRICS_FILE)
+        self.path = fs.join(workdir, monitor.METRICS_FILE)
         data = b""
-        if os.path.exists(self.path):
-            with open(self.path, "rb") as f:
+        if fs.exists(self.path):
+            with fs.open(self.path, "rb") as f:
                 data = f.read()
         self.offset = data.rfind(b"\n") + 1  # start of the unfinished line, if any
         self.line_no = data.count(b"\n", 0, self.offset)
 
     def poll(self) -> list[dict[str, Any]]:
-        if not os.path.exists(self.path):
+        if not fs.exists(self.path):
             return []
-        with open(self.path, "rb") as f:
+        with fs.open(self.path, "rb") as f:
             f.seek(self.offset)
             chunk = f.read()
         end = chunk.rfind(b"\n") + 1
@@ -155,10 +157,10 @@ class MetricsTail:
 def checkpoint_dirs(workdir: str) -> tuple[set[int], set[int]]:
     """``(committed steps, steps with a temporary, unfinished save directory)`` under ``<workdir>/checkpoints``."""
     committed, pending = set(), set()
-    d = os.path.join(workdir, "checkpoints")
-    if not os.path.isdir(d):
+    d = fs.join(workdir, "checkpoints")
+    if not fs.isdir(d):
         return committed, pending
-    for name in os.listdir(d):
+    for name in fs.listdir(d):
         head = name.split(".", 1)[0]
         if not head.isdigit():
             continue
@@ -179,6 +181,16 @@ class Launch:
     returncode: int | None = None
 
 
+def _local_log_dir(log_dir: str) -> str:
+    """``log_dir`` when local; for a ``gs://`` one a local scratch folder (``<tmp>/jaxpt-drill-logs``) where the
+    trainer's output is written while it runs (a subprocess needs a file descriptor), uploaded when it ends; one
+    subfolder per ``log_dir``, so two drills never share a log file."""
+    key = hashlib.sha256(log_dir.encode()).hexdigest()[:16]
+    d = os.path.join(tempfile.gettempdir(), "jaxpt-drill-logs", key) if fs.is_remote(log_dir) else log_dir
+    os.makedirs(d, exist_ok=True)
+    return d
+
+
 def run_launch(args, workdir: str, index: int, t0: float, kill: Kill | None, log_dir: str,
                cache: bool = True) -> Launch:
     """Start the trainer; SIGKILL it at ``kill`` (or let it finish). Raises DrillError on failure/timeout."""
@@ -188,7 +200,9 @@ def run_launch(args, workdir: str, index: int, t0: float, kill: Kill | None, log
     launch = Launch(index, time.monotonic() - t0)
     start = time.monotonic()
     name = f"launch_{index:02d}{'' if cache else '_nocache'}.log"
-    with open(os.path.join(log_dir, name), "w") as log:
+    # The trainer's output needs a real file descriptor: a local file, uploaded afterwards to a gs:// log_dir.
+    local_log = os.path.join(_local_log_dir(log_dir), name)
+    with open(local_log, "w") as log:
         proc = subprocess.Popen(trainer_command(args, workdir, cache), stdout=log, stderr=subprocess.STDOUT)
         try:
             fired_at = _watch(proc, tail, launch, kill, workdir, start, args.timeout_s)
@@ -196,6 +210,8 @@ def run_launch(args, workdir: str, index: int, t0: float, kill: Kill | None, log
             if proc.poll() is None:
                 proc.kill()
             proc.wait()
+            if fs.is_remote(log_dir):
+                fs.copy(local_log, fs.join(log_dir, name))
     launch.returncode = proc.returncode
     for rec in tail.poll():  # records flushed just before the process died
         _absorb(launch, rec, start)
@@ -285,7 +301,7 @@ def batch_documents(workdir: str) -> dict[int, list[list[int]]]:
       FileFormatError: a line of ``batches/process_0.jsonl`` breaks the JSON Lines rules (a half-written last
         line, from a killed trainer, is skipped), or lacks ``step``/``doc_index`` (reason ``bad_record``).
     """
-    path = os.path.join(workdir, "batches", "process_0.jsonl")
+    path = fs.join(workdir, "batches", "process_0.jsonl")
     out: dict[int, list[list[int]]] = {}
     for n, rec in jsonl.iter_objects(path, partial_last_line=True):
         if jsonl.SUPERSEDED_AFTER in rec:
@@ -331,8 +347,8 @@ def load_state_numpy(workdir: str, step: int) -> dict[str, Any]:
     import jax
     import orbax.checkpoint as ocp
 
-    path = os.path.join(workdir, "checkpoints", str(step), "state")
-    if not os.path.isdir(path):
+    path = fs.join(workdir, "checkpoints", str(step), "state")
+    if not fs.isdir(path):
         raise DrillError(f"{path}: no such committed checkpoint")
     ckptr = ocp.PyTreeCheckpointer()
     absl_logger = logging.getLogger("absl")
@@ -407,15 +423,15 @@ def run_drill(args: argparse.Namespace) -> dict[str, Any]:
     """The reference run, then the interrupted run(s) of ``--compilation-cache``; the report as written to
     ``drill_report.json`` (the cache-on series at the top level, the cache-off one under
     ``without_compilation_cache`` when both ran)."""
-    ref_dir = args.reference or os.path.join(args.workdir, "reference")
+    ref_dir = args.reference or fs.join(args.workdir, "reference")
     series = {"on": [True], "off": [False], "both": [True, False]}[args.compilation_cache]
-    got_dirs = {c: os.path.join(args.workdir, "interrupted" if c == series[0] else "interrupted_nocache")
+    got_dirs = {c: fs.join(args.workdir, "interrupted" if c == series[0] else "interrupted_nocache")
                 for c in series}
     for d in ([] if args.reference else [ref_dir]) + list(got_dirs.values()):
-        if os.path.isdir(d) and os.listdir(d):
+        if fs.isdir(d) and fs.listdir(d):
             raise DrillError(f"{d} is not empty; use a fresh --workdir")
-    log_dir = os.path.join(args.workdir, "logs")
-    os.makedirs(log_dir, exist_ok=True)
+    log_dir = fs.join(args.workdir, "logs")
+    fs.makedirs(log_dir)
     save_every = args.save_every = args.save_every or _configured_save_every(args)
     plan = plan_kills(args.steps, args.kills, save_every, args.mode, args.seed, args.max_kill_delay_s)
 
@@ -486,13 +502,12 @@ def check_same_config(ref_dir: str, got_dir: str) -> None:
     """
     def lines(d):
         out, skipping = [], False
-        with open(os.path.join(d, "config.gin")) as f:
-            for line in f.read().splitlines():
-                # gin wraps long values onto indented continuation lines
-                skipping = (line.startswith(("TrainConfig.workdir", CACHE_KEY))
-                            or (skipping and line[:1].isspace()))
-                if not skipping:
-                    out.append(line)
+        for line in fs.read_text(fs.join(d, "config.gin")).splitlines():
+            # gin wraps long values onto indented continuation lines
+            skipping = (line.startswith(("TrainConfig.workdir", CACHE_KEY))
+                        or (skipping and line[:1].isspace()))
+            if not skipping:
+                out.append(line)
         return out
     a, b = lines(ref_dir), lines(got_dir)
     if a != b:
@@ -538,15 +553,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    os.makedirs(args.workdir, exist_ok=True)
+    fs.makedirs(args.workdir)
     try:
         report = run_drill(args)
     except DrillError as e:
         print(f"drill error: {e}", file=sys.stderr)
         return 2
-    path = os.path.join(args.workdir, "drill_report.json")
-    with open(path, "w") as f:
-        json.dump(report, f, indent=2)
+    path = fs.join(args.workdir, "drill_report.json")
+    fs.write_text_atomic(path, json.dumps(report, indent=2))
     s = report["summary"]
     print(f"drill: {len(report['restarts'])} kills ({s['kills_inside_save']} inside an unfinished save); "
           f"recovery {s['recovery_time_s_mean']} s mean, {s['recovery_time_s_max']} s max; "

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import sys
 from typing import Any
@@ -123,7 +122,7 @@ def cmd_plot_expert_shares(recs: list[dict[str, Any]], output: str) -> str:
     axes[0, 0].legend(fontsize=7, ncol=4)
     axes[-1, 0].set_xlabel("step")
     fig.tight_layout()
-    fig.savefig(output, dpi=100)
+    fs.write_figure(fig, output, dpi=100)
     plt.close(fig)
     return output
 
@@ -215,7 +214,7 @@ def plot_goodput(rec: dict[str, Any], output: str) -> str:
     ax.set_title(f"goodput of {rec.get('run_id', '')} (label: productive share)")
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
-    fig.savefig(output, dpi=100)
+    fs.write_figure(fig, output, dpi=100)
     plt.close(fig)
     return output
 
@@ -261,7 +260,7 @@ def cmd_plot(recs: list[dict[str, Any]], output: str) -> str:
     axes[-1].set_xlabel("step")
     axes[0].legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(output, dpi=100)
+    fs.write_figure(fig, output, dpi=100)
     plt.close(fig)
     return output
 
@@ -273,7 +272,7 @@ def cmd_diagnose(args) -> str:
     if args.inject_random_tokens is not None:
         from jaxpt import config as config_lib
         from jaxpt.builder import resolve_vocab
-        cfg = resolve_vocab(config_lib.parse([os.path.join(args.workdir, "config.gin")]))
+        cfg = resolve_vocab(config_lib.parse([fs.join(args.workdir, "config.gin")]))
         injector = diagnose.RandomTokens(args.inject_random_tokens, cfg.model.vocab_size, args.inject_seed)
     return diagnose.diagnose(args.workdir, args.step, args.refs, injector).text()
 

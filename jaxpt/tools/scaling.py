@@ -29,7 +29,6 @@ import dataclasses
 import json
 import logging
 import math
-import os
 import sys
 import time
 from typing import Any, Sequence
@@ -39,6 +38,7 @@ import numpy as np
 
 from jaxpt import config as config_lib
 from jaxpt import flops as flops_lib
+from jaxpt import fs
 from jaxpt import jsonl
 from jaxpt.tools import plan
 from jaxpt.config import ConfigError
@@ -119,7 +119,7 @@ def grid_points(grid: ScalingGrid, base: config_lib.TrainConfig) -> list[GridPoi
             steps = max(1, math.ceil(t / tokens_per_step))
             name = f"{tag}_tokens{steps * tokens_per_step}"
             b = [f"ModelConfig.{k} = {v!r}" for k, v in m.items()]
-            b += [f"TrainConfig.steps = {steps}", f"TrainConfig.workdir = {os.path.join(grid.output, name)!r}",
+            b += [f"TrainConfig.steps = {steps}", f"TrainConfig.workdir = {fs.join(grid.output, name)!r}",
                   f"OptimizerConfig.warmup_steps = {max(1, round(grid.warmup_fraction * steps))}",
                   "OptimizerConfig.decay_steps = 0", "TrainConfig.progress_bar = False"]
             points.append(GridPoint(name, dict(m), steps * tokens_per_step, tuple(b)))
@@ -160,8 +160,8 @@ def read_runs(paths: Sequence[str]) -> list[dict[str, Any]]:
     """
     records = []
     for p in paths:
-        f = os.path.join(p, "runs.jsonl") if os.path.isdir(p) else p
-        if not os.path.exists(f):
+        f = fs.join(p, "runs.jsonl") if fs.isdir(p) else p
+        if not fs.exists(f):
             raise FileNotFoundError(f"{p}: no runs.jsonl")
         records += jsonl.read_objects(f, partial_last_line=True)
     return records
@@ -171,7 +171,7 @@ def enable_compile_cache(path: str) -> None:
     """Persistent XLA compilation cache in ``path`` (every compile cached): grid runs of one shape reuse
     the init and eval compiles. Takes effect only before this process's first compile."""
     import jax
-    os.makedirs(path, exist_ok=True)
+    fs.makedirs(path)  # jax's cache writes through etils.epath: a gs:// cache works as well
     jax.config.update("jax_compilation_cache_dir", path)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
@@ -182,11 +182,11 @@ def run_grid(grid_path: str, bindings: Sequence[str] = (), compile_cache: bool =
     from jaxpt import train
 
     grid, base = load_grid(grid_path, bindings)
-    os.makedirs(grid.output, exist_ok=True)
-    runs_file = os.path.join(grid.output, "runs.jsonl")
+    fs.makedirs(grid.output)
+    runs_file = fs.join(grid.output, "runs.jsonl")
     if compile_cache:
-        enable_compile_cache(os.path.join(grid.output, "jax_cache"))
-    done = {r["name"] for r in read_runs([runs_file])} if os.path.exists(runs_file) else set()
+        enable_compile_cache(fs.join(grid.output, "jax_cache"))
+    done = {r["name"] for r in read_runs([runs_file])} if fs.exists(runs_file) else set()
     points = grid_points(grid, base)
     check_points(grid_path, points, bindings)
     for i, pt in enumerate(points):
@@ -206,8 +206,7 @@ def run_grid(grid_path: str, bindings: Sequence[str] = (), compile_cache: bool =
                   "train_loss": final.get("train_loss"), "wall_s": time.perf_counter() - t0,
                   "workdir": cfg.workdir}
         jsonl.drop_partial_last_line(runs_file)  # a record half-written by a killed grid run
-        with open(runs_file, "a") as f:
-            f.write(json.dumps(record) + "\n")
+        fs.append_text(runs_file, json.dumps(record) + "\n")
     names = {p.name for p in points}
     return [r for r in read_runs([runs_file]) if r["name"] in names]
 
@@ -364,7 +363,7 @@ def plot_fit(fit: Fit, n: np.ndarray, d: np.ndarray, y: np.ndarray, path: str,
     ax.set_title(f"L = {E:.2f} + {A:.3g}/N^{a:.2f} + {B:.3g}/D^{b:.2f}  (N: {n_kind})", fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    fs.write_figure(fig, path, dpi=100)
     plt.close(fig)
 
 
@@ -391,11 +390,10 @@ def fit_runs(paths: Sequence[str], *, n_kind: str = "non_embedding", loss: str =
         pl, ps = fit.predict(*predict)
         result["prediction"] = {"params": predict[0], "tokens": predict[1], "loss": pl, "stderr": ps}
         pred = (predict[0], predict[1], pl)
-    out_dir = out_dir or (paths[0] if os.path.isdir(paths[0]) else os.path.dirname(paths[0]) or ".")
-    os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, "fit.json"), "w") as f:
-        json.dump(result, f, indent=1)
-    plot_fit(fit, n, d, y, os.path.join(out_dir, "scaling_fit.png"), pred, n_kind)
+    out_dir = out_dir or (paths[0] if fs.isdir(paths[0]) else fs.dirname(paths[0]) or ".")
+    fs.makedirs(out_dir)
+    fs.write_text_atomic(fs.join(out_dir, "fit.json"), json.dumps(result, indent=1))
+    plot_fit(fit, n, d, y, fs.join(out_dir, "scaling_fit.png"), pred, n_kind)
     result["text"] = format_fit(fit)
     return result
 

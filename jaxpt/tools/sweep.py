@@ -42,11 +42,13 @@ import csv
 import dataclasses
 import glob
 import gzip
+import io
 import json
 import logging
 import os
 import re
 import sys
+import tempfile
 import time
 from typing import Any, Sequence
 
@@ -56,6 +58,7 @@ import numpy as np
 from jaxpt import builder as builder_lib
 from jaxpt import config as config_lib
 from jaxpt import flops as flops_lib
+from jaxpt import fs
 from jaxpt import mesh as mesh_lib
 from jaxpt import monitor
 from jaxpt.config import ConfigError, TrainConfig
@@ -271,7 +274,7 @@ def sweep_one(cfg: TrainConfig, mesh_spec: str, *, steps: int, profile_steps: in
         r.note = (f"compiled step needs {r.compiled_memory_bytes / plan.GIB:.2f} GiB per device > "
                   f"{memory_limit / plan.GIB:.2f} GiB")
         return r
-    trace_dir = os.path.join(out_dir, "traces", r.mesh.replace(",", "_").replace("=", ""))
+    trace_dir = os.path.join(_trace_root(out_dir), "traces", r.mesh.replace(",", "_").replace("=", ""))
     try:
         figures = _run(compiled, steps, profile_steps, peak, trace_dir)
     except Exception as e:  # noqa: BLE001 - an OOM at run time is reported like any other failure
@@ -332,13 +335,22 @@ def format_table(results: Sequence[Result]) -> str:
     return "\n".join(lines + (["notes:"] + notes if notes else []))
 
 
+def _trace_root(out_dir: str) -> str:
+    """Where profiler traces go: ``out_dir`` when local; for a ``gs://`` output a local scratch folder
+    (``<tmp>/jaxpt-sweep``), because the traces are read straight back (glob, gzip) for the collective share and
+    are not part of the sweep's results."""
+    return os.path.join(tempfile.gettempdir(), "jaxpt-sweep") if fs.is_remote(out_dir) else out_dir
+
+
 def write_csv(results: Sequence[Result], path: str) -> None:
-    """One row per mesh shape, columns :data:`CSV_FIELDS` (empty cell = not measured)."""
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=CSV_FIELDS)
-        w.writeheader()
-        for r in results:
-            w.writerow({k: ("" if v is None else v) for k, v in dataclasses.asdict(r).items()})
+    """One row per mesh shape, columns :data:`CSV_FIELDS` (empty cell = not measured); ``path`` may be
+    ``gs://``."""
+    buf = io.StringIO(newline="")
+    w = csv.DictWriter(buf, fieldnames=CSV_FIELDS)
+    w.writeheader()
+    for r in results:
+        w.writerow({k: ("" if v is None else v) for k, v in dataclasses.asdict(r).items()})
+    fs.write_text_atomic(path, buf.getvalue())
 
 
 def plot(results: Sequence[Result], path: str, title: str = "") -> None:
@@ -371,7 +383,7 @@ def plot(results: Sequence[Result], path: str, title: str = "") -> None:
         ax.set_xticks(x, names, rotation=30, ha="right", fontsize=8)
     fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    fs.write_figure(fig, path, dpi=100)
     plt.close(fig)
 
 
@@ -383,7 +395,7 @@ def run_sweep(cfg: TrainConfig, meshes: Sequence[str], *, steps: int, profile_st
               device_memory_gib: float | None = None, peak_flops: float | None = None,
               topology: str | None = None) -> list[Result]:
     """Sweep ``meshes`` for ``cfg`` (vocab resolved) and write ``sweep.csv`` and ``sweep.png`` in ``out_dir``."""
-    os.makedirs(out_dir, exist_ok=True)
+    fs.makedirs(out_dir)
     if peak_flops is None:
         peak_flops, note = flops_lib.peak_flops_per_device(dtype=cfg.model.jnp_compute_dtype)
         log.info("MFU peak: %s", note)
@@ -402,8 +414,8 @@ def run_sweep(cfg: TrainConfig, meshes: Sequence[str], *, steps: int, profile_st
         log.info("mesh %s", m)
         results.append(sweep_one(cfg, m, steps=steps, profile_steps=profile_steps, peak=peak_flops,
                                  memory_limit=limit, out_dir=out_dir, topo_devices=topo_devices))
-    write_csv(results, os.path.join(out_dir, "sweep.csv"))
-    plot(results, os.path.join(out_dir, "sweep.png"),
+    write_csv(results, fs.join(out_dir, "sweep.csv"))
+    plot(results, fs.join(out_dir, "sweep.png"),
          title=f"{jax.device_count()} x {jax.devices()[0].device_kind}, batch {cfg.global_batch_size} x {cfg.seq_len}")
     return results
 
@@ -439,7 +451,7 @@ def main(argv: list[str] | None = None) -> int:
     top = best(results)
     print(f"best: {top.mesh} ({top.tokens_per_sec:,.0f} tokens/s, synthetic batches)" if top
           else "best: none of the shapes ran")
-    print(f"wrote {os.path.join(args.out, 'sweep.csv')} and {os.path.join(args.out, 'sweep.png')}")
+    print(f"wrote {fs.join(args.out, 'sweep.csv')} and {fs.join(args.out, 'sweep.png')}")
     return 0 if top else 1
 
 
