@@ -111,9 +111,11 @@ def test_fs_layer_on_the_bucket(gcs, tmp_path):
     assert not fs.exists(f"{base}/sub/log.jsonl")
 
 
-def _build_corpus_to_bucket(gcs, tmp_path):
+def _build_corpus_to_bucket(gcs, tmp_path, monkeypatch):
     """The small test corpus built by ``data_pipelines.build`` straight into the bucket, with its tokenizer
-    read from the bucket too. Returns (corpus URI, tokenizer URI)."""
+    read from the bucket too. While the build runs, jaxpt.fs refuses to write to the bucket: every output the
+    build writes itself goes through Beam's filesystems (its GCS client), as on a Dataflow worker without gcsfs.
+    Returns (corpus URI, tokenizer URI, manifest)."""
     import random
 
     from data_pipelines import build, testing
@@ -128,7 +130,19 @@ def _build_corpus_to_bucket(gcs, tmp_path):
     with open(os.path.join(root, "b.gin"), "w") as f:
         f.write(testing.gin_config(root, tok))
     out = f"{gcs}/corpus/v1"
-    manifest = build.run(build.load_config([os.path.join(root, "b.gin")], []), out)
+
+    def refuse(name, real):
+        def guarded(p, *args, **kwargs):
+            writes = name != "open" or any(m in (args[0] if args else kwargs.get("mode", "r")) for m in "wa")
+            if writes and fs.is_remote(p) and os.fspath(p).startswith(out):
+                raise AssertionError(f"the build wrote {p} through jaxpt.fs.{name}, not Beam's filesystems")
+            return real(p, *args, **kwargs)
+        return guarded
+    with monkeypatch.context() as m:
+        for name in ("write_bytes", "write_text_atomic", "append_text", "open"):
+            m.setattr(fs, name, refuse(name, getattr(fs, name)))
+        m.setenv("JAXPT_PROGRESS", "lines")
+        manifest = build.run(build.load_config([os.path.join(root, "b.gin")], []), out)
     return out, tok, manifest
 
 
@@ -157,7 +171,7 @@ def _committed_steps(workdir):
 
 
 @pytest.mark.slow
-def test_train_kill_resume_evaluate_and_build_on_the_bucket(gcs, tmp_path, monkeypatch):
+def test_train_kill_resume_evaluate_and_build_on_the_bucket(gcs, tmp_path, monkeypatch, capfd):
     """Build a corpus version into the bucket; train on it with ``--workdir gs://...`` in a trainer process,
     SIGKILL it after a checkpoint committed; resume from the bucket (the re-run steps' losses equal those the
     killed trainer logged: the same run); evaluate the bucket's checkpoint (the standalone held-out loss equals
@@ -171,8 +185,16 @@ def test_train_kill_resume_evaluate_and_build_on_the_bucket(gcs, tmp_path, monke
     monkeypatch.chdir(tmp_path)  # a "gs:" folder created by a path mistake would appear here
     os.symlink(REPO_ROOT / "configs", tmp_path / "configs")
 
-    # 1. The corpus version, in the bucket: its shards hold exactly the documents the manifest counts.
-    corpus_dir, tok, manifest = _build_corpus_to_bucket(gcs, tmp_path)
+    # 1. The corpus version, in the bucket: its shards hold exactly the documents the manifest counts, and the
+    # build's last progress line counts what its decision log does.
+    capfd.readouterr()
+    corpus_dir, tok, manifest = _build_corpus_to_bucket(gcs, tmp_path, monkeypatch)
+    lines = [x for x in capfd.readouterr().err.splitlines() if x.startswith("corpus build: ")]
+    assert lines and lines[-1].startswith(
+        f"corpus build: 5/5 input files (100.0%), {manifest['documents_in']} documents read (")
+    assert (f"{manifest['documents_out']} kept, {manifest['documents_heldout']} held out, "
+            f"{manifest['documents_dropped_total']} dropped") in lines[-1]
+    assert lines[-1].endswith("reading done")
     assert corpus.is_corpus_version(corpus_dir)
     version = corpus.read_corpus_version(corpus_dir)
     shards = [p for ps in version.shard_paths().values() for p in ps]
@@ -242,3 +264,55 @@ def test_train_kill_resume_evaluate_and_build_on_the_bucket(gcs, tmp_path, monke
     assert json.loads(fs.read_text(f"{gcs}/eval/r1.json"))["heldout"]["overall"] == report["heldout"]["overall"]
 
     assert sorted(os.listdir(tmp_path)) == ["configs", "raw"]  # nothing landed in a local "gs:" folder
+
+
+def test_gin_config_and_its_includes_read_from_the_bucket(gcs):
+    """``--config gs://...`` is parsed like a local file, and its ``include`` of another gs:// file and of a local
+    file both apply (later bindings win, as locally); a missing gs:// config or include is a ConfigError naming
+    it, not a traceback."""
+    from jaxpt import config as C
+    from jaxpt import fs
+    from jaxpt.errors import ConfigError
+    quickstart = str(REPO_ROOT / "configs" / "quickstart.gin")
+    base, top = f"{gcs}/configs/base.gin", f"{gcs}/configs/run.gin"
+    fs.write_text_atomic(base, "OptimizerConfig.warmup_steps = 3\nTrainConfig.log_every = 5\n")
+    fs.write_text_atomic(top, f"include '{quickstart}'\ninclude '{base}'\nTrainConfig.log_every = 7\n")
+    got = C.parse([top])
+    want = C.parse([quickstart], ["OptimizerConfig.warmup_steps = 3", "TrainConfig.log_every = 7"])
+    assert (got.log_every, got.optimizer.warmup_steps) == (7, 3)
+    assert got == want
+    fs.write_text_atomic(top, f"include '{gcs}/configs/missing.gin'\n")
+    with pytest.raises(ConfigError, match="missing.gin"):
+        C.parse([top])
+    with pytest.raises(ConfigError, match="no such file"):
+        C.parse([f"{gcs}/configs/absent.gin"])
+
+
+def test_tool_outputs_go_to_the_bucket(gcs, tmp_path):
+    """``jaxpt.tools.scaling`` reads ``runs.jsonl`` from a gs:// folder and writes ``fit.json`` and the plot there,
+    with the same fit as from a local folder; and the fit recovers the law the losses were made from. The sweep's
+    CSV written to gs:// has the bytes of the local one."""
+    from jaxpt import fs
+    from jaxpt.tools import scaling, sweep
+    E, A, B, alpha, beta = 1.8, 400.0, 900.0, 0.34, 0.28  # L = E + A/N^alpha + B/D^beta (Hoffmann et al. 2022)
+    records = [{"name": f"n{n:g}_d{d:g}", "params": {"non_embedding": n}, "tokens": d,
+                "heldout_loss": E + A / n ** alpha + B / d ** beta}
+               for n in (1e5, 4e5, 1.6e6) for d in (2e6, 8e6, 3.2e7)]
+    text = "".join(json.dumps(r) + "\n" for r in records)
+    local, remote = tmp_path / "scaling", f"{gcs}/scaling"
+    local.mkdir()
+    (local / "runs.jsonl").write_text(text)
+    fs.write_text_atomic(f"{remote}/runs.jsonl", text)
+    fit_local = scaling.fit_runs([str(local)])
+    fit_remote = scaling.fit_runs([remote])
+    assert json.loads(fs.read_text(f"{remote}/fit.json")) == json.loads((local / "fit.json").read_text())
+    assert fit_remote["fit"] == fit_local["fit"]
+    assert fs.read_bytes(f"{remote}/scaling_fit.png")[:8] == b"\x89PNG\r\n\x1a\n"
+    law = fit_remote["fit"]["values"]
+    assert [law[k] for k in ("E", "A", "B", "alpha", "beta")] == pytest.approx([E, A, B, alpha, beta], rel=1e-2)
+    results = [sweep.Result(mesh="data=8", status="ok", tokens_per_sec=123.5),
+               sweep.Result(mesh="fsdp=8", status="does not fit", note="too big")]
+    sweep.write_csv(results, str(tmp_path / "sweep.csv"))
+    sweep.write_csv(results, f"{remote}/sweep.csv")
+    assert fs.read_bytes(f"{remote}/sweep.csv") == (tmp_path / "sweep.csv").read_bytes()
+    assert sorted(os.listdir(tmp_path)) == ["scaling", "sweep.csv"]  # no local "gs:" folder

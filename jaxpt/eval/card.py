@@ -16,12 +16,12 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 import re
 from typing import Any, Mapping
 
 import yaml
 
+from jaxpt import fs
 from jaxpt.eval.heldout import GROUPINGS
 from jaxpt.eval.probes import KINDS, TaskSpec
 
@@ -81,14 +81,12 @@ def content_hash(raw: Mapping[str, Any]) -> str:
 
 
 def file_sha256(path: str) -> str:
-    with open(path, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
+    return hashlib.sha256(fs.read_bytes(path)).hexdigest()
 
 
 def _read(path: str) -> dict[str, Any]:
     try:
-        with open(path, encoding="utf-8") as f:
-            raw = yaml.safe_load(f)
+        raw = yaml.safe_load(fs.read_text(path))
     except FileNotFoundError:
         raise CardError(f"{path}: no such card") from None
     except yaml.YAMLError as e:
@@ -158,11 +156,11 @@ def _spot_check(raw: dict, path: str, where: str, check_files: bool) -> SpotChec
     s = _get(raw, "spot_check", dict, where)
     w = f"{where}.spot_check"
     prompts = _get(s, "prompts", str, w)
-    prompts_path = prompts if os.path.isabs(prompts) else os.path.join(os.path.dirname(path), prompts)
+    prompts_path = fs.join(fs.dirname(path), prompts)  # an absolute or gs:// ``prompts`` stays as it is
     spot = SpotCheck(prompts_path, _get(s, "prompts_sha256", str, w), _get(s, "max_new_tokens", int, w),
                      tuple(_get(s, "labels", list, w)))
     if check_files:
-        if not os.path.isfile(prompts_path):
+        if not fs.isfile(prompts_path):
             raise CardError(f"{w}.prompts: {prompts_path}: no such file")
         got = file_sha256(prompts_path)
         if got != spot.prompts_sha256:
@@ -237,12 +235,10 @@ def stamp_card(path: str) -> tuple[int, str]:
     if raw.get("content_sha256") == actual:
         raise CardError(f"{path}: content unchanged since version {raw.get('version')}; nothing to stamp")
     version = int(raw.get("version") or 0) + 1
-    with open(path, encoding="utf-8") as f:
-        text = f.read()
+    text = fs.read_text(path)
     if not _VERSION_LINE.search(text) or not _HASH_LINE.search(text):
         raise CardError(f"{path}: needs top-level 'version:' and 'content_sha256:' lines to stamp")
     text = _VERSION_LINE.sub(f"version: {version}", text, count=1)
     text = _HASH_LINE.sub(f"content_sha256: {actual}", text, count=1)
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(text)
+    fs.write_text_atomic(path, text)
     return version, actual

@@ -34,7 +34,7 @@ import numpy as np
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 
-from jaxpt import decode
+from jaxpt import decode, fs
 from jaxpt.eval import probes
 from jaxpt.eval.scorer import scorer_for_restored
 
@@ -137,4 +137,4 @@ def run_lm_eval(workdir: str, tasks: Sequence[str], *, step: int | None = None, 
                                   bootstrap_iters=0)
     return {"results": out["results"], "configs": {k: {"num_fewshot": v.get("num_fewshot")}
                                                    for k, v in out.get("configs", {}).items()},
-            "checkpoint": {"workdir": os.path.abspath(workdir) if workdir else None, "step": lm.restored.step}}
+            "checkpoint": {"workdir": fs.absolute(workdir) if workdir else None, "step": lm.restored.step}}
