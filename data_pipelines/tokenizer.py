@@ -51,6 +51,7 @@ from typing import Any, Sequence
 import gin
 import numpy as np
 
+from jaxpt import fs
 from jaxpt.data import corpus as corpus_lib
 from jaxpt.data import documents
 from jaxpt.data import tokenizer as tokenizer_lib
@@ -131,8 +132,9 @@ def load_config(config_files: Sequence[str | os.PathLike], bindings: Sequence[st
     if _GIN_CONFIG is None:  # registered on first use, so `python -m` (module run as __main__) registers once
         _GIN_CONFIG = gin.external_configurable(TokenizerConfig, name="TokenizerConfig", module="data_pipelines")
     gin.clear_config()
+    fs.register_gin_reader()  # --config gs://b/tokenizer.gin
     for path in config_files:
-        if not os.path.exists(path):
+        if not fs.exists(path):
             raise ConfigError(f"--config {path}: no such file")
         try:
             gin.parse_config_file(str(path))
@@ -385,10 +387,9 @@ def _heldout_summary(figures: dict[str, dict[str, float]]) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------- training
 
 
-def write_json(path: pathlib.Path, record: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(record, indent=1, ensure_ascii=False, sort_keys=True) + "\n")
-    tmp.replace(path)
+def write_json(path: str | os.PathLike, record: dict) -> None:
+    """``record`` as sorted, indented JSON at ``path`` (local or ``gs://``; a reader never sees half of it)."""
+    fs.write_text_atomic(os.fspath(path), json.dumps(record, indent=1, ensure_ascii=False, sort_keys=True) + "\n")
 
 
 def train_tokenizer(cfg: TokenizerConfig, corpus_dir: str | os.PathLike,
@@ -405,12 +406,12 @@ def train_tokenizer(cfg: TokenizerConfig, corpus_dir: str | os.PathLike,
     """
     start = time.perf_counter()
     cfg.validate()
-    output = pathlib.Path(output)
-    output.mkdir(parents=True, exist_ok=True)
-    (output / "tokenizer.json").unlink(missing_ok=True)
+    output = os.fspath(output)  # local or gs:// (jaxpt.fs)
+    fs.makedirs(output)
+    fs.remove(fs.join(output, "tokenizer.json"))
     corpus = read_corpus(corpus_dir, cfg.heldout_fraction)
     texts, composition = balanced_sample(corpus.train, cfg)
-    model_path = tokenizer_lib.train(texts, output / "tokenizer.model", cfg.trainer_settings())
+    model_path = tokenizer_lib.train(texts, fs.join(output, "tokenizer.model"), cfg.trainer_settings())
     tok = tokenizer_lib.Tokenizer.load(model_path)
     problems = tok.lossless_problems()
     if problems:  # cannot happen with TrainerSettings' defaults; guards edits to them
@@ -427,7 +428,7 @@ def train_tokenizer(cfg: TokenizerConfig, corpus_dir: str | os.PathLike,
         "heldout": _heldout_summary(measure(tok, corpus.heldout)),
         "libraries": {name: metadata.version(name) for name in ("sentencepiece",)},
     }
-    write_json(output / "tokenizer.json", record)
+    write_json(fs.join(output, "tokenizer.json"), record)
     record["seconds"] = round(time.perf_counter() - start, 1)
     return record
 
@@ -458,7 +459,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m data_pipelines.tokenizer",
         description="Train the corpus tokenizer (the vocabulary-size report: python -m data_pipelines.vocab_report).")
     common_flags(parser, config_required=True)
-    parser.add_argument("--output", required=True, type=pathlib.Path, help="TOKDIR for tokenizer.model/.json")
+    parser.add_argument("--output", required=True, help="TOKDIR for tokenizer.model/.json (local or gs://)")
     args = parser.parse_args(argv)
     start = time.perf_counter()
     try:
