@@ -76,6 +76,7 @@ def run(cfg: config_lib.BuildConfig, out_dir: str, beam_args: list[str] | None =
     sources = cfg.registry()
     writer.SentencePieceEncoder(cfg.output.tokenizer_path)  # fail before the pipeline starts
     eval_index = load_eval_index(cfg) if cfg.decontam.enabled else None
+    sink.check_credentials(out_dir)
     fs.makedirs(out_dir)
     for sub in OUTPUT_SUBDIRS:
         fs.rmtree(fs.join(out_dir, sub))

@@ -40,6 +40,24 @@ def _create(path: str):
                                  compression_type=CompressionTypes.UNCOMPRESSED)
 
 
+def check_credentials(out_dir: str) -> None:
+    """Before a build writes ``gs://`` through Beam: Beam's GCS client finds the application-default credentials
+    only with ``google-auth-httplib2`` (part of ``apache-beam[gcp]``, which Dataflow installs); without it Beam
+    connects anonymously, and a real bucket refuses every write after the whole pipeline ran. An emulator
+    (``STORAGE_EMULATOR_HOST``) takes anonymous writes, so the check passes there.
+
+    Raises:
+      ConfigError: ``out_dir`` is ``gs://``, no emulator is set, and Beam cannot use credentials.
+    """
+    if not os.fspath(out_dir).startswith("gs://") or os.environ.get("STORAGE_EMULATOR_HOST"):
+        return
+    from apache_beam.internal.gcp import auth
+    if not getattr(auth, "_GOOGLE_AUTH_AVAILABLE", True):
+        from jaxpt.errors import ConfigError
+        raise ConfigError(f"--output {out_dir}: Beam's GCS client cannot use credentials here (google-auth-httplib2 "
+                          "is missing) and would write anonymously; install apache-beam[gcp]")
+
+
 def write_bytes(path: str, data: bytes) -> None:
     """Write ``data`` to ``path`` (local or ``gs://``) through Beam's filesystems; parents are created locally.
 

@@ -316,3 +316,21 @@ def test_tool_outputs_go_to_the_bucket(gcs, tmp_path):
     sweep.write_csv(results, f"{remote}/sweep.csv")
     assert fs.read_bytes(f"{remote}/sweep.csv") == (tmp_path / "sweep.csv").read_bytes()
     assert sorted(os.listdir(tmp_path)) == ["scaling", "sweep.csv"]  # no local "gs:" folder
+
+
+def test_build_refuses_a_real_bucket_when_beam_would_write_anonymously(monkeypatch, tmp_path):
+    """Without google-auth-httplib2 (apache-beam[gcp]) Beam's GCS client connects anonymously; a build to a real
+    bucket then stops before the pipeline with a ConfigError saying what to install. A local output and an
+    emulator (which takes anonymous writes) pass."""
+    pytest.importorskip("apache_beam")
+    from apache_beam.internal.gcp import auth
+
+    from data_pipelines import sink
+    from jaxpt.errors import ConfigError
+    monkeypatch.delenv("STORAGE_EMULATOR_HOST", raising=False)
+    monkeypatch.setattr(auth, "_GOOGLE_AUTH_AVAILABLE", False)
+    with pytest.raises(ConfigError, match=r"gs://b/corpus/v1.*apache-beam\[gcp\]"):
+        sink.check_credentials("gs://b/corpus/v1")
+    sink.check_credentials(str(tmp_path))
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", "http://127.0.0.1:1")
+    sink.check_credentials("gs://b/corpus/v1")
