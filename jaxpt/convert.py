@@ -596,7 +596,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m jaxpt.convert", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     a = sub.add_parser("hf-to-jaxpt", help="an HF Llama/Mistral folder -> a jaxpt checkpoint + model.gin")
-    a.add_argument("--model", required=True, help="folder with config.json and *.safetensors")
+    a.add_argument("--model", required=True, help="folder with config.json and *.safetensors (local or gs://)")
     a.add_argument("--output", required=True)
     a.add_argument("--mesh", default=None, help="e.g. fsdp=8 (default: fsdp over all devices)")
     a.add_argument("--max_seq_len", type=int, default=0, help="default: max_position_embeddings")
@@ -604,7 +604,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     b = sub.add_parser("jaxpt-to-hf", help="a jaxpt run's checkpoint -> a transformers-loadable folder")
     b.add_argument("--workdir", required=True)
     b.add_argument("--step", type=int, default=None)
-    b.add_argument("--output", required=True)
+    b.add_argument("--output", required=True, help="local or gs:// (written locally, then uploaded)")
     args = parser.parse_args(argv)
     from jaxpt.checkpoint import CheckpointError
     try:
