@@ -38,6 +38,16 @@ target mesh, each device's block read from a memory map of the safetensors file 
 transposes become numpy views, never copies of the whole tensor), so no device and no host buffer holds more
 than one tensor's shard at a time, apart from the OS page cache.
 
+Object storage: ``--model``, ``--workdir`` and ``--output`` may each be ``gs://`` (every path goes through
+:mod:`jaxpt.fs`). A remote HF folder is copied once into the per-host cache (:func:`jaxpt.fs.local_tree`, the
+same cache as ArrayRecord shards and SentencePiece models, keyed by every file's URI, size and mtime) and
+memory-mapped from there: the sharded load reads each device's strided block of each tensor, which on a
+memory map is a page-cache read but streamed would be one ranged request per row. The checkpoint goes to a
+remote ``--output`` through Orbax/TensorStore natively, ``model.gin`` and ``tokenizer.model`` through
+:mod:`jaxpt.fs`. ``jaxpt-to-hf`` reads a remote run's checkpoint through Orbax and, for a remote ``--output``,
+writes the folder into a local temporary directory first (the same code as a local export; the folder is a few
+files of at most ``max_shard_bytes`` each) and then uploads each file through :mod:`jaxpt.fs`.
+
 What is refused (:class:`ConvertError`, naming the config key): an architecture other than the three, an
 activation other than SiLU, attention or MLP biases (Qwen2 always has q/k/v biases, which jaxpt's attention
 does not have), a sliding window shorter than the context kept, a RoPE type jaxpt does not compute; on export,
@@ -50,12 +60,12 @@ import argparse
 import dataclasses
 import json
 import os
-import shutil
 import sys
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from jaxpt import fs
 from jaxpt.errors import ConfigError
 
 #: ``model_type`` values read by :func:`model_config_from_hf`.
@@ -434,7 +444,7 @@ def write_params_checkpoint(output: str, train_cfg, params, mesh, tokenizer, sou
         "libraries": ckpt_lib.library_versions(), "config_fields": config_lib.config_fields(),
     }
     state = {"step": np.asarray(CONVERTED_STEP, np.int32), "params": params}
-    manager = ocp.CheckpointManager(os.path.join(output, "checkpoints"), item_names=("state", "meta"),
+    manager = ocp.CheckpointManager(fs.join(output, "checkpoints"), item_names=("state", "meta"),
                                     options=ocp.CheckpointManagerOptions(create=True,
                                                                          enable_async_checkpointing=False))
     manager.save(CONVERTED_STEP, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
@@ -442,12 +452,12 @@ def write_params_checkpoint(output: str, train_cfg, params, mesh, tokenizer, sou
     manager.wait_until_finished()
     manager.close()
     model_lines = [ln for ln in text.splitlines() if ln.startswith("ModelConfig.")]
-    with open(os.path.join(output, "model.gin"), "w") as f:
-        f.write(f"# Converted from {source.get('path')} by jaxpt.convert.\n"
-                f"# Continue pretraining from it: --gin \"TrainConfig.init_from = '{output}'\"\n")
-        f.write("\n".join(model_lines) + "\n")
-        if tokenizer:
-            f.write(f"DataConfig.tokenizer_path = {str(tokenizer.path)!r}\n")
+    gin_text = (f"# Converted from {source.get('path')} by jaxpt.convert.\n"
+                f"# Continue pretraining from it: --gin \"TrainConfig.init_from = '{output}'\"\n"
+                + "\n".join(model_lines) + "\n")
+    if tokenizer:
+        gin_text += f"DataConfig.tokenizer_path = {str(tokenizer.path)!r}\n"
+    fs.write_text_atomic(fs.join(output, "model.gin"), gin_text)
 
 
 def hf_to_jaxpt(model_dir: str | os.PathLike, output: str | os.PathLike, *, mesh=None, max_seq_len: int = 0,
@@ -459,27 +469,34 @@ def hf_to_jaxpt(model_dir: str | os.PathLike, output: str | os.PathLike, *, mesh
         ``"fsdp=8"``); default ``fsdp`` over every device (each device holds 1/N of each tensor).
       max_seq_len, scan_layers: as :func:`model_config_from_hf`.
 
+    ``model_dir`` and ``output`` may be local or ``gs://`` (module docstring: a remote ``model_dir`` is read from
+    a per-host local copy, :func:`jaxpt.fs.local_tree`).
+
     Raises:
       ConvertError: an untranslatable config (:func:`model_config_from_hf`), a missing or misshapen tensor, or
         an ``output`` that already holds checkpoints.
+      FileNotFoundError: no ``config.json`` in ``model_dir``.
     """
     import jax
 
     from jaxpt import mesh as mesh_lib
     from jaxpt.data.tokenizer import Tokenizer
 
-    model_dir, output = os.path.abspath(model_dir), os.path.abspath(output)
-    with open(os.path.join(model_dir, "config.json")) as f:
-        hf = json.load(f)
-    tensors = SafetensorsFolder(model_dir)
+    model_dir, output = fs.absolute(os.fspath(model_dir)), fs.absolute(os.fspath(output))
+    if not fs.isfile(fs.join(model_dir, "config.json")):
+        raise FileNotFoundError(f"--model {model_dir}: no config.json")
+    hf = json.loads(fs.read_text(fs.join(model_dir, "config.json")))
+    local_dir = fs.local_tree(model_dir)  # safetensors are memory-mapped: a local file (module docstring)
+    tensors = SafetensorsFolder(local_dir)
     cfg = model_config_from_hf(hf, max_seq_len=max_seq_len, scan_layers=scan_layers, tensors=tensors)
-    if os.path.isdir(os.path.join(output, "checkpoints")) and os.listdir(os.path.join(output, "checkpoints")):
+    ckpts = fs.join(output, "checkpoints")
+    if fs.isdir(ckpts) and fs.listdir(ckpts):
         raise ConvertError(f"--output {output}: already holds checkpoints/")
-    os.makedirs(output, exist_ok=True)
+    fs.makedirs(output)
     tokenizer, tok_path = None, ""
-    if os.path.exists(os.path.join(model_dir, "tokenizer.model")):
-        tok_path = os.path.join(output, "tokenizer.model")
-        shutil.copyfile(os.path.join(model_dir, "tokenizer.model"), tok_path)
+    if os.path.exists(os.path.join(local_dir, "tokenizer.model")):
+        tok_path = fs.join(output, "tokenizer.model")
+        fs.copy(os.path.join(local_dir, "tokenizer.model"), tok_path)
         tokenizer = Tokenizer.load(tok_path)
     train_cfg = _converted_config(cfg, tok_path)
     if not isinstance(mesh, jax.sharding.Mesh):
@@ -498,9 +515,10 @@ def _tokenizer_files(tokenizer, output: str, max_len: int) -> None:
     Known difference: jaxpt escapes a literal U+2581 in the text to its three byte pieces (lossless), which
     transformers' converted tokenizer reads as a space; ids jaxpt produced decode the same in both."""
     from sentencepiece import sentencepiece_model_pb2
-    with open(tokenizer.path, "rb") as f:
-        dummy_prefix = sentencepiece_model_pb2.ModelProto.FromString(f.read()).normalizer_spec.add_dummy_prefix
-    shutil.copyfile(tokenizer.path, os.path.join(output, "tokenizer.model"))
+    proto = fs.read_bytes(os.fspath(tokenizer.path))  # the path may be gs:// (an epath.Path)
+    dummy_prefix = sentencepiece_model_pb2.ModelProto.FromString(proto).normalizer_spec.add_dummy_prefix
+    with open(os.path.join(output, "tokenizer.model"), "wb") as f:
+        f.write(proto)
     piece = lambda i: tokenizer.id_to_piece(i) if i >= 0 else None  # noqa: E731
     special = {"bos_token": piece(tokenizer.bos_id), "eos_token": piece(tokenizer.eos_id),
                "unk_token": piece(tokenizer.unk_id), "pad_token": piece(tokenizer.pad_id)}
@@ -521,16 +539,31 @@ def jaxpt_to_hf(workdir: str | os.PathLike, output: str | os.PathLike, *, step: 
     Tensors are gathered to the host one at a time and written in files of at most ``max_shard_bytes``
     (several files get ``model.safetensors.index.json``).
 
+    ``workdir`` and ``output`` may be local or ``gs://``: a remote ``output`` is written into a local temporary
+    directory, then each file is uploaded through :mod:`jaxpt.fs` (and the temporary directory removed).
+
     Raises:
       CheckpointError: as :func:`jaxpt.restore`. ConvertError: a model that is not a dense Llama.
     """
     from jaxpt.inference import restore
 
-    output = os.path.abspath(output)
+    output = fs.absolute(os.fspath(output))
     r = restore(workdir, step)
     cfg = r.config.model
     hf = hf_config_from_model(cfg, r.tokenizer)
-    os.makedirs(output, exist_ok=True)
+    if not fs.is_remote(output):
+        os.makedirs(output, exist_ok=True)
+        _write_hf_folder(r, cfg, hf, output, max_shard_bytes)
+        return output
+    import tempfile
+    with tempfile.TemporaryDirectory(prefix="jaxpt-export-") as tmp:
+        _write_hf_folder(r, cfg, hf, tmp, max_shard_bytes)
+        fs.copytree(tmp, output)
+    return output
+
+
+def _write_hf_folder(r, cfg, hf: Mapping[str, Any], output: str, max_shard_bytes: int) -> None:
+    """The HF folder of the restored run ``r`` written into the local directory ``output``."""
     tensors = hf_tensors_from_params(r.params, cfg)
     shards: list[dict[str, np.ndarray]] = [{}]
     size = 0
@@ -557,14 +590,13 @@ def jaxpt_to_hf(workdir: str | os.PathLike, output: str | os.PathLike, *, step: 
         json.dump({k: hf[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if k in hf}, f, indent=1)
     if r.tokenizer.path is not None:
         _tokenizer_files(r.tokenizer, output, cfg.max_seq_len)
-    return output
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m jaxpt.convert", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     a = sub.add_parser("hf-to-jaxpt", help="an HF Llama/Mistral folder -> a jaxpt checkpoint + model.gin")
-    a.add_argument("--model", required=True, help="folder with config.json and *.safetensors")
+    a.add_argument("--model", required=True, help="folder with config.json and *.safetensors (local or gs://)")
     a.add_argument("--output", required=True)
     a.add_argument("--mesh", default=None, help="e.g. fsdp=8 (default: fsdp over all devices)")
     a.add_argument("--max_seq_len", type=int, default=0, help="default: max_position_embeddings")
@@ -572,7 +604,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     b = sub.add_parser("jaxpt-to-hf", help="a jaxpt run's checkpoint -> a transformers-loadable folder")
     b.add_argument("--workdir", required=True)
     b.add_argument("--step", type=int, default=None)
-    b.add_argument("--output", required=True)
+    b.add_argument("--output", required=True, help="local or gs:// (written locally, then uploaded)")
     args = parser.parse_args(argv)
     from jaxpt.checkpoint import CheckpointError
     try:
