@@ -6,6 +6,10 @@ Routing (Shazeer et al. 2017; GShard, Lepikhin et al. 2021; Switch, Fedus et al.
   ``p = softmax(logits)``, each token's top-k experts chosen by ``p``. Gates: ``p`` of the chosen expert for
   k = 1 (Switch: the router gets the main loss's gradient through it), the top-k ``p`` renormalized to sum to 1
   for k >= 2 (GShard, Mixtral).
+* Sinkhorn-balanced choice (``moe_router_sinkhorn_iters > 0``; Clark et al. 2022, S-BASE): the top k of
+  ``logits + b`` with per-expert offsets ``b`` that balance each routing group's soft assignment
+  (:func:`sinkhorn_offsets`), so a part of the logits shared by all tokens (the tokens' hidden states are
+  nearly alike early in training) cannot send them all to the same experts; gates as above.
 * Capacity mode (default): tokens are routed within groups, one group per row of the batch (``G = B``
   groups of ``S = L`` tokens), or ``moe_group_size`` consecutive tokens of a row (``G = B L / S``). Expert capacity is ``C = min(S, ceil(k * S * capacity_factor / E))``. Slots
   are filled choice by choice (every token's first choice, then every token's second choice, ...), tokens in
