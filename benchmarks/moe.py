@@ -4,8 +4,9 @@ size, the all-to-alls in the compiled quickstart_moe step, and the summary of a 
     python benchmarks/moe.py [--run WORKDIR]          # WORKDIR: a finished `jaxpt.train` run of quickstart_moe.gin
 
 The training summary reads ``WORKDIR/metrics.jsonl``: loss at step 1 and its last value and ratio (the issue asks
-for < 0.75 within 300 steps), the smallest expert share of any MoE layer after step 100 (asks >= 5%), the
-mean dropped fraction and load-balancing loss. Figures only, never pass/fail.
+for < 0.75 within 300 steps), the smallest expert share of any MoE layer after step 100 (asks >= 5%), by
+layer, and how many logged steps after 100 have an expert under 5%, the mean dropped fraction and
+load-balancing loss. Figures only, never pass/fail.
 """
 
 from __future__ import annotations
@@ -66,6 +67,15 @@ def run_summary(workdir: str) -> None:
           f"{next((r['step'] for r in recs if r['loss'] < 0.75 * first['loss']), None)}")
     if min_share:
         print(f"  smallest expert share after step 100: {min_share[0]:.3f} at step {min_share[1]} ({min_share[2]})")
+        layers = sorted({k.split("/")[2] for k in share_keys}, key=lambda n: int(n[len("layer"):]))
+        per_layer = {n: min(r[k] for r in late for k in share_keys if k.split("/")[2] == n) for n in layers}
+        print("  smallest share after step 100 by layer: "
+              + ", ".join(f"{n} {v:.3f}" for n, v in per_layer.items()))
+        under = [r["step"] for r in late if min(r[k] for k in share_keys) < 0.05]
+        print(f"  logged steps after 100 with an expert under 5%: {len(under)} of {len(late)}"
+              + (f" (first {under[0]})" if under else ""))
+        first_under = next((r["step"] for r in recs if min(r[k] for k in share_keys) < 0.05), None)
+        print(f"  first logged step with an expert under 5% (any step): {first_under}")
     print(f"  mean dropped fraction {drop:.3f}; load-balancing loss {first['moe/load_balance_loss']:.3f} -> "
           f"{last['moe/load_balance_loss']:.3f}; router z-loss {first['moe/router_z_loss']:.3f} -> "
           f"{last['moe/router_z_loss']:.3f}")

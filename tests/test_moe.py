@@ -17,7 +17,7 @@ from jaxpt import config as C
 from jaxpt import flops
 from jaxpt.errors import ConfigError
 from jaxpt.model import Decoder, ModelConfig, count_params
-from jaxpt.model.moe import MoE, dispatch_and_combine, expert_capacity, route
+from jaxpt.model.moe import MoE, dispatch_and_combine, expert_capacity, route, sinkhorn_offsets
 
 TINY = ModelConfig(vocab_size=256, d_model=32, num_layers=2, num_heads=2, num_kv_heads=2, head_dim=16, mlp_dim=64,
                    max_seq_len=32, mlp="moe", moe_num_experts=4, moe_top_k=2, moe_capacity_factor=2.0)
@@ -136,6 +136,73 @@ def test_every_nth_layer_placement_and_param_accounting():
     assert cs["total"] - c["total"] == cs["matmul"] - c["matmul"] == 2 * 3 * D * 16
 
 
+def test_load_balance_gradient_reaches_the_router_as_the_hand_formula():
+    """The balancing loss's gradient reaches the router: d/dl_te of E sum_i f_i P_i (f held constant, as
+    Switch does) is (E / T) p_te (f_e - sum_i f_i p_ti), and the router weights get x^T of it; checked with
+    jax.grad on random logits, top-2 and top-1, with no gradient through f."""
+    rng = np.random.default_rng(0)
+    T, D, E = 12, 5, 4
+    x = rng.standard_normal((T, D)).astype(np.float32)
+    w = rng.standard_normal((D, E)).astype(np.float32)
+    for k in (1, 2):
+        def lb(w_):
+            return route(jnp.einsum("td,de->te", x, w_)[None], k).load_balance_loss
+        g = np.asarray(jax.jit(jax.grad(lb))(jnp.asarray(w)))
+        logits = x @ w
+        p = np.exp(logits - logits.max(-1, keepdims=True))
+        p /= p.sum(-1, keepdims=True)
+        top = np.argsort(-p, axis=-1)[:, :k]
+        f = np.bincount(top.reshape(-1), minlength=E) / (T * k)
+        g_logits = E / T * p * (f[None] - (p * f[None]).sum(-1, keepdims=True))
+        np.testing.assert_allclose(g, x.T @ g_logits, rtol=1e-4, atol=1e-7)
+        assert np.linalg.norm(g) > 1e-3
+
+
+def test_sinkhorn_selection_balances_tokens_that_share_most_of_their_logits():
+    """Logits = a large per-expert part shared by every token (3, 1, -1, -3) + 0.02 noise (what the quickstart
+    MoE's layers show after ~10 steps): plain top-2 sends every token to experts 0 and 1; Sinkhorn selection
+    (S-BASE) spreads them (each share within 0.25 +- 0.05), its offsets undo the shared part (b_e - b_0 =
+    -(c_e - c_0) within 0.02), the row-normalized balanced assignment has equal expert masses, gates are
+    still the renormalized top-2 probabilities, padding takes no part, and one-token groups (decoding) route
+    as plain top-k."""
+    rng = np.random.default_rng(0)
+    c = np.array([3.0, 1.0, -1.0, -3.0], np.float32)
+    logits = jnp.asarray(c + 0.02 * rng.standard_normal((2, 128, 4)), jnp.float32)
+    valid = np.zeros((2, 128), bool)
+    valid[0, :64] = True   # padding: the second group all padding, the first half padding
+
+    @jax.jit
+    def cases(logits, valid):
+        shift = jnp.asarray([0.0, 0.0, 50.0, 0.0])   # a router bias forced high on expert 2
+        one = logits.reshape(256, 1, 4)                # one-token groups (decoding)
+        return {"plain": route(logits, 2), "sk": route(logits, 2, sinkhorn_iters=5),
+                "b": sinkhorn_offsets(logits, jnp.ones((2, 128)), 5),
+                "shifted": route(logits + shift, 2, sinkhorn_iters=5),
+                "padded": route(logits, 2, valid, sinkhorn_iters=5),
+                "b_padded": sinkhorn_offsets(logits, valid.astype(jnp.float32), 5),
+                "alone": route(logits[:1, :64], 2, sinkhorn_iters=5),
+                "one_sk": route(one, 2, sinkhorn_iters=5).experts, "one_plain": route(one, 2).experts,
+                "dgate": jax.grad(lambda l: route(l, 2, sinkhorn_iters=5).gates[0, 0, 0])(logits)}
+
+    out = jax.device_get(cases(logits, jnp.asarray(valid)))
+    np.testing.assert_allclose(out["plain"].share, [0.5, 0.5, 0.0, 0.0])
+    r = out["sk"]
+    assert np.all(np.abs(r.share - 0.25) < 0.05), r.share
+    b = out["b"]
+    np.testing.assert_allclose(b - b[:, :1], -(c - c[0])[None].repeat(2, 0), atol=0.02)
+    q = np.exp(np.asarray(logits) + b[:, None, :])
+    q /= q.sum(-1, keepdims=True)                                       # rows sum to 1
+    np.testing.assert_allclose(q.sum(1), 128 / 4, rtol=1e-3)           # each expert a quarter of the tokens
+    chosen = np.take_along_axis(r.probs, r.experts, -1)
+    np.testing.assert_allclose(r.gates, chosen / chosen.sum(-1, keepdims=True), rtol=1e-6)
+    assert np.abs(out["dgate"]).sum() > 0          # the gates keep the router's gradient
+    np.testing.assert_array_equal(out["shifted"].experts, r.experts)   # the forced bias changes no choice
+    assert np.all(np.isfinite(out["b_padded"]))
+    np.testing.assert_array_equal(out["padded"].experts[0, :64], out["alone"].experts[0])
+    np.testing.assert_allclose(out["padded"].share, out["alone"].share, rtol=1e-6)
+    np.testing.assert_array_equal(out["one_sk"], out["one_plain"])
+
+
 def test_moe_config_errors_name_the_field():
     with pytest.raises(ConfigError, match=r"ModelConfig.moe_top_k = 5"):
         dataclasses.replace(TINY, moe_top_k=5)
@@ -151,6 +218,8 @@ def test_moe_config_errors_name_the_field():
         C.validate(_tiny_train_cfg("expert=8"), 8)
     with pytest.raises(ConfigError, match=r"ModelConfig.moe_router_init_std = -0.1"):
         dataclasses.replace(TINY, moe_router_init_std=-0.1)
+    with pytest.raises(ConfigError, match=r"ModelConfig.moe_router_sinkhorn_iters = -1"):
+        dataclasses.replace(TINY, moe_router_sinkhorn_iters=-1)
     # moe_router_init_std sets the router weights' init (128 draws: std within ~25%); 0 falls back to init_std
     for std, expect in ((0.002, 0.002), (0.0, TINY.init_std)):
         w = MoE(dataclasses.replace(TINY, moe_router_init_std=std), rngs=nnx.Rngs(0)).w_router[...]
@@ -166,7 +235,8 @@ def test_expert_parallel_step_exchanges_tokens_all_to_all_and_reports_shares():
     """On expert=4,data=2 the compiled train step holds all-to-alls (XLA's lowering of the dispatch and
     combine einsums' resharding); per-layer expert shares reach the metrics and sum to 1; forcing one
     expert's router bias high sends every token to it (share exactly 1/2 under top-2)."""
-    built = builder.build(_tiny_train_cfg("expert=4,data=2"))
+    # plain top-k: Sinkhorn selection (the preset's) would cancel the forced bias (see the Sinkhorn test)
+    built = builder.build(_tiny_train_cfg("expert=4,data=2", moe_router_sinkhorn_iters=0))
     state = built.init_state()
     batch = jax.device_put(_batch(8, 32, 256), built.batch_shardings())
     compiled = built.train_step.lower(state, batch).compile()

@@ -83,6 +83,10 @@ class ModelConfig:
       moe_router_z_loss_weight: weight of the router z-loss (Zoph et al. 2022, ST-MoE, eq. 5).
       moe_router_init_std: std of the router weights' normal init; 0: ``init_std``. Switch Transformer
         (Fedus et al. 2021, sec. 2.4) scales the router's (and every) init down for stable routing.
+      moe_router_sinkhorn_iters: 0: each token's experts are its top-k router probabilities. > 0: they are the
+        top k of the logits plus per-expert offsets that balance each routing group, from this many Sinkhorn
+        iterations (Clark et al. 2022, S-BASE; :func:`jaxpt.model.moe.sinkhorn_offsets`); gates and gradients
+        unchanged. Keeps routing balanced while the tokens' hidden states are nearly alike (early training).
       loss_chunk_size: tokens per chunk (along the sequence) in which the train and eval steps compute the
         output logits and the cross-entropy, forward and backward, so the [B, L, V] float32 logits never exist
         whole (:func:`jaxpt.step.chunked_token_losses`); 0: all at once. Changes no parameter.
@@ -106,8 +110,8 @@ class ModelConfig:
         rope_low_freq_factor`` or a non-positive one; for ``yarn``, ``rope_beta_fast <= rope_beta_slow`` or a
         non-positive one, or a negative ``rope_attention_factor``; for ``mlp = 'moe'``: ``moe_top_k`` outside
         ``[1, moe_num_experts]``, a non-positive ``moe_capacity_factor`` or ``moe_every``, ``moe_every`` not
-        dividing ``num_layers`` or above 1 with ``scan_layers``, or a negative loss weight, ``moe_router_init_std`` or
-        ``moe_shared_expert_dim``.
+        dividing ``num_layers`` or above 1 with ``scan_layers``, or a negative loss weight, ``moe_router_init_std``,
+        ``moe_router_sinkhorn_iters`` or ``moe_shared_expert_dim``.
     """
 
     vocab_size: int = 8192
@@ -149,6 +153,7 @@ class ModelConfig:
     moe_load_balance_weight: float = 0.01
     moe_router_z_loss_weight: float = 0.001
     moe_router_init_std: float = 0.0
+    moe_router_sinkhorn_iters: int = 0
 
     @property
     def jnp_param_dtype(self):
@@ -201,7 +206,7 @@ class ModelConfig:
     def _check_moe(self) -> None:
         positive(self, "moe_num_experts", "moe_top_k", "moe_every", "moe_capacity_factor")
         non_negative(self, "moe_group_size", "moe_shared_expert_dim", "moe_load_balance_weight",
-                     "moe_router_z_loss_weight", "moe_router_init_std")
+                     "moe_router_z_loss_weight", "moe_router_init_std", "moe_router_sinkhorn_iters")
         require(self, "moe_top_k", self.moe_top_k <= self.moe_num_experts,
                 f"must be at most ModelConfig.moe_num_experts = {self.moe_num_experts}")
         require(self, "moe_every", self.num_layers % self.moe_every == 0,

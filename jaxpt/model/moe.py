@@ -6,6 +6,10 @@ Routing (Shazeer et al. 2017; GShard, Lepikhin et al. 2021; Switch, Fedus et al.
   ``p = softmax(logits)``, each token's top-k experts chosen by ``p``. Gates: ``p`` of the chosen expert for
   k = 1 (Switch: the router gets the main loss's gradient through it), the top-k ``p`` renormalized to sum to 1
   for k >= 2 (GShard, Mixtral).
+* Sinkhorn-balanced choice (``moe_router_sinkhorn_iters > 0``; Clark et al. 2022, S-BASE): the top k of
+  ``logits + b`` with per-expert offsets ``b`` that balance each routing group's soft assignment
+  (:func:`sinkhorn_offsets`), so a part of the logits shared by all tokens (the tokens' hidden states are
+  nearly alike early in training) cannot send them all to the same experts; gates as above.
 * Capacity mode (default): tokens are routed within groups, one group per row of the batch (``G = B``
   groups of ``S = L`` tokens), or ``moe_group_size`` consecutive tokens of a row (``G = B L / S``). Expert capacity is ``C = min(S, ceil(k * S * capacity_factor / E))``. Slots
   are filled choice by choice (every token's first choice, then every token's second choice, ...), tokens in
@@ -92,11 +96,47 @@ class Routing(NamedTuple):
     share: jax.Array
 
 
-def route(logits_GxSxE: jax.Array, k: int, valid_GxS: jax.Array | None = None) -> Routing:
+def sinkhorn_offsets(logits_GxSxE: jax.Array, w_GxS: jax.Array, iters: int) -> jax.Array:
+    """Per-group, per-expert offsets ``b [G, E]`` float32 that balance the soft assignment of each group.
+
+    Sinkhorn-Knopp in the log domain (Cuturi 2013; used for routing by Clark et al. 2022, "Unified Scaling Laws
+    for Routed Language Models", S-BASE, and Megatron-LM's ``sinkhorn`` router): find ``a [G, S]``, ``b [G, E]``
+    with ``P_gse = w_gs exp(l_gse + a_gs + b_ge)`` having row sums 1 (each real token one unit) and column sums
+    ``n_g / E`` (each expert an equal part of the group's ``n_g`` real tokens), alternating
+    ``a = -logsumexp_e(l + b)``, ``b = log(n_g / E) - log sum_s w exp(l + a)`` ``iters`` times from ``b = 0``.
+    ``l + b`` orders each token's experts as the balanced assignment does (``a`` is per token). Only ``b`` is
+    returned, under ``stop_gradient``: the offsets choose experts, they carry no gradient.
+
+    Args:
+      logits_GxSxE: router logits (float32). w_GxS: float32 1 at real tokens, 0 at padding.
+      iters: Sinkhorn iterations (>= 1). A group with no real token gets ``b = 0``.
+    """
+    l = jax.lax.stop_gradient(logits_GxSxE.astype(jnp.float32))
+    E = l.shape[-1]
+    n_G = jnp.sum(w_GxS, axis=1)
+    has_G1 = (n_G > 0)[:, None]
+    log_target_G1 = jnp.log(jnp.maximum(n_G, 1.0) / E)[:, None]
+    b = jnp.zeros((l.shape[0], E), jnp.float32)
+    for _ in range(iters):
+        a_GxS = -jax.nn.logsumexp(l + b[:, None, :], axis=-1)
+        col_GxE = jax.nn.logsumexp(l + a_GxS[..., None], axis=1, b=jnp.broadcast_to(w_GxS[..., None], l.shape))
+        b = jnp.where(has_G1, log_target_G1 - jnp.where(has_G1, col_GxE, 0.0), 0.0)
+    return jax.lax.stop_gradient(b)
+
+
+def route(logits_GxSxE: jax.Array, k: int, valid_GxS: jax.Array | None = None, sinkhorn_iters: int = 0
+          ) -> Routing:
     """Softmax top-k routing and its balance statistics from float32 router logits ``[G, S, E]``.
 
     Load-balancing loss: Fedus et al. 2021 (Switch Transformer), eq. 4, ``E * sum_i f_i P_i``, with ``f_i`` over
     all k choices. Router z-loss: Zoph et al. 2022 (ST-MoE), eq. 5, ``mean_t logsumexp(logits_t)^2``.
+
+    With ``sinkhorn_iters > 0`` and groups of more than one token, each token's k experts are the top k of
+    ``logits + b`` with :func:`sinkhorn_offsets` ``b`` of its group (Clark et al. 2022, S-BASE): a per-expert
+    offset that cancels what all tokens of the group share, so the choice follows what tells them apart. The
+    gates stay the softmax probabilities of the chosen experts (renormalized for k >= 2), so the router gets
+    the same gradient as without it. Groups of one token (decoding) route by plain top-k: Sinkhorn would make
+    every expert equal there.
 
     Args:
       logits_GxSxE: router logits (cast to float32).
@@ -104,13 +144,19 @@ def route(logits_GxSxE: jax.Array, k: int, valid_GxS: jax.Array | None = None) -
       valid_GxS: bool, False at padding tokens (segment id 0); None: every token is real. The statistics
         (``f_i``, ``P_i``, the z-loss mean, ``share``) are over real tokens only, so padding neither pulls the
         balancing loss nor shows in the shares; with no real token at all they are 0.
+      sinkhorn_iters: 0: plain top-k of the probabilities; else Sinkhorn-balanced selection (above).
     """
     E = logits_GxSxE.shape[-1]
     logits = logits_GxSxE.astype(jnp.float32)
     probs = jax.nn.softmax(logits, axis=-1)
-    top_p, experts = jax.lax.top_k(probs, k)
-    gates = top_p if k == 1 else top_p / jnp.sum(top_p, axis=-1, keepdims=True)
     w_GxS = jnp.ones(logits.shape[:2], jnp.float32) if valid_GxS is None else valid_GxS.astype(jnp.float32)
+    if sinkhorn_iters and logits.shape[1] > 1:
+        b_GxE = sinkhorn_offsets(logits, w_GxS, sinkhorn_iters)
+        _, experts = jax.lax.top_k(jax.lax.stop_gradient(logits) + b_GxE[:, None, :], k)
+        top_p = jnp.take_along_axis(probs, experts, axis=-1)
+    else:
+        top_p, experts = jax.lax.top_k(probs, k)
+    gates = top_p if k == 1 else top_p / jnp.sum(top_p, axis=-1, keepdims=True)
     n = jnp.maximum(jnp.sum(w_GxS), 1.0)
     chosen_GxSxE = jnp.sum(jax.nn.one_hot(experts, E, dtype=jnp.float32), axis=-2)
     share = jnp.einsum("gse,gs->e", chosen_GxSxE, w_GxS) / (n * k)
@@ -223,7 +269,14 @@ class MoE(nnx.Module):
         cfg = self.cfg
         B, L, _ = x_BxLxD.shape
         valid_BxL = None if segment_ids_BxL is None else segment_ids_BxL > 0
-        routing = route(self.router_logits(x_BxLxD), cfg.moe_top_k, valid_BxL)
+        S = cfg.moe_group_size or L   # routing group: Sinkhorn balances within it, capacity counts within it
+        if L % S:
+            raise ValueError(f"ModelConfig.moe_group_size = {S} does not divide the row length {L}")
+        G = B * L // S
+        routing = route(self.router_logits(x_BxLxD).reshape(G, S, -1), cfg.moe_top_k,
+                        None if valid_BxL is None else valid_BxL.reshape(G, S), cfg.moe_router_sinkhorn_iters)
+        routing = routing._replace(**{f: getattr(routing, f).reshape(B, L, -1)
+                                      for f in ("probs", "experts", "gates")})
         if valid_BxL is not None:
             routing = routing._replace(gates=routing.gates * valid_BxL[..., None].astype(routing.gates.dtype))
         if cfg.moe_dropless:
