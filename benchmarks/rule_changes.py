@@ -1,4 +1,5 @@
-"""What the current rules (rules-v3, now v4), the new language ID and quality quantiles change on a build made with the old ones (issue 17).
+"""What the current rules (rules-v3, now v4), the new language ID and quality quantiles change on a build made
+with older ones (issue 17).
 
     python benchmarks/rule_changes.py --build DIR --config configs/data/raw_v1.gin \
         --gin "BuildConfig.source_root='../shared/corpus/raw-v1'" --gin "OutputConfig.tokenizer_path='...'" \

@@ -136,14 +136,18 @@ def rule_stats(text: str, dup_line_min_words: int = 1) -> dict[str, float]:
     st["non_printable_ratio"] = _count_in(sample, "nonprint") / max(1, len(sample))
     st["replacement_ratio"] = sample.count("\ufffd") / max(1, len(sample))
     st["punct_ratio"] = _count_in(sample, "punct") / max(1, len(sample))
+    spaced = [t for t in toks if not _CJK_RE.fullmatch(t)]
+    mostly_cjk = len(spaced) * 2 < n_words
     st["symbol_count"] = text.count("#") + text.count("...") + text.count("\u2026")
     st["n_ws_words"] = len(ws_words)
-    st["symbol_ratio"] = st["symbol_count"] / max(1, len(ws_words))
+    # Gopher's symbol-to-word ratio counts space-separated words; mostly-CJK text has few spaces, so a Japanese
+    # man page with a handful of '#' comments read as 0.2 symbols per "word". There words are counted per
+    # character, as for the word count above (rules-v4: that page was a labelled wrongful drop).
+    st["n_symbol_words"] = n_words if mostly_cjk else len(ws_words)
+    st["symbol_ratio"] = st["symbol_count"] / max(1, st["n_symbol_words"])
     # Gopher's word-length bounds assume space-separated words. In CJK text every character is a
     # token, so the bounds apply to the other tokens only, and not at all to mostly-CJK text
     # (NaN compares false, so the rule passes).
-    spaced = [t for t in toks if not _CJK_RE.fullmatch(t)]
-    mostly_cjk = len(spaced) * 2 < n_words
     st["mean_word_length"] = float("nan") if mostly_cjk or not spaced else sum(map(len, spaced)) / len(spaced)
     st["alpha_word_fraction"] = sum(1 for w in ws_words if _ALPHA_RE.search(w)) / max(1, len(ws_words))
     lines = [ln.strip() for ln in text.split("\n") if ln.strip()]
@@ -237,7 +241,7 @@ def rule_reason(text: str, cfg: RuleConfig) -> str | None:
         st.update({k: float("nan") for k in _NGRAM_STATS})  # NaN compares false: the rule passes
     # Likewise '#' and ellipses per word: one '...' in a seven-word fortune is 0.14 > 0.1, so the ratio's
     # denominator is at least repetition_min_words words (a short text may hold up to 5 such symbols at 0.1).
-    st["symbol_ratio"] = st["symbol_count"] / max(1, st["n_ws_words"], cfg.repetition_min_words)
+    st["symbol_ratio"] = st["symbol_count"] / max(1, st["n_symbol_words"], cfg.repetition_min_words)
     for reason, stat, op, field in RULES:
         if reason in cfg.skip:
             continue

@@ -2,6 +2,7 @@
 decontamination of short eval examples, the stratified labelling sample. Beam-free except where noted."""
 
 import collections
+import dataclasses
 import gzip
 import json
 
@@ -133,6 +134,44 @@ def test_one_ellipsis_in_a_short_fortune_is_not_a_symbol_flood():
     assert stages.rule_reason(fortune, RuleConfig()) is None
     flood = "#a #b #c #d #e #f #g word word word"  # 7 '#' over max(10, 50) words = 0.14
     assert stages.rule_reason(flood, RuleConfig()) == "symbol_ratio"
+
+
+def test_rules_v4_keep_the_labelled_wrongful_drops_of_a_rules_v3_build():
+    """The two rules-v4 changes, each on a document a rules-v3 build of raw-v1 dropped and both annotators labelled
+    wrongful (data/labels/raw-v1-rules-v3), under raw_v1.gin's own rules; what those rules rightly dropped still
+    goes."""
+    import gin
+
+    from data_pipelines import build
+
+    try:
+        cfg = build.load_config(["configs/data/raw_v1.gin"], ["OutputConfig.tokenizer_path = 'unused.model'"])
+    finally:
+        gin.clear_config()  # RuleConfig() elsewhere must not take raw_v1.gin's bindings
+    fortune = cfg.rules.for_domain("multilingual", "fortunes-de")
+    compound = "Hallo Weißbierüberschäumlasserinnen!\n"  # mean word length 17 > 12
+    nospace = "Seraqueochefevaidescobrirqueeuderrubeicafénoteclado?\n"
+    assert stages.rule_stats(nospace)["mean_word_length"] > 30
+    v3 = dataclasses.replace(fortune, skip=tuple(r for r in fortune.skip if r != "long_words"))
+    assert [stages.rule_reason(t, v3) for t in (compound, nospace)] == ["long_words", "long_words"]
+    assert [stages.rule_reason(t, fortune) for t in (compound, nospace)] == [None, None]
+    dragon = ("\t\t    ___====-_  _-====___\n\t      _--~~~#####//      \\\\#####~~~--_\n"
+              "\t   _-~##########// (    ) \\\\##########~-_\n")
+    assert stages.rule_reason(dragon, cfg.rules.for_domain("multilingual", "fortunes")) == "few_alpha_words"
+    # A Japanese man page's example script (as manpages-ja initscript(5)): 8 '#' comment marks over 53
+    # space-separated "words" read as 0.15 symbols per word in rules-v3 (> 0.1); counted per character, as the
+    # word count is, it is 8 over some 300.
+    comment = "                # 全てのプロセスに対するファイルディスクプリタの上限を設定する。\n"
+    page = ("名前\n       initscript - inittabファイル中のコマンドを実行するスクリプト\n"
+            + comment * 8 + "                ulimit -Hn 8192\n" * 10 + "                eval exec \"$4\"\n")
+    st = stages.rule_stats(page)
+    assert st["symbol_count"] == 8 and 50 <= st["n_ws_words"] < 80 and st["n_words"] > 200
+    assert st["symbol_ratio"] == pytest.approx(8 / st["n_words"])
+    man = cfg.rules.for_domain("multilingual", "manpages-ja")
+    assert st["symbol_count"] / max(st["n_ws_words"], man.repetition_min_words) > man.max_symbol_ratio  # rules-v3
+    assert stages.rule_reason(page, man) is None
+    # Space-separated text keeps Gopher's per-word ratio.
+    assert stages.rule_stats("#a #b #c #d #e #f #g word word word")["symbol_ratio"] == pytest.approx(0.7)
 
 
 def test_code_closing_braces_are_not_duplicate_lines():
