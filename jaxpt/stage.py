@@ -162,12 +162,16 @@ def check_resumed_stage(cfg, resume_meta: dict, where: str) -> str:
                          "is of a run that began from scratch: start the stage in a new --workdir"))
 
 
-def stage_record(cfg, parent: Parent | None) -> dict[str, Any]:
-    """The ``stage`` entry of checkpoint meta and run.json: name, start step, parent, optimizer handling."""
+def stage_record(cfg, parent: Parent | None, data_version: str | None = None) -> dict[str, Any]:
+    """The ``stage`` entry of checkpoint meta and run.json: name, start step, parent, optimizer handling, and the
+    stage's ``data_version`` (:func:`jaxpt.data.stream.data_version`; a continued-pretraining stage trains on
+    another corpus version than its parent, and a data path is bookkeeping, so no changed setting would say so)."""
     record: dict[str, Any] = {"name": cfg.stage_name or ("extension" if parent else "base"),
                               "workdir": fs.absolute(cfg.workdir), "start_step": parent.step if parent else 0,
                               "target_steps": cfg.steps, "seq_len": cfg.seq_len,
                               "parent": {"path": parent.workdir, "step": parent.step} if parent else None}
+    if data_version is not None:
+        record["data_version"] = data_version
     if parent:
         record["reset_optimizer"] = cfg.reset_optimizer or parent.params_only
         record["changed_settings"] = list(parent.changed)
@@ -178,7 +182,8 @@ def stage_record(cfg, parent: Parent | None) -> dict[str, Any]:
 
 def parent_stages(parent: Parent) -> list[dict[str, Any]]:
     """The stages of the parent's run as its ``run.json`` lists them, ended at the parent step (one synthesized
-    from the parent's meta when its run.json is missing or predates stages)."""
+    from the parent's meta when its run.json is missing or predates stages); the last one's ``data_version``, when
+    its record lacks it, is the parent checkpoint's (a converted model has none)."""
     from jaxpt.registry import RUN_FILE
     stages = []
     try:
@@ -190,6 +195,8 @@ def parent_stages(parent: Parent) -> list[dict[str, Any]]:
         stages = [{"name": "base", "workdir": parent.workdir, "start_step": 0, "parent": None,
                    "seq_len": parent.meta.get("seq_len")}]
     stages[-1]["end_step"] = parent.step
+    if parent.meta.get("data_version"):
+        stages[-1].setdefault("data_version", parent.meta["data_version"])
     return stages
 
 

@@ -449,7 +449,8 @@ def _train(cfg: TrainConfig, pre: preflight.Preflight, t_start: float, fault_inj
     if ckpt is not None:
         state, start = ckpt.resume(run.spec.abstract, batches, cfg.model, run.tokenizer.sha256)
         run.state = state if state is not None else run.state
-    stage = (pre.resume_meta.get("stage") if start else None) or stage_lib.stage_record(cfg, pre.parent)
+    stage = ((pre.resume_meta.get("stage") if start else None)
+             or stage_lib.stage_record(cfg, pre.parent, stream.data_version(cfg)))
     if start == 0 and pre.parent is not None:  # a new stage: its first state from the parent checkpoint
         run.state = stage_lib.begin_stage(run.built, pre.parent)
         start = pre.parent.step
