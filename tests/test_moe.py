@@ -233,28 +233,43 @@ def test_moe_config_errors_name_the_field():
 # ------------------------------------------------------------------------------- sharded, through build()
 def test_expert_parallel_step_exchanges_tokens_all_to_all_and_reports_shares():
     """On expert=4,data=2 the compiled train step holds all-to-alls (XLA's lowering of the dispatch and
-    combine einsums' resharding); per-layer expert shares reach the metrics and sum to 1; forcing one
-    expert's router bias high sends every token to it (share exactly 1/2 under top-2)."""
-    # plain top-k: Sinkhorn selection (the preset's) would cancel the forced bias (see the Sinkhorn test)
-    built = builder.build(_tiny_train_cfg("expert=4,data=2", moe_router_sinkhorn_iters=0))
-    state = built.init_state()
-    batch = jax.device_put(_batch(8, 32, 256), built.batch_shardings())
-    compiled = built.train_step.lower(state, batch).compile()
-    assert "all-to-all" in compiled.as_text()
-    w = state.params["blocks"][0]["mlp"]["w_gate"]
-    assert w.sharding.spec[0] == "expert"
-    state, m = compiled(state, batch)
-    for layer in range(2):
-        shares = [float(m[f"moe/expert_share/layer{layer}/expert{e}"]) for e in range(4)]
-        assert math.isclose(sum(shares), 1.0, rel_tol=1e-6) and max(shares) < 0.9
-    for layer in range(2):
-        b = state.params["blocks"][layer]["mlp"]["router_bias"]
-        state.params["blocks"][layer]["mlp"]["router_bias"] = b.replace(jnp.asarray([0.0, 0.0, 50.0, 0.0]))
-    state, m = compiled(state, batch)
-    for layer in range(2):
-        assert float(m[f"moe/expert_share/layer{layer}/expert2"]) == 0.5
-        assert math.isclose(sum(float(m[f"moe/expert_share/layer{layer}/expert{e}"]) for e in range(4)), 1.0,
-                            rel_tol=1e-6)
+    combine einsums' resharding); per-layer expert shares reach the metrics and sum to 1. Forcing one expert's
+    router bias high shows in the metrics: the router's own top-2 sends every token to it (``router_share``
+    exactly 1/2 under top-2), with plain top-k also the realized ``expert_share``; Sinkhorn selection (the
+    preset's) cancels the bias, so there the realized shares stay spread and only ``router_share`` shows it."""
+    def force_bias(state):
+        for layer in range(2):
+            b = state.params["blocks"][layer]["mlp"]["router_bias"]
+            state.params["blocks"][layer]["mlp"]["router_bias"] = b.replace(jnp.asarray([0.0, 0.0, 50.0, 0.0]))
+        return state
+
+    def shares(m, name, layer):
+        return [float(m[f"moe/{name}/layer{layer}/expert{e}"]) for e in range(4)]
+
+    for iters in (0, 5):
+        built = builder.build(_tiny_train_cfg("expert=4,data=2", moe_router_sinkhorn_iters=iters))
+        state = built.init_state()
+        batch = jax.device_put(_batch(8, 32, 256), built.batch_shardings())
+        compiled = built.train_step.lower(state, batch).compile()
+        assert "all-to-all" in compiled.as_text()
+        w = state.params["blocks"][0]["mlp"]["w_gate"]
+        assert w.sharding.spec[0] == "expert"
+        state, m = compiled(state, batch)
+        for layer in range(2):
+            for name in ("expert_share", "router_share"):
+                s = shares(m, name, layer)
+                assert math.isclose(sum(s), 1.0, rel_tol=1e-6) and max(s) < 0.9, (iters, name, s)
+            if not iters:
+                assert shares(m, "router_share", layer) == shares(m, "expert_share", layer)
+        state, m = compiled(force_bias(state), batch)
+        for layer in range(2):
+            assert shares(m, "router_share", layer)[2] == 0.5
+            realized = shares(m, "expert_share", layer)
+            assert math.isclose(sum(realized), 1.0, rel_tol=1e-6)
+            if iters:
+                assert max(realized) < 0.4, realized     # balanced selection hides the bias
+            else:
+                assert realized[2] == 0.5
 
 
 def _losses(cfg, steps):

@@ -33,6 +33,10 @@ the (micro-)batch:
 * ``moe/dropped_fraction``: dropped assignments / ``T k`` (0 in dropless mode). Mean over layers.
 * ``moe/expert_share``: ``f_i`` per MoE layer, ``[num_moe_layers, E]`` (each row sums to 1), reported as
   ``moe/expert_share/layer{j}/expert{i}`` where j counts MoE layers (decoder layer ``(j + 1) moe_every - 1``).
+* ``moe/router_share``: the same fraction for the plain top-k of the router's probabilities, ``[num_moe_layers,
+  E]``: what the router alone prefers, and how tokens route when decoding one at a time. It equals
+  ``moe/expert_share`` without Sinkhorn selection; with it, it shows a router drifting or a forced bias that
+  the balanced selection hides.
 
 Padding tokens (segment id 0; the block passes the segment ids) take no capacity and have zero gates (in
 dropless mode too), and count in none of the statistics above: ``T`` is the number of real tokens.
@@ -58,6 +62,7 @@ LOAD_BALANCE = "moe/load_balance_loss"
 ROUTER_Z = "moe/router_z_loss"
 DROPPED = "moe/dropped_fraction"
 SHARE = "moe/expert_share"
+ROUTER_SHARE = "moe/router_share"
 
 
 def moe_aux_specs(cfg: ModelConfig) -> dict[str, AuxSpec]:
@@ -65,7 +70,8 @@ def moe_aux_specs(cfg: ModelConfig) -> dict[str, AuxSpec]:
     return {LOAD_BALANCE: AuxSpec("mean", "mean", loss_weight=cfg.moe_load_balance_weight),
             ROUTER_Z: AuxSpec("mean", "mean", loss_weight=cfg.moe_router_z_loss_weight),
             DROPPED: AuxSpec("mean", "mean"),
-            SHARE: AuxSpec("stack", "mean", index_names=("layer", "expert"))}
+            SHARE: AuxSpec("stack", "mean", index_names=("layer", "expert")),
+            ROUTER_SHARE: AuxSpec("stack", "mean", index_names=("layer", "expert"))}
 
 
 def expert_capacity(cfg: ModelConfig, group_size: int) -> int:
@@ -86,6 +92,7 @@ class Routing(NamedTuple):
       gates: float32 [G, S, k] combine weight of each choice (before dropping).
       load_balance_loss, router_z_loss: float32 scalars (module docstring).
       share: float32 [E] fraction of the ``G S k`` assignments routed to each expert (sums to 1).
+      router_share: float32 [E] the same for the plain top-k of ``probs`` (equal to ``share`` without Sinkhorn).
     """
 
     probs: jax.Array
@@ -94,6 +101,7 @@ class Routing(NamedTuple):
     load_balance_loss: jax.Array
     router_z_loss: jax.Array
     share: jax.Array
+    router_share: jax.Array
 
 
 def sinkhorn_offsets(logits_GxSxE: jax.Array, w_GxS: jax.Array, iters: int) -> jax.Array:
@@ -142,7 +150,7 @@ def route(logits_GxSxE: jax.Array, k: int, valid_GxS: jax.Array | None = None, s
       logits_GxSxE: router logits (cast to float32).
       k: experts per token.
       valid_GxS: bool, False at padding tokens (segment id 0); None: every token is real. The statistics
-        (``f_i``, ``P_i``, the z-loss mean, ``share``) are over real tokens only, so padding neither pulls the
+        (``f_i``, ``P_i``, the z-loss mean, ``share``, ``router_share``) are over real tokens only, so padding neither pulls the
         balancing loss nor shows in the shares; with no real token at all they are 0.
       sinkhorn_iters: 0: plain top-k of the probabilities; else Sinkhorn-balanced selection (above).
     """
@@ -150,20 +158,25 @@ def route(logits_GxSxE: jax.Array, k: int, valid_GxS: jax.Array | None = None, s
     logits = logits_GxSxE.astype(jnp.float32)
     probs = jax.nn.softmax(logits, axis=-1)
     w_GxS = jnp.ones(logits.shape[:2], jnp.float32) if valid_GxS is None else valid_GxS.astype(jnp.float32)
-    if sinkhorn_iters and logits.shape[1] > 1:
+    n = jnp.maximum(jnp.sum(w_GxS), 1.0)
+
+    def share_of(experts_GxSxK):
+        chosen_GxSxE = jnp.sum(jax.nn.one_hot(experts_GxSxK, E, dtype=jnp.float32), axis=-2)
+        return jnp.einsum("gse,gs->e", chosen_GxSxE, w_GxS) / (n * k)
+
+    top_p, experts = jax.lax.top_k(probs, k)
+    router_share = share_of(experts)
+    balanced = bool(sinkhorn_iters) and logits.shape[1] > 1
+    if balanced:
         b_GxE = sinkhorn_offsets(logits, w_GxS, sinkhorn_iters)
         _, experts = jax.lax.top_k(jax.lax.stop_gradient(logits) + b_GxE[:, None, :], k)
         top_p = jnp.take_along_axis(probs, experts, axis=-1)
-    else:
-        top_p, experts = jax.lax.top_k(probs, k)
     gates = top_p if k == 1 else top_p / jnp.sum(top_p, axis=-1, keepdims=True)
-    n = jnp.maximum(jnp.sum(w_GxS), 1.0)
-    chosen_GxSxE = jnp.sum(jax.nn.one_hot(experts, E, dtype=jnp.float32), axis=-2)
-    share = jnp.einsum("gse,gs->e", chosen_GxSxE, w_GxS) / (n * k)
+    share = share_of(experts) if balanced else router_share
     mean_prob = jnp.einsum("gse,gs->e", probs, w_GxS) / n
     load_balance = E * jnp.sum(jax.lax.stop_gradient(share) * mean_prob)
     z = jnp.sum(jnp.square(jax.nn.logsumexp(logits, axis=-1)) * w_GxS) / n
-    return Routing(probs, experts.astype(jnp.int32), gates, load_balance, z, share)
+    return Routing(probs, experts.astype(jnp.int32), gates, load_balance, z, share, router_share)
 
 
 def dispatch_and_combine(experts_GxSxK: jax.Array, gates_GxSxK: jax.Array, num_experts: int,
@@ -288,7 +301,8 @@ class MoE(nnx.Module):
             y_BxLxD = y_BxLxD + self.shared(x_BxLxD)[0]
         n_real = B * L if valid_BxL is None else jnp.maximum(jnp.sum(valid_BxL.astype(jnp.float32)), 1.0)
         aux = {LOAD_BALANCE: routing.load_balance_loss, ROUTER_Z: routing.router_z_loss,
-               DROPPED: dropped.astype(jnp.float32) / (n_real * cfg.moe_top_k), SHARE: routing.share}
+               DROPPED: dropped.astype(jnp.float32) / (n_real * cfg.moe_top_k), SHARE: routing.share,
+               ROUTER_SHARE: routing.router_share}
         return constrain(y_BxLxD, ("batch", "length", "embed")), aux
 
     def _expert_weights(self):
