@@ -55,7 +55,7 @@ def check_credentials(out_dir: str) -> None:
     if not getattr(auth, "_GOOGLE_AUTH_AVAILABLE", True):
         from jaxpt.errors import ConfigError
         raise ConfigError(f"--output {out_dir}: Beam's GCS client cannot use credentials here (google-auth-httplib2 "
-                          "is missing) and would write anonymously; install apache-beam[gcp]")
+                          "is missing) and would write anonymously; install apache-beam[gcp] (pip install 'jaxpt[gcp]')")
 
 
 def write_bytes(path: str, data: bytes) -> None:
