@@ -108,6 +108,23 @@ def compilation_cache(tmp_path_factory, worker_id) -> pathlib.Path | None:
     return path
 
 
+@pytest.fixture
+def without_session_compilation_cache():
+    """For one test, no JAX cache directory set (as outside the tests), so the trainer's ``'auto'`` cache setting
+    falls back to ``<workdir>/jax_cache``; the session's cache (:func:`compilation_cache`) is restored after it."""
+    import jax
+    from jax.experimental.compilation_cache import compilation_cache as jax_cache
+
+    previous, env = jax.config.jax_compilation_cache_dir, os.environ.pop("JAX_COMPILATION_CACHE_DIR", None)
+    jax.config.update("jax_compilation_cache_dir", None)
+    jax_cache.reset_cache()
+    yield
+    if env is not None:
+        os.environ["JAX_COMPILATION_CACHE_DIR"] = env
+    jax.config.update("jax_compilation_cache_dir", previous)
+    jax_cache.reset_cache()
+
+
 @pytest.fixture(scope="session")
 def prepared_sample(tmp_path_factory, worker_id) -> pathlib.Path:
     """The bundled sample prepared as `make quickstart` does, with a small (2048-piece) tokenizer for speed.
