@@ -1,7 +1,10 @@
 """Test-wide setup. Runs before any test module imports jax."""
 
+import contextlib
+import fcntl
 import os
 import pathlib
+import shutil
 
 import pytest
 
@@ -40,15 +43,101 @@ def raw_v1_dir() -> pathlib.Path:
     return RAW_V1
 
 
+@contextlib.contextmanager
+def _locked(path: pathlib.Path):
+    with open(path, "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def shared_dir(tmp_path_factory, worker_id: str, name: str, build) -> pathlib.Path:
+    """A directory built once per test session by ``build(path)``, even across pytest-xdist workers: the first
+    worker to ask builds it under a file lock in the session's base temp folder, the others wait and reuse it
+    (a ``.done`` marker tells a finished build from one that died half-way, which is rebuilt). Callers must treat
+    it as read-only: every worker sees the same files."""
+    if worker_id == "master":
+        path = tmp_path_factory.getbasetemp() / name
+        if not path.exists():
+            build(path)
+        return path
+    root = tmp_path_factory.getbasetemp().parent
+    path = root / name
+    with _locked(root / f"{name}.lock"):
+        if not (path / ".done").exists():
+            shutil.rmtree(path, ignore_errors=True)
+            build(path)
+            (path / ".done").touch()
+    return path
+
+
 @pytest.fixture(scope="session")
-def prepared_sample(tmp_path_factory) -> pathlib.Path:
-    """The bundled sample prepared as `make quickstart` does, with a small (2048-piece) tokenizer for speed."""
+def worker_id(request) -> str:
+    """The pytest-xdist worker's id (``gw0``, ...), or ``master`` without xdist."""
+    return getattr(request.config, "workerinput", {}).get("workerid", "master")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def compilation_cache(tmp_path_factory, worker_id) -> pathlib.Path | None:
+    """One persistent JAX compilation cache for the whole test session (both xdist workers and every trainer
+    subprocess they start, through ``JAX_COMPILATION_CACHE_DIR``), so a program compiled by one test (the tiny
+    model's train step, say) is loaded, not compiled again, by the next test that builds the same program.
+
+    Correctness: an entry is keyed by the program's HLO, the compile options, the XLA flags, the devices and the
+    jax/jaxlib version, so only an identical program is ever loaded; a half-written entry read by another process
+    fails to decompress and is compiled afresh (a warning, never a wrong program). The trainer's ``'auto'`` setting
+    (``TrainConfig.compilation_cache_dir``) picks this directory up; tests of the cache itself set their own
+    (tests/test_compile_cache.py, tests/test_checkpoint.py). ``JAXPT_TEST_COMPILATION_CACHE=0`` turns it off."""
+    import jax
+    from jax.experimental.compilation_cache import compilation_cache as jax_cache
+
+    if os.environ.get("JAXPT_TEST_COMPILATION_CACHE", "1") == "0":
+        return None
+    base = tmp_path_factory.getbasetemp()
+    path = (base if worker_id == "master" else base.parent) / "jax_compilation_cache"
+    path.mkdir(exist_ok=True)
+    # Every program, however quick to compile: most of a tiny test model's programs compile in under JAX's default
+    # 1 s threshold, and loading one costs less than compiling it (measured on tests/test_batch_ramp.py: 82 s of
+    # CPU without the cache, 69 s with the 1 s threshold, 63 s with none).
+    os.environ.update(JAX_COMPILATION_CACHE_DIR=str(path), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
+    jax.config.update("jax_compilation_cache_dir", str(path))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    jax_cache.reset_cache()  # a cache object made during collection would keep the old (no) directory
+    return path
+
+
+@pytest.fixture
+def without_session_compilation_cache():
+    """For one test, no JAX cache directory set (as outside the tests), so the trainer's ``'auto'`` cache setting
+    falls back to ``<workdir>/jax_cache``; the session's cache (:func:`compilation_cache`) is restored after it."""
+    import jax
+    from jax.experimental.compilation_cache import compilation_cache as jax_cache
+
+    previous, env = jax.config.jax_compilation_cache_dir, os.environ.pop("JAX_COMPILATION_CACHE_DIR", None)
+    jax.config.update("jax_compilation_cache_dir", None)
+    jax_cache.reset_cache()
+    yield
+    if env is not None:
+        os.environ["JAX_COMPILATION_CACHE_DIR"] = env
+    jax.config.update("jax_compilation_cache_dir", previous)
+    jax_cache.reset_cache()
+
+
+@pytest.fixture(scope="session")
+def prepared_sample(tmp_path_factory, worker_id) -> pathlib.Path:
+    """The bundled sample prepared as `make quickstart` does, with a small (2048-piece) tokenizer for speed.
+    Prepared once per session and shared by the xdist workers (read-only; see :func:`shared_dir`): preparing
+    trains a tokenizer, which took ~100 s per worker on a loaded CI host."""
     from jaxpt.data.prepare import PrepareSettings, prepare
 
-    out = tmp_path_factory.mktemp("prepared")
-    prepare(REPO_ROOT / "data" / "sample", out, PrepareSettings(vocab_size=2048))
-    _write_small_heldout(out / "heldout.jsonl.gz", out / HELDOUT_SMALL)
-    return out
+    def build(out: pathlib.Path) -> None:
+        out.mkdir(parents=True)
+        prepare(REPO_ROOT / "data" / "sample", out, PrepareSettings(vocab_size=2048))
+        _write_small_heldout(out / "heldout.jsonl.gz", out / HELDOUT_SMALL)
+
+    return shared_dir(tmp_path_factory, worker_id, "prepared", build)
 
 
 # The prepared held-out set is ~600 documents (~280k tokens): scoring all of it at the end of every tiny test run

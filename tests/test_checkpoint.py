@@ -9,9 +9,7 @@ data pipeline), sharing a persistent JAX compilation cache so only the first one
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import fcntl
 import gzip
 import json
 import os
@@ -27,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import REPO_ROOT, simulated_cpu_flags, tiny_bindings
+from conftest import REPO_ROOT, shared_dir, simulated_cpu_flags, tiny_bindings
 from jaxpt.tools import drill
 from jaxpt.checkpoint import CheckpointConfig, CheckpointError, Checkpointer
 
@@ -42,38 +40,6 @@ DRILL_BINDINGS = {"TrainConfig.log_every": "1", "TrainConfig.log_batch_documents
 # ------------------------------------------------------------------------------------------ helpers
 
 
-@contextlib.contextmanager
-def _locked(path: pathlib.Path):
-    with open(path, "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
-def _shared_dir(tmp_path_factory, worker_id: str, name: str, build) -> pathlib.Path:
-    """A directory built once per test session, even across pytest-xdist workers (file lock)."""
-    if worker_id == "master":
-        path = tmp_path_factory.getbasetemp() / name
-        if not path.exists():
-            build(path)
-        return path
-    root = tmp_path_factory.getbasetemp().parent
-    path = root / name
-    with _locked(root / f"{name}.lock"):
-        if not (path / ".done").exists():
-            shutil.rmtree(path, ignore_errors=True)
-            build(path)
-            (path / ".done").touch()
-    return path
-
-
-@pytest.fixture(scope="session")
-def worker_id(request) -> str:
-    return getattr(request.config, "workerinput", {}).get("workerid", "master")
-
-
 @pytest.fixture(scope="session")
 def ckpt_env(prepared_sample, tmp_path_factory, worker_id) -> dict:
     """Data with a small held-out set (the final evaluation stays cheap) and a shared compilation cache."""
@@ -86,7 +52,7 @@ def ckpt_env(prepared_sample, tmp_path_factory, worker_id) -> dict:
         with gzip.open(path / "heldout.jsonl.gz", "wt") as f:
             f.writelines(lines)
         (path / "jax_cache").mkdir()
-    path = _shared_dir(tmp_path_factory, worker_id, "ckpt_data", build)
+    path = shared_dir(tmp_path_factory, worker_id, "ckpt_data", build)
     return {"data": path, "cache": path / "jax_cache"}
 
 
@@ -140,14 +106,14 @@ def assert_same_trajectory(ref: pathlib.Path, got: pathlib.Path, steps: range):
 @pytest.fixture(scope="session")
 def reference30(ckpt_env, tmp_path_factory, worker_id) -> pathlib.Path:
     """An uninterrupted 30-step run (shuffling on), checkpoints every 2 steps."""
-    return _shared_dir(tmp_path_factory, worker_id, "reference30",
+    return shared_dir(tmp_path_factory, worker_id, "reference30",
                        lambda p: train(ckpt_env, p, REF_STEPS))
 
 
 @pytest.fixture(scope="session")
 def trained10(ckpt_env, tmp_path_factory, worker_id) -> pathlib.Path:
     """The same run, trained by its own process to step 10 (checkpoints 6, 8, 10 kept)."""
-    return _shared_dir(tmp_path_factory, worker_id, "trained10", lambda p: train(ckpt_env, p, 10))
+    return shared_dir(tmp_path_factory, worker_id, "trained10", lambda p: train(ckpt_env, p, 10))
 
 
 def copy_run(src: pathlib.Path, dst: pathlib.Path) -> pathlib.Path:

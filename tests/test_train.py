@@ -17,7 +17,7 @@ def run(prepared, workdir, steps, mesh="data=2,fsdp=2,tensor=2", **overrides):
 
 
 @pytest.mark.slow
-def test_run_writes_records_and_learns(prepared_sample, tmp_path):
+def test_run_writes_records_and_learns(prepared_sample, tmp_path, without_session_compilation_cache):
     final, records = run(prepared_sample, tmp_path, 30)
     steps = [r for r in records if "loss" in r]
     assert [r["step"] for r in steps] == list(range(1, 31))
