@@ -57,7 +57,10 @@ def load_eval_index(cfg: config_lib.BuildConfig) -> stages.EvalIndex:
     dc = cfg.decontam
     index = stages.EvalIndex(dc.ngram, dc.min_ngram, tuple(dc.short_units))
     for name, pattern in sorted(dc.eval_sets.items()):
-        path = pattern if os.path.isabs(pattern) else os.path.join(cfg.source_root, pattern)
+        path = pattern if os.path.isabs(pattern) or "://" in pattern else os.path.join(cfg.source_root, pattern)
+        if "://" in path:
+            raise config_lib.ConfigError(f"DecontamConfig.eval_sets['{name}']: '{path}' is in object storage; eval "
+                                         "sets are read from local files only: copy them to local disk")
         files = sorted(glob.glob(path)) or sorted(glob.glob(pattern))
         if not files:
             raise config_lib.ConfigError(f"DecontamConfig.eval_sets['{name}']: '{pattern}' matches no file")
@@ -74,6 +77,9 @@ def run(cfg: config_lib.BuildConfig, out_dir: str, beam_args: list[str] | None =
     from apache_beam.options.pipeline_options import PipelineOptions
 
     sources = cfg.registry()
+    for s in sources:  # a pattern matching no file, or in object storage: refused before the output is touched
+        if s.format != "tfds":
+            s.files(cfg.source_root)
     writer.SentencePieceEncoder(cfg.output.tokenizer_path)  # fail before the pipeline starts
     eval_index = load_eval_index(cfg) if cfg.decontam.enabled else None
     sink.check_credentials(out_dir)

@@ -84,7 +84,12 @@ class Source:
 
     def files(self, root: str) -> list[str]:
         """Sorted input files of this source (not for ``tfds``). Raises ConfigError if none match."""
-        pattern = self.path if os.path.isabs(self.path) else os.path.join(root, self.path)
+        absolute = os.path.isabs(self.path) or "://" in self.path
+        pattern = self.path if absolute else os.path.join(root, self.path)
+        if "://" in pattern:
+            raise ConfigError(f"source '{self.name}': path '{pattern}' is in object storage; the build's readers "
+                              "open local files only (BuildConfig.source_root / the source's path): copy the "
+                              "inputs to local disk (e.g. gcloud storage cp -r) or run on a worker that mounts them")
         found = sorted(glob.glob(pattern))
         if not found:
             raise ConfigError(f"source '{self.name}': path '{pattern}' matches no file")

@@ -472,7 +472,7 @@ class EvalIndex:
 
 
 def decontamination_report(index: EvalIndex, matches: dict[str, list], warn_documents_per_example: int,
-                           max_listed: int = 100) -> dict:
+                           max_listed: int = 100, max_ids: int = 20) -> dict:
     """Per eval set: examples and matches by length class and rule, and the documents each example removed.
 
     Args:
@@ -480,12 +480,14 @@ def decontamination_report(index: EvalIndex, matches: dict[str, list], warn_docu
       matches: removed document id -> its ``eval_matches`` (``[set, example index, rule]`` rows, `EvalIndex.match`).
       warn_documents_per_example: an example that removed more documents than this is warned about (0: never).
       max_listed: at most this many matched examples are listed per set (most documents first).
+      max_ids: at most this many removed document ids are listed per matched example (sorted; the decision log
+        has them all: rows whose ``eval_matches`` hold ``[set, index, rule]`` with the example's ``index``).
     Returns:
       ``{"eval_sets": {set: report}, "warnings": [str]}``. A set's report holds ``examples``, ``documents_removed``
       (distinct documents it removed), ``by_length_class`` (per class: ``words`` (the range), ``rule``,
       ``examples``, ``examples_matched``, ``documents_removed``), ``empty_examples`` (ids of examples with no word,
-      which match nothing), ``matched_examples`` (``id``, ``length_class``, ``n_words``, ``rule``,
-      ``documents_removed``, ``text``) and ``matched_examples_not_listed``.
+      which match nothing), ``matched_examples`` (``id``, ``index`` (0-based position in its set, as in
+      ``eval_matches``), ``length_class``, ``n_words``, ``rule``, ``documents_removed``, ``document_ids``, ``text``) and ``matched_examples_not_listed``.
     """
     n, m = index.ngram, index.min_ngram
     words = {"long": f">={n}", "medium": f"{m}-{n - 1}" if m < n else None,
@@ -504,8 +506,9 @@ def decontamination_report(index: EvalIndex, matches: dict[str, list], warn_docu
                              "documents_removed": len(set().union(*(docs_by_example[(s, i)] for i in hit)))}
         matched = sorted(((len(docs_by_example[(s, i)]), i) for i in range(len(examples))
                           if docs_by_example.get((s, i))), key=lambda x: (-x[0], examples[x[1]]["id"]))
-        listed = [dict(id=examples[i]["id"], length_class=examples[i]["length_class"], n_words=examples[i]["n_words"],
-                       rule=DECONTAM_RULES[examples[i]["length_class"]], documents_removed=d,
+        listed = [dict(id=examples[i]["id"], index=i, length_class=examples[i]["length_class"],
+                       n_words=examples[i]["n_words"], rule=DECONTAM_RULES[examples[i]["length_class"]],
+                       documents_removed=d, document_ids=sorted(docs_by_example[(s, i)])[:max_ids],
                        text=examples[i]["text"][:80]) for d, i in matched[:max_listed]]
         empty = [e["id"] for e in examples if e["length_class"] == "empty"]
         sets[s] = {"examples": len(examples),

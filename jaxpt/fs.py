@@ -1,4 +1,5 @@
-"""The one filesystem layer: every path jaxpt and ``data_pipelines`` read or write, local or object storage.
+"""The one filesystem layer: the paths jaxpt and ``data_pipelines`` read or write, local or object storage (the
+corpus build's raw inputs and eval sets stay local: README, "Object storage").
 
 Paths are plain strings everywhere (configs, records, logs); this module turns them into
 ``etils.epath.Path`` (the layer Orbax and Grain use) only where a file is touched. A path with a URI scheme

@@ -495,6 +495,12 @@ def test_decontamination_report_counts_examples_rules_and_documents(tmp_path):
         ("qa.jsonl:1", 3, "whole_unit"), ("qa.jsonl:2", 1, "whole_unit"), ("qa.jsonl:3", 1, "word_sequence"),
         ("qa.jsonl:4", 1, "ngram")]
     assert qa["matched_examples_not_listed"] == 0
+    # Each listed example names the documents it removed and its index in the decision log's eval_matches.
+    for e in qa["matched_examples"]:
+        assert e["document_ids"] == sorted(d for d, r in dropped.items()
+                                           if any(m[:2] == ["qa", e["index"]] or tuple(m[:2]) == ("qa", e["index"])
+                                                  for m in r["eval_matches"]))
+    assert qa["matched_examples"][0]["index"] == 0 and len(qa["matched_examples"][0]["document_ids"]) == 3
     # Warnings: the empty example by name, and the example that removed 3 > 1 documents.
     assert len(rep["warnings"]) == 2
     assert "qa-empty" in rep["warnings"][0] and "match nothing" in rep["warnings"][0]
@@ -577,3 +583,22 @@ def test_cohen_kappa_and_wilson_interval_by_hand():
     h = z * (0.2 * 0.8 / 10 + z * z / 400) ** 0.5 / (1 + z * z / 10)
     assert review.wilson_interval(2, 10) == pytest.approx((c - h, c + h))
     assert review.wilson_interval(2, 10) == pytest.approx((0.0567, 0.5098), abs=1e-4)  # published table value
+
+
+def test_object_storage_inputs_are_refused_by_name_before_the_output_is_touched(tmp_path):
+    """Build inputs are read with local file APIs: a gs:// source or eval set is a ConfigError naming the key,
+    raised before the output directory is created (it matched 'no file' and left an empty output before)."""
+    from data_pipelines import build
+
+    src = {"name": "s", "domain": "web", "path": "gs://bucket/web/*.jsonl.gz", "format": "jsonl",
+           "license": "CC0-1.0", "acquired": "2026-11-30"}
+    out = tmp_path / "out"
+    cfg = BuildConfig(sources=[src])
+    cfg.output.tokenizer_path, cfg.output.owner = str(tmp_path / "sp.model"), "me"
+    with pytest.raises(ConfigError, match=r"source 's': path 'gs://bucket/web/\*.jsonl.gz' is in object storage"):
+        build.run(cfg, str(out))
+    assert not out.exists()
+    cfg = BuildConfig(sources=[dict(src, path=str(tmp_path / "*.jsonl"))],
+                      decontam=DecontamConfig(eval_sets={"qa": "gs://bucket/eval/qa.jsonl"}))
+    with pytest.raises(ConfigError, match=r"DecontamConfig.eval_sets\['qa'\]: 'gs://bucket/eval/qa.jsonl' is in "):
+        build.load_eval_index(cfg)

@@ -3,6 +3,7 @@ shares in the metrics, expert parallelism (all-to-all, equal losses across meshe
 expert-parallel sizes, parameter accounting and config checks."""
 
 import dataclasses
+import json
 import math
 
 import jax
@@ -426,3 +427,28 @@ def test_padding_content_changes_no_real_token_and_no_moe_metric():
     real_rewrite = np.where(~pad, (np.asarray(b["tokens"]) * 7 + 3) % 256, np.asarray(b["tokens"]))
     _, aux3 = fwd(jnp.asarray(real_rewrite), jnp.asarray(seg), b["positions"])
     assert np.abs(np.asarray(aux3["moe/expert_share"]) - np.asarray(aux["moe/expert_share"])).max() > 1e-3
+
+
+def test_runs_plot_reads_realized_and_router_shares(tmp_path, monkeypatch):
+    """``jaxpt.tools.runs`` reads both share series per layer and expert, in step order, and the expert-share
+    plot goes to its own default file, not over ``loss.png``."""
+    from jaxpt.tools import runs
+
+    recs = []
+    for step, (real, own) in enumerate([((0.3, 0.7), (0.3, 0.7)), ((0.5, 0.5), (1.0, 0.0))], start=1):
+        rec = {"step": step, "loss": 1.0}
+        for e in range(2):
+            rec[f"moe/expert_share/layer0/expert{e}"] = real[e]
+            rec[f"moe/router_share/layer0/expert{e}"] = own[e]
+        recs.append(json.dumps(rec))
+    (tmp_path / "metrics.jsonl").write_text("\n".join(recs) + "\n")
+    assert runs.read_expert_shares(str(tmp_path)) == {0: {0: [(1, 0.3), (2, 0.5)], 1: [(1, 0.7), (2, 0.5)]}}
+    assert runs.read_expert_shares(str(tmp_path), "router_share") == {0: {0: [(1, 0.3), (2, 1.0)],
+                                                                          1: [(1, 0.7), (2, 0.0)]}}
+    out = runs.cmd_plot_expert_shares([{"workdir": str(tmp_path)}], str(tmp_path / "shares.png"))
+    assert (tmp_path / "shares.png").stat().st_size > 0 and out.endswith("shares.png")
+    # The CLI's default file is named after what it draws (it was loss.png for both plots).
+    monkeypatch.setattr(runs, "load_run", lambda run, root: {"workdir": run})
+    monkeypatch.chdir(tmp_path)
+    assert runs.main(["plot", str(tmp_path), "--expert-shares"]) == 0
+    assert (tmp_path / "expert_shares.png").exists() and not (tmp_path / "loss.png").exists()

@@ -72,28 +72,30 @@ def read_curves(workdir: str) -> dict[str, list[tuple[int, float]]]:
     return {k: sorted(v.items()) for k, v in curves.items()}
 
 
-_SHARE = re.compile(r"^moe/expert_share/layer(\d+)/expert(\d+)$")
-
-
-def read_expert_shares(workdir: str) -> dict[int, dict[int, list[tuple[int, float]]]]:
-    """``{moe_layer: {expert: [(step, share), ...]}}`` from the ``moe/expert_share/layer{j}/expert{i}`` series
-    of metrics.jsonl (a mixture-of-experts run; empty otherwise), superseded records left out as in
-    :func:`read_curves`. Raises MetricsFormatError as :func:`jaxpt.monitor.read_metrics`."""
+def read_expert_shares(workdir: str, metric: str = "expert_share"
+                       ) -> dict[int, dict[int, list[tuple[int, float]]]]:
+    """``{moe_layer: {expert: [(step, share), ...]}}`` from the ``moe/{metric}/layer{j}/expert{i}`` series of
+    metrics.jsonl (a mixture-of-experts run; empty otherwise), superseded records left out as in
+    :func:`read_curves`. ``metric``: ``expert_share`` (the realized routing) or ``router_share`` (the plain top-k
+    of the router alone; :mod:`jaxpt.model.moe`). Raises MetricsFormatError as :func:`jaxpt.monitor.read_metrics`."""
+    pattern = re.compile(rf"^moe/{re.escape(metric)}/layer(\d+)/expert(\d+)$")
     out: dict[int, dict[int, dict[int, float]]] = {}
     if fs.exists(monitor.metrics_path(workdir)):
         for rec in monitor.read_metrics(workdir):
             if "event" in rec:
                 continue
             for k, v in rec.items():
-                m = _SHARE.match(k)
+                m = pattern.match(k)
                 if m and isinstance(v, (int, float)):
                     out.setdefault(int(m.group(1)), {}).setdefault(int(m.group(2)), {})[rec["step"]] = float(v)
     return {j: {e: sorted(pts.items()) for e, pts in sorted(experts.items())} for j, experts in sorted(out.items())}
 
 
 def cmd_plot_expert_shares(recs: list[dict[str, Any]], output: str) -> str:
-    """Draw each MoE layer's expert shares against step (one panel per layer, one line per expert, one line
-    style per run) into ``output`` (PNG), with the uniform share ``1/E`` dotted.
+    """Draw each MoE layer's expert shares against step (one panel per layer, one colour per expert, one line
+    style per run) into ``output`` (PNG), with the uniform share ``1/E`` dotted. The realized shares
+    (``moe/expert_share``) are drawn solid; where the run also logged ``moe/router_share`` (the router's own
+    top-k, which Sinkhorn-balanced selection hides) and it differs, it is drawn faint in the same colour.
 
     Raises:
       ValueError: no run has expert-share series (not a mixture-of-experts run).
@@ -102,18 +104,24 @@ def cmd_plot_expert_shares(recs: list[dict[str, Any]], output: str) -> str:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     shares = [read_expert_shares(rec["workdir"]) for rec in recs]
+    router = [read_expert_shares(rec["workdir"], "router_share") for rec in recs]
     layers = sorted({j for sh in shares for j in sh})
     if not layers:
         raise ValueError("no moe/expert_share series in " + ", ".join(r["workdir"] for r in recs))
     fig, axes = plt.subplots(len(layers), 1, figsize=(8, 2.2 * len(layers) + 0.8), sharex=True, squeeze=False)
     styles = ["-", "--", ":", "-."]
-    for r, (rec, sh) in enumerate(zip(recs, shares)):
+    for r, (rec, sh, rsh) in enumerate(zip(recs, shares, router)):
+        run = f" ({rec.get('run_id', rec['workdir'])})" if len(recs) > 1 else ""
         for ax, j in zip(axes[:, 0], layers):
             experts = sh.get(j, {})
             for e, pts in experts.items():
                 xs, ys = zip(*pts)
-                ax.plot(xs, ys, styles[r % len(styles)], color=f"C{e}", lw=1,
-                        label=f"expert {e}" + (f" ({rec.get('run_id', rec['workdir'])})" if len(recs) > 1 else ""))
+                ax.plot(xs, ys, styles[r % len(styles)], color=f"C{e}", lw=1, label=f"expert {e}{run}")
+                rpts = rsh.get(j, {}).get(e)
+                if rpts and rpts != pts:
+                    rx, ry = zip(*rpts)
+                    ax.plot(rx, ry, styles[r % len(styles)], color=f"C{e}", lw=2.5, alpha=0.3,
+                            label=f"expert {e}, router's own top-k{run}")
             if experts:
                 ax.axhline(1 / len(experts), color="gray", ls=":", lw=0.8)
     for ax, j in zip(axes[:, 0], layers):
@@ -292,9 +300,10 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("plot")
     p.add_argument("runs", nargs="+")
     p.add_argument("--root", default="workdirs")
-    p.add_argument("--output", default="loss.png")
+    p.add_argument("--output", help="PNG to write (default: loss.png, or expert_shares.png with --expert-shares)")
     p.add_argument("--expert-shares", action="store_true",
-                   help="draw each MoE layer's share of tokens per expert instead of the loss curves")
+                   help="draw each MoE layer's share of tokens per expert (realized, and the router's own top-k "
+                        "where it differs) instead of the loss curves")
     p = sub.add_parser("diagnose", help="replay step N from the checkpoint before it (jaxpt.tools.diagnose)")
     p.add_argument("workdir")
     p.add_argument("--step", type=int, required=True, help="the step whose spike to diagnose")
@@ -316,9 +325,10 @@ def main(argv: list[str] | None = None) -> int:
         elif args.cmd == "diagnose":
             print(cmd_diagnose(args))
         elif args.expert_shares:
-            print(cmd_plot_expert_shares([load_run(r, args.root) for r in args.runs], args.output))
+            print(cmd_plot_expert_shares([load_run(r, args.root) for r in args.runs],
+                                         args.output or "expert_shares.png"))
         else:
-            print(cmd_plot([load_run(r, args.root) for r in args.runs], args.output))
+            print(cmd_plot([load_run(r, args.root) for r in args.runs], args.output or "loss.png"))
     except ConfigError as e:  # a malformed metrics.jsonl (file and line named)
         print(f"error: {e}", file=sys.stderr)
         return 2
