@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import glob
 import json
 import os
 import sys
@@ -57,11 +56,8 @@ def load_eval_index(cfg: config_lib.BuildConfig) -> stages.EvalIndex:
     dc = cfg.decontam
     index = stages.EvalIndex(dc.ngram, dc.min_ngram, tuple(dc.short_units))
     for name, pattern in sorted(dc.eval_sets.items()):
-        path = pattern if os.path.isabs(pattern) or "://" in pattern else os.path.join(cfg.source_root, pattern)
-        if "://" in path:
-            raise config_lib.ConfigError(f"DecontamConfig.eval_sets['{name}']: '{path}' is in object storage; eval "
-                                         "sets are read from local files only: copy them to local disk")
-        files = sorted(glob.glob(path)) or sorted(glob.glob(pattern))
+        path = pattern if os.path.isabs(pattern) or fs.is_remote(pattern) else fs.join(cfg.source_root, pattern)
+        files = fs.glob_pattern(path) or fs.glob_pattern(pattern)
         if not files:
             raise config_lib.ConfigError(f"DecontamConfig.eval_sets['{name}']: '{pattern}' matches no file")
         index.add_set(name)

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import glob
 import os
 from typing import Any
 
 import gin
 
+from jaxpt import fs
 from jaxpt.errors import ConfigError  # the one base (exit 2); re-exported as data_pipelines.config.ConfigError
 
 FORMATS = ("jsonl", "parquet", "warc", "tfds")
@@ -84,13 +84,8 @@ class Source:
 
     def files(self, root: str) -> list[str]:
         """Sorted input files of this source (not for ``tfds``). Raises ConfigError if none match."""
-        absolute = os.path.isabs(self.path) or "://" in self.path
-        pattern = self.path if absolute else os.path.join(root, self.path)
-        if "://" in pattern:
-            raise ConfigError(f"source '{self.name}': path '{pattern}' is in object storage; the build's readers "
-                              "open local files only (BuildConfig.source_root / the source's path): copy the "
-                              "inputs to local disk (e.g. gcloud storage cp -r) or run on a worker that mounts them")
-        found = sorted(glob.glob(pattern))
+        pattern = self.path if os.path.isabs(self.path) or fs.is_remote(self.path) else fs.join(root, self.path)
+        found = fs.glob_pattern(pattern)  # local or object storage (gs://)
         if not found:
             raise ConfigError(f"source '{self.name}': path '{pattern}' matches no file")
         return found

@@ -20,7 +20,7 @@ import json
 import os
 from typing import Iterator
 
-from jaxpt import jsonl
+from jaxpt import fs, jsonl
 from jaxpt.data.documents import DocumentFormatError
 
 from data_pipelines.config import AdmissionConfig, Source
@@ -147,7 +147,7 @@ def read_parquet(path: str, source: Source, cfg: AdmissionConfig) -> Iterator[di
     base = os.path.basename(path)
     row = 0
     try:
-        pf = pq.ParquetFile(path)
+        pf = pq.ParquetFile(fs.open(path, "rb") if fs.is_remote(path) else path)
         for batch in pf.iter_batches(batch_size=1024):
             for rec in batch.to_pylist():
                 fallback_id = f"{source.name}/{base}:{row}"
@@ -167,7 +167,7 @@ def gzip_intact_end(path: str) -> tuple[int, str | None]:
     import zlib
 
     good_end, offset, d, started = 0, 0, zlib.decompressobj(31), False
-    with open(path, "rb") as f:
+    with fs.open(path, "rb") as f:
         while True:
             chunk = f.read(1 << 20)
             if not chunk:
@@ -205,7 +205,7 @@ def read_warc(path: str, source: Source, cfg: AdmissionConfig) -> Iterator[dict]
 
     good_end, damage = gzip_intact_end(path) if jsonl.compression(path) == "gzip" else (None, None)
     n = 0
-    with open(path, "rb") as f:
+    with fs.open(path, "rb") as f:
         it = ArchiveIterator(f)
         try:
             for rec in it:

@@ -1,5 +1,5 @@
-"""The one filesystem layer: the paths jaxpt and ``data_pipelines`` read or write, local or object storage (the
-corpus build's raw inputs and eval sets stay local: README, "Object storage").
+"""The one filesystem layer: the paths jaxpt and ``data_pipelines`` read or write, local or object storage
+(the few that stay local, and why: README, "Object storage").
 
 Paths are plain strings everywhere (configs, records, logs); this module turns them into
 ``etils.epath.Path`` (the layer Orbax and Grain use) only where a file is touched. A path with a URI scheme
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import builtins
 import gzip
+import glob as _glob
 import hashlib
 import os
 import re
@@ -151,6 +152,19 @@ def listdir(p: str | os.PathLike) -> list[str]:
     if not isdir(p):
         raise FileNotFoundError(f"{p}: no such directory")
     return sorted(c.name for c in path(p).iterdir())
+
+
+def glob_pattern(pattern: str) -> list[str]:
+    """Paths (sorted) matching a whole glob ``pattern``, e.g. ``gs://b/raw/web/*.jsonl.gz`` or ``/data/*/x.gz``:
+    :func:`glob.glob` for a local pattern; for a remote one, the part before the first wildcard component is the
+    directory searched with :func:`glob`."""
+    if not is_remote(pattern):
+        return sorted(_glob.glob(pattern))
+    parts = pattern.rstrip("/").split("/")
+    first = next((i for i, part in enumerate(parts) if any(c in part for c in "*?[")), None)
+    if first is None:
+        return [pattern] if isfile(pattern) else []
+    return glob("/".join(parts[:first]), "/".join(parts[first:]))
 
 
 def glob(p: str | os.PathLike, pattern: str) -> list[str]:

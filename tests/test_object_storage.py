@@ -112,10 +112,10 @@ def test_fs_layer_on_the_bucket(gcs, tmp_path):
 
 
 def _build_corpus_to_bucket(gcs, tmp_path, monkeypatch):
-    """The small test corpus built by ``data_pipelines.build`` straight into the bucket, with its tokenizer
-    read from the bucket too. While the build runs, jaxpt.fs refuses to write to the bucket: every output the
-    build writes itself goes through Beam's filesystems (its GCS client), as on a Dataflow worker without gcsfs.
-    Returns (corpus URI, tokenizer URI, manifest)."""
+    """The small test corpus built by ``data_pipelines.build`` from raw inputs in the bucket (JSON Lines, Parquet,
+    the eval set) straight into the bucket, with its tokenizer read from the bucket too. While the build runs,
+    jaxpt.fs refuses to write to the bucket: every output the build writes itself goes through Beam's filesystems
+    (its GCS client), as on a Dataflow worker without gcsfs. Returns (corpus URI, tokenizer URI, manifest)."""
     import random
 
     from data_pipelines import build, testing
@@ -127,8 +127,10 @@ def _build_corpus_to_bucket(gcs, tmp_path, monkeypatch):
                                         os.path.join(root, "sp"), vocab_size=512)
     tok = f"{gcs}/tokenizers/sp.model"
     fs.copy(local_tok, tok)
+    raw = f"{gcs}/raw"
+    fs.copytree(root, raw)
     with open(os.path.join(root, "b.gin"), "w") as f:
-        f.write(testing.gin_config(root, tok))
+        f.write(testing.gin_config(raw, tok))
     out = f"{gcs}/corpus/v1"
 
     def refuse(name, real):
