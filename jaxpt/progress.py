@@ -58,8 +58,10 @@ class Progress:
       every_s: seconds between lines (default ``JAXPT_PROGRESS_EVERY_S`` or 30).
       clock: seconds, monotonic (tests pass a fake).
       mode: ``bar``, ``lines`` or ``off``; default from ``JAXPT_PROGRESS``, else the stream.
+      initial: units already done before this process started (a resumed run's step): counted in ``n`` and the
+        percentage, not in the rate.
 
-    ETA is ``(total - n) / rate`` with ``rate = n / elapsed`` over the whole run so far.
+    ETA is ``(total - n) / rate`` with ``rate = (n - initial) / elapsed`` over this process so far.
 
     Raises:
       ValueError: an unknown mode or a ``JAXPT_PROGRESS`` value not in ``bar, lines, off``.
@@ -67,7 +69,7 @@ class Progress:
 
     def __init__(self, total: int | None, desc: str, unit: str = "items", *, stream: TextIO | None = None,
                  every_s: float | None = None, clock: Callable[[], float] = time.monotonic,
-                 mode: str | None = None):
+                 mode: str | None = None, initial: int = 0):
         self.total, self.desc, self.unit = total, desc, unit
         self.stream = sys.stderr if stream is None else stream
         self.every_s = float(os.environ.get("JAXPT_PROGRESS_EVERY_S", DEFAULT_EVERY_S)) if every_s is None \
@@ -76,18 +78,20 @@ class Progress:
         self.mode = choose_mode(self.stream) if mode is None else mode
         if self.mode not in _MODES:
             raise ValueError(f"progress mode {self.mode!r}: choose one of {_MODES}")
-        self.n = 0
+        self.n = self.initial = initial
+        self.postfix = ""
         self._start = self._last = clock()
         self._closed = False
         self._bar = None
         if self.mode == "bar":
             from tqdm import tqdm  # pylint: disable=g-import-not-at-top
-            self._bar = tqdm(total=total, desc=desc, unit=unit, file=self.stream, dynamic_ncols=True)
+            self._bar = tqdm(total=total, desc=desc, unit=unit, file=self.stream, dynamic_ncols=True,
+                             initial=initial)
 
     def line(self) -> str:
         """The periodic line for the current count (module docstring)."""
         elapsed = self.clock() - self._start
-        rate = self.n / elapsed if elapsed > 0 else float("nan")
+        rate = (self.n - self.initial) / elapsed if elapsed > 0 else float("nan")
         head = f"{self.desc}: {self.n}"
         if self.total:
             eta = (self.total - self.n) / rate if rate > 0 else float("nan")
@@ -97,7 +101,13 @@ class Progress:
             head += f" {self.unit}"
             tail = f", elapsed {format_duration(elapsed)}"
         rate_s = f"{rate:.3g} {self.unit}/s" if math.isfinite(rate) else f"? {self.unit}/s"
-        return f"{head}, {rate_s}{tail}"
+        return f"{head}, {rate_s}{tail}" + (f", {self.postfix}" if self.postfix else "")
+
+    def set_postfix(self, **values: str) -> None:
+        """Shown after the count: on the bar, and at the end of each line (``loss 3.141``)."""
+        if self._bar is not None:
+            self._bar.set_postfix(**values)
+        self.postfix = ", ".join(f"{k} {v}" for k, v in values.items())
 
     def update(self, k: int = 1) -> None:
         """``k`` more units done; writes a line if ``every_s`` passed since the last one (lines mode)."""

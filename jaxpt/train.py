@@ -103,13 +103,12 @@ def setup(cfg: TrainConfig, pre: preflight.Preflight | None = None) -> Run:
     return Run(built, built.init_state(), pre.tokenizer, throughput, note, evaluator)
 
 
-def _progress(cfg: TrainConfig, start: int):
-    # A bar only on a terminal: in a log file tqdm's carriage returns make one endless line, and the metric
-    # records (log_every) already say where the run is.
-    if not cfg.progress_bar or jax.process_index() != 0 or progress_lib.choose_mode(sys.stderr) != "bar":
+def _progress(cfg: TrainConfig, start: int) -> progress_lib.Progress | None:
+    # A bar on a terminal; in a log file (a TPU VM job, a scheduler) a plain line every 30 s with the step, the
+    # rate, the ETA and the last loss (tqdm's carriage returns would make one endless line there).
+    if not cfg.progress_bar or jax.process_index() != 0:
         return None
-    from tqdm import tqdm
-    return tqdm(total=cfg.steps, initial=start, desc="train", unit="step", dynamic_ncols=True)
+    return progress_lib.Progress(cfg.steps, "train", "steps", initial=start)
 
 
 @dataclasses.dataclass

@@ -54,6 +54,20 @@ def test_unknown_total_reports_count_and_rate_only():
     assert out.getvalue() == "corpus: 10 documents, 2.5 documents/s, elapsed 0:00:04\n"
 
 
+def test_a_resumed_run_counts_from_its_step_and_shows_the_loss():
+    """The trainer's lines (a log file): a run resumed at step 100 of 200 reports the absolute step, the rate of
+    this process only (not 100 steps in no time) and the last loss."""
+    out, clock = io.StringIO(), FakeClock()
+    p = progress.Progress(200, "train", "steps", stream=out, every_s=30, clock=clock, mode="lines", initial=100)
+    for _ in range(15):  # 15 steps, 2 s each
+        clock.t += 2
+        p.update()
+        p.set_postfix(loss="3.142")
+    # rate 15 / 30 s = 0.5 steps/s; ETA (200 - 115) / 0.5 = 170 s
+    assert out.getvalue() == ("train: 115/200 steps (57.5%), 0.5 steps/s, elapsed 0:00:30, ETA 0:02:50, "
+                              "loss 3.142\n")
+
+
 def test_track_yields_every_item_and_reports_each(monkeypatch):
     out, clock = io.StringIO(), FakeClock()
 
