@@ -105,8 +105,8 @@ class BuildProgress:
         self.every_s = float(os.environ.get("JAXPT_PROGRESS_EVERY_S", progress_lib.DEFAULT_EVERY_S)) \
             if every_s is None else every_s
         self.mode = progress_lib.choose_mode(self.stream) if mode is None else mode
-        if self.mode not in ("bar", "lines", "off"):
-            raise ValueError(f"progress mode {self.mode!r}: choose one of ('bar', 'lines', 'off')")
+        if self.mode not in progress_lib.MODES:
+            raise ValueError(f"progress mode {self.mode!r}: choose one of {progress_lib.MODES}")
         self.clock = clock
         self._stop = threading.Event()
         self._thread = None

@@ -58,21 +58,27 @@ def check_credentials(out_dir: str) -> None:
                           "is missing) and would write anonymously; install apache-beam[gcp] (pip install 'jaxpt[gcp]')")
 
 
+def _write(path: str, fill) -> None:
+    """``fill(f)`` writes the content into ``f``, a Beam writer of ``path`` (object storage: the final name;
+    local: ``<path>.tmp``, then renamed into place; parents created)."""
+    if fs.is_remote(path):
+        with _create(path) as f:
+            fill(f)
+        return
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = path + ".tmp"
+    with _create(tmp) as f:
+        fill(f)
+    _filesystems().rename([tmp], [path])
+
+
 def write_bytes(path: str, data: bytes) -> None:
     """Write ``data`` to ``path`` (local or ``gs://``) through Beam's filesystems; parents are created locally.
 
     Raises:
       OSError / apache_beam.io.filesystem.BeamIOError: the filesystem refused the write.
     """
-    if fs.is_remote(path):
-        with _create(path) as f:
-            f.write(data)
-        return
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = path + ".tmp"
-    with _create(tmp) as f:
-        f.write(data)
-    _filesystems().rename([tmp], [path])
+    _write(path, lambda f: f.write(data))
 
 
 def write_text(path: str, text: str) -> None:
@@ -83,15 +89,8 @@ def write_text(path: str, text: str) -> None:
 def upload_file(local: str, path: str) -> None:
     """Copy the local file ``local`` to ``path`` (local or ``gs://``) through Beam's filesystems, in 1 MiB
     chunks (the whole file is never in memory); same atomicity as :func:`write_bytes`."""
-    if fs.is_remote(path):
-        with open(local, "rb") as fi, _create(path) as fo:
-            shutil.copyfileobj(fi, fo, _CHUNK)
-        return
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = path + ".tmp"
-    with open(local, "rb") as fi, _create(tmp) as fo:
-        shutil.copyfileobj(fi, fo, _CHUNK)
-    _filesystems().rename([tmp], [path])
+    with open(local, "rb") as fi:
+        _write(path, lambda fo: shutil.copyfileobj(fi, fo, _CHUNK))
 
 
 def local_scratch_dir() -> tempfile.TemporaryDirectory:

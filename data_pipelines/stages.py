@@ -13,6 +13,7 @@ import zlib
 import numpy as np
 
 from data_pipelines import minhash
+from jaxpt.eval import decontam as decontam_hash
 from data_pipelines.config import LangIdConfig, NormalizeConfig, QuotaConfig, RuleConfig
 
 # ---------------------------------------------------------------- stage 2: normalization
@@ -302,23 +303,12 @@ class HashedNgramLM:
 # ---------------------------------------------------------------- stage 8: decontamination
 
 
-_NGRAM_MULT = np.array([0x9E3779B97F4A7C15 * (2 * j + 1) % (1 << 64) for j in range(64)], dtype=np.uint64)
-
-
 def _word_hashes(toks: list[str]) -> np.ndarray:
-    """``uint64[len(toks)]``: crc32 of each word."""
+    """``uint64[len(toks)]``: crc32 of each word (memoized per word by `minhash`)."""
     return np.fromiter(map(minhash._word_hash, toks), dtype=np.uint64, count=len(toks))
 
 
-def _combine(wh: np.ndarray, n: int) -> np.ndarray:
-    """``uint64[max(0, len(wh) - n + 1)]``: the hash of every n-gram of word hashes `wh` (`ngram_hashes`)."""
-    m = len(wh) - n + 1
-    if m <= 0:
-        return np.zeros(0, dtype=np.uint64)
-    acc = np.zeros(m, dtype=np.uint64)
-    for j in range(n):
-        acc += wh[j : j + m] * _NGRAM_MULT[j]
-    return minhash._mix64(acc)
+_combine = decontam_hash.combine_word_hashes  # the trainer's n-gram hash (jaxpt.eval.decontam): one definition
 
 
 def _word_ngram_hashes(toks: list[str], n: int) -> np.ndarray:
@@ -336,7 +326,7 @@ def ngram_hashes(text: str, n: int) -> set[int]:
 
 
 _MASK64 = (1 << 64) - 1
-_NGRAM_MULT_INT = [int(x) for x in _NGRAM_MULT]
+_NGRAM_MULT_INT = [int(x) for x in decontam_hash.NGRAM_MULT]
 
 
 def sequence_hash(toks: list[str]) -> int:

@@ -25,7 +25,8 @@ T = TypeVar("T")
 
 #: Seconds between periodic lines when not on a terminal (``JAXPT_PROGRESS_EVERY_S`` overrides).
 DEFAULT_EVERY_S = 30.0
-_MODES = ("bar", "lines", "off")
+#: The progress modes: a tqdm bar, plain periodic lines, or nothing.
+MODES = ("bar", "lines", "off")
 
 
 def format_duration(seconds: float) -> str:
@@ -40,8 +41,8 @@ def choose_mode(stream: TextIO) -> str:
     """``bar`` when ``stream`` is a terminal, else ``lines``; ``JAXPT_PROGRESS`` (bar, lines, off) overrides."""
     forced = os.environ.get("JAXPT_PROGRESS", "").strip().lower()
     if forced:
-        if forced not in _MODES:
-            raise ValueError(f"JAXPT_PROGRESS = {forced!r}: choose one of {_MODES}")
+        if forced not in MODES:
+            raise ValueError(f"JAXPT_PROGRESS = {forced!r}: choose one of {MODES}")
         return forced
     isatty = getattr(stream, "isatty", None)
     return "bar" if isatty is not None and isatty() else "lines"
@@ -76,8 +77,8 @@ class Progress:
             else every_s
         self.clock = clock
         self.mode = choose_mode(self.stream) if mode is None else mode
-        if self.mode not in _MODES:
-            raise ValueError(f"progress mode {self.mode!r}: choose one of {_MODES}")
+        if self.mode not in MODES:
+            raise ValueError(f"progress mode {self.mode!r}: choose one of {MODES}")
         self.n = self.initial = initial
         self.postfix = ""
         self._start = self._last = clock()

@@ -22,7 +22,8 @@ from typing import Iterable, Sequence
 import numpy as np
 
 _WORD_RE = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]|\w+")
-_MULT = np.array([(0x9E3779B97F4A7C15 * (2 * j + 1)) % (1 << 64) for j in range(64)], dtype=np.uint64)
+#: Per-position uint64 multipliers of the n-gram hash (odd multiples of the golden-ratio constant; n <= 64).
+NGRAM_MULT = np.array([(0x9E3779B97F4A7C15 * (2 * j + 1)) % (1 << 64) for j in range(64)], dtype=np.uint64)
 
 
 def words(text: str) -> list[str]:
@@ -42,14 +43,18 @@ def _word_hashes(word_list: Sequence[str]) -> np.ndarray:
     return np.fromiter((zlib.crc32(w.encode("utf-8")) for w in word_list), np.uint64, count=len(word_list))
 
 
-def _combine(wh: np.ndarray, n: int) -> np.ndarray:
+def combine_word_hashes(wh: np.ndarray, n: int) -> np.ndarray:
+    """uint64 ``[max(0, len(wh) - n + 1)]``: the hash of every n-gram of the uint64 word hashes ``wh [W]`` (crc32
+    per word), the position-weighted sum (wrapping uint64, :data:`NGRAM_MULT`) through the splitmix64 finalizer.
+    The one n-gram hash of jaxpt: the trainer's probe decontamination and the corpus build
+    (`data_pipelines.stages`) both use it, so their matches agree. Requires n <= 64."""
     m = len(wh) - n + 1
     if m <= 0:
         return np.zeros(0, np.uint64)
     acc = np.zeros(m, np.uint64)
     with np.errstate(over="ignore"):
         for j in range(n):
-            acc += wh[j:j + m] * _MULT[j]
+            acc += wh[j:j + m] * NGRAM_MULT[j]
     return _mix64(acc)
 
 
@@ -57,7 +62,7 @@ def ngram_hashes(word_list: Sequence[str], n: int) -> np.ndarray:
     """uint64 hashes of every word n-gram of ``word_list`` (shape [max(0, len - n + 1)]), 1 <= n <= 64."""
     if not 1 <= n <= 64:
         raise ValueError(f"n-gram size {n} not in [1, 64]")
-    return _combine(_word_hashes(word_list), n)
+    return combine_word_hashes(_word_hashes(word_list), n)
 
 
 class NgramIndex:
@@ -88,7 +93,7 @@ class NgramIndex:
     def ngrams(self, n: int) -> np.ndarray:
         """Sorted uint64 hashes of every word n-gram inside one training document (duplicates kept)."""
         if n not in self._by_n:
-            h = _combine(self._hashes, n)
+            h = combine_word_hashes(self._hashes, n)
             inside = self._doc[:len(h)] == self._doc[n - 1:n - 1 + len(h)]
             self._by_n[n] = np.sort(h[inside])  # np.unique's hash path is slow on uint64
         return self._by_n[n]
