@@ -208,6 +208,18 @@ class MixtureShareHook(Hook):
         self.pending: dict[int, np.ndarray] = {}
         self.stage, self.totals = None, np.zeros(len(self.groups), np.int64)
 
+    @classmethod
+    def for_batches(cls, batches) -> "MixtureShareHook | None":
+        """The hook for a token-mixture stream (:mod:`jaxpt.data.mixture`: its iterators carry a ``schedule``),
+        else None."""
+        its = list(getattr(batches, "iterators", {}).values())
+        schedule = getattr(its[0], "schedule", None) if its else None
+        return None if schedule is None else cls(schedule, its[0].groups)
+
+    def stages_record(self) -> list[dict]:
+        """The mixture's stages as run.json records them: ``[{"start_step", "weights"}]``, weights normalized."""
+        return [{"start_step": s, "weights": w} for s, w in self.schedule]
+
     def on_batch(self, ctx, step: int, local_batch: dict[str, np.ndarray]) -> None:
         from jaxpt.data.mixture import GROUP_KEY
         g = local_batch.get(GROUP_KEY)
@@ -235,3 +247,32 @@ class MixtureShareHook(Hook):
     def on_rewind(self, ctx, step: int) -> None:
         self.pending.clear()
         self.stage = None
+
+
+class StragglerHook(Hook):
+    """Every ``log_every`` steps, gathers every process's host figures of the interval (``ctx.host_times``; a
+    collective, so every process runs it on the same steps), adds them to the record
+    (:meth:`jaxpt.monitor.StragglerMonitor.observe`) and logs the slowest process; a persistent one is a
+    ``straggler`` event. Registered by :func:`jaxpt.loop_context.default_hooks` when there are several processes.
+    """
+
+    def __init__(self, log_every: int):
+        from jaxpt import monitor
+        self.log_every = log_every
+        self.monitor = monitor.StragglerMonitor()
+
+    def on_reported(self, ctx, report: StepReport) -> None:
+        from jax.experimental import multihost_utils
+        if report.step % self.log_every:
+            return
+        figures = np.asarray(multihost_utils.process_allgather(ctx.host_times.pop()))
+        out = self.monitor.observe(figures.reshape(jax.process_count(), 3))
+        report.record.update(out)
+        if jax.process_index() != 0:
+            return
+        log.info("step %d: slowest process %d, own time %.3f s/step = %.2fx the median", report.step,
+                 out["slowest_process"], out["process_own_time_s"][out["slowest_process"]], out["slowest_ratio"])
+        if out["straggler"]:
+            ctx.event({"step": report.step, "event": "straggler", "process": out["slowest_process"],
+                       "ratio": out["slowest_ratio"], "threshold": self.monitor.threshold,
+                       "intervals": self.monitor.patience})

@@ -15,7 +15,7 @@ import dataclasses
 import logging
 import sys
 import time
-from typing import Any, Iterator
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -27,7 +27,7 @@ from jaxpt import config as config_lib
 from jaxpt import distributed
 from jaxpt import flops as flops_lib
 from jaxpt import hooks as hooks_lib
-from jaxpt import mesh as mesh_lib
+from jaxpt.loop_context import LoopContext, log_start
 from jaxpt import monitor
 from jaxpt import preflight
 from jaxpt import progress as progress_lib
@@ -36,7 +36,6 @@ from jaxpt import state as state_lib
 from jaxpt.config import TrainConfig
 from jaxpt.data import stream
 from jaxpt.errors import ConfigError
-from jaxpt.model import attention_auto
 from jaxpt.preemption import PREEMPTED_EXIT_CODE, Preempted, Preemption
 from jaxpt.registry import RunRegistry
 
@@ -103,14 +102,6 @@ def setup(cfg: TrainConfig, pre: preflight.Preflight | None = None) -> Run:
     return Run(built, built.init_state(), pre.tokenizer, throughput, note, evaluator)
 
 
-def _progress(cfg: TrainConfig, start: int) -> progress_lib.Progress | None:
-    # A bar on a terminal; in a log file (a TPU VM job, a scheduler) a plain line every 30 s with the step, the
-    # rate, the ETA and the last loss (tqdm's carriage returns would make one endless line there).
-    if not cfg.progress_bar or jax.process_index() != 0:
-        return None
-    return progress_lib.Progress(cfg.steps, "train", "steps", initial=start)
-
-
 @dataclasses.dataclass
 class _Pending:
     """A dispatched step whose metrics are not yet read."""
@@ -119,101 +110,6 @@ class _Pending:
     metrics: Any
     data_wait: float
     doc_index: np.ndarray
-
-
-class LoopContext:
-    """What the loop carries besides the state: writer, batches, hooks, checkpointer, stability monitor."""
-
-    def __init__(self, run: Run, writer: monitor.MetricWriter, batches: Iterator, ckpt=None,
-                 meta: dict | None = None, preemption: "Preemption | None" = None, registry=None,
-                 fault_injector=None, hooks: list[hooks_lib.Hook] | None = None, train_time_s: float = 0.0,
-                 goodput: monitor.Goodput | None = None, batch_injector=None):
-        from jaxpt.stability import DivergenceMonitor
-        self.run, self.writer, self.batches, self.ckpt, self.meta = run, writer, batches, ckpt, meta
-        self.preemption, self.registry = preemption, registry
-        # ``(step, state) -> state`` applied before dispatching ``step``: fault injection for drills and tests.
-        self.fault_injector = fault_injector
-        # ``(step, local_batch) -> local_batch`` applied to each fetched batch: a bad batch, for drills and tests.
-        self.batch_injector = batch_injector
-        start = int(jax.device_get(run.state.step))
-        self.hooks = default_hooks(run.cfg, ckpt, start) if hooks is None else hooks
-        self.divergence = DivergenceMonitor(run.cfg.stability)
-        self.timer = monitor.StepTimer()
-        self.bar = _progress(run.cfg, start)
-        self.last: dict[str, Any] = {}
-        self.losses = monitor.LossSeries()  # loss / loss_mean / skipped_loss, and the final report's mean of 20
-        self._clock0 = time.perf_counter() - train_time_s  # train_time_s: through the restored step
-        self.goodput = goodput if goodput is not None else monitor.Goodput()
-        self.host_times = monitor.HostTimes()
-        self.stragglers = monitor.StragglerMonitor() if jax.process_count() > 1 else None
-        self._goodput_written = time.perf_counter()
-        self.compiled: set = set()  # train steps dispatched once (a batch-size ramp has one per size)
-        self.throughput_after = start  # the step of the last record's throughput figures
-
-    def train_time_s(self) -> float:
-        """Seconds of training wall time so far, over every session of the run (carried in checkpoints)."""
-        return time.perf_counter() - self._clock0
-
-    def save_checkpoint(self, step: int, force: bool = False, wait: bool = False) -> None:
-        """Save ``step`` (asynchronously unless ``wait``; the meta item records the training wall time so
-        far); the time the loop is blocked counts as checkpoint time, not step time (the step being saved is
-        finished first, so its own compute stays step time), and the run's goodput is recorded."""
-        jax.block_until_ready(self.run.state)
-        t0 = time.perf_counter()
-        saved = self.ckpt.save(step, self.run.state, self.batches,
-                               {**self.meta, "train_time_s": self.train_time_s()}, force=force)
-        if wait:
-            self.ckpt.wait()
-        blocked = time.perf_counter() - t0
-        self.goodput.add("checkpoint_s", blocked)
-        self.timer.exclude(blocked)
-        self.goodput.checkpoint_saves += bool(saved)
-        self.record_goodput(step)
-
-    def evaluate(self, max_batches: int | None = None) -> dict[str, float]:
-        """:meth:`Run.evaluate`, its time counted as evaluation time, not step time (the last step is finished
-        first, so its own compute stays step time)."""
-        jax.block_until_ready(self.run.state.params)
-        t0 = time.perf_counter()
-        out = self.run.evaluate(max_batches)
-        spent = time.perf_counter() - t0
-        self.goodput.add("eval_s", spent)
-        self.timer.exclude(spent)
-        return out
-
-    def record_goodput(self, step: int) -> None:
-        """Write this session's time accounting and last step into run.json (:meth:`RunRegistry.update_session`)."""
-        if self.registry is not None:
-            self.registry.update_session({"last_step": step, "goodput": self.goodput.summary()})
-        self._goodput_written = time.perf_counter()
-
-    def event(self, record: dict[str, Any]) -> None:
-        """Log an event to metrics.jsonl and the run registry."""
-        self.writer.write(record)
-        self.writer.flush()
-        if self.registry is not None:
-            self.registry.add_event(record)
-        log.warning("event: %s", record)
-
-    def close(self) -> None:
-        for h in self.hooks:
-            h.close()
-        if self.bar is not None:
-            self.bar.close()
-
-
-def default_hooks(cfg: TrainConfig, ckpt, start_step: int = 0) -> list[hooks_lib.Hook]:
-    """The loop's periodic actions for ``cfg``: skip events, held-out evaluation, checkpoints, the document
-    log (from ``start_step``: later lines are superseded) and the profiler window, each when configured."""
-    hooks: list[hooks_lib.Hook] = [hooks_lib.SkipEventHook(), hooks_lib.EvalHook(cfg.eval_every, cfg.steps)]
-    if ckpt is not None:
-        hooks.append(hooks_lib.CheckpointHook(ckpt))
-    if cfg.log_batch_documents:
-        hooks.append(hooks_lib.DocumentLogHook(cfg.workdir, start_step))
-    window = hooks_lib.parse_window(cfg.profile_steps)
-    if window is not None:
-        hooks.append(hooks_lib.ProfileHook(cfg.workdir, *window))
-    return hooks
 
 
 def train_loop(ctx: LoopContext) -> dict[str, Any]:
@@ -297,8 +193,6 @@ def _report(ctx: LoopContext, p: _Pending) -> tuple[int, str] | None:
     for h in ctx.hooks:
         h.on_reported(ctx, report)
     ctx.losses.observe(report.record)
-    if ctx.stragglers is not None and p.step % cfg.log_every == 0:  # every process, on the same steps
-        _check_stragglers(ctx, report)
     if p.step % cfg.log_every == 0 or p.step == cfg.steps or p.step == 1 or reason or report.write:
         record = report.record
         record.update(ctx.losses.pop_interval())
@@ -316,23 +210,6 @@ def _report(ctx: LoopContext, p: _Pending) -> tuple[int, str] | None:
         if time.perf_counter() - ctx._goodput_written > GOODPUT_EVERY_S:
             ctx.record_goodput(p.step)
     return (p.step, reason) if reason else None
-
-
-def _check_stragglers(ctx: LoopContext, report: hooks_lib.StepReport) -> None:
-    """Gather every process's host figures of the interval (a collective: all processes call it on the same
-    steps), add them to the record and log the slowest process; a persistent one is a ``straggler`` event."""
-    from jax.experimental import multihost_utils
-    figures = np.asarray(multihost_utils.process_allgather(ctx.host_times.pop()))
-    out = ctx.stragglers.observe(figures.reshape(jax.process_count(), 3))
-    report.record.update(out)
-    if jax.process_index() != 0:
-        return
-    log.info("step %d: slowest process %d, own time %.3f s/step = %.2fx the median", report.step,
-             out["slowest_process"], out["process_own_time_s"][out["slowest_process"]], out["slowest_ratio"])
-    if out["straggler"]:
-        ctx.event({"step": report.step, "event": "straggler", "process": out["slowest_process"],
-                   "ratio": out["slowest_ratio"], "threshold": ctx.stragglers.threshold,
-                   "intervals": ctx.stragglers.patience})
 
 
 def rollback(ctx: LoopContext, step: int, reason: str) -> int:
@@ -363,25 +240,6 @@ def rollback(ctx: LoopContext, step: int, reason: str) -> int:
     return restored_step
 
 
-def _log_start(run: Run, writer: monitor.MetricWriter, start: int, notes: list[str], stage: dict) -> None:
-    frac = state_lib.replicated_param_fraction(run.spec)
-    mesh_text = mesh_lib.format_mesh(mesh_lib.mesh_shape(run.mesh))
-    log.info("mesh %s over %d devices (%s); %.2fM params; %.2f%% of param bytes fully replicated", mesh_text,
-             run.mesh.size, jax.devices()[0].device_kind, state_lib.num_params(run.spec) / 1e6, 100 * frac)
-    log.info("MFU peak: %s", run.peak_note)
-    attention = attention_auto.resolve_for(run.cfg.model, run.cfg.seq_len, list(run.mesh.devices.flat))
-    log.info("attention_impl %r runs as %r%s", run.cfg.model.attention_impl, attention.name,
-             f" (fallback: {attention.reason})" if attention.reason else "")
-    new_stage = stage.get("parent") is not None and start == stage.get("start_step")
-    writer.write({"step": start, "event": "stage_start" if new_stage else "resume" if start else "start",
-                  "stage": stage["name"],
-                  "attention_impl": run.cfg.model.attention_impl, "attention_impl_used": attention.name,
-                  **({"attention_fallback_reason": attention.reason} if attention.reason else {}),
-                  "num_params": state_lib.num_params(run.spec), "replicated_param_fraction": frac,
-                  "mesh": mesh_text, "peak_flops_note": run.peak_note, "peak_flops_per_device": run.throughput.peak,
-                  **({"notes": notes} if notes else {})})
-
-
 def _final(ctx: LoopContext, last: dict[str, Any]) -> dict[str, Any]:
     """Save the last step, run the full held-out evaluation and write the ``final`` record."""
     run = ctx.run
@@ -399,17 +257,6 @@ def _final(ctx: LoopContext, last: dict[str, Any]) -> dict[str, Any]:
              fmt(final["train_loss_mean_last20"]), final["heldout_loss"], final["heldout_perplexity"],
              final["heldout_tokens"])
     return final
-
-
-def _track_mixture(ctx: LoopContext, batches, registry) -> None:
-    """A token-mixture stream (:mod:`jaxpt.data.mixture`): record its stages in run.json (this session's
-    ``mixture``: ``[{"start_step", "weights"}]``, weights normalized) and log its realized shares per stage."""
-    its = list(getattr(batches, "iterators", {}).values())
-    schedule = getattr(its[0], "schedule", None) if its else None
-    if schedule is None:
-        return
-    registry.update_session({"mixture": [{"start_step": s, "weights": w} for s, w in schedule]})
-    ctx.hooks.append(hooks_lib.MixtureShareHook(schedule, its[0].groups))
 
 
 def run_training(cfg: TrainConfig, fault_injector=None, batch_injector=None) -> dict[str, Any]:
@@ -456,7 +303,7 @@ def _train(cfg: TrainConfig, pre: preflight.Preflight, t_start: float, fault_inj
     writer = monitor.MetricWriter(cfg.workdir, enabled=is_main, start_step=start)
     meta = run_meta(cfg, run.mesh, run.tokenizer, config_text, stream.data_version(cfg), batches.num_shards)
     meta["stage"] = stage
-    _log_start(run, writer, start, pre.notes, stage)
+    log_start(run, writer, start, pre.notes, stage)
     registry = RunRegistry(cfg.workdir, enabled=is_main)
     registry.start(cfg, config_text, run, stream.data_version(cfg),
                    stages=[*(stage_lib.parent_stages(pre.parent) if pre.parent else []), stage])
@@ -467,7 +314,10 @@ def _train(cfg: TrainConfig, pre: preflight.Preflight, t_start: float, fault_inj
             ctx = LoopContext(run, writer, batches, ckpt, meta, preemption, registry, fault_injector,
                               train_time_s=float(pre.resume_meta.get("train_time_s", 0.0)) if start else 0.0,
                               goodput=goodput, batch_injector=batch_injector)
-            _track_mixture(ctx, batches, registry)
+            mixture = hooks_lib.MixtureShareHook.for_batches(batches)
+            if mixture is not None:  # record the mixture's stages; log its realized shares per stage
+                registry.update_session({"mixture": mixture.stages_record()})
+                ctx.hooks.append(mixture)
             last = train_loop(ctx)
         final = _final(ctx, last)
         ctx.record_goodput(final["step"])

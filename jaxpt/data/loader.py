@@ -110,9 +110,8 @@ def make_train_dataset(
         (``grain.MapDataset.mix``). 0: every document in one stream, in the natural proportion.
 
     Returns:
-      A `grain.IterDataset` whose elements are dicts of int32 numpy arrays of shape
-      [local_batch_size, seq_len]: `tokens`, `segment_ids`, `positions`, `doc_index` (see
-      `jaxpt.data.packing`). Its iterator supports exact `get_state`/`set_state`.
+      A `grain.IterDataset` of dicts of int32 [local_batch_size, seq_len] numpy arrays: `tokens`, `segment_ids`,
+      `positions`, `doc_index` (see `jaxpt.data.packing`). Its iterator supports exact `get_state`/`set_state`.
 
     Raises:
       ValueError: a bad argument.
@@ -126,19 +125,25 @@ def make_train_dataset(
     texts = load_texts(documents_path)
     if not texts:
         raise ConfigError(f"{documents_path}: no documents")
-    if long_doc_weight > 0:
-        ds = _length_mixture(texts, long_doc_min_chars, long_doc_weight, seed, shuffle)
-    else:
-        ds = grain.MapDataset.range(len(texts))
-        if shuffle:
-            ds = ds.shuffle(seed=seed)
-        ds = ds.repeat(None)
-    ds = ds[process_index::process_count]
+    ds = _document_order(texts, seed, shuffle, long_doc_min_chars, long_doc_weight)[process_index::process_count]
     ds = ds.map(_Tokenize(texts, tokenizer))
     it = ds.to_iter_dataset(grain.ReadOptions(num_threads=read_threads, prefetch_buffer_size=8 * max(read_threads, 1)))
     it = packing.PackedIterDataset(it, seq_len, pad_id=tokenizer.pad_id,
                                    eos_id=tokenizer.eos_id if add_eos else None)
     return it.batch(local_batch_size, drop_remainder=True)
+
+
+def _document_order(texts: list[str], seed: int, shuffle: bool, long_doc_min_chars: int,
+                    long_doc_weight: float) -> grain.MapDataset:
+    """The global, endless order of document indices into ``texts`` (before the per-process split): shuffled
+    from ``seed`` (a new order each epoch) or in file order, or the length mixture of
+    :func:`make_train_dataset` when ``long_doc_weight > 0``."""
+    if long_doc_weight > 0:
+        return _length_mixture(texts, long_doc_min_chars, long_doc_weight, seed, shuffle)
+    ds = grain.MapDataset.range(len(texts))
+    if shuffle:
+        ds = ds.shuffle(seed=seed)
+    return ds.repeat(None)
 
 
 def sample_mixture_iterator(documents_path: str | os.PathLike, tokenizer: Tokenizer, schedule, *, key: str,

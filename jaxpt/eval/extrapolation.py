@@ -93,6 +93,22 @@ def effective_length(tail_by_length: dict[int, float], trained_length: int, tole
     return best
 
 
+def _window_nll(restored, graphdef, params, stream: np.ndarray, L: int, batch_size: int) -> np.ndarray:
+    """Per-token negative log-likelihood (nats, float64 [len(stream) // L, L]; position 0 has no prediction and
+    stays 0) of ``stream`` cut into consecutive windows of ``L`` tokens, each scored from its own start."""
+    from jaxpt.eval.scorer import Scorer, Window
+    cfg = restored.config
+    # The Scorer is built directly (not Scorer.from_model): measuring beyond max_seq_len is the point.
+    scorer = Scorer(graphdef, params, restored.mesh, cfg.logical_axis_rules, seq_len=L,
+                    batch_size=batch_size, pad_id=restored.tokenizer.pad_id)
+    windows = [Window(stream[s:s + L], 1) for s in range(0, len(stream) - L + 1, L)]
+    scores = scorer.score(windows, pack=False, keep_tokens=True, progress=f"length {L}")
+    nll = np.zeros((len(windows), L), np.float64)
+    for i, lp in enumerate(scores.token_logp):
+        nll[i, 1:] = -lp.astype(np.float64)
+    return nll
+
+
 def measure(restored, lengths: Sequence[int], *, texts: Sequence[str], trained_length: int | None = None,
             tolerance: float = DEFAULT_TOLERANCE, max_tokens: int = 16384, batch_size: int = 1,
             first_bucket: int = 64) -> dict[str, Any]:
@@ -116,8 +132,6 @@ def measure(restored, lengths: Sequence[int], *, texts: Sequence[str], trained_l
       ValueError: a length below 2, or a held-out stream shorter than the longest length.
     """
     from flax import nnx
-
-    from jaxpt.eval.scorer import Scorer, Window
     cfg = restored.config
     T0 = int(trained_length or cfg.seq_len)
     lengths = sorted({int(L) for L in lengths} | {T0})
@@ -134,15 +148,7 @@ def measure(restored, lengths: Sequence[int], *, texts: Sequence[str], trained_l
     report_lengths, tails = {}, {}
     edges = bucket_edges(longest, first_bucket)
     for L in lengths:
-        # The Scorer is built directly (not Scorer.from_model): measuring beyond max_seq_len is the point.
-        scorer = Scorer(graphdef, params, restored.mesh, cfg.logical_axis_rules, seq_len=L,
-                        batch_size=batch_size, pad_id=restored.tokenizer.pad_id)
-        windows = [Window(stream[s:s + L], 1) for s in range(0, total, L)]
-        scores = scorer.score(windows, pack=False, keep_tokens=True, progress=f"length {L}")
-        nll = np.zeros((len(windows), L), np.float64)
-        for i, lp in enumerate(scores.token_logp):
-            nll[i, 1:] = -lp.astype(np.float64)
-        entry = length_report(nll, edges)
+        entry = length_report(_window_nll(restored, graphdef, params, stream[:total], L, batch_size), edges)
         entry["documents_at_least"] = int(np.sum(doc_lengths >= L))
         report_lengths[str(L)] = entry
         tails[L] = entry["tail_loss"]

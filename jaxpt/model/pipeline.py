@@ -53,39 +53,14 @@ def merge_microbatches(x: jax.Array) -> jax.Array:
     return jnp.swapaxes(x, 0, 1).reshape(num * b, *x.shape[2:])
 
 
-def run_pipeline(group_fn: LayerGroupFn, params: Any, x_BxLxD: jax.Array, side: tuple[jax.Array, ...], *,
-                 mesh: Mesh, microbatches: int, repeats: int,
-                 aux_specs: Mapping[str, AuxSpec]) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """Run ``N`` stacked layers over ``x`` as a pipeline over ``mesh``'s ``stage`` axis.
+def _stage_program(group_fn: LayerGroupFn, *, S: int, M: int, R: int, K: int):
+    """The per-stage program of :func:`run_pipeline` (run under ``shard_map`` over the ``stage`` axis):
+    ``(params [R, 1, K, ...], x [M, B/M, L, D], side) -> (x [M, B/M, L, D], aux {name: [R, K, M]})``.
 
-    Args:
-      group_fn: runs ``K`` consecutive layers (see :data:`LayerGroupFn`).
-      params: pytree of arrays, each with a leading ``[N]`` layers axis.
-      x_BxLxD: the residual stream entering layer 0.
-      side: per-row inputs every layer reads (segment ids, positions), each ``[B, L]``.
-      mesh: the mesh; ``S = mesh.shape['stage']``.
-      microbatches: ``M``, divides ``B``, ``>= S``. repeats: ``R`` passes (layer groups per stage).
-      aux_specs: the reduction of each per-layer auxiliary output of ``group_fn``.
-
-    Returns:
-      ``(x [B, L, D] after layer N - 1, aux)``; each aux output reduced over micro-batches (its
-      ``microbatch_reduce``), then over layers, as :func:`jaxpt.model.auxiliary.reduce_aux` does.
-
-    Raises:
-      ValueError: ``N`` not divisible by ``S R``, ``B`` by ``M``, or ``M < S`` (config validation names the key
-        first: :func:`jaxpt.config.validate`).
+    Over ``T = M R + S - 1`` ticks, stage ``s`` runs item ``t - s`` (repeat ``r``, micro-batch ``m``) through its
+    ``K`` layers of repeat ``r`` and passes the result round the ring; stage 0 files what the last stage finished.
     """
-    S, M, R = int(mesh.shape[PIPELINE_AXIS]), microbatches, repeats
-    N = jax.tree.leaves(params)[0].shape[0]
-    B = x_BxLxD.shape[0]
-    if N % (S * R) or B % M or M < S:
-        raise ValueError(f"pipeline: {N} layers over {S} stages x {R} repeats, batch {B} in {M} micro-batches "
-                         "(need layers % (stages x repeats) == 0, batch % micro-batches == 0, micro-batches >= stages)")
-    K = N // (S * R)
     T = M * R + S - 1
-    params_RxSxK = jax.tree.map(lambda a: a.reshape(R, S, K, *a.shape[1:]), params)
-    x_M = constrain(split_microbatches(x_BxLxD, M), (None, "batch", "length", "embed"))
-    side_M = tuple(constrain(split_microbatches(a, M), (None, "batch", "length")) for a in side)
     ring = [(j, (j + 1) % S) for j in range(S)]
 
     def stage_body(p_Rx1xK, x_M, side_M):
@@ -128,6 +103,42 @@ def run_pipeline(group_fn: LayerGroupFn, params: Any, x_BxLxD: jax.Array, side: 
         out = jax.lax.psum(jnp.where(s == 0, buf, jnp.zeros_like(buf)), PIPELINE_AXIS)
         return out, aux_acc
 
+    return stage_body
+
+
+def run_pipeline(group_fn: LayerGroupFn, params: Any, x_BxLxD: jax.Array, side: tuple[jax.Array, ...], *,
+                 mesh: Mesh, microbatches: int, repeats: int,
+                 aux_specs: Mapping[str, AuxSpec]) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Run ``N`` stacked layers over ``x`` as a pipeline over ``mesh``'s ``stage`` axis.
+
+    Args:
+      group_fn: runs ``K`` consecutive layers (see :data:`LayerGroupFn`).
+      params: pytree of arrays, each with a leading ``[N]`` layers axis.
+      x_BxLxD: the residual stream entering layer 0.
+      side: per-row inputs every layer reads (segment ids, positions), each ``[B, L]``.
+      mesh: the mesh; ``S = mesh.shape['stage']``.
+      microbatches: ``M``, divides ``B``, ``>= S``. repeats: ``R`` passes (layer groups per stage).
+      aux_specs: the reduction of each per-layer auxiliary output of ``group_fn``.
+
+    Returns:
+      ``(x [B, L, D] after layer N - 1, aux)``; each aux output reduced over micro-batches (its
+      ``microbatch_reduce``), then over layers, as :func:`jaxpt.model.auxiliary.reduce_aux` does.
+
+    Raises:
+      ValueError: ``N`` not divisible by ``S R``, ``B`` by ``M``, or ``M < S`` (config validation names the key
+        first: :func:`jaxpt.config.validate`).
+    """
+    S, M, R = int(mesh.shape[PIPELINE_AXIS]), microbatches, repeats
+    N = jax.tree.leaves(params)[0].shape[0]
+    B = x_BxLxD.shape[0]
+    if N % (S * R) or B % M or M < S:
+        raise ValueError(f"pipeline: {N} layers over {S} stages x {R} repeats, batch {B} in {M} micro-batches "
+                         "(need layers % (stages x repeats) == 0, batch % micro-batches == 0, micro-batches >= stages)")
+    K = N // (S * R)
+    params_RxSxK = jax.tree.map(lambda a: a.reshape(R, S, K, *a.shape[1:]), params)
+    x_M = constrain(split_microbatches(x_BxLxD, M), (None, "batch", "length", "embed"))
+    side_M = tuple(constrain(split_microbatches(a, M), (None, "batch", "length")) for a in side)
+    stage_body = _stage_program(group_fn, S=S, M=M, R=R, K=K)
     param_spec = jax.tree.map(lambda _: P(None, PIPELINE_AXIS), params_RxSxK)
     out_M, aux_RxNxM = jax.shard_map(
         stage_body, mesh=mesh, in_specs=(param_spec, P(), P()), out_specs=(P(), P(None, PIPELINE_AXIS)),

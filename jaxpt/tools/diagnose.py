@@ -116,6 +116,28 @@ def _zscore(x: float, refs: list[float]) -> float:
     return (x - mean) / max(std, 1e-3 * abs(mean), 1e-12)
 
 
+def _setup_before(workdir: str, step: int):
+    """The run of ``workdir`` set up from its operative config, its read-only checkpointer, and the newest
+    committed checkpoint step before ``step``: ``(cfg, run, ckpt, checkpoint_step)``.
+
+    Raises:
+      ConfigError: no config.gin, or no committed checkpoint before ``step``.
+    """
+    from jaxpt import config as config_lib, train
+    from jaxpt.checkpoint import Checkpointer
+    gin_path = fs.join(workdir, "config.gin")
+    if not fs.isfile(gin_path):
+        raise ConfigError(f"{gin_path}: no operative config; is {workdir} a training workdir?")
+    cfg = config_lib.parse([gin_path], ["TrainConfig.progress_bar = False"])
+    run = train.setup(cfg)
+    ckpt = Checkpointer(workdir, cfg.checkpoint, read_only=True)
+    before = [s for s in ckpt.all_steps() if s < step]
+    if not before:
+        raise ConfigError(f"no committed checkpoint before step {step} in {workdir}/checkpoints "
+                          f"(has {ckpt.all_steps()})")
+    return cfg, run, ckpt, max(before)
+
+
 def diagnose(workdir: str, step: int, refs: int = 4,
              batch_injector: Callable[[int, dict], dict] | None = None) -> Diagnosis:
     """Replay step ``step`` of the run in ``workdir`` from the newest checkpoint before it (module docstring).
@@ -132,22 +154,10 @@ def diagnose(workdir: str, step: int, refs: int = 4,
     """
     import jax
     import jax.numpy as jnp
-    from jaxpt import config as config_lib, train
-    from jaxpt.checkpoint import Checkpointer
     from jaxpt.data import stream
-    gin_path = fs.join(workdir, "config.gin")
-    if not fs.isfile(gin_path):
-        raise ConfigError(f"{gin_path}: no operative config; is {workdir} a training workdir?")
     if refs < 2:
         raise ConfigError(f"refs = {refs}: need at least 2 reference batches")
-    cfg = config_lib.parse([gin_path], ["TrainConfig.progress_bar = False"])
-    run = train.setup(cfg)
-    ckpt = Checkpointer(workdir, cfg.checkpoint, read_only=True)
-    before = [s for s in ckpt.all_steps() if s < step]
-    if not before:
-        raise ConfigError(f"no committed checkpoint before step {step} in {workdir}/checkpoints "
-                          f"(has {ckpt.all_steps()})")
-    c = max(before)
+    cfg, run, ckpt, c = _setup_before(workdir, step)
     batches = stream.train_batches(cfg, run.tokenizer, stream.data_shard_count(cfg, ckpt.saved_data_shards()))
     state, _ = ckpt.restore(c, run.spec.abstract, batches)
     inject = batch_injector or (lambda s, b: b)
