@@ -226,8 +226,11 @@ def plain_jax_step_time(steps: int) -> float:
 
 
 def model_gemm_ceiling(repeats: int = 5) -> float:
-    """FLOP/s of the train step's GEMMs alone (fwd: x@W per projection, QK^T, AV; bwd: 2 GEMMs per fwd GEMM),
-    at the model's shapes, data-parallel over all devices. Units: FLOP/s for the whole host."""
+    """FLOP/s of the train step's GEMMs alone, at the model's shapes, data-parallel over all devices: per layer
+    and for the output head, each projection's forward ``x W``, ``dX = dY W^T`` and ``dW = X^T dY``; per layer the
+    attention's forward ``S = Q K^T``, ``O = S V`` and backward ``dP = dO V^T``, ``dV = S^T dO``, ``dQ = dP K``,
+    ``dK = dP^T Q``. Every GEMM reads distinct buffers, so XLA cannot merge two of them (common-subexpression
+    elimination), and the FLOPs counted are exactly the GEMMs computed. Units: FLOP/s for the whole host."""
     cfg = REF
     D, H, Hd, F, V = cfg.d_model, cfg.num_heads, cfg.head_dim, cfg.mlp_dim, cfg.vocab_size
     T = BATCH * SEQ
@@ -239,10 +242,11 @@ def model_gemm_ceiling(repeats: int = 5) -> float:
         jax.device_put(jnp.full((D, V), 0.01, jnp.float32), rep)]
     x = jax.device_put(jnp.ones((BATCH, SEQ, D), jnp.float32), dp)
     xf = jax.device_put(jnp.ones((BATCH, SEQ, F), jnp.float32), dp)
-    q = jax.device_put(jnp.ones((BATCH, H, SEQ, Hd), jnp.float32), dp)
+    qkvo = [jax.device_put(jnp.full((BATCH, H, SEQ, Hd), 0.01 * (i + 1), jnp.float32), dp) for i in range(4)]
 
     @jax.jit
-    def gemms(x, xf, q, ws):
+    def gemms(x, xf, qkvo, ws):
+        q, k, v, do = qkvo
         acc = 0.0
         for _ in range(cfg.num_layers):
             for w in ws[:4] + ws[4:6]:
@@ -250,17 +254,19 @@ def model_gemm_ceiling(repeats: int = 5) -> float:
                 acc += y.sum() + (y @ w.T).sum() + jnp.einsum("bld,ble->de", x, y).sum()  # dX, dW
             y = xf @ ws[6]
             acc += y.sum() + (y @ ws[6].T).sum() + jnp.einsum("blf,bld->fd", xf, y).sum()
-            s = jnp.einsum("bhld,bhmd->bhlm", q, q)
-            o = jnp.einsum("bhlm,bhmd->bhld", s, q)
-            acc += s.sum() + o.sum() + 2 * jnp.einsum("bhlm,bhld->bhmd", s, o).sum() + jnp.einsum("bhlm,bhmd->bhld", s, q).sum() + jnp.einsum("bhld,bhmd->bhlm", o, q).sum()
+            s = jnp.einsum("bhld,bhmd->bhlm", q, k)         # S = Q K^T
+            dp_ = jnp.einsum("bhld,bhmd->bhlm", do, v)      # dP = dO V^T
+            acc += (s.sum() + jnp.einsum("bhlm,bhmd->bhld", s, v).sum()     # O = S V
+                    + jnp.einsum("bhlm,bhld->bhmd", s, do).sum()           # dV = S^T dO
+                    + dp_.sum() + jnp.einsum("bhlm,bhmd->bhld", dp_, k).sum()  # dQ = dP K
+                    + jnp.einsum("bhlm,bhld->bhmd", dp_, q).sum())         # dK = dP^T Q
         y = x @ ws[7]
         acc += y.sum() + (y @ ws[7].T).sum() + jnp.einsum("bld,blv->dv", x, y).sum()
         return acc
 
-    flops = cfg.num_layers * (6 * 2 * T * D * H * Hd * 4 / 4 * 1 + 0)  # placeholder, recomputed below
     proj = 4 * D * H * Hd + 2 * D * F + F * D
-    flops = 3 * 2 * T * (cfg.num_layers * proj + D * V) + cfg.num_layers * 3 * 2 * 2 * BATCH * H * SEQ * SEQ * Hd
-    t = time_fn(gemms, x, xf, q, ws, steps=repeats)
+    flops = 3 * 2 * T * (cfg.num_layers * proj + D * V) + cfg.num_layers * 6 * 2 * BATCH * H * SEQ * SEQ * Hd
+    t = time_fn(gemms, x, xf, qkvo, ws, steps=repeats)
     return flops / t
 
 
