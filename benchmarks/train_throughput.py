@@ -13,7 +13,9 @@ same model on synthetic data in a subprocess for each mesh (``ici_data/fsdp/tens
 alternating with jaxpt round by round (A B A B, ``--rounds``) so that drift hits both; its tokens/s is the median of
 its "Tokens/s/device" log lines over steps >= 5, times the device count. ``--json`` prints one object:
 ``{"meshes": {"data=8": {"jaxpt_tokens_per_sec", "jaxpt_zero1_tokens_per_sec", "maxtext_tokens_per_sec", "ratio",
-"gemm_ceiling_fraction"}, ...}, ...}`` (``ratio``: jaxpt / MaxText, the better of jaxpt's two optimizer layouts).
+"gemm_ceiling_fraction", "comm_share", "comm_share/<axes>", "trace_dir"}, ...}, ...}`` (``ratio``: jaxpt / MaxText,
+the better of jaxpt's two optimizer layouts; ``comm_share``: the share of device time in collectives over 2 profiled
+steps of each mesh, by mesh axis, from a ``jax.profiler`` trace left in ``trace_dir``, :mod:`jaxpt.profile_comm`).
 
     XLA_FLAGS=--xla_force_host_platform_device_count=8 python benchmarks/train_throughput.py [--mesh data=8] [--json]
 
@@ -101,6 +103,22 @@ class JaxptStep:
         t = time_fn(step, self.state, self.batch, steps=steps, carry=True)
         self.state = out[0]
         return t
+
+
+    def profile(self, trace_dir: str, steps: int = 2) -> dict[str, float]:
+        """Trace ``steps`` steps with ``jax.profiler`` into ``trace_dir`` (Perfetto and TensorBoard files, as the
+        trainer's ``--profile_steps`` window writes them) and return their communication share by mesh axis
+        (:func:`jaxpt.profile_comm.comm_share_by_axis`: ``comm_share``, ``comm_share/<axes>``, fractions of device
+        time)."""
+        from jaxpt import profile_comm
+        state = jax.block_until_ready(self.state)
+        jax.profiler.start_trace(trace_dir, create_perfetto_trace=True)
+        for _ in range(steps):
+            state, _ = self.built.train_step(state, self.batch)
+        jax.block_until_ready(state)
+        jax.profiler.stop_trace()
+        self.state = state
+        return profile_comm.comm_share_by_axis(trace_dir, self.built.mesh.devices, self.built.mesh.axis_names)
 
 
 def jaxpt_step_time(mesh_spec: str, steps: int, shard_optimizer_state: bool = False) -> float:
@@ -278,6 +296,10 @@ def main():
     ap.add_argument("--rounds", type=int, default=2, help="rounds of jaxpt then MaxText (A B A B); medians over them")
     ap.add_argument("--maxtext-steps", type=int, default=30, help="steps of each MaxText run")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    ap.add_argument("--profile-dir", default=None,
+                    help="after the timed rounds, trace 2 steps of each mesh (default optimizer layout) into "
+                         "DIR/<mesh> and report their communication share by mesh axis (default: a temporary "
+                         "directory; 'none' skips it)")
     args = ap.parse_args()
     meshes = args.mesh or ["data=8", "fsdp=8", "data=2,fsdp=2,tensor=2"]
     maxtext = os.environ.get("MAXTEXT_PYTHON")
@@ -305,6 +327,15 @@ def main():
                 mt[m].append(maxtext_tokens_per_sec(maxtext, m, args.maxtext_steps))
                 say(f"round {r + 1}: {m}: jaxpt {tokens / times[(m, False)][-1]:.0f} (ZeRO-1 "
                     f"{tokens / times[(m, True)][-1]:.0f}), MaxText {mt[m][-1]:.0f} tokens/s")
+    shares = {}
+    if args.profile_dir != "none":
+        root = args.profile_dir or tempfile.mkdtemp(prefix="jaxpt-throughput-profile-")
+        for m in meshes:
+            trace_dir = os.path.join(root, m.replace(",", "_").replace("=", ""))
+            shares[m] = {"trace_dir": trace_dir, **steps[(m, False)].profile(trace_dir)}
+            say(f"{m}: collectives {shares[m]['comm_share']:.1%} of device time ("
+                + ", ".join(f"{k.split('/', 1)[1]} {v:.1%}" for k, v in shares[m].items()
+                            if k.startswith("comm_share/")) + f"); trace in {trace_dir}")
     med = {k: float(np.median(v)) for k, v in times.items()}
     out = {"meshes": {}, "plain_jax_tokens_per_sec": tokens / t_plain, "gemm_ceiling_flops": gemm,
            "square_matmul_flops": square, "rounds": args.rounds, "maxtext": bool(maxtext)}
@@ -314,6 +345,7 @@ def main():
                "maxtext_tokens_per_sec": statistics.median(mt[m]) if mt[m] else None,
                "gemm_ceiling_fraction": step_flops / best / gemm, "vs_plain_jax": t_plain / best}
         row["ratio"] = tokens / best / row["maxtext_tokens_per_sec"] if mt[m] else None
+        row.update(shares.get(m, {}))
         out["meshes"][m] = row
     if args.json:
         print(json.dumps(out, indent=2))
