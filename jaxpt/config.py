@@ -230,6 +230,9 @@ class TrainConfig:
             except ValueError:
                 raise field_error(self, "profile_steps", "START:STOP (1-based steps, inclusive), e.g. '20:25'") from None
             require(self, "profile_steps", 1 <= start <= stop, "START:STOP with 1 <= START <= STOP")
+            require(self, "profile_steps", stop <= self.steps,
+                    f"the window must end by TrainConfig.steps = {self.steps} (a window the run never finishes is "
+                    "never measured)")
         positive(self, "global_batch_size", "grad_accum_steps", "seq_len", "steps", "log_every")
         require(self, "batch_lr_scaling", self.batch_lr_scaling in batch_ramp.LR_RULES,
                 f"one of {', '.join(batch_ramp.LR_RULES)}")
@@ -398,15 +401,22 @@ def _check_mesh_axes_used(cfg: TrainConfig, sizes: dict[str, int]) -> None:
     """An axis of size > 1 that no logical-axis rule uses only replicates work: refuse it, naming it."""
     model_axes = set(mesh_lib.LOGICAL_AXES) - ({"exp"} if not cfg.model.num_moe_layers else set())
     unused = mesh_lib.unused_mesh_axes(sizes, cfg.logical_axis_rules, model_axes)
+    if not unused:
+        return
+    where = f"TrainConfig.mesh = {cfg.mesh!r}" + (f", TrainConfig.dcn_mesh = {cfg.dcn_mesh!r}" if cfg.dcn_mesh else "")
+    reasons = []
+    if "expert" in unused and not cfg.model.num_moe_layers:  # a rule uses it, but a dense model has nothing there
+        reasons.append(f"mesh axis 'expert' (size {unused.pop('expert')}) has nothing to split: it splits the "
+                       f"experts of MoE layers and ModelConfig.mlp = {cfg.model.mlp!r} has none; give it size 1, "
+                       "or train an MoE model (ModelConfig.mlp = 'moe')")
     if unused:
-        where = f"TrainConfig.mesh = {cfg.mesh!r}" + (f", TrainConfig.dcn_mesh = {cfg.dcn_mesh!r}"
-                                                      if cfg.dcn_mesh else "")
         axes = ", ".join(f"{a!r} (size {n})" for a, n in unused.items())
-        why = (f" ('expert' splits the experts of MoE layers, and ModelConfig.mlp = {cfg.model.mlp!r} has none)"
-               if "expert" in unused and not cfg.model.num_moe_layers else "")
-        raise ConfigError(f"{where}: mesh axes {axes} are used by no TrainConfig.logical_axis_rules entry{why}, so "
-                          "every array would be replicated over them (the same work repeated); give them "
-                          "size 1, or map a logical axis to them")
+        one = len(unused) == 1
+        reasons.append(f"mesh {'axis' if one else 'axes'} {axes} {'is' if one else 'are'} used by no "
+                       "TrainConfig.logical_axis_rules entry, so every array would be replicated over "
+                       f"{'it' if one else 'them'} (the same work repeated); give {'it' if one else 'them'} "
+                       f"size 1, or map a logical axis to {'it' if one else 'them'}")
+    raise ConfigError(f"{where}: " + "; ".join(reasons))
 
 
 def _check_expert_axis(cfg: TrainConfig, sizes: dict[str, int]) -> None:

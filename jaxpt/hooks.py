@@ -172,9 +172,11 @@ class ProfileHook(Hook):
         return shares
 
     def close(self) -> None:
-        if self.active:
+        if self.active:  # the run ended inside the window (preemption, divergence, an error)
             jax.profiler.stop_trace()
             self.active = False
+            log.warning("the run ended inside the profile window %d:%d: its trace in %s is partial and its "
+                        "communication share was not measured", self.start, self.stop, self.dir)
 
 
 def parse_window(text: str) -> tuple[int, int] | None:

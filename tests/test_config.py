@@ -96,6 +96,8 @@ def test_validation_errors_name_the_key(bindings, flags, key):
     ("TrainConfig.dcn_mesh = 'data=-1'", "TrainConfig.dcn_mesh = 'data=-1': sizes across slices are explicit"),
     ("TrainConfig.grad_accum_steps = 0", "TrainConfig.grad_accum_steps = 0: must be positive"),
     ("TrainConfig.progress_bar = 1", "TrainConfig.progress_bar = 1: expected bool, got int"),
+    ("TrainConfig.profile_steps = '898:901'", "TrainConfig.profile_steps = '898:901': the window must end by "
+     "TrainConfig.steps = 900"),
     ("TrainConfig.logical_axis_rules = (('embed', 'fsdpp'),)",
      "TrainConfig.logical_axis_rules: 'embed' maps to unknown mesh axis 'fsdpp'"),
 ])

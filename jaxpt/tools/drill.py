@@ -1,5 +1,7 @@
-"""``python -m jaxpt.tools.drill``: a recovery drill. Train, SIGKILL the trainer at random moments (some inside an
-asynchronous checkpoint save), restart it, and check that the resumed run *is* the uninterrupted run.
+"""``python -m jaxpt.tools.drill``: a recovery drill: kill the trainer, restart it, check the resumed run.
+
+Train, SIGKILL the trainer at random moments (some inside an asynchronous checkpoint save), restart it, and check
+that the resumed run *is* the uninterrupted run.
 
     python -m jaxpt.tools.drill --config configs/quickstart.gin --workdir workdirs/drill --steps 60 --kills 5
 
