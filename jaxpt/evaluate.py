@@ -41,13 +41,14 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m jaxpt.evaluate", description=__doc__.splitlines()[0])
     p.add_argument("--workdir", required=True, help="run directory holding checkpoints/")
     p.add_argument("--step", type=int, help="checkpoint step (default: the newest committed)")
-    p.add_argument("--lengths", type=_lengths, required=True, help="context lengths, e.g. 512,1024,2048")
+    p.add_argument("--lengths", type=_lengths, required=True, help="context lengths, e.g. 512,1024,2048 (this command; without --lengths, the arguments are "
+                   "python -m jaxpt.tools.evaluate's)")
     p.add_argument("--trained-length", type=int, help="the reference length (default: the checkpoint's seq_len)")
     p.add_argument("--tolerance", type=float, default=None, help="relative tolerance of the effective length "
                    "(default 0.05)")
     p.add_argument("--heldout", help="held-out source (file or directory); default: the run's")
-    p.add_argument("--max-tokens", type=int, default=16384, help="tokens scored per length")
-    p.add_argument("--batch-size", type=int, default=1, help="windows per device call")
+    p.add_argument("--max-tokens", type=int, default=16384, help="tokens scored per length (default 16384)")
+    p.add_argument("--batch-size", type=int, default=1, help="windows per device call (default 1)")
     p.add_argument("--mesh", help="mesh to restore onto, e.g. data=8 (default: the saved one)")
     p.add_argument("--output", help="report JSON (the plot goes next to it, .png)")
     return p

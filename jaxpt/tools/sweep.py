@@ -428,7 +428,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mesh", action="append", required=True, help="mesh shape to try; repeat for each")
     p.add_argument("--steps", type=int, default=5, help="timed steps per shape (after one warm-up step)")
     p.add_argument("--profile-steps", type=int, default=2, help="steps traced for the collective share (0: skip)")
-    p.add_argument("--out", default="workdirs/sweep", help="directory for sweep.csv, sweep.png and traces")
+    p.add_argument("--out", default="workdirs/sweep", help="directory for sweep.csv, sweep.png and traces (default workdirs/sweep)")
     p.add_argument("--device-memory-gib", type=float, help="per-device memory limit (default: from the device)")
     p.add_argument("--peak-flops", type=float, help="peak FLOP/s per device for MFU (default: as in training)")
     p.add_argument("--topology", help="also compile for this TPU topology without hardware, e.g. v5p:4x4x4")
