@@ -194,7 +194,10 @@ def breakdown(hlo: dict, times: dict[str, float], runs: int, devices: int, by_so
     norm = max(runs, 1)  # one run id per step, shared by the devices
     for op, t in times.items():
         inst = entry.get(op)
-        kind = fusion_kind(hlo, inst) if inst else "other"
+        if inst:
+            kind = fusion_kind(hlo, inst)
+        else:  # an op nested in a called computation (an async collective's wrapper, say)
+            kind = "collective" if op.startswith(COLLECTIVES) else "other"
         kinds[kind] += t / norm / devices
         if by_source:
             sources[source_label(hlo, inst["frame"]) if inst else "other"] += t / norm / devices
