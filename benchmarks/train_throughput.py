@@ -185,8 +185,12 @@ def maxtext_tokens_per_sec(python: str, mesh_spec: str, steps: int = 30, timeout
     return parse_maxtext_tokens_per_sec(log, jax.device_count())
 
 
-def plain_jax_step_time(steps: int) -> float:
-    """A straightforward data-parallel step: dict params, one jit, einsum attention, optax adamw."""
+def plain_jax_step():
+    """A straightforward data-parallel step: dict params, one jit, einsum attention, optax adamw.
+
+    Returns ``(step, carry, batch)``: the jitted ``(carry, batch) -> (carry, loss)``, the replicated
+    ``(params, opt_state)`` and the batch split over all devices.
+    """
     cfg = REF
     D, H, Hd, F, V = cfg.d_model, cfg.num_heads, cfg.head_dim, cfg.mlp_dim, cfg.vocab_size
     k = iter(jax.random.split(jax.random.key(0), 64))
@@ -240,6 +244,12 @@ def plain_jax_step_time(steps: int) -> float:
 
     carry = jax.device_put((params, opt), rep)
     batch = {kk: jax.device_put(v, dp) for kk, v in batch_arrays(np.random.default_rng(0), V).items()}
+    return step, carry, batch
+
+
+def plain_jax_step_time(steps: int) -> float:
+    """Median seconds per step of :func:`plain_jax_step`."""
+    step, carry, batch = plain_jax_step()
     return time_fn(step, carry, batch, steps=steps, carry=True)
 
 

@@ -79,7 +79,8 @@ class Built:
       mesh: the device mesh.
       spec: graph definition, optimizer, abstract state and state shardings.
       lr_schedule: ``num_updates -> learning rate`` (optax schedule).
-      train_step: jitted ``(state, batch) -> (state, metrics)``; state donated.
+      train_step: jitted ``(state, batch) -> (state, metrics)``; state donated except on CPU
+        (:func:`jaxpt.step.donates_state`).
       eval_step: jitted ``(params, batch) -> {"loss_sum", "num_target_tokens"}``.
       ramp: the batch sizes by step (:mod:`jaxpt.batch_ramp`; constant without ``batch_size_schedule``).
       make_train_step: ``(grad_accum, lr_factor) -> jitted train step``, for the ramp's smaller batches.
@@ -128,13 +129,16 @@ class Built:
         return hashlib.sha256(self.lower_train_step().as_text().encode()).hexdigest()
 
 
-def build(cfg: TrainConfig, *, devices: Sequence[Any] | None = None, tokenizer=None) -> Built:
+def build(cfg: TrainConfig, *, devices: Sequence[Any] | None = None, tokenizer=None,
+          donate_state: bool | None = None) -> Built:
     """Validate ``cfg`` and build its mesh, state spec and jitted train/eval steps.
 
     Args:
       cfg: the run's config (``ModelConfig.vocab_size`` 0 is resolved from ``tokenizer`` or the tokenizer file).
       devices: the devices of the mesh (default ``jax.devices()``); compile-only TPU topology devices work too.
       tokenizer: the run's loaded tokenizer, if the caller has it.
+      donate_state: whether the train step donates the state; None: by platform (:func:`jaxpt.step.donates_state`,
+        not on CPU). ``True`` compiles the step an accelerator runs (``jaxpt.compile`` on a ``cpu:N`` stand-in).
 
     Raises:
       ConfigError: naming the key, from :func:`jaxpt.config.validate` or :func:`resolve_vocab`.
@@ -153,7 +157,7 @@ def build(cfg: TrainConfig, *, devices: Sequence[Any] | None = None, tokenizer=N
     def make_train_step(grad_accum: int, lr_factor: float = 1.0):
         return step_lib.jit_train_step(spec, mesh, rules, z_loss_weight=cfg.z_loss_weight, lr_schedule=lr_schedule,
                                        grad_clip_norm=cfg.optimizer.grad_clip_norm, grad_accum=grad_accum,
-                                       lr_factor=lr_factor)
+                                       lr_factor=lr_factor, donate_state=donate_state)
 
     eval_step = step_lib.jit_eval_step(spec, mesh, rules)
     return Built(cfg, sizes, mesh, spec, lr_schedule, make_train_step(cfg.grad_accum_steps), eval_step,

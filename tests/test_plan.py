@@ -182,7 +182,8 @@ def _compiled_step_bytes(cfg, sizes):
     spec = state_lib.make_state_spec(cfg.model, lambda p: optim.make_optimizer(cfg.optimizer, cfg.steps, p),
                                      mesh, rules)
     fn = step_lib.jit_train_step(spec, mesh, rules, z_loss_weight=cfg.z_loss_weight,
-                                 lr_schedule=optim.learning_rate_schedule(cfg.optimizer, cfg.steps))
+                                 lr_schedule=optim.learning_rate_schedule(cfg.optimizer, cfg.steps),
+                                 donate_state=True)  # the planner estimates an accelerator's (donated) step
     shardings = step_lib.batch_shardings(mesh, rules)
     batch = {k: jax.ShapeDtypeStruct((cfg.global_batch_size, cfg.seq_len), jnp.int32, sharding=s)
              for k, s in shardings.items()}
