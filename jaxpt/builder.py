@@ -79,8 +79,7 @@ class Built:
       mesh: the device mesh.
       spec: graph definition, optimizer, abstract state and state shardings.
       lr_schedule: ``num_updates -> learning rate`` (optax schedule).
-      train_step: jitted ``(state, batch) -> (state, metrics)``; state donated except on CPU
-        (:func:`jaxpt.step.donates_state`).
+      train_step: jitted ``(state, batch) -> (state, metrics)``; state donated (unless ``donate_state=False``).
       eval_step: jitted ``(params, batch) -> {"loss_sum", "num_target_tokens"}``.
       ramp: the batch sizes by step (:mod:`jaxpt.batch_ramp`; constant without ``batch_size_schedule``).
       make_train_step: ``(grad_accum, lr_factor) -> jitted train step``, for the ramp's smaller batches.
@@ -130,15 +129,15 @@ class Built:
 
 
 def build(cfg: TrainConfig, *, devices: Sequence[Any] | None = None, tokenizer=None,
-          donate_state: bool | None = None) -> Built:
+          donate_state: bool = True) -> Built:
     """Validate ``cfg`` and build its mesh, state spec and jitted train/eval steps.
 
     Args:
       cfg: the run's config (``ModelConfig.vocab_size`` 0 is resolved from ``tokenizer`` or the tokenizer file).
       devices: the devices of the mesh (default ``jax.devices()``); compile-only TPU topology devices work too.
       tokenizer: the run's loaded tokenizer, if the caller has it.
-      donate_state: whether the train step donates the state; None: by platform (:func:`jaxpt.step.donates_state`,
-        not on CPU). ``True`` compiles the step an accelerator runs (``jaxpt.compile`` on a ``cpu:N`` stand-in).
+      donate_state: whether the train step donates the state (:func:`jaxpt.step.jit_train_step`: on CPU, 1.15x the
+        step rate without, but not the default).
 
     Raises:
       ConfigError: naming the key, from :func:`jaxpt.config.validate` or :func:`resolve_vocab`.

@@ -315,30 +315,21 @@ def batch_shardings(mesh: Mesh, rules) -> dict[str, NamedSharding]:
     return {k: s for k in BATCH_KEYS}
 
 
-def donates_state(mesh: Mesh) -> bool:
-    """Whether the jitted train step donates the state on ``mesh``'s platform: on accelerators yes (the new state
-    takes the old one's memory), on the XLA CPU backend no.
-
-    Why not on CPU: there, aliasing each output to its input makes XLA's copy insertion copy every param and Adam
-    moment at the start of the step (125 full-size copies, 100 MB per device, for the reference model of
-    ``benchmarks/train_throughput.py``), because the skip policy's ``where(skip, old, new)`` and the
-    ``update_param_ratio`` metric read the old buffers in fusions it cannot order before the in-place writes.
-    Measured on ``data=8`` (``benchmarks/step_profile.py``; an interleaved A/B in one process, 3 rounds of 10
-    steps): 1.15x the step rate and 1.11x less CPU time per step without donation. The cost is that the old and
-    the new state coexist during a step (host memory, plentiful on CPU).
-    """
-    return mesh.devices.flat[0].platform != "cpu"
-
-
 def jit_train_step(spec: StateSpec, mesh: Mesh, rules, *, z_loss_weight: float, lr_schedule,
                    grad_clip_norm: float = 0.0, grad_accum: int = 1, lr_factor: float = 1.0,
-                   donate_state: bool | None = None):
-    """``jax.jit`` of :func:`train_step` with explicit in/out shardings, the state donated where
-    :func:`donates_state` says (``donate_state`` overrides it: ``True`` for the memory an accelerator would see).
+                   donate_state: bool = True):
+    """``jax.jit`` of :func:`train_step` with explicit in/out shardings and the state donated (``donate_state``).
+
+    ``donate_state=False`` keeps the input state alive. Measured on the XLA CPU backend (``data=8``,
+    ``benchmarks/step_profile.py``; an interleaved A/B in one process, 3 rounds of 10 steps): 1.15x the step rate
+    without donation, because with it XLA's copy insertion copies every param and Adam moment at the start of the
+    step (125 full-size copies, 100 MB per device, for the reference model of ``benchmarks/train_throughput.py``):
+    the skip policy's ``where(skip, old, new)`` and the ``update_param_ratio`` metric read the old buffers in fusions
+    it cannot order before the in-place writes. It is not the default: without donation the CPU runtime starts the
+    next sharded program before the last one finishes, and a test aborted in a collective rendezvous under load.
 
     Activations are constrained by the logical rules (traced under :func:`jaxpt.mesh.activation_sharding`).
     """
-    donate = donates_state(mesh) if donate_state is None else donate_state
     replicated = NamedSharding(mesh, PartitionSpec())
     fn = functools.partial(train_step, spec=spec, z_loss_weight=z_loss_weight, lr_schedule=lr_schedule,
                            grad_clip_norm=grad_clip_norm, grad_accum=grad_accum, lr_factor=lr_factor)
@@ -348,7 +339,7 @@ def jit_train_step(spec: StateSpec, mesh: Mesh, rules, *, z_loss_weight: float, 
             return fn(state, batch)
 
     return jax.jit(traced, in_shardings=(spec.shardings, batch_shardings(mesh, rules)),
-                   out_shardings=(spec.shardings, replicated), donate_argnums=(0,) if donate else ())
+                   out_shardings=(spec.shardings, replicated), donate_argnums=(0,) if donate_state else ())
 
 
 def jit_eval_step(spec: StateSpec, mesh: Mesh, rules):

@@ -9,8 +9,7 @@ For each ``--mesh``:
    devices, the batch or the heads is reported as ``invalid`` with the config error, not raised.
 2. **Compile ahead of time** (``jit(...).lower(abstract state, abstract batch).compile()``), timing it, and
    read the compiled per-device memory from ``memory_analysis()``: ``argument + output - alias + temp``
-   bytes (donated state is aliased, so it counts once; on CPU the state is not donated and counts twice,
-   :func:`jaxpt.step.donates_state`). Beside it, :func:`jaxpt.tools.plan.estimate_memory`.
+   bytes (donated state is aliased, so it counts once). Beside it, :func:`jaxpt.tools.plan.estimate_memory`.
    If the device's memory is known (``memory_stats()['bytes_limit']`` on accelerators, or
    ``--device-memory-gib``) and the step needs more, the shape is reported as ``does not fit`` and not run.
 3. **Run** one untimed warm-up step, then ``--steps`` timed steps on *synthetic* batches: uniform random
