@@ -244,7 +244,10 @@ class Checkpointer:
         except Exception as e:
             raise CheckpointError(f"checkpoint {self.directory}/{step} could not be restored: "
                                   f"{type(e).__name__}: {e}") from e
-        return restored["state"], meta
+        # Ready before it is returned: Orbax fills the arrays from its own threads, and a sharded step dispatched
+        # while that work is in flight is one more program in flight on the devices (on simulated CPU devices, two
+        # programs with collectives in flight at once have aborted in a collective rendezvous under load).
+        return jax.block_until_ready(restored["state"]), meta
 
     def restore_params(self, step: int, abstract_params: Any) -> dict[str, Any]:
         """Restore only ``params`` and ``step`` of ``step`` (an Orbax partial restore: optimizer state and
