@@ -244,9 +244,9 @@ class Checkpointer:
         except Exception as e:
             raise CheckpointError(f"checkpoint {self.directory}/{step} could not be restored: "
                                   f"{type(e).__name__}: {e}") from e
-        # Ready before it is returned: Orbax fills the arrays from its own threads, and a sharded step dispatched
-        # while that work is in flight is one more program in flight on the devices (on simulated CPU devices, two
-        # programs with collectives in flight at once have aborted in a collective rendezvous under load).
+        # Ready before it is returned (once per resume, not per step): Orbax fills the arrays from its own threads,
+        # and the caller's first step then never overlaps that work. A precaution taken while chasing a test abort
+        # whose cause was not found (README, "In-place update"); it did not stop that abort.
         return jax.block_until_ready(restored["state"]), meta
 
     def restore_params(self, step: int, abstract_params: Any) -> dict[str, Any]:
