@@ -275,8 +275,8 @@ BOOKKEEPING: dict[str, frozenset[str] | None] = {
     # Paths move between machines; the data's identity is the data version and the tokenizer's sha256.
     "DataConfig": frozenset({"train_path", "heldout_path", "tokenizer_path", "corpus_dir"}),
     # The same math, computed another way (recomputed, blockwise, in sequence chunks).
-    "ModelConfig": frozenset({"remat_policy", "attention_impl", "loss_chunk_size", "pipeline_microbatches",
-                              "pipeline_repeats"}),
+    "ModelConfig": frozenset({"remat_policy", "attention_impl", "fused_projections", "loss_chunk_size",
+                              "pipeline_microbatches", "pipeline_repeats"}),
     "TrainConfig": frozenset({"workdir", "steps", "log_every", "eval_every", "eval_batches", "progress_bar",
                               "log_batch_documents", "profile_steps", "mesh", "dcn_mesh", "logical_axis_rules",
                               "grad_accum_steps", "stage_name", "offload_optimizer_state",

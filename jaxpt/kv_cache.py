@@ -44,12 +44,8 @@ CACHE_AXES = ("batch", None, "kv_heads", "head_dim")
 
 def _project_qkv(block, x_BxTxD, positions_BxT):
     """Pre-norm, q/k/v projections and RoPE of one block, as :class:`jaxpt.model.attention.Attention` does."""
-    attn, cfg = block.attn, block.attn.cfg
-    cd = cfg.jnp_compute_dtype
-    h_BxTxD = block.attn_norm(x_BxTxD)
-    q_BxTxHxHd = jnp.einsum("bld,dhk->blhk", h_BxTxD, attn.wq[...].astype(cd))
-    k_BxTxKxHd = jnp.einsum("bld,dhk->blhk", h_BxTxD, attn.wk[...].astype(cd))
-    v_BxTxKxHd = jnp.einsum("bld,dhk->blhk", h_BxTxD, attn.wv[...].astype(cd))
+    cfg = block.attn.cfg
+    q_BxTxHxHd, k_BxTxKxHd, v_BxTxKxHd = block.attn.project_qkv(block.attn_norm(x_BxTxD))
     inv_freq, factor = rope_frequencies(cfg)
     return (apply_rope(q_BxTxHxHd, positions_BxT, inv_freq, factor),
             apply_rope(k_BxTxKxHd, positions_BxT, inv_freq, factor), v_BxTxKxHd)

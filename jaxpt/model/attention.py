@@ -163,13 +163,28 @@ class Attention(nnx.Module):
         self.wv = _param(rngs, (D, K, Hd), ("embed", "kv_heads", "head_dim"), cfg.init_std, pd)
         self.wo = _param(rngs, (H, Hd, D), ("heads", "head_dim", "embed"), out_std, pd)
 
+    def project_qkv(self, x_BxLxD):
+        """``(q [B, L, H, Hd], k [B, L, K, Hd], v [B, L, K, Hd])``, compute dtype, before RoPE.
+
+        With ``cfg.fused_projections`` one matmul against the weights stacked along a new axis (``[D, 3, H, Hd]``;
+        ``[D, 2, K, Hd]`` for k and v, q apart, when ``K < H``): stacking keeps every weight's ``heads`` axis
+        where its sharding is, so no weight is resharded. The training step and the KV-cache decoder both
+        project through here.
+        """
+        cd = self.cfg.jnp_compute_dtype
+        wq, wk, wv = (w[...].astype(cd) for w in (self.wq, self.wk, self.wv))
+        if not self.cfg.fused_projections:
+            return tuple(jnp.einsum("bld,dhk->blhk", x_BxLxD, w) for w in (wq, wk, wv))
+        stacked = (wq, wk, wv) if wq.shape == wk.shape else (wk, wv)
+        y_BxLxSxHxHd = jnp.einsum("bld,dshk->blshk", x_BxLxD, jnp.stack(stacked, axis=1))
+        parts = tuple(y_BxLxSxHxHd[:, :, i] for i in range(len(stacked)))
+        return parts if len(parts) == 3 else (jnp.einsum("bld,dhk->blhk", x_BxLxD, wq), *parts)
+
     def __call__(self, x_BxLxD, segment_ids_BxL, positions_BxL):
         """Returns ``(out [B, L, D] in the compute dtype, aux)``, aux as the implementation declares."""
         cfg = self.cfg
         cd = cfg.jnp_compute_dtype
-        q_BxLxHxHd = jnp.einsum("bld,dhk->blhk", x_BxLxD, self.wq[...].astype(cd))
-        k_BxMxKxHd = jnp.einsum("bld,dhk->blhk", x_BxLxD, self.wk[...].astype(cd))
-        v_BxMxKxHd = jnp.einsum("bld,dhk->blhk", x_BxLxD, self.wv[...].astype(cd))
+        q_BxLxHxHd, k_BxMxKxHd, v_BxMxKxHd = self.project_qkv(x_BxLxD)
         # Named for the ``save_qkv_proj`` remat policy (jax.checkpoint_policies.save_only_these_names).
         q_BxLxHxHd = checkpoint_name(constrain(q_BxLxHxHd, ("batch", "length", "heads", "head_dim")), "qkv_proj")
         k_BxMxKxHd = checkpoint_name(constrain(k_BxMxKxHd, ("batch", "length", "kv_heads", "head_dim")), "qkv_proj")

@@ -87,6 +87,12 @@ class ModelConfig:
         top k of the logits plus per-expert offsets that balance each routing group, from this many Sinkhorn
         iterations (Clark et al. 2022, S-BASE; :func:`jaxpt.model.moe.sinkhorn_offsets`); gates and gradients
         unchanged. Keeps routing balanced while the tokens' hidden states are nearly alike (early training).
+      fused_projections: compute the attention's q, k and v projections as one matmul (k and v only, when
+        ``num_kv_heads < num_heads``) and SwiGLU's gate and up projections as one, against the weights stacked
+        at trace time (``[D, 3, H, Hd]``, ``[D, 2, F]``): fewer, larger GEMMs (on the 8-device CPU reference
+        model of ``benchmarks/train_throughput.py``, a plain-JAX step ran 1.12x faster so). The params keep
+        their separate layout (checkpoints, conversion and sharding rules are unchanged); the same math up to
+        float rounding. Changes no parameter.
       loss_chunk_size: tokens per chunk (along the sequence) in which the train and eval steps compute the
         output logits and the cross-entropy, forward and backward, so the [B, L, V] float32 logits never exist
         whole (:func:`jaxpt.step.chunked_token_losses`); 0: all at once. Changes no parameter.
@@ -140,6 +146,7 @@ class ModelConfig:
     remat_policy: RematPolicy = "none"
     attention_impl: str = "xla"
     mlp: str = "swiglu"
+    fused_projections: bool = True
     loss_chunk_size: int = 0
     pipeline_microbatches: int = 0
     pipeline_repeats: int = 1

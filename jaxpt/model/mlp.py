@@ -68,8 +68,13 @@ class SwiGLU(nnx.Module):
     def __call__(self, x_BxLxD):
         """Returns ``(y [B, L, D], {})``."""
         cd = self.cfg.jnp_compute_dtype
-        gate_BxLxF = jnp.einsum("bld,df->blf", x_BxLxD, self.w_gate[...].astype(cd))
-        up_BxLxF = jnp.einsum("bld,df->blf", x_BxLxD, self.w_up[...].astype(cd))
+        w_gate, w_up = self.w_gate[...].astype(cd), self.w_up[...].astype(cd)
+        if self.cfg.fused_projections:  # one GEMM against [D, 2, F] (ModelConfig.fused_projections)
+            y_BxLx2xF = jnp.einsum("bld,dsf->blsf", x_BxLxD, jnp.stack((w_gate, w_up), axis=1))
+            gate_BxLxF, up_BxLxF = y_BxLx2xF[:, :, 0], y_BxLx2xF[:, :, 1]
+        else:
+            gate_BxLxF = jnp.einsum("bld,df->blf", x_BxLxD, w_gate)
+            up_BxLxF = jnp.einsum("bld,df->blf", x_BxLxD, w_up)
         h_BxLxF = constrain(jax.nn.silu(gate_BxLxF) * up_BxLxF, ("batch", "length", "mlp"))
         return jnp.einsum("blf,fd->bld", h_BxLxF, self.w_down[...].astype(cd)), {}
 
