@@ -136,8 +136,8 @@ def build(cfg: TrainConfig, *, devices: Sequence[Any] | None = None, tokenizer=N
       cfg: the run's config (``ModelConfig.vocab_size`` 0 is resolved from ``tokenizer`` or the tokenizer file).
       devices: the devices of the mesh (default ``jax.devices()``); compile-only TPU topology devices work too.
       tokenizer: the run's loaded tokenizer, if the caller has it.
-      donate_state: whether the train step donates the state, updating it in place
-        (:func:`jaxpt.step.jit_train_step`); False keeps the input state alive, same numbers.
+      donate_state: whether the train step donates the state (:func:`jaxpt.step.jit_train_step`: on CPU, 1.15x the
+        step rate without, but not the default).
 
     Raises:
       ConfigError: naming the key, from :func:`jaxpt.config.validate` or :func:`resolve_vocab`.

@@ -94,22 +94,13 @@ def _mean_std(values: jax.Array, count: jax.Array) -> tuple[jax.Array, jax.Array
 
 
 def decide_skip(cfg: StabilityConfig, history: dict, loss: jax.Array, grad_norm: jax.Array,
-                clipped: jax.Array, *, update_norm: jax.Array | None = None,
-                param_norm: jax.Array | None = None) -> tuple[jax.Array, dict, dict]:
+                clipped: jax.Array) -> tuple[jax.Array, dict, dict]:
     """Whether to skip this step, the updated history, and metrics.
-
-    A step is non-finite (always skipped) when its loss or grad norm is, or, when given, the L2 norm of the update
-    it would apply or of the params before it (float32 scalars). The norms also order the step: XLA writes a
-    donated state in place only after every read of the old state, and the norms' reads come first because the
-    skip decision waits for them (:func:`jaxpt.step.apply_update`).
 
     Returns ``(skip bool[], new_history, metrics)`` with metrics ``skipped``, ``spike_loss_threshold``,
     ``spike_grad_norm_threshold``, ``clipped``, ``clipped_fraction`` (over all steps so far).
     """
     nonfinite = ~(jnp.isfinite(loss) & jnp.isfinite(grad_norm))
-    for norm in (update_norm, param_norm):
-        if norm is not None:
-            nonfinite = nonfinite | ~jnp.isfinite(norm)
     loss_mean, loss_std = _mean_std(history["loss"], history["count"])
     gn_mean, gn_std = _mean_std(history["grad_norm"], history["count"])
     loss_thr = loss_mean + cfg.spike_k * loss_std

@@ -278,53 +278,27 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], *, spec: StateSpe
         # early, where it sits beside the backward pass's activations and the offload saves nothing at the peak.
         grads, old_opt_state = jax.lax.optimization_barrier((grads, old_opt_state))
         old_opt_state = jax.device_put(old_opt_state, spec.opt_state_device_shardings)
+    updates, opt_state = spec.tx.update(grads, old_opt_state, old_params)
     lr_scale = state.lr_scale if lr_factor == 1.0 else state.lr_scale * jnp.float32(lr_factor)
-    updates, new_opt_state = spec.tx.update(grads, old_opt_state, old_params)
-    update_norm = optax.global_norm(_scaled(updates, lr_scale))
-    param_norm = optax.global_norm(old_params)
-    skip, history, stab_metrics = decide_skip(spec.stability, state.stability, aux["loss"], grad_norm, clipped,
-                                              update_norm=update_norm, param_norm=param_norm)
-    params, opt_state = apply_update(updates, new_opt_state, old_opt_state, old_params, skip, lr_scale)
-    rng = jnp.where(skip, state.rng, jax.random.key_data(jax.random.split(jax.random.wrap_key_data(state.rng))[0]))
+    updates = jax.tree.map(lambda u: u * lr_scale.astype(u.dtype), updates)
+    params = optax.apply_updates(old_params, updates)
+    skip, history, stab_metrics = decide_skip(spec.stability, state.stability, aux["loss"], grad_norm, clipped)
+    keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(skip, o, n), new, old)  # noqa: E731
+    rng = keep(jax.random.key_data(jax.random.split(jax.random.wrap_key_data(state.rng))[0]), state.rng)
     # Non-scalar outputs (per-layer expert shares) leave as named scalars, so every writer sees floats.
     metrics = dict(flatten_aux(aux_specs(spec.graphdef, state.params), aux), **stab_metrics)
     metrics["grad_norm"] = grad_norm
     metrics.update({f"grad_norm/{g}": v for g, v in group_norms(grads).items()})
-    metrics["update_param_ratio"] = update_norm / jnp.maximum(param_norm, 1e-12)
+    metrics["update_param_ratio"] = optax.global_norm(updates) / jnp.maximum(optax.global_norm(state.params), 1e-12)
     metrics["learning_rate"] = jnp.asarray(lr_schedule(state.num_updates), jnp.float32) * lr_scale
+    opt_state = keep(opt_state, old_opt_state)
     if spec.opt_state_device_shardings is not None:  # and back to host memory until the next step
         opt_state = jax.device_put(opt_state, spec.shardings.opt_state)
     new_state = state.replace(
-        step=state.step + 1, params=_placed(params, None if zero is None else spec.shardings.params),
+        step=state.step + 1, params=_placed(keep(params, old_params), None if zero is None else spec.shardings.params),
         opt_state=opt_state,
         rng=rng, num_updates=state.num_updates + (~skip).astype(jnp.int32), stability=history)
     return new_state, metrics
-
-
-def _scaled(updates, lr_scale: jax.Array):
-    return jax.tree.map(lambda u: u * lr_scale.astype(u.dtype), updates)
-
-
-def apply_update(updates, new_opt_state, opt_state, params, skip: jax.Array, lr_scale: jax.Array):
-    """The new params and optimizer state, or the old ones bit for bit where ``skip``.
-
-    Args:
-      updates, new_opt_state: what ``tx.update(grads, opt_state, params)`` returned.
-      opt_state: the state before the step. params: the params before the step (trees of float arrays).
-      skip: bool scalar. lr_scale: float32 scalar multiplying every update (the learning-rate damping).
-    Returns: ``(new_params, new_opt_state)``.
-
-    In place when donated: XLA writes the new params and moments into the old buffers only where every other
-    read of an old buffer is ordered before the write by data dependencies; otherwise it copies every param and
-    moment at the start of the step (122 copies, 100 MB per device, for the reference model of
-    ``benchmarks/train_throughput.py``). The ``update_param_ratio`` norms read the old params and the updates
-    (computed from the old moments) in reductions nothing else waited for; they now feed ``skip``
-    (:func:`jaxpt.stability.decide_skip`: a non-finite update is skipped), so every such read precedes every
-    write, and the step copies no param or moment (``tests/test_step_donation.py``).
-    """
-    keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(skip, o, n), new, old)  # noqa: E731
-    new_params = keep(optax.apply_updates(params, _scaled(updates, lr_scale)), params)
-    return new_params, keep(new_opt_state, opt_state)
 
 
 def eval_step(params, batch: dict[str, jax.Array], *, graphdef) -> dict[str, jax.Array]:
@@ -346,9 +320,13 @@ def jit_train_step(spec: StateSpec, mesh: Mesh, rules, *, z_loss_weight: float, 
                    donate_state: bool = True):
     """``jax.jit`` of :func:`train_step` with explicit in/out shardings and the state donated (``donate_state``).
 
-    The donated step updates the params and optimizer state in place (no copy of any param or moment:
-    :func:`apply_update`, ``tests/test_step_donation.py``). ``donate_state=False`` keeps the input state alive (the
-    old and the new state side by side during a step); the numbers are the same, bit for bit.
+    ``donate_state=False`` keeps the input state alive. Measured on the XLA CPU backend (``data=8``,
+    ``benchmarks/step_profile.py``; an interleaved A/B in one process, 3 rounds of 10 steps): 1.15x the step rate
+    without donation, because with it XLA's copy insertion copies every param and Adam moment at the start of the
+    step (125 full-size copies, 100 MB per device, for the reference model of ``benchmarks/train_throughput.py``):
+    the skip policy's ``where(skip, old, new)`` and the ``update_param_ratio`` metric read the old buffers in fusions
+    it cannot order before the in-place writes. It is not the default: without donation the CPU runtime starts the
+    next sharded program before the last one finishes, and a test aborted in a collective rendezvous under load.
 
     Activations are constrained by the logical rules (traced under :func:`jaxpt.mesh.activation_sharding`).
     """

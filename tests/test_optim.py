@@ -141,4 +141,3 @@ def test_weight_decay_leaves_norms_and_embeddings_untouched(scan):
     updates, _ = tx.update(zeros, tx.init(params), params)
     emb_new = optax.apply_updates(params, updates)["embedding"][...]
     np.testing.assert_allclose(emb_new, params["embedding"][...] * 0.95, rtol=1e-6)
-
