@@ -99,7 +99,8 @@ def _temp_bytes(impl_fn, B, L, H, K, Hd):
 
 def test_blockwise_backward_uses_under_an_eighth_of_xla_temp_memory_at_4096_tokens():
     """Compiled (not run) on CPU: forward + backward of one attention call at L = 4096, 4 heads over 2 kv heads.
-    ``xla`` holds [B, H, L, L] float32 logits and probabilities (256 MiB each); ``blockwise`` one tile at a time."""
+    ``xla`` holds float32 logits and probabilities (256 MiB each for [B, H, L, L]; 5/8 of that in its four causal
+    query blocks); ``blockwise`` one tile at a time."""
     B, L, H, K, Hd = 1, 4096, 4, 2, 32
     xla = lambda *a, scale: dot_product_attention(*a[:4], impl="xla", kv_segment_ids_BxM=a[4], scale=scale)  # noqa: E731
     xla_bytes = _temp_bytes(xla, B, L, H, K, Hd)

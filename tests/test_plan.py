@@ -139,12 +139,13 @@ def test_gathered_weights_by_hand(mesh, tensor):
 def test_activation_estimate_by_hand_for_full_remat():
     """Quickstart, mesh data=2,fsdp=2,tensor=2, remat 'full': 512 tokens per device (16 rows / 4 x 128).
     Kept per layer: the block input, 256 floats/token. The block being recomputed holds, per token:
-    x, norm, x_mid, norm 4 x 256; q 2 heads x 64; k, v 1 x 64 each; fp32 probs 2 heads x 128 keys;
-    attention out 128; gate, up, h 3 x 384 -> 2816 floats. Plus the final norm's input and output."""
+    x, norm, x_mid, norm 4 x 256; q 2 heads x 64; k, v 1 x 64 each; fp32 probs 2 heads x 96 keys (two causal
+    query blocks of 64: 64 x 64 and 64 x 128 scores, 3/4 of 128 x 128); attention out 128; gate, up, h 3 x 384
+    -> 2752 floats. Plus the final norm's input and output."""
     sizes = mesh_lib.resolve_mesh_shape(mesh_lib.parse_mesh_spec("data=2,fsdp=2,tensor=2"), 8)
     cfg = _cfg(None, "ModelConfig.remat_policy = 'full'")
     tokens = 512
-    expected = 4 * (4 * tokens * 256) + 4 * tokens * 2816 + 2 * 4 * tokens * 256
+    expected = 4 * (4 * tokens * 256) + 4 * tokens * 2752 + 2 * 4 * tokens * 256
     assert plan.estimate_memory(cfg, sizes).activations == expected
 
 
