@@ -1,7 +1,7 @@
 """Per-chip memory of the Llama-3-8B train step on a v5p-128 slice (64 chips, 2 x 8192 tokens per chip), compiled
 ahead of time on this host: jaxpt beside MaxText.
 
-jaxpt's figure comes from ``python -m jaxpt.compile --json`` (needs the ``tpu`` extra). MaxText's comes from its
+jaxpt's figure comes from ``python -m jaxpt.tools.compile --json`` (needs the ``tpu`` extra). MaxText's comes from its
 ``train_compile`` run by ``MAXTEXT_PYTHON`` (an interpreter with MaxText installed, e.g. Python 3.12) when that
 is set; otherwise the figure recorded on this host is printed as the anchor:
 
@@ -36,8 +36,8 @@ MAXTEXT_ARGS = ["compile_topology=v5p-128", "compile_topology_num_slices=1", "mo
 
 
 def jaxpt_figures(extra_gin: list[str]) -> dict:
-    """Run ``python -m jaxpt.compile --json`` for the 8B preset on v5p-128; returns its JSON object."""
-    cmd = [sys.executable, "-m", "jaxpt.compile", "--config", "configs/models/llama3_8b.gin",
+    """Run ``python -m jaxpt.tools.compile --json`` for the 8B preset on v5p-128; returns its JSON object."""
+    cmd = [sys.executable, "-m", "jaxpt.tools.compile", "--config", "configs/models/llama3_8b.gin",
            "--config", "configs/slices/v5p-128.gin", "--gin", "TrainConfig.seq_len = 8192",
            "--gin", "TrainConfig.global_batch_size = 128", "--topology", "v5p-128", "--json"]
     for g in extra_gin:
@@ -45,7 +45,7 @@ def jaxpt_figures(extra_gin: list[str]) -> dict:
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO))
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
     if proc.returncode not in (0, 1):
-        raise SystemExit(f"jaxpt.compile failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+        raise SystemExit(f"jaxpt.tools.compile failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
     r = json.loads(proc.stdout.strip().splitlines()[-1])
     return {**r["bytes_per_chip"], "compile_seconds": r["compile_seconds"]}
 

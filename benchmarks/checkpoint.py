@@ -37,7 +37,7 @@ import numpy as np  # noqa: E402
 
 from jaxpt import config as config_lib  # noqa: E402
 from jaxpt import mesh as mesh_lib  # noqa: E402
-from jaxpt import state as state_lib  # noqa: E402
+from jaxpt.training import state as state_lib  # noqa: E402
 from jaxpt.data import stream  # noqa: E402
 from jaxpt import train as train_lib  # noqa: E402
 from jaxpt.checkpoint import CheckpointConfig, Checkpointer  # noqa: E402

@@ -33,8 +33,9 @@ def main(argv=None) -> None:
     os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={args.sequence}"
     sys.path.insert(0, str(REPO))
     import jax
-    from jaxpt import builder, config
+    from jaxpt.run import build as builder
 
+    from jaxpt import config
     def temp_bytes(impl: str, sequence: int) -> int:
         cfg = config.parse([str(REPO / "configs/quickstart.gin")], [
             "ModelConfig.vocab_size = 512", "ModelConfig.num_layers = 1", f"ModelConfig.max_seq_len = {args.seq_len}",

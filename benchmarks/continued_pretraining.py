@@ -90,7 +90,7 @@ def train_cmd(py: str, workdir: str, steps: int, corpus: str, mesh: str, extra: 
 
 def final_record(workdir: str) -> dict:
     """The run's last ``metrics.jsonl`` record holding ``heldout_loss`` (the trainer's final evaluation)."""
-    from jaxpt import monitor
+    from jaxpt.run import monitor
     recs = [r for r in monitor.read_metrics(os.path.join(ROOT, workdir)) if "heldout_loss" in r]
     return recs[-1] if recs else {}
 
@@ -105,7 +105,7 @@ def trainer_heldout(workdir: str) -> dict:
 
 def step_losses(workdir: str) -> dict[int, float]:
     """``{step: loss}`` of every logged training step of the run."""
-    from jaxpt import monitor
+    from jaxpt.run import monitor
     return {r["step"]: r["loss"] for r in monitor.read_metrics(os.path.join(ROOT, workdir)) if "loss" in r}
 
 
@@ -169,9 +169,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.hf_steps:
         hf, conv = f"{out}/hf-base", f"{out}/base-from-hf"
         runs["continued via HF"] = f"{out}/continued-hf"
-        times["jaxpt-to-hf"] = run([py, "-m", "jaxpt.convert", "jaxpt-to-hf", "--workdir", runs["base"],
+        times["jaxpt-to-hf"] = run([py, "-m", "jaxpt.tools.convert", "jaxpt-to-hf", "--workdir", runs["base"],
                                     "--output", hf], done=os.path.join(ROOT, hf, "config.json"))
-        times["hf-to-jaxpt"] = run([py, "-m", "jaxpt.convert", "hf-to-jaxpt", "--model", hf, "--output", conv],
+        times["hf-to-jaxpt"] = run([py, "-m", "jaxpt.tools.convert", "hf-to-jaxpt", "--model", hf, "--output", conv],
                                    done=os.path.join(ROOT, conv, "model.gin"))
         times["continued via HF"] = run(train_cmd(
             py, runs["continued via HF"], args.hf_steps, new, args.mesh,

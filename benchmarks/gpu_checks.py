@@ -75,7 +75,7 @@ def check_attention():
 def check_decoder():
     import dataclasses
     from flax import nnx
-    from jaxpt import step as step_lib
+    from jaxpt.training import step as step_lib
     from jaxpt.model import Decoder, ModelConfig
     B, L = 4, 512
     cfg = ModelConfig(vocab_size=1024, d_model=256, num_layers=4, num_heads=8, num_kv_heads=2, head_dim=64,
@@ -120,9 +120,9 @@ def check_long_rows():
 
 def check_offload():
     from jaxpt import mesh as mesh_lib
-    from jaxpt import optim
-    from jaxpt import state as state_lib
-    from jaxpt import step as step_lib
+    from jaxpt.training import optim
+    from jaxpt.training import state as state_lib
+    from jaxpt.training import step as step_lib
     from jaxpt.model import ModelConfig
     B, L = 8, 256
     cfg = ModelConfig(vocab_size=1024, d_model=256, num_layers=4, num_heads=8, num_kv_heads=2, head_dim=64,

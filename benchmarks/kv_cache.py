@@ -1,4 +1,4 @@
-"""Greedy-decoding throughput with and without the KV cache (jaxpt.kv_cache.KVCacheStep vs decode.NoCacheStep).
+"""Greedy-decoding throughput with and without the KV cache (jaxpt.infer.kv_cache.KVCacheStep vs decode.NoCacheStep).
 
 The quickstart model's shape (d_model 256, 4 layers, 4 heads of 64, 2 kv heads, MLP 768; vocab 8192 here),
 random params, fp32, B prompts of different lengths (32 .. 96 tokens) in rows of L = 256 tokens, 64 new
@@ -23,9 +23,9 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from jaxpt import decode  # noqa: E402
+from jaxpt.infer import decode  # noqa: E402
 from jaxpt import mesh as mesh_lib  # noqa: E402
-from jaxpt.kv_cache import KVCacheStep  # noqa: E402
+from jaxpt.infer.kv_cache import KVCacheStep  # noqa: E402
 from jaxpt.model import Decoder, ModelConfig  # noqa: E402
 
 

@@ -41,7 +41,7 @@ def planner_table() -> None:
 
 
 def hlo_all_to_alls() -> None:
-    from jaxpt import builder
+    from jaxpt.run import build as builder
     from jaxpt import config as C
     cfg = C.parse([str(REPO / "configs/quickstart_moe.gin")], ["ModelConfig.vocab_size = 512"])
     built = builder.build(cfg)
@@ -52,7 +52,7 @@ def hlo_all_to_alls() -> None:
 
 
 def run_summary(workdir: str) -> None:
-    from jaxpt import monitor
+    from jaxpt.run import monitor
     recs = [r for r in monitor.read_metrics(workdir) if "loss" in r and "event" not in r]
     if not recs:
         print(f"{workdir}: no step records")

@@ -44,7 +44,7 @@ def main() -> None:
     import numpy as np
     from flax import nnx
 
-    from jaxpt import builder, preflight
+    from jaxpt.run import build as builder, resolve as preflight
     from jaxpt import config as C
     from jaxpt.data import stream
     from jaxpt.model import moe as moe_lib

@@ -30,7 +30,7 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from jaxpt import builder  # noqa: E402
+from jaxpt.run import build as builder  # noqa: E402
 from jaxpt.config import TrainConfig  # noqa: E402
 from jaxpt.model import ModelConfig  # noqa: E402
 from jaxpt.model.pipeline import bubble_fraction  # noqa: E402

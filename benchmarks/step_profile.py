@@ -1,14 +1,14 @@
 """Where the train step's time goes: jaxpt's step beside the plain-JAX step, by op kind and by source.
 
 For the reference model of ``benchmarks/train_throughput.py`` (8 simulated CPU devices) this compiles jaxpt's
-train step (as :func:`jaxpt.builder.build` makes it) and the plain-JAX step, then prints
+train step (as :func:`jaxpt.run.build.build` makes it) and the plain-JAX step, then prints
 
 * **HLO instructions** of each compiled program (``compiled.as_text()``), by opcode, and jaxpt's attributed to
-  their source: the line of :func:`jaxpt.step.train_step` they were traced from (its stack-frame metadata), the
+  their source: the line of :func:`jaxpt.training.step.train_step` they were traced from (its stack-frame metadata), the
   model and loss split by the innermost jaxpt function (attention, SwiGLU, RMSNorm, ...), and ``XLA-inserted``
   for instructions with no source (copies XLA adds, e.g. for buffer donation);
 * **a profile** of ``--steps`` steps of each (``jax.profiler`` trace, Perfetto JSON; one event per executed HLO
-  op per device, the format :mod:`jaxpt.profile_comm` reads): op time per step, summed over the devices, by op
+  op per device, the format :mod:`jaxpt.run.profile_comm` reads): op time per step, summed over the devices, by op
   kind (dot, elementwise fusion, reduce, copy/transpose, gather/scatter, collective) and, for jaxpt, by source.
 
     XLA_FLAGS=--xla_force_host_platform_device_count=8 python benchmarks/step_profile.py [--mesh data=8]
@@ -111,8 +111,8 @@ def source_label(hlo: dict, frame: int) -> str:
     """Where an instruction comes from in jaxpt's train step.
 
     ``XLA-inserted`` without a stack; ``model: <function>`` for the model and loss (the innermost function in
-    ``jaxpt/model`` or the loss functions of ``jaxpt/step.py``); else ``train_step:<line> <source text>``, the
-    line of :func:`jaxpt.step.train_step` it was traced from (optimizer, norms, metrics, skip policy);
+    ``jaxpt/model`` or the loss functions of ``jaxpt/training/step.py``); else ``train_step:<line> <source text>``, the
+    line of :func:`jaxpt.training.step.train_step` it was traced from (optimizer, norms, metrics, skip policy);
     ``other: <function>`` otherwise.
     """
     st = stack(hlo, frame)
@@ -124,7 +124,7 @@ def source_label(hlo: dict, frame: int) -> str:
             if "/jaxpt/" in f and fn not in ("constrain",):
                 return f"model: {fn}"
     for f, fn, line in st:
-        if fn == "train_step" and f.endswith("jaxpt/step.py"):
+        if fn == "train_step" and f.endswith("jaxpt/training/step.py"):
             return f"train_step:{line} {linecache.getline(f, line).strip()[:70]}"
     return f"other: {st[0][1]}"
 

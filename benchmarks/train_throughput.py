@@ -15,7 +15,7 @@ its "Tokens/s/device" log lines over steps >= 5, times the device count. ``--jso
 ``{"meshes": {"data=8": {"jaxpt_tokens_per_sec", "jaxpt_zero1_tokens_per_sec", "maxtext_tokens_per_sec", "ratio",
 "gemm_ceiling_fraction", "comm_share", "comm_share/<axes>", "trace_dir"}, ...}, ...}`` (``ratio``: jaxpt / MaxText,
 the better of jaxpt's two optimizer layouts; ``comm_share``: the share of device time in collectives over 2 profiled
-steps of each mesh, by mesh axis, from a ``jax.profiler`` trace left in ``trace_dir``, :mod:`jaxpt.profile_comm`).
+steps of each mesh, by mesh axis, from a ``jax.profiler`` trace left in ``trace_dir``, :mod:`jaxpt.run.profile_comm`).
 
     XLA_FLAGS=--xla_force_host_platform_device_count=8 python benchmarks/train_throughput.py [--mesh data=8] [--json]
 
@@ -43,8 +43,10 @@ import numpy as np  # noqa: E402
 import optax  # noqa: E402
 from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
 
-from jaxpt import builder, optim  # noqa: E402
-from jaxpt import flops as flops_lib  # noqa: E402
+from jaxpt.run import build as builder  # noqa: E402
+
+from jaxpt.training import optim
+from jaxpt.training import flops as flops_lib  # noqa: E402
 from jaxpt.config import TrainConfig  # noqa: E402
 from jaxpt.model import ModelConfig  # noqa: E402
 
@@ -79,7 +81,7 @@ def time_fn(fn, *args, steps: int, warmup: int = 2, carry: bool = False):
 
 
 class JaxptStep:
-    """The train step exactly as ``jaxpt.train`` builds it (:func:`jaxpt.builder.build`: stability policy, z-loss,
+    """The train step exactly as ``jaxpt.train`` builds it (:func:`jaxpt.run.build.build`: stability policy, z-loss,
     schedule and shardings included) on the reference model, compiled once and timed in rounds."""
 
     def __init__(self, mesh_spec: str, shard_optimizer_state: bool = False):
@@ -108,9 +110,9 @@ class JaxptStep:
     def profile(self, trace_dir: str, steps: int = 2) -> dict[str, float]:
         """Trace ``steps`` steps with ``jax.profiler`` into ``trace_dir`` (Perfetto and TensorBoard files, as the
         trainer's ``--profile_steps`` window writes them) and return their communication share by mesh axis
-        (:func:`jaxpt.profile_comm.comm_share_by_axis`: ``comm_share``, ``comm_share/<axes>``, fractions of device
+        (:func:`jaxpt.run.profile_comm.comm_share_by_axis`: ``comm_share``, ``comm_share/<axes>``, fractions of device
         time)."""
-        from jaxpt import profile_comm
+        from jaxpt.run import profile_comm
         state = jax.block_until_ready(self.state)
         jax.profiler.start_trace(trace_dir, create_perfetto_trace=True)
         for _ in range(steps):

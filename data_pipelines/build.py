@@ -16,8 +16,8 @@ import time
 
 import gin
 
-from jaxpt import progress as progress_lib
-from jaxpt import fs
+from jaxpt.util import progress as progress_lib
+from jaxpt.util import fs
 from jaxpt.data import documents
 
 from data_pipelines import config as config_lib

@@ -14,8 +14,8 @@ from typing import Any
 
 import gin
 
-from jaxpt import fs
-from jaxpt.errors import ConfigError  # the one base (exit 2); re-exported as data_pipelines.config.ConfigError
+from jaxpt.util import fs
+from jaxpt.util.errors import ConfigError  # the one base (exit 2); re-exported as data_pipelines.config.ConfigError
 
 FORMATS = ("jsonl", "parquet", "warc", "tfds")
 

@@ -10,7 +10,7 @@ import collections
 import hashlib
 import json
 
-from jaxpt import fs
+from jaxpt.util import fs
 
 from data_pipelines import writer
 

@@ -17,7 +17,7 @@ import json
 import apache_beam as beam
 import numpy as np
 
-from jaxpt import fs
+from jaxpt.util import fs
 
 from data_pipelines import minhash, progress, readers, sink, stages, writer
 from data_pipelines.config import BuildConfig, Source

@@ -2,7 +2,7 @@
 
 The stages count into process-wide counters (:func:`count`, called by the DoFns) and into Beam metrics counters
 of the namespace ``corpus_build`` (shown by the runner's own monitoring, e.g. the Dataflow console). While the
-pipeline runs, :class:`BuildProgress` (the launcher's) reports the counters with `jaxpt.progress`'s conventions:
+pipeline runs, :class:`BuildProgress` (the launcher's) reports the counters with `jaxpt.util.progress`'s conventions:
 a tqdm bar over the input files on a terminal; otherwise one plain line every ``JAXPT_PROGRESS_EVERY_S`` seconds
 (default 30) from a background thread, and one at the end:
 
@@ -26,7 +26,7 @@ import threading
 import time
 from typing import Callable, TextIO
 
-from jaxpt import progress as progress_lib
+from jaxpt.util import progress as progress_lib
 
 NAMESPACE = "corpus_build"
 #: The counters, in line order: input files done, documents read (admission drops included), documents kept
@@ -91,7 +91,7 @@ class BuildProgress:
       total_files: input files (or TFDS sources) the build reads.
       stream: where reports go (default ``sys.stderr``).
       every_s: seconds between lines (default ``JAXPT_PROGRESS_EVERY_S`` or 30).
-      mode: ``bar``, ``lines`` or ``off`` (default: ``jaxpt.progress.choose_mode(stream)``).
+      mode: ``bar``, ``lines`` or ``off`` (default: ``jaxpt.util.progress.choose_mode(stream)``).
       clock: seconds, monotonic.
 
     Raises:

@@ -9,7 +9,7 @@ skipped silently. Reasons: ``oversized``, ``binary``, ``blank_line``, ``invalid_
 ``not_an_object``, ``missing_text``, ``empty`` (a text of only whitespace), ``truncated_file`` (a compressed
 file cut short: one drop for the damaged tail, naming the file), ``extraction_empty`` (HTML with no main text).
 
-JSON Lines inputs follow the line rules of `jaxpt.jsonl` and the document contract of `jaxpt.data.documents`,
+JSON Lines inputs follow the line rules of `jaxpt.util.jsonl` and the document contract of `jaxpt.data.documents`,
 whose strict readers raise ``DocumentFormatError`` with these same reason names; here, for raw inputs, each
 bad line is counted and dropped instead, so ``documents_in = kept + held out + every drop`` still holds.
 """
@@ -20,7 +20,7 @@ import json
 import os
 from typing import Iterator
 
-from jaxpt import fs, jsonl
+from jaxpt.util import fs, jsonl
 from jaxpt.data.documents import DocumentFormatError
 
 from data_pipelines.config import AdmissionConfig, Source
@@ -108,7 +108,7 @@ def _admit_line(raw: bytes, fallback_id: str, source: Source, cfg: AdmissionConf
 def read_jsonl(path: str, source: Source, cfg: AdmissionConfig) -> Iterator[dict]:
     """Records of a JSON Lines file (plain, gzip or zstd, told by magic bytes), one element per line.
 
-    The lines are split and classified as every jaxpt reader does (`jaxpt.jsonl`), but a bad line is one counted
+    The lines are split and classified as every jaxpt reader does (`jaxpt.util.jsonl`), but a bad line is one counted
     drop, not an error: ``oversized``, ``binary``, ``blank_line``, ``invalid_utf8``, ``bad_json``,
     ``not_an_object``, then the record's own (`_admit_text`). A compressed file that is cut short or corrupt
     keeps the records before the damage and adds one ``truncated_file`` drop (id ``<source>/<file>:<n+1>`` after

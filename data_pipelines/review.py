@@ -16,8 +16,8 @@ import collections
 import math
 import sys
 
-from jaxpt import jsonl
-from jaxpt.errors import FileFormatError
+from jaxpt.util import jsonl
+from jaxpt.util.errors import FileFormatError
 
 from data_pipelines import manifest as manifest_lib
 
@@ -28,7 +28,7 @@ def wrongful_rates(out_dir: str, labels_path: str) -> dict[str, dict]:
     """Per rule ``"<stage>:<reason>"``: labelled, wrongful, rate, warn.
 
     Raises FileFormatError (a ConfigError) naming the labels file and line: a line that breaks the JSON Lines
-    rules of `jaxpt.jsonl`, or reason ``bad_label``: no boolean ``wrongful``, an unknown id, or an id the build kept.
+    rules of `jaxpt.util.jsonl`, or reason ``bad_label``: no boolean ``wrongful``, an unknown id, or an id the build kept.
     """
     verdicts = {r["id"]: r["verdict"] for r in manifest_lib.read_decisions(out_dir)}
     counts = collections.defaultdict(lambda: [0, 0])

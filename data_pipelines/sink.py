@@ -4,7 +4,7 @@ Every file the build writes (shards, held-out split, decision log, review sample
 ``manifest.json``) goes through :func:`write_bytes`, so on Dataflow a worker writes to ``gs://`` with Beam's
 GCS client (``google-cloud-storage``, in ``apache-beam[gcp]``) and needs no other filesystem library; a local
 output directory goes through Beam's local filesystem. Reads of the finished version (finalize, tests, the
-trainer) still use :mod:`jaxpt.fs`.
+trainer) still use :mod:`jaxpt.util.fs`.
 
 How each kind of path is written:
 
@@ -24,7 +24,7 @@ import os
 import shutil
 import tempfile
 
-from jaxpt import fs
+from jaxpt.util import fs
 
 _CHUNK = 1 << 20
 
@@ -53,7 +53,7 @@ def check_credentials(out_dir: str) -> None:
         return
     from apache_beam.internal.gcp import auth
     if not getattr(auth, "_GOOGLE_AUTH_AVAILABLE", True):
-        from jaxpt.errors import ConfigError
+        from jaxpt.util.errors import ConfigError
         raise ConfigError(f"--output {out_dir}: Beam's GCS client cannot use credentials here (google-auth-httplib2 "
                           "is missing) and would write anonymously; install apache-beam[gcp] (pip install 'jaxpt[gcp]')")
 

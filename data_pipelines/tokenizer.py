@@ -51,12 +51,12 @@ from typing import Any, Sequence
 import gin
 import numpy as np
 
-from jaxpt import fs
+from jaxpt.util import fs
 from jaxpt.data import corpus as corpus_lib
 from jaxpt.data import documents
 from jaxpt.data import tokenizer as tokenizer_lib
 from jaxpt.data.prepare import is_heldout
-from jaxpt.errors import ConfigError  # the one base (exit 2); re-exported as data_pipelines.tokenizer.ConfigError
+from jaxpt.util.errors import ConfigError  # the one base (exit 2); re-exported as data_pipelines.tokenizer.ConfigError
 
 FORMAT_VERSION = 1
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -406,7 +406,7 @@ def train_tokenizer(cfg: TokenizerConfig, corpus_dir: str | os.PathLike,
     """
     start = time.perf_counter()
     cfg.validate()
-    output = os.fspath(output)  # local or gs:// (jaxpt.fs)
+    output = os.fspath(output)  # local or gs:// (jaxpt.util.fs)
     fs.makedirs(output)
     fs.remove(fs.join(output, "tokenizer.json"))
     corpus = read_corpus(corpus_dir, cfg.heldout_fraction)

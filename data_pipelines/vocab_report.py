@@ -29,7 +29,7 @@ import time
 from typing import Any, Iterable, Sequence
 
 from jaxpt.data import tokenizer as tokenizer_lib
-from jaxpt.errors import ConfigError
+from jaxpt.util.errors import ConfigError
 
 from data_pipelines.tokenizer import (DEFAULT_CONFIG, FORMAT_VERSION, TokenizerConfig, balanced_sample,
                                       common_flags, load_config, measure, read_corpus, write_json)
@@ -41,10 +41,10 @@ def model_costs(train_cfg: Any, vocab_size: int, bytes_per_token: float) -> dict
     Params from `jaxpt.model.decoder.count_params` with ``vocab_size`` replaced: ``embedding_params``
     (input table, V x d_model), ``output_params`` (d_model x V unless tied), their sum
     ``vocab_params``, its bytes in fp32 and bf16, and its share of all params. Training FLOPs per
-    token from `jaxpt.flops.flops_per_token` (6 N_matmul + attention at ``TrainConfig.seq_len``;
+    token from `jaxpt.training.flops.flops_per_token` (6 N_matmul + attention at ``TrainConfig.seq_len``;
     Kaplan et al. 2020, PaLM app. B), and per byte of text: FLOPs per token / `bytes_per_token`.
     """
-    from jaxpt.flops import flops_per_token  # pylint: disable=g-import-not-at-top  (imports jax)
+    from jaxpt.training.flops import flops_per_token  # pylint: disable=g-import-not-at-top  (imports jax)
     from jaxpt.model.decoder import count_params  # pylint: disable=g-import-not-at-top
 
     model = dataclasses.replace(train_cfg.model, vocab_size=vocab_size)

@@ -23,7 +23,7 @@ import os
 
 import numpy as np
 
-from jaxpt import fs, jsonl
+from jaxpt.util import fs, jsonl
 
 DATASET_VERSION = "1.0.0"
 
@@ -122,7 +122,7 @@ def read_jsonl_gz(path: str) -> list[dict]:
     """Rows of a JSON Lines file the build wrote (decision log, held-out split), in file order.
 
     Raises:
-      FileFormatError: (a ConfigError) a line breaks the JSON Lines rules of `jaxpt.jsonl` (names file and line).
+      FileFormatError: (a ConfigError) a line breaks the JSON Lines rules of `jaxpt.util.jsonl` (names file and line).
     """
     return jsonl.read_objects(path)
 

@@ -12,7 +12,7 @@ eval cards). ``jaxpt.tools`` holds the command-line tools (plan, sweep, scaling,
 
 __version__ = "0.1.0"
 
-_LAZY = {"restore": "jaxpt.inference", "generate": "jaxpt.inference", "Restored": "jaxpt.inference"}
+_LAZY = {"restore": "jaxpt.infer.restore", "generate": "jaxpt.infer.restore", "Restored": "jaxpt.infer.restore"}
 
 
 def __getattr__(name):

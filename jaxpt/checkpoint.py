@@ -2,7 +2,7 @@
 
 Layout: ``<workdir>/checkpoints/<step>/`` with three items:
 
-* ``state``: the :class:`jaxpt.state.TrainState` (params, optimizer state, step, RNG), saved sharded by
+* ``state``: the :class:`jaxpt.training.state.TrainState` (params, optimizer state, step, RNG), saved sharded by
   every process; restored onto the *current* mesh's abstract state, so a checkpoint written on one mesh
   and device count restores on another (resharding).
 * ``data``: each process's Grain iterator state (``process_<i>-of-<n>.json``).
@@ -26,8 +26,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as ocm
 
-from jaxpt import fs
-from jaxpt.validation import check_types, non_negative, require
+from jaxpt.util import fs
+from jaxpt.util.validation import check_types, non_negative, require
 
 log = logging.getLogger("jaxpt.checkpoint")
 

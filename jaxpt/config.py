@@ -11,7 +11,7 @@ Gin usage is T5X-style. Each config dataclass is a gin configurable under its ow
 are applied as bindings, then every ``--gin 'BINDING'`` (applied last, so it wins over everything).
 
 Every config dataclass checks its own fields when it is built (types, ``Literal`` choices, ranges; see
-:mod:`jaxpt.validation`), so :func:`parse` already refuses ``ModelConfig.compute_dtype = 'float8'``.
+:mod:`jaxpt.util.validation`), so :func:`parse` already refuses ``ModelConfig.compute_dtype = 'float8'``.
 :func:`validate` then checks what needs two configs or the devices (mesh sizes, unused mesh axes, batch and
 head divisibility, learning-rate phases against the run's horizon) before anything is compiled. Both raise
 :class:`ConfigError` naming the offending key (a misspelled one with :func:`did_you_mean`'s suggestion).
@@ -31,18 +31,18 @@ from typing import Literal, Sequence
 
 import gin
 
-from jaxpt import batch_ramp
-from jaxpt import fs
+from jaxpt.training import batch_ramp
+from jaxpt.util import fs
 from jaxpt import mesh as mesh_lib
-from jaxpt import stage as stage_lib
+from jaxpt.run import lineage as stage_lib
 from jaxpt.checkpoint import CheckpointConfig
 from jaxpt.data import mixture as mixture_lib
-from jaxpt.errors import ConfigError
+from jaxpt.util.errors import ConfigError
 from jaxpt.eval.inloop import HeldoutEvalConfig
 from jaxpt.model.config import ModelConfig
-from jaxpt.optim import OptimizerConfig
-from jaxpt.stability import StabilityConfig
-from jaxpt.validation import check_types, field_error, non_negative, positive, require
+from jaxpt.training.optim import OptimizerConfig
+from jaxpt.training.stability import StabilityConfig
+from jaxpt.util.validation import check_types, field_error, non_negative, positive, require
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,7 +154,7 @@ class TrainConfig:
       init_from: start this run as a new *stage* from another run's checkpoint: ``'<run dir>[@step]'`` (the newest
         committed step without ``@step``); params and optimizer state are taken from it, the step count goes on
         from its step, and the learning-rate schedule starts afresh with horizon ``steps - step``
-        (:mod:`jaxpt.stage`). Empty: start from scratch (or resume this workdir's own checkpoints).
+        (:mod:`jaxpt.run.lineage`). Empty: start from scratch (or resume this workdir's own checkpoints).
       stage_name: the stage's name in ``run.json`` and checkpoint meta (default ``base``, or ``extension`` with
         ``init_from``).
       reset_optimizer: with ``init_from``: a fresh optimizer state instead of the parent's moments.
@@ -164,10 +164,10 @@ class TrainConfig:
         (``memory_kind="pinned_host"``) between steps; each step copies it to the device for the update and
         back. Moves ~2x the fp32 parameter bytes (per chip: divided by FSDP) out of the persistent device
         state, for host-link traffic each step; whether the step's peak falls depends on where that peak is,
-        so check ``python -m jaxpt.compile`` (device and host bytes). A last resort
-        (:func:`jaxpt.state.make_state_spec`). The same numbers as without it.
+        so check ``python -m jaxpt.tools.compile`` (device and host bytes). A last resort
+        (:func:`jaxpt.training.state.make_state_spec`). The same numbers as without it.
       batch_size_schedule: a batch-size ramp, ``'STEP:SIZE,...'``: the global batch from each step on, first
-        step 1, sizes not decreasing, the last one ``global_batch_size`` (:mod:`jaxpt.batch_ramp`); empty:
+        step 1, sizes not decreasing, the last one ``global_batch_size`` (:mod:`jaxpt.training.batch_ramp`); empty:
         ``global_batch_size`` throughout.
       batch_lr_scaling: with ``batch_size_schedule``, the learning rate at ``B`` rows is the schedule's times
         ``(B / global_batch_size) ** p``: ``sqrt`` (p = 1/2, Malladi et al. 2022 for Adam), ``linear`` (p = 1,
@@ -176,13 +176,13 @@ class TrainConfig:
         mesh axes (those of the ``batch`` and ``length`` rules: ``data``, ``fsdp``, ``expert``, ``sequence``) that a
         param is replicated on; gradients are constrained to those shards, the update runs on ``1/N`` of
         each param per device and the params are all-gathered after it. Per device, the optimizer state of a
-        param replicated over ``N`` devices shrinks ``N``-fold (:func:`jaxpt.state.zero_sharding`). (Whether the
+        param replicated over ``N`` devices shrinks ``N``-fold (:func:`jaxpt.training.state.zero_sharding`). (Whether the
         gradient all-reduce becomes a reduce-scatter is XLA's choice per backend: on CPU it stays an all-reduce
         followed by slices.) The same
         numbers up to the order of float sums; checkpoints restore across the switch (only shardings differ).
       compilation_cache_dir: the persistent compilation cache, so a restart loads its compiled programs instead of
         recompiling: ``'auto'`` (JAX's own setting, e.g. ``JAX_COMPILATION_CACHE_DIR``, else ``<workdir>/jax_cache``,
-        shared by every host of the run), a path, or ``''`` for none (:mod:`jaxpt.compile_cache`).
+        shared by every host of the run), a path, or ``''`` for none (:mod:`jaxpt.run.compile_cache`).
     """
 
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
@@ -536,8 +536,8 @@ def validate(cfg: TrainConfig, num_devices: int) -> dict[str, int]:
         ``sequence``; heads or kv heads not divisible by mesh ``tensor``; ``seq_len`` above
         ``ModelConfig.max_seq_len``; with the row split over ``sequence`` (context parallelism), ``seq_len`` not
         divisible by 2 x its size, or an ``attention_impl`` that does not support it, or rows splash cannot
-        block; schedule phases that do not fit the decay horizon (:func:`jaxpt.optim.check_schedule`; a stage's
-        horizon is ``steps`` minus its start step, :func:`jaxpt.stage.start_step`); mesh ``expert`` > 1 for a
+        block; schedule phases that do not fit the decay horizon (:func:`jaxpt.training.optim.check_schedule`; a stage's
+        horizon is ``steps`` minus its start step, :func:`jaxpt.run.lineage.start_step`); mesh ``expert`` > 1 for a
         model without MoE layers, or not dividing ``ModelConfig.moe_num_experts``, or with
         ``ModelConfig.moe_dropless`` (not expert-parallel).
     """
@@ -558,7 +558,7 @@ def validate(cfg: TrainConfig, num_devices: int) -> dict[str, int]:
     if cfg.seq_len > m.max_seq_len:
         raise ConfigError(f"TrainConfig.seq_len = {cfg.seq_len} exceeds ModelConfig.max_seq_len = {m.max_seq_len}")
     _check_context_parallel(cfg, sizes)
-    from jaxpt.optim import check_schedule
+    from jaxpt.training.optim import check_schedule
     start = stage_lib.start_step(cfg)
     if start and cfg.steps <= start:
         raise ConfigError(f"TrainConfig.steps = {cfg.steps} must exceed the step the stage starts from ({start}, "
@@ -588,7 +588,7 @@ def write_operative_config(cfg: TrainConfig, write: bool = True) -> str:
     ``cfg``; return its text. Called after every check passed, so a refused run leaves no workdir behind."""
     text = operative_config_str(cfg)
     if write:
-        from jaxpt import fs
+        from jaxpt.util import fs
         fs.makedirs(cfg.workdir)
         fs.write_text_atomic(fs.join(cfg.workdir, "config.gin"), text)
     return text

@@ -23,8 +23,8 @@ import os
 import sys
 from typing import Sequence
 
-from jaxpt import progress as progress_lib
-from jaxpt import fs
+from jaxpt.util import progress as progress_lib
+from jaxpt.util import fs
 
 
 def _lengths(text: str) -> list[int]:

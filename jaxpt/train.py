@@ -1,10 +1,10 @@
 """``python -m jaxpt.train``: build the run, then run the train loop with its hooks.
 
 Reads top to bottom: :func:`main` parses flags; :func:`setup` checks the inputs and builds the run with
-:func:`jaxpt.builder.build` (the one builder every entry point uses); :func:`train_loop` dispatches step t and
+:func:`jaxpt.run.build.build` (the one builder every entry point uses); :func:`train_loop` dispatches step t and
 only then reads the metrics of step t-1, so the host never waits on the device. Periodic actions
 (checkpoints, held-out evaluation, the document log, skip events, a profiler window) are hooks
-(:mod:`jaxpt.hooks`); data, checkpoint and evaluation helpers live with their owners
+(:mod:`jaxpt.run.hooks`); data, checkpoint and evaluation helpers live with their owners
 (:mod:`jaxpt.data.stream`, :mod:`jaxpt.checkpoint`, :mod:`jaxpt.eval.inloop`).
 """
 
@@ -21,23 +21,23 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxpt import builder as builder_lib
-from jaxpt import compile_cache
+from jaxpt.run import build as builder_lib
+from jaxpt.run import compile_cache
 from jaxpt import config as config_lib
-from jaxpt import distributed
-from jaxpt import flops as flops_lib
-from jaxpt import hooks as hooks_lib
-from jaxpt.loop_context import LoopContext, log_start
-from jaxpt import monitor
-from jaxpt import preflight
-from jaxpt import progress as progress_lib
-from jaxpt import stage as stage_lib
-from jaxpt import state as state_lib
+from jaxpt.run import distributed
+from jaxpt.training import flops as flops_lib
+from jaxpt.run import hooks as hooks_lib
+from jaxpt.run.context import LoopContext, log_start
+from jaxpt.run import monitor
+from jaxpt.run import resolve as preflight
+from jaxpt.util import progress as progress_lib
+from jaxpt.run import lineage as stage_lib
+from jaxpt.training import state as state_lib
 from jaxpt.config import TrainConfig
 from jaxpt.data import stream
-from jaxpt.errors import ConfigError
-from jaxpt.preemption import PREEMPTED_EXIT_CODE, Preempted, Preemption
-from jaxpt.registry import RunRegistry
+from jaxpt.util.errors import ConfigError
+from jaxpt.run.preemption import PREEMPTED_EXIT_CODE, Preempted, Preemption
+from jaxpt.run.record import RunRegistry
 
 log = logging.getLogger("jaxpt.train")
 
@@ -80,7 +80,7 @@ class Run:
 
 
 def setup(cfg: TrainConfig, pre: preflight.Preflight | None = None) -> Run:
-    """Build the run on checked inputs (``pre``, else :func:`jaxpt.preflight.check` of ``cfg``) and initialize
+    """Build the run on checked inputs (``pre``, else :func:`jaxpt.run.resolve.check` of ``cfg``) and initialize
     its sharded state.
 
     Raises:
@@ -177,7 +177,7 @@ def _stop_for_preemption(ctx: LoopContext, pending: _Pending, step: int) -> None
 def _report(ctx: LoopContext, p: _Pending) -> tuple[int, str] | None:
     """Read one step's metrics (blocks until that step is done), run the hooks, and write the record every
     ``log_every`` steps (and at step 1, the last step, a rollback, or when a hook asks), with the interval's
-    mean loss (:class:`jaxpt.monitor.LossSeries`), tokens seen and training time so far.
+    mean loss (:class:`jaxpt.run.monitor.LossSeries`), tokens seen and training time so far.
     Returns ``(step, reason)`` when the run must roll back."""
     run, cfg = ctx.run, ctx.run.cfg
     t0 = time.perf_counter()
@@ -260,11 +260,11 @@ def _final(ctx: LoopContext, last: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_training(cfg: TrainConfig, fault_injector=None, batch_injector=None) -> dict[str, Any]:
-    """Check every input and the resume target (:func:`jaxpt.preflight.check`; nothing is written or compiled
+    """Check every input and the resume target (:func:`jaxpt.run.resolve.check`; nothing is written or compiled
     before it passes), set up, resume if the workdir has checkpoints, and train to ``cfg.steps``; returns the
     final record. A workdir already at ``cfg.steps`` is left untouched (its last final record is returned).
     Compiled programs go to, and come from, the persistent compilation cache (``TrainConfig.compilation_cache_dir``,
-    :mod:`jaxpt.compile_cache`), so a restart does not recompile.
+    :mod:`jaxpt.run.compile_cache`), so a restart does not recompile.
 
     ``fault_injector`` (``(step, state) -> state``, applied before each step) and ``batch_injector``
     (``(step, local_batch) -> local_batch``, applied to each fetched batch) are for drills and tests.
@@ -342,12 +342,12 @@ def _train(cfg: TrainConfig, pre: preflight.Preflight, t_start: float, fault_inj
 
 def main(argv: list[str] | None = None) -> int:
     from jaxpt.checkpoint import CheckpointError
-    from jaxpt.stability import DivergenceError
+    from jaxpt.training.stability import DivergenceError
     parser = argparse.ArgumentParser(prog="python -m jaxpt.train", description=__doc__.splitlines()[0])
     config_lib.add_arguments(parser)
     distributed.add_arguments(parser)
     parser.add_argument("--dry_run", action="store_true", help="check config, mesh, paths, tokenizer and the "
-                        "resume target, print the plan; compile and write nothing (jaxpt.preflight)")
+                        "resume target, print the plan; compile and write nothing (jaxpt.run.resolve)")
     args = parser.parse_args(argv)
     progress_lib.quiet_startup()
     try:

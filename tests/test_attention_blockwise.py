@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jaxpt import step as step_lib
+from jaxpt.training import step as step_lib
 from jaxpt.model import Decoder, ModelConfig, dot_product_attention
 from jaxpt.model.attention_blockwise import blockwise_attention
 

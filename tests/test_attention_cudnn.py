@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxpt.errors import ConfigError
+from jaxpt.util.errors import ConfigError
 from jaxpt.model import attention_auto, attention_cudnn, attention_splash, dot_product_attention
 from jaxpt.model.attention import attention_mask, xla_attention
 
@@ -126,9 +126,9 @@ def test_on_gpu_fp32_cudnn_falls_back_with_a_warning(gpu_platform, caplog):
 
 
 def test_compile_for_cpu_with_cudnn_exits_2_naming_the_key(capsys):
-    """``python -m jaxpt.compile`` refuses ``cudnn`` for a CPU target before compiling (exit 2, the key named)."""
+    """``python -m jaxpt.tools.compile`` refuses ``cudnn`` for a CPU target before compiling (exit 2, the key named)."""
     import pathlib
-    from jaxpt import compile as compile_lib
+    from jaxpt.tools import compile as compile_lib
     quickstart = str(pathlib.Path(__file__).resolve().parents[1] / "configs" / "quickstart.gin")
     rc = compile_lib.main(["--config", quickstart, "--gin", "ModelConfig.vocab_size = 256", "--gin",
                            "ModelConfig.attention_impl = 'cudnn'", "--topology", "cpu:8"])

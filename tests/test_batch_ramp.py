@@ -8,10 +8,12 @@ import pytest
 from conftest import tiny_bindings
 
 
-from jaxpt import batch_ramp
+from jaxpt.training import batch_ramp
 from jaxpt import config as C
-from jaxpt import monitor, optim, train
-from jaxpt.errors import ConfigError
+from jaxpt.run import monitor
+from jaxpt.training import optim
+from jaxpt import train
+from jaxpt.util.errors import ConfigError
 
 
 def test_schedule_sizes_tokens_and_lr_rule_by_hand():
@@ -101,7 +103,7 @@ def test_a_changed_ramp_is_refused_at_resume(prepared_sample, tmp_path):
     """The saved data position counts batches of the ramp's sizes: resuming under another ramp (or adding or
     removing one) is refused naming the key and both values; the same ramp passes."""
     from jaxpt import checkpoint as ckpt_lib
-    from jaxpt import preflight
+    from jaxpt.run import resolve as preflight
     saved = {"config_gin": "TrainConfig.batch_size_schedule = '1:4,11:8,21:16'\n"}
     same = C.parse(["configs/quickstart.gin"], tiny_bindings(prepared_sample, tmp_path, **{
         "TrainConfig.batch_size_schedule": "'1:4,11:8,21:16'"}))

@@ -387,12 +387,12 @@ def test_restore_anywhere_gives_the_trained_model(ckpt_env, trained10):
 
 @pytest.mark.slow
 def test_generate_matches_unpadded_greedy_reference(trained10):
-    """Each token the padded fixed-row greedy decoder (jaxpt.decode over NoCacheStep) picks is the argmax of the
+    """Each token the padded fixed-row greedy decoder (jaxpt.infer.decode over NoCacheStep) picks is the argmax of the
     model's logits at the previous position when run once, unpadded, on the prompt plus the generated tokens
     (causal masking makes that single call see exactly the context each decoding step saw). A prompt longer than
     max_seq_len - max_new_tokens (64 - 4) keeps its last 60 tokens."""
     import jaxpt
-    from jaxpt import decode
+    from jaxpt.infer import decode
     from jaxpt import mesh as mesh_lib
     r = jaxpt.restore(trained10, mesh=mesh_lib.make_mesh("data=1", devices=jax.devices()[:1]))
 

@@ -1,4 +1,4 @@
-"""``python -m jaxpt.compile``: topology names, the compile report on local CPU devices, and (with libtpu) on a TPU
+"""``python -m jaxpt.tools.compile``: topology names, the compile report on local CPU devices, and (with libtpu) on a TPU
 topology compiled from this host."""
 
 import importlib.util
@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from jaxpt import compile as compile_lib
-from jaxpt.errors import ConfigError
+from jaxpt.tools import compile as compile_lib
+from jaxpt.util.errors import ConfigError
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 QUICKSTART = str(REPO / "configs" / "quickstart.gin")
@@ -91,7 +91,7 @@ def test_two_layer_model_compiles_for_a_v5e_2x2_topology_on_this_host(impl, seq_
     env = dict(os.environ, JAX_PLATFORMS="cpu", ALLOW_MULTIPLE_LIBTPU_LOAD="1", PYTHONPATH=str(REPO))
     argv = _argv("--mesh", "fsdp=-1", "--topology", "v5e:2x2", "--json", "--gin", f"TrainConfig.seq_len = {seq_len}",
                  "--gin", f"ModelConfig.attention_impl = {impl!r}")
-    proc = subprocess.run([sys.executable, "-m", "jaxpt.compile", *argv],
+    proc = subprocess.run([sys.executable, "-m", "jaxpt.tools.compile", *argv],
                           env=env, capture_output=True, text=True, timeout=600, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]
     r = json.loads(proc.stdout.strip().splitlines()[-1])

@@ -1,4 +1,4 @@
-"""The persistent compilation cache (:mod:`jaxpt.compile_cache`): where ``TrainConfig.compilation_cache_dir`` puts
+"""The persistent compilation cache (:mod:`jaxpt.run.compile_cache`): where ``TrainConfig.compilation_cache_dir`` puts
 it, that a second process loads what the first compiled, and that a block leaves the process's setting as it was."""
 
 import os
@@ -9,14 +9,14 @@ import jax
 import pytest
 
 from conftest import REPO_ROOT
-from jaxpt import compile_cache
+from jaxpt.run import compile_cache
 from jaxpt import config as config_lib
 
 # Compiles one program inside persistent_cache(argv[1]) (argv[1] 'off': None) and prints requests and hits.
 SCRIPT = """
 import sys
 import jax, jax.numpy as jnp
-from jaxpt import compile_cache
+from jaxpt.run import compile_cache
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)  # the tiny program is written too
 with compile_cache.persistent_cache(None if sys.argv[1] == "off" else sys.argv[1]) as stats:
     jax.jit(lambda x: jnp.sin(x) @ x.T)(jnp.ones((64, 64))).block_until_ready()

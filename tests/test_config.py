@@ -115,8 +115,8 @@ def test_configs_check_themselves_outside_gin_and_defaults_build():
     from jaxpt.checkpoint import CheckpointConfig
     from jaxpt.eval.inloop import HeldoutEvalConfig
     from jaxpt.model.config import ModelConfig
-    from jaxpt.optim import OptimizerConfig
-    from jaxpt.stability import StabilityConfig
+    from jaxpt.training.optim import OptimizerConfig
+    from jaxpt.training.stability import StabilityConfig
     classes = (ModelConfig, OptimizerConfig, C.DataConfig, CheckpointConfig, StabilityConfig, HeldoutEvalConfig,
                C.TrainConfig)
     assert all(cls() == cls() for cls in classes)  # every default is valid

@@ -9,10 +9,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxpt import builder
+from jaxpt.run import build as builder
 from jaxpt import config as C
 from jaxpt import mesh as M
-from jaxpt.errors import ConfigError
+from jaxpt.util.errors import ConfigError
 from jaxpt.model import context_parallel as cp
 from jaxpt.model.attention import dot_product_attention, xla_attention
 

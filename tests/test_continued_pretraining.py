@@ -1,4 +1,4 @@
-"""Continued pretraining from a Hugging Face model (jaxpt.convert + TrainConfig.init_from, jaxpt.stage).
+"""Continued pretraining from a Hugging Face model (jaxpt.tools.convert + TrainConfig.init_from, jaxpt.run.lineage).
 
 A random Llama (transformers, PyTorch) with a SentencePiece tokenizer is converted and trained on for one step.
 Checked: the loss of step 1 equals the base model's loss on that very batch, computed by transformers itself
@@ -17,9 +17,11 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from jaxpt import config as C  # noqa: E402
-from jaxpt import convert, monitor, train  # noqa: E402
+from jaxpt.tools import convert  # noqa: E402
+from jaxpt.run import monitor
+from jaxpt import train
 from jaxpt.checkpoint import CheckpointError  # noqa: E402
-from jaxpt.errors import ConfigError  # noqa: E402
+from jaxpt.util.errors import ConfigError  # noqa: E402
 
 WORDS = ["north", "south", "old", "new", "green", "stone", "quiet", "bright", "river", "mill"]
 
@@ -89,7 +91,7 @@ def _hf_loss(model, batch) -> float:
 def test_step_1_loss_is_the_base_models_loss_on_that_batch(base, tmp_path):
     import jax
 
-    from jaxpt import preflight, stage
+    from jaxpt.run import resolve as preflight, lineage as stage
     base_dir, hf_model, data = base
     seen = {}
     states = {}
@@ -124,7 +126,7 @@ def test_step_1_loss_is_the_base_models_loss_on_that_batch(base, tmp_path):
 
 
 def test_a_tokenizer_other_than_the_base_models_is_refused(base, tmp_path):
-    from jaxpt import preflight
+    from jaxpt.run import resolve as preflight
     from jaxpt.data.tokenizer import train_sentencepiece
     base_dir, _, data = base
     other = train_sentencepiece(_texts(300, 5) + ["zebra quartz"] * 50, tmp_path / "other.model", vocab_size=300)

@@ -1,4 +1,4 @@
-"""Hugging Face in and out (jaxpt.convert): logits of jaxpt and transformers (PyTorch, CPU, fp32) agree within
+"""Hugging Face in and out (jaxpt.tools.convert): logits of jaxpt and transformers (PyTorch, CPU, fp32) agree within
 1e-4 both ways on small random Llama models built here (GQA; tied and untied embeddings; scanned and looped
 layers), a SentencePiece tokenizer round-trips through the export, and what cannot be converted is refused.
 
@@ -12,8 +12,8 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from jaxpt import convert  # noqa: E402
-from jaxpt.convert import ConvertError  # noqa: E402
+from jaxpt.tools import convert  # noqa: E402
+from jaxpt.tools.convert import ConvertError  # noqa: E402
 
 V, D, N, H, K, F, L = 384, 64, 2, 4, 2, 128, 32
 
@@ -86,7 +86,7 @@ def _jaxpt_checkpoint(tmp_path, tokenizer_path):
     from flax import nnx
 
     from jaxpt import mesh as mesh_lib
-    from jaxpt import state as state_lib
+    from jaxpt.training import state as state_lib
     from jaxpt.data.tokenizer import Tokenizer
     from jaxpt.model import ModelConfig
     cfg = ModelConfig(vocab_size=V, d_model=D, num_layers=N, num_heads=H, num_kv_heads=K, head_dim=D // H,

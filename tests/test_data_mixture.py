@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from jaxpt.data import mixture
-from jaxpt.errors import ConfigError
+from jaxpt.util.errors import ConfigError
 
 SEQ = 64
 
@@ -275,7 +275,7 @@ def test_preflight_names_an_unknown_group_before_anything_is_written(prepared_sa
     the group and what exists; the workdir is not created."""
     from conftest import tiny_bindings
     from jaxpt import config as C
-    from jaxpt import preflight
+    from jaxpt.run import resolve as preflight
     for weights, words in (("(('referenc', 1.0),)", "no domain 'referenc'"),
                            ("(('reference/dict-nope', 1.0),)", "has no source 'dict-nope'")):
         cfg = C.parse(["configs/quickstart.gin"], tiny_bindings(prepared_sample, tmp_path / "run", **{
@@ -286,8 +286,9 @@ def test_preflight_names_an_unknown_group_before_anything_is_written(prepared_sa
 
 
 def test_an_unreachable_bucket_is_a_config_error_naming_the_key(monkeypatch):
-    from jaxpt import fs, preflight
+    from jaxpt.util import fs
 
+    from jaxpt.run import resolve as preflight
     def unreachable(path):
         raise OSError("Could not resolve host: storage.googleapis.com")
     monkeypatch.setattr(fs, "exists", unreachable)

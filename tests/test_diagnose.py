@@ -8,7 +8,8 @@ import pytest
 
 from conftest import tiny_bindings
 from jaxpt import config as C
-from jaxpt import monitor, train
+from jaxpt.run import monitor
+from jaxpt import train
 from jaxpt.data import documents
 from jaxpt.tools import diagnose
 

@@ -1,4 +1,4 @@
-"""jaxpt.distributed: which start-up path a process takes, decided by flags and cluster environment variables.
+"""jaxpt.run.distributed: which start-up path a process takes, decided by flags and cluster environment variables.
 
 No real cluster: the environment is set with monkeypatch and ``jax.distributed.initialize`` is replaced by a
 recorder, so each test checks the decision and the exact call JAX would receive.
@@ -10,7 +10,7 @@ import os
 import jax
 import pytest
 
-from jaxpt import distributed
+from jaxpt.run import distributed
 
 _CLUSTER_VARS = ("SLURM_", "OMPI_", "TPU_WORKER_", "TPU_PROCESS_", "MEGASCALE_", "KUBERNETES_SERVICE_HOST",
                  "JAXPT_DISTRIBUTED")
@@ -112,6 +112,6 @@ def test_jaxpt_distributed_off_forces_one_process(clean_env, monkeypatch):
 
 
 def test_the_path_taken_is_logged(clean_env, caplog):
-    caplog.set_level("INFO", logger="jaxpt.distributed")
+    caplog.set_level("INFO", logger="jaxpt.run.distributed")
     distributed.log_startup(distributed.initialize(_args()))
     assert "distributed: single via no cluster environment detected (process 0 of 1)" in caplog.text

@@ -29,8 +29,10 @@ import pytest
 from conftest import tiny_bindings
 from jaxpt import checkpoint as ckpt_lib
 from jaxpt import config as C
-from jaxpt import jsonl, monitor, preflight, train
-from jaxpt.errors import ConfigError
+from jaxpt.util import jsonl
+from jaxpt.run import monitor, resolve as preflight
+from jaxpt import train
+from jaxpt.util.errors import ConfigError
 
 TOKENS_PER_STEP = 16 * 64  # tiny_bindings: global_batch_size 16 x seq_len 64
 
@@ -108,7 +110,7 @@ def test_other_reductions_over_nothing_are_refused_or_nan():
     every step would be a spike) is a config error; a near-dup recall over no pair is NaN, not 1; a scaling fit
     refuses a run whose held-out loss is NaN."""
     from data_pipelines import neardup_eval
-    from jaxpt.stability import StabilityConfig
+    from jaxpt.training.stability import StabilityConfig
     from jaxpt.tools import scaling
     with pytest.raises(ConfigError, match=r"StabilityConfig\.spike_min_history = 0: must be >= 2"):
         StabilityConfig(spike_min_history=0)

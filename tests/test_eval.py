@@ -1,6 +1,6 @@
 """jaxpt.eval units, each against an independent value: rolling windows cover every token once; a hand-built
 bigram model gives hand-computed log-likelihoods and task scores; packing and batch size do not change scores;
-greedy decoding (``jaxpt.decode``) equals an unpadded forward's argmax and one-at-a-time decoding, and gives the
+greedy decoding (``jaxpt.infer.decode``) equals an unpadded forward's argmax and one-at-a-time decoding, and gives the
 hand-read continuations of a hand-built chain model with per-row stop strings (also through the lm-eval adapter);
 13-gram decontamination on hand examples; card hashing refuses a changed card until its version is bumped;
 Cohen's kappa by hand; the regression report flags exactly the drops beyond tolerance."""
@@ -19,7 +19,7 @@ import pytest
 from flax import nnx
 
 from conftest import REPO_ROOT
-from jaxpt import decode
+from jaxpt.infer import decode
 from jaxpt import mesh as mesh_lib
 from jaxpt.eval import card as card_lib
 from jaxpt.eval import decontam, probes, regression, review

@@ -18,7 +18,7 @@ import yaml
 
 from conftest import REPO_ROOT, tiny_bindings
 from jaxpt import config as C
-from jaxpt import decode
+from jaxpt.infer import decode
 from jaxpt import mesh as mesh_lib
 from jaxpt.eval import card as card_lib
 from jaxpt.eval import heldout, probes
@@ -133,7 +133,8 @@ def test_perplexity_is_the_same_for_batch_sizes_1_3_8_with_and_without_packing(r
 
 
 def test_in_loop_per_domain_eval_compiles_once_and_matches_standalone(eval_run, restored):
-    from jaxpt import monitor, train
+    from jaxpt.run import monitor
+    from jaxpt import train
     records = monitor.read_metrics(str(eval_run["workdir"]))
     at10 = [r for r in records if r.get("step") == 10 and "heldout_partial_loss" in r]
     final = [r for r in records if r.get("event") == "final"][-1]
@@ -189,7 +190,7 @@ def test_evaluate_cli_writes_a_versioned_report_and_review_sheet(eval_run, test_
     assert "domain  code" in text and "chance" in text
     # The trainer's final held-out figures and the standalone report agree on the same checkpoint and text (same
     # scorer, windows and stride; the README says when they may differ).
-    from jaxpt import monitor
+    from jaxpt.run import monitor
     final = [r for r in monitor.read_metrics(str(eval_run["workdir"])) if r.get("event") == "final"][-1]
     assert rep["heldout"]["overall"]["tokens"] == final["heldout_tokens"]
     assert rep["heldout"]["overall"]["perplexity"] == pytest.approx(final["heldout_perplexity"], rel=1e-6)

@@ -21,10 +21,11 @@ import pytest
 from data_pipelines import build, neardup_eval, readers, testing
 from data_pipelines import tokenizer as dt
 from data_pipelines.config import AdmissionConfig, BuildConfig, DecontamConfig, Source
-from jaxpt import jsonl, monitor
+from jaxpt.util import jsonl
+from jaxpt.run import monitor
 from jaxpt.data import documents
 from jaxpt.data.documents import DocumentFormatError
-from jaxpt.errors import ConfigError
+from jaxpt.util.errors import ConfigError
 
 BAD_LINE = 2
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -49,7 +50,7 @@ def _good(i: int) -> bytes:
 
 
 #: variant -> (bad line 2, the reason every reader gives). One reason per variant, computed independently of
-#: the readers: these are the names `jaxpt.jsonl` and `jaxpt.data.documents` document.
+#: the readers: these are the names `jaxpt.util.jsonl` and `jaxpt.data.documents` document.
 VARIANTS = {
     "blank_line": (b"", "blank_line"),
     "bad_json": (b'{"id": "t/broken", "text": "unterminated', "bad_json"),

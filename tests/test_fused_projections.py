@@ -14,10 +14,10 @@ import pytest
 from flax import nnx
 
 from conftest import packed_batch
-from jaxpt import builder
+from jaxpt.run import build as builder
 from jaxpt import config as config_lib
 from jaxpt import mesh as mesh_lib
-from jaxpt import step as step_lib
+from jaxpt.training import step as step_lib
 from jaxpt.model import Decoder, ModelConfig
 
 B, L, V = 16, 32, 256

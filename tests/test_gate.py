@@ -1,4 +1,4 @@
-"""jaxpt.gate: runs built to fail each criterion fail it with the right reason; a healthy run passes."""
+"""jaxpt.tools.gate: runs built to fail each criterion fail it with the right reason; a healthy run passes."""
 
 import json
 import math
@@ -9,8 +9,10 @@ import pytest
 
 from conftest import tiny_bindings
 from jaxpt import config as C
-from jaxpt import gate, monitor, train
-from jaxpt.errors import ConfigError
+from jaxpt.tools import gate
+from jaxpt.run import monitor
+from jaxpt import train
+from jaxpt.util.errors import ConfigError
 
 
 def healthy_records(steps=200, every=10, resume_at=100):

@@ -1,4 +1,4 @@
-"""The KV-cached decode step (jaxpt.kv_cache) equals the cache-free reference (jaxpt.decode.NoCacheStep).
+"""The KV-cached decode step (jaxpt.infer.kv_cache) equals the cache-free reference (jaxpt.infer.decode.NoCacheStep).
 
 Prompts of different lengths share a batch (rows at different positions), one longer than the row keeps its
 tail, and the batch is sharded over a data x tensor mesh (rows over data, kv heads over tensor). Checked: the
@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jaxpt import decode
+from jaxpt.infer import decode
 from jaxpt import mesh as mesh_lib
-from jaxpt.kv_cache import KVCacheStep
+from jaxpt.infer.kv_cache import KVCacheStep
 from jaxpt.model import Decoder, ModelConfig
 
 

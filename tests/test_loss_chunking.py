@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jaxpt import step as step_lib
+from jaxpt.training import step as step_lib
 from jaxpt.model import Decoder, ModelConfig
 
 B, L, V = 2, 24, 96

@@ -80,7 +80,7 @@ def test_count_params_matches_arrays():
 
 @pytest.mark.slow
 def test_initial_loss_is_about_log_vocab():
-    from jaxpt.step import loss_fn
+    from jaxpt.training.step import loss_fn
     cfg = dataclasses.replace(CFG, vocab_size=1000)
     model = Decoder(cfg, rngs=nnx.Rngs(0))
     g, p = nnx.split(model, nnx.Param)

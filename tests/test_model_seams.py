@@ -11,9 +11,9 @@ import optax
 import pytest
 from flax import nnx
 
-from jaxpt import step as step_lib
+from jaxpt.training import step as step_lib
 from jaxpt.checkpoint import CheckpointError, check_compatible
-from jaxpt.errors import ConfigError
+from jaxpt.util.errors import ConfigError
 from jaxpt.model import Decoder, ModelConfig
 from jaxpt.model.attention import register_attention
 from jaxpt.model.auxiliary import AuxSpec, fold, merge_specs, reduce_aux

@@ -13,10 +13,10 @@ import orbax.checkpoint as ocp
 import pytest
 from flax import nnx
 
-from jaxpt import builder
+from jaxpt.run import build as builder
 from jaxpt import config as C
-from jaxpt import flops
-from jaxpt.errors import ConfigError
+from jaxpt.training import flops
+from jaxpt.util.errors import ConfigError
 from jaxpt.model import Decoder, ModelConfig, count_params
 from jaxpt.model.moe import MoE, dispatch_and_combine, expert_capacity, route, sinkhorn_offsets
 
@@ -97,7 +97,7 @@ def test_dropless_equals_capacity_mode_without_drops(group_size):
     """ragged_dot over expert-sorted tokens gives the loss and gradients of the dispatch/combine einsums when
     the capacity drops nothing (rel 1e-5), routing groups whole rows or 8-token pieces of them."""
     batch = _batch(2, 32, 256)
-    from jaxpt.step import loss_fn
+    from jaxpt.training.step import loss_fn
 
     def loss_and_grads(cfg):
         model = Decoder(cfg, rngs=nnx.Rngs(0))

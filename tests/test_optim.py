@@ -9,8 +9,8 @@ import optax
 import pytest
 from flax import nnx
 
-from jaxpt import optim
-from jaxpt.errors import ConfigError
+from jaxpt.training import optim
+from jaxpt.util.errors import ConfigError
 from jaxpt.model import Decoder, ModelConfig
 
 

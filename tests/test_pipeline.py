@@ -16,10 +16,10 @@ import jax
 import numpy as np
 import pytest
 
-from jaxpt import builder
+from jaxpt.run import build as builder
 from jaxpt import config as C
 from jaxpt.checkpoint import Checkpointer, CheckpointConfig
-from jaxpt.errors import ConfigError
+from jaxpt.util.errors import ConfigError
 from jaxpt.model import ModelConfig
 from jaxpt.model.pipeline import bubble_fraction, merge_microbatches, split_microbatches
 
@@ -157,8 +157,8 @@ def test_only_layers_may_map_to_the_stage_axis():
 
 
 def test_stages_span_slices_by_default_for_a_pipelined_config():
-    """`jaxpt.compile --num-slices N` puts the stages across slices when the config pipelines, data otherwise."""
-    from jaxpt.compile import with_slices
+    """`jaxpt.tools.compile --num-slices N` puts the stages across slices when the config pipelines, data otherwise."""
+    from jaxpt.tools.compile import with_slices
     plain = C.TrainConfig()
     assert with_slices(plain, 2).dcn_mesh == "data=2"
     piped = dataclasses.replace(plain, model=dataclasses.replace(plain.model, pipeline_microbatches=8))
@@ -203,7 +203,7 @@ def test_pipeline_refuses_an_moe_mlp_by_name():
     import dataclasses
 
     from jaxpt import config as config_lib
-    from jaxpt.errors import ConfigError
+    from jaxpt.util.errors import ConfigError
     cfg = config_lib.TrainConfig()
     model = dataclasses.replace(cfg.model, mlp="moe", moe_num_experts=4, num_layers=4)
     cfg = dataclasses.replace(cfg, model=model, mesh="stage=2,data=4", global_batch_size=16)

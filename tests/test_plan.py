@@ -11,10 +11,10 @@ from scipy import optimize
 
 from jaxpt import config as config_lib
 from jaxpt import mesh as mesh_lib
-from jaxpt import optim
+from jaxpt.training import optim
 from jaxpt.tools import plan
-from jaxpt import state as state_lib
-from jaxpt import step as step_lib
+from jaxpt.training import state as state_lib
+from jaxpt.training import step as step_lib
 from jaxpt.model import count_params
 
 QUICKSTART = "configs/quickstart.gin"
@@ -262,8 +262,8 @@ def test_plan_cli_recommends_an_interval_and_compares_the_configured_one(capsys)
 def test_json_tools_print_their_error_as_json(tmp_path, capsys):
     """With --json, an input error is still exit 2 with the message on stderr, and stdout carries one JSON object
     naming it (not nothing): plan, compile (a bad config key, refused before anything compiles) and the gate."""
-    from jaxpt import compile as compile_lib
-    from jaxpt import gate
+    from jaxpt.tools import compile as compile_lib
+    from jaxpt.tools import gate
     cases = [(plan.main, ["--flops", "-5", "--json"], "flops"),
              (compile_lib.main, ["--config", "configs/quickstart.gin", "--gin", "TrainConfig.no_such_key = 1",
                                  "--topology", "cpu:8", "--json"], "no_such_key"),

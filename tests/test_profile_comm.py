@@ -12,9 +12,11 @@ from conftest import tiny_bindings
 
 
 from jaxpt import config as C
-from jaxpt import gate, monitor, profile_comm, train
+from jaxpt.tools import gate
 
 
+from jaxpt.run import monitor, profile_comm
+from jaxpt import train
 def _op(name, dev, run, ts, dur, tid):
     return {"ph": "X", "name": name, "ts": ts, "dur": dur, "pid": 1, "tid": tid,
             "args": {"hlo_op": name, "device_ordinal": str(dev), "run_id": str(run)}}
@@ -64,7 +66,7 @@ def test_profile_window_on_a_real_run_gives_axis_shares_and_the_gate_blames_them
     communicates on (FSDP all-gathers parameters over fsdp; gradients reduce over data and fsdp), summing to
     the total. The gate, given an estimate far above the measured rate, fails the throughput criterion and
     blames what the profile and the data wait say; with no estimate it compiles the run's config here and
-    estimates expected_flops_utilization x peak x tokens / compiled FLOPs, equal to jaxpt.compile's report."""
+    estimates expected_flops_utilization x peak x tokens / compiled FLOPs, equal to jaxpt.tools.compile's report."""
     b = tiny_bindings(prepared_sample, tmp_path, **{"TrainConfig.profile_steps": "'2:3'"})
     cfg = C.parse(["configs/quickstart.gin"], b, steps=4, mesh="data=2,fsdp=4")
     train.run_training(cfg)
@@ -89,7 +91,7 @@ def test_profile_window_on_a_real_run_gives_axis_shares_and_the_gate_blames_them
     else:
         assert "communication dominates" not in c.reason, (c, data_share)
 
-    from jaxpt import compile as compile_lib
+    from jaxpt.tools import compile as compile_lib
     report = compile_lib.compile_report(cfg, compile_lib.make_target(f"cpu:{jax.device_count()}"))
     start = next(r for r in records if r.get("event") == "start")
     expected = 0.5 * start["peak_flops_per_device"] * report["tokens_per_step"] / report["flops_per_step"]

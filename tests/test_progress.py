@@ -1,11 +1,11 @@
-"""jaxpt.progress: periodic plain lines (count, rate, ETA) when not on a terminal, never carriage returns."""
+"""jaxpt.util.progress: periodic plain lines (count, rate, ETA) when not on a terminal, never carriage returns."""
 
 import io
 import os
 
 import pytest
 
-from jaxpt import progress
+from jaxpt.util import progress
 
 
 class FakeClock:

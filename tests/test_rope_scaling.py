@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jaxpt.errors import ConfigError
+from jaxpt.util.errors import ConfigError
 from jaxpt.model import Decoder, ModelConfig
 from jaxpt.model.compat import compare_params
 from jaxpt.model.rope import apply_rope, rope_frequencies, yarn_correction_range

@@ -7,7 +7,7 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from jaxpt import mesh as M
-from jaxpt import optim, state as S
+from jaxpt.training import optim, state as S
 from jaxpt.model import ModelConfig
 
 CFG = ModelConfig(vocab_size=512, d_model=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16, mlp_dim=128)

@@ -12,10 +12,12 @@ import pytest
 from conftest import tiny_bindings
 from jaxpt import config as C
 from jaxpt import mesh as M
-from jaxpt import monitor, optim, state as S, step as step_lib, train
+from jaxpt.run import monitor
+from jaxpt.training import optim, state as S, step as step_lib
+from jaxpt import train
 from jaxpt.tools import runs
 from jaxpt.model import ModelConfig
-from jaxpt.stability import StabilityConfig
+from jaxpt.training.stability import StabilityConfig
 
 CFG = ModelConfig(vocab_size=128, d_model=32, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8, mlp_dim=64,
                   max_seq_len=32)
@@ -186,7 +188,7 @@ def test_nan_rolls_back_damps_lr_and_continues(prepared_sample, tmp_path):
 
 @pytest.mark.slow
 def test_repeated_nan_stops_with_a_clear_message(prepared_sample, tmp_path, capsys):
-    from jaxpt.stability import DivergenceError
+    from jaxpt.training.stability import DivergenceError
     with pytest.raises(DivergenceError, match="rollbacks within"):
         run_with(prepared_sample, tmp_path, 30, nan_params_at(set(range(3, 31)), once=False),
                  **{"StabilityConfig.max_rollbacks": "2"})
@@ -217,7 +219,7 @@ def test_runs_cli_list_show_compare_plot(prepared_sample, tmp_path, capsys):
 
 def test_spike_skips_in_a_row_are_capped():
     """A lasting jump is skipped at most spike_max_consecutive times, then accepted (no frozen training)."""
-    from jaxpt.stability import decide_skip, init_history
+    from jaxpt.training.stability import decide_skip, init_history
     cfg = StabilityConfig(spike_window=8, spike_k=3.0, spike_min_history=4, spike_max_consecutive=3)
     h = init_history(cfg)
     for v in (1.0, 1.1, 0.9, 1.0, 1.05):

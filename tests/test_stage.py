@@ -1,4 +1,4 @@
-"""Training stages (jaxpt.stage): a long-context extension continues from a parent checkpoint, explicitly.
+"""Training stages (jaxpt.run.lineage): a long-context extension continues from a parent checkpoint, explicitly.
 
 Stage 1 trains 6 steps at 32 tokens; stage 2 continues from its step-6 checkpoint for 4 steps at 64 tokens with
 another RoPE base, keeping or resetting the optimizer. Checked: run.json's stages and parent, the params and
@@ -14,11 +14,12 @@ import numpy as np
 import pytest
 
 from conftest import tiny_bindings
-from jaxpt import builder
+from jaxpt.run import build as builder
 from jaxpt import config as C
-from jaxpt import monitor, train
+from jaxpt.run import monitor
+from jaxpt import train
 from jaxpt.checkpoint import CheckpointConfig, Checkpointer
-from jaxpt.errors import ConfigError
+from jaxpt.util.errors import ConfigError
 
 MESH = "data=4,fsdp=2"
 PEAK = 3e-3
@@ -119,7 +120,7 @@ def test_extension_stage_keeps_params_and_optimizer(prepared_sample, parent_run,
 
 def test_extension_stage_can_reset_the_optimizer(prepared_sample, parent_run, tmp_path):
     """The stage's first state with ``reset_optimizer`` (built as run_training builds it, without the loop)."""
-    from jaxpt import preflight, stage
+    from jaxpt.run import resolve as preflight, lineage as stage
     cfg = _stage2(prepared_sample, tmp_path / "reset", f"{parent_run}@3", steps=5,
                   **{"TrainConfig.reset_optimizer": True})
     pre = preflight.check(cfg)
@@ -196,7 +197,7 @@ def test_length_mixture_upweights_long_documents():
 def test_stage_steps_at_or_below_the_parent_step_name_the_key():
     """``steps`` counts from the first stage, so a stage from @10 with steps = 8 is refused naming both keys."""
     from jaxpt import config as config_lib
-    from jaxpt.errors import ConfigError
+    from jaxpt.util.errors import ConfigError
     cfg = config_lib.parse(["configs/quickstart.gin"], ["TrainConfig.init_from = 'workdirs/parent@10'",
                                                          "TrainConfig.steps = 8", "ModelConfig.vocab_size = 512"])
     with pytest.raises(ConfigError, match=r"TrainConfig.steps = 8 must exceed the step the stage starts from \(10"):

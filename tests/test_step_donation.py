@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from conftest import packed_batch
-from jaxpt import builder
+from jaxpt.run import build as builder
 from jaxpt import config as config_lib
-from jaxpt import step as step_lib
+from jaxpt.training import step as step_lib
 
 B, L, V = 16, 32, 256
 TINY = [f"ModelConfig.vocab_size = {V}", "ModelConfig.d_model = 32", "ModelConfig.num_layers = 2",

@@ -7,9 +7,10 @@ import pytest
 
 from conftest import tiny_bindings
 from jaxpt import config as C
-from jaxpt import monitor, train
+from jaxpt.run import monitor
 
 
+from jaxpt import train
 def run(prepared, workdir, steps, mesh="data=2,fsdp=2,tensor=2", **overrides):
     cfg = C.parse(["configs/quickstart.gin"], tiny_bindings(prepared, workdir, **overrides), steps=steps, mesh=mesh)
     final = train.run_training(cfg)

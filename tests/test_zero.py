@@ -11,10 +11,10 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from conftest import packed_batch
-from jaxpt import builder
+from jaxpt.run import build as builder
 from jaxpt import config as config_lib
 from jaxpt import mesh as mesh_lib
-from jaxpt import state as state_lib
+from jaxpt.training import state as state_lib
 from jaxpt.checkpoint import CheckpointConfig, Checkpointer
 from jaxpt.tools import plan
 

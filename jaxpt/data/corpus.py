@@ -31,8 +31,8 @@ from typing import Any, Iterator, Mapping
 import numpy as np
 
 from jaxpt.data import example_proto
-from jaxpt import fs
-from jaxpt.errors import ConfigError
+from jaxpt.util import fs
+from jaxpt.util.errors import ConfigError
 
 
 def _read_json(path: str) -> Any:
@@ -159,7 +159,7 @@ def domain_source(corpus_dir: str, domain: str) -> DomainSource:
     if domain not in shards:
         raise ValueError(f"{corpus_dir}/mixture.json: no shards for domain {domain!r} (has {sorted(shards)})")
     # ArrayRecord's reader opens local files only: shards in object storage are read from local copies
-    # (:func:`jaxpt.fs.local_copy`, downloaded once per host and cached).
+    # (:func:`jaxpt.util.fs.local_copy`, downloaded once per host and cached).
     return DomainSource([fs.local_copy(p) for p in shards[domain]])
 
 

@@ -6,7 +6,7 @@ Every jaxpt entry point that reads documents reads them here: training (``DataCo
 prepared sample or a corpus version's held-out split), the near-duplicate evaluation and the decontamination
 eval sets of the corpus build.
 
-The contract. A document file is a JSON Lines file (:mod:`jaxpt.jsonl`: plain, gzip or zstd by magic bytes;
+The contract. A document file is a JSON Lines file (:mod:`jaxpt.util.jsonl`: plain, gzip or zstd by magic bytes;
 one trailing newline or none). Each line is one JSON object with
 
 - ``text``: a string (any length, ``""`` included) that encodes as UTF-8;
@@ -17,7 +17,7 @@ Nothing else is accepted: the first line that breaks the contract raises :class:
 ``ConfigError``: exit 2 at every entry point), whose message names the file and the 1-based line, with one
 of the reasons (:data:`REASONS`):
 
-- the line rules of :mod:`jaxpt.jsonl`: ``blank_line``, ``invalid_utf8``, ``bad_json``, ``not_an_object``,
+- the line rules of :mod:`jaxpt.util.jsonl`: ``blank_line``, ``invalid_utf8``, ``bad_json``, ``not_an_object``,
   ``truncated_file`` (a compressed file cut short: the file and the last complete line are named);
 - ``missing_text``: no ``text``, or not a string; ``invalid_utf8`` also for a ``text`` holding a lone
   surrogate (a ``\\ud800`` escape), which cannot be written as UTF-8;
@@ -33,8 +33,8 @@ from __future__ import annotations
 import os
 from typing import Iterable, Iterator
 
-from jaxpt import jsonl
-from jaxpt.errors import FileFormatError
+from jaxpt.util import jsonl
+from jaxpt.util.errors import FileFormatError
 
 REASONS = jsonl.LINE_REASONS + ("missing_text", "bad_id", "missing_field")
 

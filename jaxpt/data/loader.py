@@ -30,7 +30,7 @@ import numpy as np
 
 from jaxpt.data import documents, packing
 from jaxpt.data.tokenizer import Tokenizer
-from jaxpt.errors import ConfigError
+from jaxpt.util.errors import ConfigError
 
 #: Batch keys that go to the devices; `doc_index` stays on the host (for listing a batch's documents).
 DEVICE_KEYS = ("tokens", "segment_ids", "positions")

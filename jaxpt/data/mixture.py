@@ -53,7 +53,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from jaxpt.errors import ConfigError
+from jaxpt.util.errors import ConfigError
 
 #: Host-side batch key: the mixture group of each token, int32 [rows, seq_len] (index into the sorted group
 #: names; -1 for padding). Never sent to the devices.
@@ -214,7 +214,7 @@ class TokenMixIterator:
         stream is endless and never pads).
       first_step: the global step of the first batch (1; a fresh stream of a later stage: its first step).
       step_of_batch: loader batch index (0-based) -> the global step it feeds, for a batch-size ramp where a
-        step takes several batches (:mod:`jaxpt.batch_ramp`); None: ``first_step + index``.
+        step takes several batches (:mod:`jaxpt.training.batch_ramp`); None: ``first_step + index``.
 
     Each ``next`` returns int32 arrays [rows, seq_len]: ``tokens``, ``segment_ids``, ``positions``,
     ``doc_index`` (the layout of :mod:`jaxpt.data.packing`) and :data:`GROUP_KEY`.

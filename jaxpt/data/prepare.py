@@ -41,7 +41,7 @@ import time
 from importlib import metadata
 from typing import Any
 
-from jaxpt import fs
+from jaxpt.util import fs
 from jaxpt.data import documents
 
 FORMAT_VERSION = 1
@@ -189,7 +189,7 @@ def _up_to_date(output: str, inputs: dict[str, Any]) -> dict[str, Any] | None:
 def prepare(source_dir: str | os.PathLike, output: str | os.PathLike,
             settings: PrepareSettings = PrepareSettings(), *, force: bool = False) -> dict[str, Any]:
     """Runs the steps in the module docstring; returns the prepare.json record. ``source_dir`` and ``output``
-    may be local or object storage (``gs://``, through `jaxpt.fs`).
+    may be local or object storage (``gs://``, through `jaxpt.util.fs`).
 
     Raises:
       FileNotFoundError: `source_dir` holds no `*.jsonl.gz` file.

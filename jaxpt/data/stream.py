@@ -13,18 +13,18 @@ import json
 import jax
 import numpy as np
 
-from jaxpt import fs, jsonl
+from jaxpt.util import fs, jsonl
 from jaxpt import mesh as mesh_lib
-from jaxpt.errors import ConfigError
+from jaxpt.util.errors import ConfigError
 
-#: Keys of a device batch; each is an int32 array [B, L] (see :mod:`jaxpt.step`).
+#: Keys of a device batch; each is an int32 array [B, L] (see :mod:`jaxpt.training.step`).
 DEVICE_KEYS = ("tokens", "segment_ids", "positions")
 
 
 def loader_batch_size(cfg) -> int:
     """Global rows of one loader batch: ``global_batch_size``, or with a batch-size ramp the greatest common
-    divisor of its sizes (a step takes several, :func:`next_batch`; :mod:`jaxpt.batch_ramp`)."""
-    from jaxpt import batch_ramp
+    divisor of its sizes (a step takes several, :func:`next_batch`; :mod:`jaxpt.training.batch_ramp`)."""
+    from jaxpt.training import batch_ramp
     return batch_ramp.from_config(cfg).unit
 
 
@@ -57,7 +57,7 @@ def _shard_iterator(cfg, tokenizer, k: int, n: int):
 
     A corpus version, or the sample with ``DataConfig.mixture_weights`` / ``mixture_schedule``, is mixed by
     tokens (:mod:`jaxpt.data.mixture`); the sample without a mixture is read in its natural proportion."""
-    from jaxpt import stage as stage_lib
+    from jaxpt.run import lineage as stage_lib
     from jaxpt.data import mixture
     schedule, key = mixture.schedule_from_config(cfg.data), mixture.config_key(cfg.data)
     rows = loader_batch_size(cfg) // n  # rows of one loader batch (a batch-size ramp takes several a step)
@@ -83,8 +83,8 @@ def _shard_iterator(cfg, tokenizer, k: int, n: int):
 
 def _step_of_batch(cfg, first_step: int):
     """Loader batch index (0-based) -> the global step it feeds under a batch-size ramp (a step of ``B`` rows
-    takes ``B / unit`` loader batches, :mod:`jaxpt.batch_ramp`); None without a ramp (one batch a step)."""
-    from jaxpt import batch_ramp
+    takes ``B / unit`` loader batches, :mod:`jaxpt.training.batch_ramp`); None without a ramp (one batch a step)."""
+    from jaxpt.training import batch_ramp
     ramp = batch_ramp.from_config(cfg)
     if len(ramp.sizes) == 1:
         return None
@@ -169,7 +169,7 @@ class BatchDocumentLog:
 
     ``start_step``: the step the run starts from. When the log holds lines of later steps (a session whose last
     checkpoints were lost; any line, for a fresh run), a marker ``{"step", "superseded_after": start_step}``
-    (-1 for a fresh run) is appended first; :func:`jaxpt.jsonl.drop_superseded` applies it, leaving one line
+    (-1 for a fresh run) is appended first; :func:`jaxpt.util.jsonl.drop_superseded` applies it, leaving one line
     per step. None: plain append.
     """
 

@@ -50,7 +50,7 @@ import numpy as np
 import sentencepiece as spm
 from sentencepiece import sentencepiece_model_pb2
 
-from jaxpt import fs
+from jaxpt.util import fs
 
 PAD_ID = 0
 EOS_ID = 1

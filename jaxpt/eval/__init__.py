@@ -5,5 +5,5 @@ domain and language) and ``probes`` (probe tasks from held-out text; ``decontam`
 ``card`` (versioned eval cards), ``review`` (spot-check sheets, Cohen's kappa), ``regression`` (compare two
 reports), ``seqio_tasks`` (the probes as seqio Tasks; imports TensorFlow), ``harness`` (lm-evaluation-harness
 model adapter; imports lm_eval), ``inloop`` (the train loop's per-domain held-out figures). Greedy generation
-is :mod:`jaxpt.decode`.
+is :mod:`jaxpt.infer.decode`.
 """

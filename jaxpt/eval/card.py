@@ -21,7 +21,7 @@ from typing import Any, Mapping
 
 import yaml
 
-from jaxpt import fs
+from jaxpt.util import fs
 from jaxpt.eval.heldout import GROUPINGS
 from jaxpt.eval.probes import KINDS, TaskSpec
 

@@ -26,7 +26,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from jaxpt import fs
+from jaxpt.util import fs
 
 #: Default relative tolerance of the effective extrapolation length.
 DEFAULT_TOLERANCE = 0.05

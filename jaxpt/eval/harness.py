@@ -17,7 +17,7 @@ The three request types of lm-eval's ``LM`` interface (lm-eval 0.4, ``lm_eval/ap
   log-likelihood of every token of ``text`` after an EOS prefix (lm-eval's convention), in rolling windows of
   the run's ``seq_len`` with ``seq_len // 2`` tokens of context at least.
 ``generate_until((context, gen_kwargs))``
-  greedy continuation (no sampling: ``do_sample`` must be false and ``temperature`` 0) by :func:`jaxpt.decode.greedy`,
+  greedy continuation (no sampling: ``do_sample`` must be false and ``temperature`` 0) by :func:`jaxpt.infer.decode.greedy`,
   stopped at EOS, at the first of the request's own ``until`` strings (cut before it), or after ``max_gen_toks``
   tokens; a context longer than ``max_length - max_gen_toks`` tokens keeps its last ones. Requests are decoded in
   batches; each gives what it would alone.
@@ -34,7 +34,9 @@ import numpy as np
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 
-from jaxpt import decode, fs
+from jaxpt.infer import decode
+
+from jaxpt.util import fs
 from jaxpt.eval import probes
 from jaxpt.eval.scorer import scorer_for_restored
 
@@ -49,7 +51,7 @@ class JaxptLM(LM):
       mesh: mesh spec to restore onto (default: the saved one if it fits, else data=<devices>).
       batch_size: rows per compiled call.
       max_gen_toks: default generation budget when a request does not give one.
-      restored: an already restored checkpoint (:class:`jaxpt.inference.Restored`).
+      restored: an already restored checkpoint (:class:`jaxpt.infer.restore.Restored`).
     """
 
     def __init__(self, workdir: str | None = None, step: int | None = None, mesh: str | None = None,
@@ -90,7 +92,7 @@ class JaxptLM(LM):
         return [scored.get(i, 0.0) for i in range(len(reqs))]
 
     def generate_until(self, requests) -> list[str]:
-        """Greedy continuations (:func:`jaxpt.decode.greedy`), each stopped at EOS, after its ``max_gen_toks``
+        """Greedy continuations (:func:`jaxpt.infer.decode.greedy`), each stopped at EOS, after its ``max_gen_toks``
         (capped at ``max_length - 1``), or before the first of *its own* ``until`` strings (cut there).
 
         Raises:

@@ -21,7 +21,7 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from jaxpt import fs
+from jaxpt.util import fs
 from jaxpt.data import corpus, documents
 from jaxpt.eval.scorer import Scorer, Window, rolling_windows
 

@@ -26,10 +26,10 @@ from __future__ import annotations
 import dataclasses
 import logging
 
-from jaxpt.errors import ConfigError
+from jaxpt.util.errors import ConfigError
 from jaxpt.eval import heldout
 from jaxpt.eval.scorer import Scorer
-from jaxpt.validation import check_types, non_negative, require
+from jaxpt.util.validation import check_types, non_negative, require
 
 log = logging.getLogger("jaxpt.eval.inloop")
 

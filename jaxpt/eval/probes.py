@@ -37,7 +37,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from jaxpt import decode
+from jaxpt.infer import decode
 from jaxpt.eval import decontam
 from jaxpt.eval.heldout import Document
 
@@ -387,8 +387,8 @@ def score_choice_rows(scorer, tokenizer, rows: Sequence[Mapping[str, Any]]) -> l
 
 
 def next_line_greedy(step, tokenizer, prompts: Sequence[np.ndarray], max_new_tokens: int) -> list[decode.Generation]:
-    """Greedy continuations of prompt ids (:func:`jaxpt.decode.greedy` on ``step``, a
-    :class:`jaxpt.decode.DecodeStep`), each stopped at EOS or at its first newline (``text`` cut before it)."""
+    """Greedy continuations of prompt ids (:func:`jaxpt.infer.decode.greedy` on ``step``, a
+    :class:`jaxpt.infer.decode.DecodeStep`), each stopped at EOS or at its first newline (``text`` cut before it)."""
     return decode.greedy(step, prompts, max_new_tokens, eos_id=tokenizer.eos_id,
                          stop_strings=[("\n",)] * len(prompts), tokenizer=tokenizer)
 
@@ -397,7 +397,7 @@ def evaluate_task(scorer, tokenizer, task: TaskExamples, *, max_new_tokens: int 
                   generator=None) -> dict[str, float]:
     """Metrics of one task computed directly (no seqio): the same rows and metric functions as the seqio Task.
 
-    ``generator``: the :class:`jaxpt.decode.DecodeStep` of generate tasks (default ``scorer.decode_step()``; a
+    ``generator``: the :class:`jaxpt.infer.decode.DecodeStep` of generate tasks (default ``scorer.decode_step()``; a
     wider batch amortizes the per-step calls)."""
     if task.spec.is_choice:
         rows = choice_rows(task.examples)

@@ -20,8 +20,8 @@ import math
 import re
 from typing import Any, Iterable, Sequence
 
-from jaxpt import jsonl
-from jaxpt.errors import FileFormatError
+from jaxpt.util import jsonl
+from jaxpt.util.errors import FileFormatError
 from jaxpt.eval.heldout import Document
 from jaxpt.eval.probes import _seeded_order
 
@@ -107,7 +107,7 @@ def read_sheet(path: str) -> list[dict[str, Any]]:
     """Rows of a review sheet, in file order.
 
     Raises:
-      FileFormatError: (a ConfigError) a line breaks the JSON Lines rules of :mod:`jaxpt.jsonl` (a blank line,
+      FileFormatError: (a ConfigError) a line breaks the JSON Lines rules of :mod:`jaxpt.util.jsonl` (a blank line,
         not JSON, not an object, ...), naming ``file:line`` and the reason.
     """
     return jsonl.read_objects(path)

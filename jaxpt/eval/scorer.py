@@ -1,5 +1,5 @@
 """Score token sequences with a model: per-token log-likelihoods and rolling windows. (Greedy generation is
-:mod:`jaxpt.decode`; :meth:`Scorer.decode_step` gives it a step over the same params and mesh.)
+:mod:`jaxpt.infer.decode`; :meth:`Scorer.decode_step` gives it a step over the same params and mesh.)
 
 All scoring in :mod:`jaxpt.eval` goes through one compiled function, :func:`token_scores`, on fixed-shape
 ``[B, L]`` batches sharded over the run's mesh, so an evaluation compiles once and reuses the program.
@@ -29,9 +29,9 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxpt import mesh as mesh_lib
-from jaxpt import progress as progress_lib
-from jaxpt.decode import NoCacheStep
-from jaxpt.kv_cache import KVCacheStep
+from jaxpt.util import progress as progress_lib
+from jaxpt.infer.decode import NoCacheStep
+from jaxpt.infer.kv_cache import KVCacheStep
 
 
 @dataclasses.dataclass(frozen=True)
@@ -202,7 +202,7 @@ class Scorer:
         """Sum of scored log-probabilities per window (float64), whether each was greedy, and counts.
 
         The result does not depend on ``pack`` or the batch size beyond float32 rounding of the model itself.
-        ``progress``: a description to report batches done under (:class:`jaxpt.progress.Progress`: a bar on a
+        ``progress``: a description to report batches done under (:class:`jaxpt.util.progress.Progress`: a bar on a
         terminal, periodic lines with count and ETA otherwise); None reports nothing.
         """
         W = len(windows)
@@ -264,9 +264,9 @@ class Scorer:
         return [(float(a), bool(b)) for a, b in zip(out_lp, out_greedy)]
 
     def decode_step(self, batch_size: int | None = None, *, kv_cache: bool = True) -> KVCacheStep | NoCacheStep:
-        """A :class:`jaxpt.kv_cache.KVCacheStep` (``kv_cache=False``: the cache-free reference
-        :class:`jaxpt.decode.NoCacheStep`) over this scorer's params, mesh, rules, ``seq_len`` and pad id
-        (``batch_size`` rows per call, default this scorer's), for :func:`jaxpt.decode.greedy`."""
+        """A :class:`jaxpt.infer.kv_cache.KVCacheStep` (``kv_cache=False``: the cache-free reference
+        :class:`jaxpt.infer.decode.NoCacheStep`) over this scorer's params, mesh, rules, ``seq_len`` and pad id
+        (``batch_size`` rows per call, default this scorer's), for :func:`jaxpt.infer.decode.greedy`."""
         return (KVCacheStep if kv_cache else NoCacheStep)(self.graphdef, self.params, self.mesh, self.rules, seq_len=self.seq_len,
                            batch_size=batch_size or self.batch_size, pad_id=self.pad_id)
 

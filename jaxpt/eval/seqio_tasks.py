@@ -13,7 +13,7 @@ Each card task becomes ``seqio.TaskRegistry`` entry ``jaxpt.<task_set_version>.<
   metric over greedy continuations), with a ``postprocess_fn`` that turns a row into what the metric reads.
 
 :func:`evaluate_with_seqio` runs ``seqio.Evaluator`` (:class:`PassThroughConverter`, no packing) with a
-``score_fn`` backed by :class:`jaxpt.eval.scorer.Scorer` and a ``predict_fn`` backed by :func:`jaxpt.decode.greedy`.
+``score_fn`` backed by :class:`jaxpt.eval.scorer.Scorer` and a ``predict_fn`` backed by :func:`jaxpt.infer.decode.greedy`.
 Importing this module imports TensorFlow (through seqio); :mod:`jaxpt.eval.probes` scores the same rows without it.
 """
 
@@ -129,7 +129,7 @@ def evaluate_with_seqio(task_set_version: str, tasks: Mapping[str, probes.TaskEx
                         max_new_tokens: int, generator=None) -> dict[str, dict[str, float]]:
     """Register the tasks and evaluate each with ``seqio.Evaluator``; returns ``{task: metrics}``.
 
-    ``scorer`` scores choices; ``generator`` (a :class:`jaxpt.decode.DecodeStep`, default
+    ``scorer`` scores choices; ``generator`` (a :class:`jaxpt.infer.decode.DecodeStep`, default
     ``scorer.decode_step()``) decodes greedily."""
     registered = register(task_set_version, tasks, tokenizer.as_seqio_vocabulary())
     generator = generator or scorer.decode_step()

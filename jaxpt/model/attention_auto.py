@@ -7,14 +7,14 @@
 * ``auto`` on a CUDA GPU: ``cudnn`` (:mod:`jaxpt.model.attention_cudnn`), which falls back as ``cudnn`` does.
 * ``cudnn`` on a CUDA GPU: itself when cuDNN's flash kernel takes the shapes
   (:func:`jaxpt.model.attention_cudnn.unsupported_reason`), else the off-accelerator choice below, with the
-  reason recorded; on any other platform a :class:`~jaxpt.errors.ConfigError`.
+  reason recorded; on any other platform a :class:`~jaxpt.util.errors.ConfigError`.
 * ``auto`` elsewhere (CPU, ROCm): ``blockwise`` for rows of :data:`LONG_ROW` tokens or more (memory O(L x block)),
   ``xla`` below (fastest at short rows).
 
 The platform is that of the mesh the step is traced for (:func:`jaxpt.mesh.activation_sharding`), so a
 compile-only TPU topology on a CPU host chooses ``splash``. What runs is never silent: the first trace of
 each (requested, used, reason) is logged on ``jaxpt.attention`` (a warning when it is a fallback), and
-:func:`resolve_for` gives the same answer to reports (``jaxpt.compile``'s ``attention_impl_used``, the train
+:func:`resolve_for` gives the same answer to reports (``jaxpt.tools.compile``'s ``attention_impl_used``, the train
 loop's ``start`` record) before anything is traced. Which implementation runs depends on the target, so
 ``auto`` and ``cudnn`` declare no auxiliary output: ``max_attention_logit`` is absent under them, never faked.
 """
@@ -26,7 +26,7 @@ from typing import NamedTuple, Sequence
 
 import jax
 
-from jaxpt.errors import ConfigError
+from jaxpt.util.errors import ConfigError
 from jaxpt.model import attention_blockwise, attention_cudnn, attention_splash
 from jaxpt.model.attention import _xla_saved_tensors, register_attention, xla_attention
 from jaxpt.model.config import ModelConfig

@@ -22,9 +22,9 @@ GQA goes to cuDNN as is (K kv heads, K dividing H). The argument construction is
 which is how the tests check them on CPU (:func:`cudnn_attention` itself only runs on a GPU).
 
 Fallback, decided by :func:`jaxpt.model.attention_auto.resolve` before tracing and never silent (logged once
-per cause; ``jaxpt.compile`` reports ``attention_impl_used``, the train loop's ``start`` record too):
+per cause; ``jaxpt.tools.compile`` reports ``attention_impl_used``, the train loop's ``start`` record too):
 
-* on a non-GPU platform ``cudnn`` is a :class:`~jaxpt.errors.ConfigError` (nothing would run cuDNN; ``auto``
+* on a non-GPU platform ``cudnn`` is a :class:`~jaxpt.util.errors.ConfigError` (nothing would run cuDNN; ``auto``
   is the portable choice);
 * on a GPU where cuDNN's flash kernel cannot take the shapes (:func:`unsupported_reason`: compute dtype not
   bfloat16/float16, head_dim not a multiple of 8 or above 128, 256 on Hopper, or an odd row length, which cuDNN

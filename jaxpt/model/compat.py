@@ -5,7 +5,7 @@ Used to refuse a checkpoint of another model before any array is read
 config are built (``nnx.eval_shape``, no arrays allocated) and compared, and a differing field is blamed
 when its value alone changes the params. A field that changes no param (``rope_theta`` and every RoPE scaling
 setting, ``max_seq_len``, ``remat_policy``, ``attention_impl``, ``compute_dtype``, ...) never makes two configs
-incompatible: that is what lets a long-context stage (:mod:`jaxpt.stage`) continue a checkpoint with new RoPE
+incompatible: that is what lets a long-context stage (:mod:`jaxpt.run.lineage`) continue a checkpoint with new RoPE
 settings and a longer row. Such a change still changes numerics, so it is reported (resume) or recorded (stage).
 """
 

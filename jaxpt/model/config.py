@@ -9,7 +9,7 @@ from typing import Literal
 import jax.numpy as jnp
 
 from jaxpt.model.rope import RopeScaling
-from jaxpt.validation import check_types, non_negative, positive, require
+from jaxpt.util.validation import check_types, non_negative, positive, require
 
 Dtype = Literal["float32", "bfloat16", "float16"]
 RematPolicy = Literal["none", "full", "dots", "dots_no_batch", "save_qkv_proj"]
@@ -95,7 +95,7 @@ class ModelConfig:
         float rounding. Changes no parameter.
       loss_chunk_size: tokens per chunk (along the sequence) in which the train and eval steps compute the
         output logits and the cross-entropy, forward and backward, so the [B, L, V] float32 logits never exist
-        whole (:func:`jaxpt.step.chunked_token_losses`); 0: all at once. Changes no parameter.
+        whole (:func:`jaxpt.training.step.chunked_token_losses`); 0: all at once. Changes no parameter.
       pipeline_microbatches: with a ``stage`` mesh axis of size S > 1, the micro-batches ``M`` each model call's
         batch is cut into and streamed through the stages (:mod:`jaxpt.model.pipeline`); 0: ``M = S``. More
         micro-batches shrink the bubble ``(S - 1) / (M R + S - 1)`` at the cost of smaller matmuls. Unused

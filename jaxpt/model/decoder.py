@@ -178,7 +178,7 @@ class Decoder(nnx.Module):
     def hidden(self, tokens_BxL: jax.Array, segment_ids_BxL: jax.Array, positions_BxL: jax.Array):
         """The final hidden states, before the output projection: ``(x [B, L, D] in the compute dtype,
         after the final norm; aux as in :meth:`__call__`)``. With :meth:`output_weights` this lets a loss
-        compute the logits a chunk at a time (:func:`jaxpt.step.chunked_token_losses`).
+        compute the logits a chunk at a time (:func:`jaxpt.training.step.chunked_token_losses`).
 
         With context parallelism (the ``length`` axis sharded, :mod:`jaxpt.model.context_parallel`) the blocks
         run on the row in load-balanced (zigzag) order; the hidden states come back in the natural order."""

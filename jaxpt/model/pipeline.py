@@ -42,7 +42,7 @@ def bubble_fraction(stages: int, microbatches: int, repeats: int = 1) -> float:
 
 def split_microbatches(x: jax.Array, num: int) -> jax.Array:
     """``[B, ...] -> [num, B / num, ...]``, micro-batch ``j`` holding rows ``j, j + num, ...`` (strided, so each
-    stays spread over the data-parallel shards, as :func:`jaxpt.step.split_microbatches`)."""
+    stays spread over the data-parallel shards, as :func:`jaxpt.training.step.split_microbatches`)."""
     B = x.shape[0]
     return jnp.swapaxes(x.reshape(B // num, num, *x.shape[1:]), 0, 1)
 

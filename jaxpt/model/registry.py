@@ -1,6 +1,6 @@
 """Named implementations of a model part (attention, MLP), chosen by a :class:`ModelConfig` field.
 
-(Not to be confused with :mod:`jaxpt.registry`, the registry of training runs.)
+(Not to be confused with :mod:`jaxpt.run.record`, the registry of training runs.)
 
 Adding an implementation is one registered function or module class plus one config value::
 
@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Mapping, NamedTuple
 
-from jaxpt.errors import ConfigError
+from jaxpt.util.errors import ConfigError
 from jaxpt.model.auxiliary import AuxSpec
 from jaxpt.model.config import ModelConfig
 

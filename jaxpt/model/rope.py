@@ -1,6 +1,6 @@
 """Rotary position embedding (RoPE) and its context-extension scalings: the one place RoPE is computed.
 
-Every path that runs the model (the train and eval steps, held-out scoring, :mod:`jaxpt.decode` generation,
+Every path that runs the model (the train and eval steps, held-out scoring, :mod:`jaxpt.infer.decode` generation,
 :func:`jaxpt.restore`) goes through :class:`jaxpt.model.attention.Attention`, which calls :func:`apply_rope` with
 :func:`rope_frequencies` of the model's :class:`~jaxpt.model.config.ModelConfig`; so training, evaluation and
 generation rotate by the same frequencies. No scaling adds or changes a parameter: a checkpoint restores under

@@ -26,8 +26,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from jaxpt import fs
-from jaxpt.errors import ConfigError
+from jaxpt.util import fs
+from jaxpt.util.errors import ConfigError
 
 
 class RandomTokens:
@@ -93,7 +93,7 @@ def _f(v: Any) -> str:
 
 
 def _logged_event(workdir: str, step: int) -> dict[str, Any]:
-    from jaxpt import monitor
+    from jaxpt.run import monitor
     events = [r for r in monitor.read_metrics(workdir) if r["step"] == step
               and r.get("event") in ("spike_skip", "nonfinite_skip")]
     return events[-1] if events else {}

@@ -27,7 +27,7 @@ killed trainer finished minus the step resumed at). The report is written to
 the drill itself could not run (a trainer failed, a timeout).
 
 The trainer keeps its persistent compilation cache on, as in production (``TrainConfig.compilation_cache_dir =
-'auto'``: ``<run workdir>/jax_cache``, :mod:`jaxpt.compile_cache`), so a restart loads its programs instead of
+'auto'``: ``<run workdir>/jax_cache``, :mod:`jaxpt.run.compile_cache`), so a restart loads its programs instead of
 recompiling them. ``--compilation-cache off`` turns it off for the interrupted run; ``both`` runs the same kill plan
 twice, with the cache (``interrupted/``) and without (``interrupted_nocache/``), checks both against the reference
 and reports the recovery times side by side (``summary.recovery_time_s_mean_without_cache``).
@@ -50,8 +50,10 @@ from typing import Any
 
 import numpy as np
 
-from jaxpt import fs, jsonl, monitor
-from jaxpt.errors import FileFormatError
+from jaxpt.util import fs, jsonl
+
+from jaxpt.run import monitor
+from jaxpt.util.errors import FileFormatError
 
 #: Per-step metrics that must be identical in a resumed run (timing figures are not).
 DETERMINISTIC_KEYS = ("loss", "z_loss", "grad_norm", "learning_rate", "num_target_tokens")
@@ -129,7 +131,7 @@ class MetricsTail:
 
     ``offset`` is always the start of a line: an unfinished last line is read again at the next poll, so a
     trainer that is killed mid-line and restarted (its writer cuts the half line off before appending) is read
-    correctly. Lines are parsed by :func:`jaxpt.monitor.parse_metrics_line` (MetricsFormatError on a bad one).
+    correctly. Lines are parsed by :func:`jaxpt.run.monitor.parse_metrics_line` (MetricsFormatError on a bad one).
     """
 
     def __init__(self, workdir: str):
@@ -287,7 +289,7 @@ def _watch(proc, tail: MetricsTail, launch: Launch, kill: Kill | None, workdir: 
 
 def step_records(workdir: str) -> dict[int, list[dict]]:
     """Every per-step metrics record of a workdir, grouped by step, superseded ones included (a step re-run after
-    a resume appears more than once: each must match the reference). Raises as :func:`jaxpt.monitor.read_metrics`."""
+    a resume appears more than once: each must match the reference). Raises as :func:`jaxpt.run.monitor.read_metrics`."""
     out: dict[int, list[dict]] = {}
     for rec in monitor.read_metrics(workdir, superseded=True):
         if "loss" in rec and "event" not in rec:

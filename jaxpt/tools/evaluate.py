@@ -26,8 +26,8 @@ import sys
 import time
 from typing import Any, Sequence
 
-from jaxpt import progress as progress_lib
-from jaxpt import fs
+from jaxpt.util import progress as progress_lib
+from jaxpt.util import fs
 
 log = logging.getLogger("jaxpt.tools.evaluate")
 
@@ -118,8 +118,8 @@ def _task_entry(card, te, metrics: dict[str, float], use_seqio: bool) -> dict[st
 
 def write_review_sheet(restored, card, step, path: str, workdir: str) -> dict[str, Any]:
     """Generate greedily from every spot-check prompt (stopped at EOS) and write the review sheet; returns its
-    summary. ``step``: the :class:`jaxpt.decode.DecodeStep` to decode with (its class and batch size are kept)."""
-    from jaxpt import decode
+    summary. ``step``: the :class:`jaxpt.infer.decode.DecodeStep` to decode with (its class and batch size are kept)."""
+    from jaxpt.infer import decode
     from jaxpt.eval import probes, review
     spot = card.spot_check
     prompts = review.read_prompts(spot.prompts_path)

@@ -23,7 +23,7 @@ Three questions, three parts of this module:
      non-embedding parameters; ``D = C / 6N``. It puts far more of the budget into parameters.
 
    Training FLOPs are ``6 N D`` (Kaplan et al. sec. 2.1); with a model config they are
-   :func:`jaxpt.flops.flops_per_token` times ``D`` (matmul params plus causal attention, the MFU
+   :func:`jaxpt.training.flops.flops_per_token` times ``D`` (matmul params plus causal attention, the MFU
    convention), and ``6 N D`` with total ``N`` is printed beside it. Wall-clock days on a named slice
    (``--hardware v5p-256 --mfu 0.45``) are ``FLOPs / (chips * peak * MFU) / 86400``.
 
@@ -64,9 +64,9 @@ import re
 import sys
 from typing import Any, Mapping
 
-from jaxpt import flops as flops_lib
+from jaxpt.training import flops as flops_lib
 from jaxpt import mesh as mesh_lib
-from jaxpt.errors import report_cli_error
+from jaxpt.util.errors import report_cli_error
 from jaxpt.model.config import ModelConfig
 from jaxpt.model.decoder import count_params
 
@@ -158,7 +158,7 @@ def kaplan_budget_for_params(n_params: float) -> float:
 
 @dataclasses.dataclass(frozen=True)
 class Accelerator:
-    """One chip type. ``peak_flops``: dense bf16 FLOP/s per chip (:data:`jaxpt.flops.PEAK_FLOPS_BF16`);
+    """One chip type. ``peak_flops``: dense bf16 FLOP/s per chip (:data:`jaxpt.training.flops.PEAK_FLOPS_BF16`);
     ``memory_bytes``: HBM per chip (vendor figure; the runtime reserves a little of it);
     ``cores_per_chip``: TensorCores per chip, which TPU v4/v5p slice names count (v5p-256 = 128 chips);
     ``ici_bytes_per_s``: a chip's interconnect bandwidth, both directions of all its links together (Google
@@ -444,10 +444,10 @@ def param_elements(cfg: ModelConfig, rules, sizes) -> tuple[int, int, int]:
 
     With scanned layers and a remat policy, the blocks' gathered weights are counted for two layers (the one
     computing and the next one's gather in flight), not all: XLA then gathers inside the loop, once per layer
-    per pass. Measured with ``python -m jaxpt.compile``: Llama-3-8B on v5p-128 compiles to 12.5 GiB per chip,
+    per pass. Measured with ``python -m jaxpt.tools.compile``: Llama-3-8B on v5p-128 compiles to 12.5 GiB per chip,
     where counting every layer's gathered bf16 weights alone would be 14 GiB.
     """
-    from jaxpt.state import abstract_model  # model building imports flax; keep `import jaxpt.tools.plan` light
+    from jaxpt.training.state import abstract_model  # model building imports flax; keep `import jaxpt.tools.plan` light
 
     _, params = abstract_model(cfg)
     c_rules = compute_rules(rules)
@@ -617,7 +617,7 @@ def pipeline_buffer_bytes(cfg: ModelConfig, batch: int, seq_len: int, rules, siz
 def logits_bytes(cfg: ModelConfig, batch: int, seq_len: int, rules, sizes: Mapping[str, int]) -> int:
     """Per-device bytes of the fp32 logits and their gradient, alive together at the loss (``2 B L V`` x 4,
     divided by the shards of ``batch`` and ``vocab``); with ``cfg.loss_chunk_size`` only one chunk's
-    (``2 B chunk V`` x 4: :func:`jaxpt.step.chunked_token_losses`)."""
+    (``2 B chunk V`` x 4: :func:`jaxpt.training.step.chunked_token_losses`)."""
     rows = min(cfg.loss_chunk_size, seq_len) if cfg.loss_chunk_size else seq_len
     return 2 * 4 * local_elements((batch, rows, cfg.vocab_size), ("batch", "length", "vocab"), rules, sizes)
 
@@ -625,7 +625,7 @@ def logits_bytes(cfg: ModelConfig, batch: int, seq_len: int, rules, sizes: Mappi
 def zero_factor(rules, sizes: Mapping[str, int]) -> int:
     """How many ways ``TrainConfig.shard_optimizer_state`` (ZeRO-1) splits the optimizer state and the update beyond
     the params' own sharding: the product of the data-parallel axes (those of ``batch`` and ``length``) that the
-    ``embed`` rule (FSDP) does not already use (:func:`jaxpt.state.zero_sharding`). An estimate: it assumes every
+    ``embed`` rule (FSDP) does not already use (:func:`jaxpt.training.state.zero_sharding`). An estimate: it assumes every
     param has a dimension that product divides (true of the usual power-of-two shapes)."""
     from jaxpt.mesh import _rules_dict  # the same first-rule-wins reading as the specs
     table = _rules_dict(rules)
@@ -762,7 +762,7 @@ def plan_params(n_params: float) -> dict[str, Any]:
 def plan_config(cfg, sizes: Mapping[str, int], hw: Slice | None, tokens: float | None = None,
                 mfu: float = 0.4) -> dict[str, Any]:
     """Plan for a model config on a mesh: params by kind, Chinchilla tokens for its size (or ``tokens``),
-    FLOPs with attention (:func:`jaxpt.flops.flops_per_token`: active params of a mixture of experts), the
+    FLOPs with attention (:func:`jaxpt.training.flops.flops_per_token`: active params of a mixture of experts), the
     per-device memory estimate (all expert params), and for a mixture of experts the all-to-all estimate
     (:func:`all_to_all_estimate`). Chinchilla's tokens follow the total param count."""
     m = cfg.model
@@ -861,12 +861,12 @@ def _format_memory(mem: dict[str, Any], mesh: str, policy: str) -> str:
 
 def resolve_vocab(cfg):
     """``cfg`` with ``ModelConfig.vocab_size`` resolved from the tokenizer when it is 0
-    (:func:`jaxpt.builder.resolve_vocab`, imported on use so ``import jaxpt.tools.plan`` stays light).
+    (:func:`jaxpt.run.build.resolve_vocab`, imported on use so ``import jaxpt.tools.plan`` stays light).
 
     Raises:
       ConfigError: vocab size 0 and no tokenizer at ``DataConfig.tokenizer_path``.
     """
-    from jaxpt.builder import resolve_vocab as resolve
+    from jaxpt.run.build import resolve_vocab as resolve
     return resolve(cfg)
 
 

@@ -1,4 +1,4 @@
-"""``python -m jaxpt.tools.runs list|show|compare|plot``: read the run registry (:mod:`jaxpt.registry`).
+"""``python -m jaxpt.tools.runs list|show|compare|plot``: read the run registry (:mod:`jaxpt.run.record`).
 
     python -m jaxpt.tools.runs list [ROOT]                # a table over every run.json under ROOT (default: workdirs)
     python -m jaxpt.tools.runs show RUN [--goodput-plot goodput.png]   # RUN is a workdir or a run id under ROOT
@@ -16,9 +16,11 @@ import re
 import sys
 from typing import Any
 
-from jaxpt import fs, monitor
-from jaxpt.errors import ConfigError
-from jaxpt.registry import RUN_FILE
+from jaxpt.util import fs
+
+from jaxpt.run import monitor
+from jaxpt.util.errors import ConfigError
+from jaxpt.run.record import RUN_FILE
 
 
 # ------------------------------------------------------------------------------------------- reading
@@ -60,9 +62,9 @@ def find_runs(root: str) -> list[dict[str, Any]]:
 
 def read_curves(workdir: str) -> dict[str, list[tuple[int, float]]]:
     """``{metric: [(step, value), ...]}`` for loss, grad_norm and learning_rate from metrics.jsonl (empty lists
-    when there is none), one value per step in step order: :func:`jaxpt.monitor.read_metrics` leaves out records a
+    when there is none), one value per step in step order: :func:`jaxpt.run.monitor.read_metrics` leaves out records a
     resume or rollback superseded, and of any step still logged twice (a log written before supersede markers)
-    the last value is kept. Raises MetricsFormatError as :func:`jaxpt.monitor.read_metrics`."""
+    the last value is kept. Raises MetricsFormatError as :func:`jaxpt.run.monitor.read_metrics`."""
     curves: dict[str, dict[int, float]] = {"loss": {}, "grad_norm": {}, "learning_rate": {}}
     if fs.exists(monitor.metrics_path(workdir)):
         for rec in monitor.read_metrics(workdir):
@@ -77,7 +79,7 @@ def read_expert_shares(workdir: str, metric: str = "expert_share"
     """``{moe_layer: {expert: [(step, share), ...]}}`` from the ``moe/{metric}/layer{j}/expert{i}`` series of
     metrics.jsonl (a mixture-of-experts run; empty otherwise), superseded records left out as in
     :func:`read_curves`. ``metric``: ``expert_share`` (the realized routing) or ``router_share`` (the plain top-k
-    of the router alone; :mod:`jaxpt.model.moe`). Raises MetricsFormatError as :func:`jaxpt.monitor.read_metrics`."""
+    of the router alone; :mod:`jaxpt.model.moe`). Raises MetricsFormatError as :func:`jaxpt.run.monitor.read_metrics`."""
     pattern = re.compile(rf"^moe/{re.escape(metric)}/layer(\d+)/expert(\d+)$")
     out: dict[int, dict[int, dict[int, float]]] = {}
     if fs.exists(monitor.metrics_path(workdir)):
@@ -169,7 +171,7 @@ def cmd_show(rec: dict[str, Any]) -> str:
 
 
 def goodput_rows(rec: dict[str, Any]) -> list[dict[str, Any]]:
-    """One row per session with a recorded ``goodput`` (:class:`jaxpt.monitor.Goodput`), plus a ``total`` row:
+    """One row per session with a recorded ``goodput`` (:class:`jaxpt.run.monitor.Goodput`), plus a ``total`` row:
     ``{"session", "steps", <category seconds>..., "wall_s", "goodput"}``."""
     rows = []
     for i, s in enumerate(rec.get("sessions", [])):
@@ -279,7 +281,7 @@ def cmd_diagnose(args) -> str:
     injector = None
     if args.inject_random_tokens is not None:
         from jaxpt import config as config_lib
-        from jaxpt.builder import resolve_vocab
+        from jaxpt.run.build import resolve_vocab
         cfg = resolve_vocab(config_lib.parse([fs.join(args.workdir, "config.gin")]))
         injector = diagnose.RandomTokens(args.inject_random_tokens, cfg.model.vocab_size, args.inject_seed)
     return diagnose.diagnose(args.workdir, args.step, args.refs, injector).text()

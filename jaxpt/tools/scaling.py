@@ -37,9 +37,9 @@ import gin
 import numpy as np
 
 from jaxpt import config as config_lib
-from jaxpt import flops as flops_lib
-from jaxpt import fs
-from jaxpt import jsonl
+from jaxpt.training import flops as flops_lib
+from jaxpt.util import fs
+from jaxpt.util import jsonl
 from jaxpt.tools import plan
 from jaxpt.config import ConfigError
 from jaxpt.model.config import ModelConfig
@@ -151,7 +151,7 @@ def param_counts(cfg: config_lib.TrainConfig) -> dict[str, int]:
 def read_runs(paths: Sequence[str]) -> list[dict[str, Any]]:
     """Records of ``runs.jsonl`` files (or directories holding one), in order.
 
-    ``runs.jsonl`` follows the JSON Lines rules of :mod:`jaxpt.jsonl`; a half-written last line (a grid run
+    ``runs.jsonl`` follows the JSON Lines rules of :mod:`jaxpt.util.jsonl`; a half-written last line (a grid run
     killed mid-append) is skipped, and `run_grid` cuts it off before appending again.
 
     Raises:

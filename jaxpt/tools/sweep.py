@@ -16,8 +16,8 @@ For each ``--mesh``:
    tokens, each row packed with 1 to 4 documents (segment ids and restarting positions), two batches
    placed on the devices beforehand and alternated, so the figures measure the train step and not the
    input pipeline. Step time is wall time over the timed steps, ended by one ``block_until_ready``;
-   tokens/s, TFLOP/s per device and MFU follow :class:`jaxpt.monitor.Throughput` and
-   :mod:`jaxpt.flops` (on CPU the peak is the measured matmul peak, as in training).
+   tokens/s, TFLOP/s per device and MFU follow :class:`jaxpt.run.monitor.Throughput` and
+   :mod:`jaxpt.training.flops` (on CPU the peak is the measured matmul peak, as in training).
 4. **Collective share**: ``--profile-steps`` more steps run under ``jax.profiler.trace`` with a Perfetto
    trace; the share is the summed duration of the trace's collective-op events (all-gather, all-reduce,
    reduce-scatter, all-to-all, collective-permute and their async ``-start``/``-done`` halves, NCCL
@@ -55,12 +55,12 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 
-from jaxpt import builder as builder_lib
+from jaxpt.run import build as builder_lib
 from jaxpt import config as config_lib
-from jaxpt import flops as flops_lib
-from jaxpt import fs
+from jaxpt.training import flops as flops_lib
+from jaxpt.util import fs
 from jaxpt import mesh as mesh_lib
-from jaxpt import monitor
+from jaxpt.run import monitor
 from jaxpt.config import ConfigError, TrainConfig
 from jaxpt.tools import plan
 
@@ -194,7 +194,7 @@ class _Compiled:
 
 
 def lower(cfg: TrainConfig, devices) -> "builder_lib.Built":
-    """The run's program for ``cfg`` on ``devices``, built by :func:`jaxpt.builder.build` exactly as
+    """The run's program for ``cfg`` on ``devices``, built by :func:`jaxpt.run.build.build` exactly as
     ``jaxpt.train`` builds it (gradient accumulation, stability policy, clipping, z-loss, schedule)."""
     return builder_lib.build(cfg, devices=devices)
 

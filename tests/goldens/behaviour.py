@@ -7,7 +7,7 @@ Recorded values (one JSON file per jax version, ``behaviour-jax<version>.json``)
   ``data=2,fsdp=2,tensor=2``, a ``stage=2`` and a ``sequence=2`` layout; a layout a config cannot run is
   recorded as its refusal message.
 * ``dry_run``: the text of ``python -m jaxpt.train --dry-run`` for the quickstart (the workdir as ``<tmp>``).
-* ``compile``: ``python -m jaxpt.compile --topology cpu:8 --json`` for each slice preset on the quickstart model
+* ``compile``: ``python -m jaxpt.tools.compile --topology cpu:8 --json`` for each slice preset on the quickstart model
   (``blockwise`` attention: the presets' ``splash`` kernel is TPU-only), timings left out.
 * ``run``: a 50-step quickstart-model run: every logged loss, the final held-out figures, ``config.gin``, the
   newest checkpoint's meta and ``run.json`` (ids, times, paths and versions left out).
@@ -75,7 +75,7 @@ def _scrub(text: str, tmp: pathlib.Path) -> str:
 def hlo_fingerprints(prepared: pathlib.Path) -> dict[str, str]:
     """``{'<config> <layout>': sha256 of the lowered train step, or 'refused: <message>'}``."""
     from jaxpt import config as config_lib
-    from jaxpt.errors import ConfigError
+    from jaxpt.util.errors import ConfigError
     build = _build_function()
     out = {}
     for name, files in CONFIGS.items():
@@ -92,7 +92,7 @@ def _build_function():
     try:
         from jaxpt.run.build import build
     except ImportError:
-        from jaxpt.builder import build
+        from jaxpt.run.build import build
     return build
 
 
@@ -132,7 +132,7 @@ def dry_run_text(prepared: pathlib.Path, tmp: pathlib.Path) -> str:
 
 
 def compile_reports(prepared: pathlib.Path) -> dict[str, dict]:
-    from jaxpt import compile as compile_lib
+    from jaxpt.tools import compile as compile_lib
     main = getattr(compile_lib, "main")
     out = {}
     for s in SLICES:

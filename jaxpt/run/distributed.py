@@ -30,7 +30,7 @@ import os
 
 import jax
 
-log = logging.getLogger("jaxpt.distributed")
+log = logging.getLogger("jaxpt.run.distributed")
 
 #: Seconds a process waits for the others at start-up and for a missing peer before failing.
 DEFAULT_TIMEOUT_S = 120
@@ -131,6 +131,6 @@ def initialize(args: argparse.Namespace | None = None) -> dict:
 
 
 def log_startup(info: dict) -> None:
-    """Logs (INFO, ``jaxpt.distributed``) which start-up path :func:`initialize` took."""
+    """Logs (INFO, ``jaxpt.run.distributed``) which start-up path :func:`initialize` took."""
     log.info("distributed: %s via %s (process %d of %d)", info["mode"], info["how"], info["process_index"],
              info["process_count"])

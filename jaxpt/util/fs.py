@@ -180,7 +180,7 @@ def open(p: str | os.PathLike, mode: str = "r", **kwargs) -> IO:  # noqa: A001 -
     if not is_remote(p):
         return builtins.open(p, mode, **kwargs)
     if "a" in mode:
-        raise ValueError(f"{p}: object storage cannot append; use jaxpt.fs.append_text")
+        raise ValueError(f"{p}: object storage cannot append; use jaxpt.util.fs.append_text")
     if kwargs.get("encoding") not in (None, "utf-8", "utf8"):
         raise ValueError(f"{p}: only utf-8 text on object storage")
     return path(p).open(mode)

@@ -1,6 +1,6 @@
 """The communication share of profiled train steps, by mesh axis, from a ``jax.profiler`` Perfetto trace.
 
-The loop's profile window (``TrainConfig.profile_steps``, :class:`jaxpt.hooks.ProfileHook`) writes a trace with
+The loop's profile window (``TrainConfig.profile_steps``, :class:`jaxpt.run.hooks.ProfileHook`) writes a trace with
 ``create_perfetto_trace=True``; :func:`comm_share_by_axis` reads its ``perfetto_trace.json.gz``:
 
 * **device time**: per device and program run (the ``device_ordinal`` and ``run_id`` of the op events), the

@@ -17,14 +17,14 @@ from typing import Any
 
 import jax
 
-from jaxpt import batch_ramp
-from jaxpt import builder as builder_lib
+from jaxpt.training import batch_ramp
+from jaxpt.run import build as builder_lib
 from jaxpt import config as config_lib
-from jaxpt import fs
+from jaxpt.util import fs
 from jaxpt.config import TrainConfig
-from jaxpt.errors import ConfigError
+from jaxpt.util.errors import ConfigError
 
-log = logging.getLogger("jaxpt.preflight")
+log = logging.getLogger("jaxpt.run.resolve")
 
 
 @dataclasses.dataclass
@@ -39,7 +39,7 @@ class Preflight:
       resume_step: the newest committed checkpoint's step (0: none, the run starts fresh).
       resume_meta: that checkpoint's ``meta`` item ({} when none).
       notes: saved settings ignored, and settings changed since the checkpoint (reported, not refused).
-      parent: the checkpoint a new stage starts from (``TrainConfig.init_from``, :class:`jaxpt.stage.Parent`);
+      parent: the checkpoint a new stage starts from (``TrainConfig.init_from``, :class:`jaxpt.run.lineage.Parent`);
         None when the run resumes its own checkpoint or starts from scratch.
     """
 
@@ -138,7 +138,7 @@ def check_resume(cfg: TrainConfig, tokenizer) -> tuple[int, dict, list[str]]:
 
 def _check_ramp_unchanged(meta: dict, cfg: TrainConfig, where: str) -> None:
     """A batch-size ramp cannot change at a resume: the data iterator's saved position counts loader batches
-    whose size comes from the ramp (:mod:`jaxpt.batch_ramp`), so another ramp would read from a wrong position.
+    whose size comes from the ramp (:mod:`jaxpt.training.batch_ramp`), so another ramp would read from a wrong position.
 
     Raises:
       CheckpointError: naming ``TrainConfig.batch_size_schedule``, both values and the way out.
@@ -217,14 +217,14 @@ def check_stage(cfg: TrainConfig, tokenizer, resume_step: int, resume_meta: dict
     """``(cfg with TrainConfig.init_from resolved to '<abs dir>@<step>', parent or None, notes)``.
 
     A run resuming its own checkpoint must name the parent that checkpoint records (or none);
-    a new stage's parent is found and checked (:func:`jaxpt.stage.find_parent`), and the settings changed since
+    a new stage's parent is found and checked (:func:`jaxpt.run.lineage.find_parent`), and the settings changed since
     it are noted. The schedule is checked again against the stage's horizon.
 
     Raises:
-      ConfigError, CheckpointError: as :func:`jaxpt.stage.check_resumed_stage` and :func:`jaxpt.stage.find_parent`.
+      ConfigError, CheckpointError: as :func:`jaxpt.run.lineage.check_resumed_stage` and :func:`jaxpt.run.lineage.find_parent`.
     """
-    from jaxpt import stage as stage_lib
-    from jaxpt.optim import check_schedule
+    from jaxpt.run import lineage as stage_lib
+    from jaxpt.training.optim import check_schedule
     parent, notes = None, []
     if resume_step:
         where = fs.join(fs.absolute(cfg.workdir), "checkpoints", str(resume_step))
@@ -279,7 +279,7 @@ def plan(cfg: TrainConfig) -> dict[str, Any]:
 def last_final(workdir: str, step: int) -> dict[str, Any]:
     """The last ``final`` record of ``<workdir>/metrics.jsonl`` (what a run already at its target step returns),
     or ``{"step": step, "event": "nothing_to_do"}`` when there is none."""
-    from jaxpt import monitor
+    from jaxpt.run import monitor
     path = monitor.metrics_path(workdir)
     finals = [r for r in monitor.read_metrics(workdir) if r.get("event") == "final"] if fs.exists(path) else []
     return finals[-1] if finals else {"step": step, "event": "nothing_to_do"}
@@ -297,5 +297,5 @@ def format_plan(p: dict[str, Any]) -> str:
              f"({p['steps_to_train']:,} steps, {p['tokens_to_train']:,} tokens)",
              f"  held-out tokens per full evaluation {p['heldout_tokens']:,}"]
     if "stage_parent" in p:
-        lines.append(f"  a new stage from {p['stage_parent']} (jaxpt.stage)")
+        lines.append(f"  a new stage from {p['stage_parent']} (jaxpt.run.lineage)")
     return "\n".join(lines + [f"  note: {n}" for n in p["notes"]])

@@ -10,8 +10,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from jaxpt.errors import ConfigError
-from jaxpt.validation import check_types, non_negative, positive, require
+from jaxpt.util.errors import ConfigError
+from jaxpt.util.validation import check_types, non_negative, positive, require
 
 Schedule = Literal["cosine", "wsd", "constant"]
 SCHEDULES: tuple[str, ...] = typing.get_args(Schedule)

@@ -20,7 +20,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from jaxpt.validation import check_types, non_negative, positive, require
+from jaxpt.util.validation import check_types, non_negative, positive, require
 
 
 @dataclasses.dataclass(frozen=True)

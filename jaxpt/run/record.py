@@ -4,9 +4,9 @@
 (sha256 of the operative gin config), ``data_version``, ``tokenizer`` (path, sha256), ``git`` (commit,
 dirty), ``mesh``, ``devices`` (count, kind, processes), ``num_params``, ``started_at`` / ``ended_at``
 (UTC ISO 8601) and ``sessions`` (one per start or resume, each with ``start_step``, ``last_step`` and
-``goodput``, the session's time accounting, :class:`jaxpt.monitor.Goodput`), ``stages`` (the stages that led to
+``goodput``, the session's time accounting, :class:`jaxpt.run.monitor.Goodput`), ``stages`` (the stages that led to
 this run, the parent's first, each with its name, workdir, start step, parent checkpoint ``{path, step}`` or null,
-and ``end_step`` where a later stage left it; see :mod:`jaxpt.stage`), ``final`` metrics, and ``events`` (spike skips,
+and ``end_step`` where a later stage left it; see :mod:`jaxpt.run.lineage`), ``final`` metrics, and ``events`` (spike skips,
 rollbacks, preemptions; an event of a step that a resumed session re-runs, its checkpoint lost, is kept and marked
 ``superseded_at: <restored step>``). ``python -m jaxpt.tools.runs`` reads it.
 """
@@ -20,7 +20,7 @@ import subprocess
 import uuid
 from typing import Any
 
-from jaxpt import fs
+from jaxpt.util import fs
 
 RUN_FILE = "run.json"
 
@@ -57,9 +57,10 @@ class RunRegistry:
 
     def start(self, cfg, config_text: str, run, data_version: str, stages: list[dict] | None = None) -> None:
         """Create run.json, or add a session to an existing one (a resumed run keeps its id). ``stages``: the
-        run's stages (:mod:`jaxpt.stage`), recorded when run.json is new or has none (a resume keeps its own)."""
+        run's stages (:mod:`jaxpt.run.lineage`), recorded when run.json is new or has none (a resume keeps its own)."""
         import jax
-        from jaxpt import config as config_lib, mesh as mesh_lib, state as state_lib
+        from jaxpt import config as config_lib, mesh as mesh_lib
+        from jaxpt.training import state as state_lib
         if not self.enabled:
             return
         if fs.exists(self.path):
@@ -95,7 +96,7 @@ class RunRegistry:
         return max((s.get("last_step", 0) for s in self.record.get("sessions", [])[:-1]), default=0)
 
     def update_session(self, fields: dict[str, Any]) -> None:
-        """Merge ``fields`` (``last_step``, ``goodput``: :meth:`jaxpt.monitor.Goodput.summary`) into the current
+        """Merge ``fields`` (``last_step``, ``goodput``: :meth:`jaxpt.run.monitor.Goodput.summary`) into the current
         session's record and rewrite run.json."""
         if self.enabled and self.record.get("sessions"):
             self.record["sessions"][-1].update(fields)

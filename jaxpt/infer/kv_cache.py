@@ -1,5 +1,5 @@
-"""Generation with a KV cache: :class:`KVCacheStep`, the :class:`jaxpt.decode.DecodeStep` the greedy tasks of
-evaluation, ``jaxpt.generate`` and the notebook decode with (:class:`jaxpt.decode.NoCacheStep` is the reference).
+"""Generation with a KV cache: :class:`KVCacheStep`, the :class:`jaxpt.infer.decode.DecodeStep` the greedy tasks of
+evaluation, ``jaxpt.generate`` and the notebook decode with (:class:`jaxpt.infer.decode.NoCacheStep` is the reference).
 
 Prefill runs the prompts as one ``[B, L]`` batch (rows left-aligned, of different lengths, right-padded; the
 attention of ``ModelConfig.attention_impl``, causal and segment-masked as in training) and keeps every layer's
@@ -34,7 +34,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxpt import mesh as mesh_lib
-from jaxpt.decode import StepConstructors, place_on_mesh
+from jaxpt.infer.decode import StepConstructors, place_on_mesh
 from jaxpt.model.attention import dot_product_attention, xla_attention
 from jaxpt.model.rope import apply_rope, rope_frequencies
 
@@ -162,8 +162,8 @@ class CacheState:
 
 
 class KVCacheStep(StepConstructors):
-    """A :class:`jaxpt.decode.DecodeStep` with a KV cache (module docstring); same arguments as
-    :class:`jaxpt.decode.NoCacheStep`, which it replaces without changing any caller.
+    """A :class:`jaxpt.infer.decode.DecodeStep` with a KV cache (module docstring); same arguments as
+    :class:`jaxpt.infer.decode.NoCacheStep`, which it replaces without changing any caller.
 
     Args:
       graphdef, params: the model split by ``nnx.split``.
@@ -210,7 +210,7 @@ class KVCacheStep(StepConstructors):
             a.shape, NamedSharding(mesh, PartitionSpec(*batch_s.spec[:1])), lambda i: a[i])
 
     def prefill(self, prompts: Sequence[np.ndarray]) -> tuple[CacheState, np.ndarray]:
-        """See :meth:`jaxpt.decode.DecodeStep.prefill`."""
+        """See :meth:`jaxpt.infer.decode.DecodeStep.prefill`."""
         if not 1 <= len(prompts) <= self.batch_size:
             raise ValueError(f"prefill: {len(prompts)} prompts for a batch of {self.batch_size} rows")
         tokens = np.full((self.batch_size, self.seq_len), self.pad_id, np.int32)
@@ -229,7 +229,7 @@ class KVCacheStep(StepConstructors):
         return CacheState(cache, lengths[:n]), np.asarray(jax.device_get(logits))[:n]
 
     def extend(self, state: CacheState, tokens: np.ndarray) -> tuple[CacheState, np.ndarray]:
-        """See :meth:`jaxpt.decode.DecodeStep.extend`. The cache is donated: ``state`` must not be reused."""
+        """See :meth:`jaxpt.infer.decode.DecodeStep.extend`. The cache is donated: ``state`` must not be reused."""
         tokens = np.asarray(tokens, np.int32).reshape(-1)
         n = len(state.lengths)
         if len(tokens) != n:

@@ -19,15 +19,15 @@ from typing import Any, Sequence
 import jax
 import jax.numpy as jnp
 
-from jaxpt import batch_ramp
+from jaxpt.training import batch_ramp
 from jaxpt import config as config_lib
 from jaxpt import mesh as mesh_lib
-from jaxpt import optim
-from jaxpt import stage as stage_lib
-from jaxpt import state as state_lib
-from jaxpt import step as step_lib
+from jaxpt.training import optim
+from jaxpt.run import lineage as stage_lib
+from jaxpt.training import state as state_lib
+from jaxpt.training import step as step_lib
 from jaxpt.config import TrainConfig
-from jaxpt.errors import ConfigError
+from jaxpt.util.errors import ConfigError
 
 
 def load_tokenizer(cfg: TrainConfig):
@@ -38,7 +38,7 @@ def load_tokenizer(cfg: TrainConfig):
     """
     from jaxpt.data.tokenizer import Tokenizer
     path = cfg.data.tokenizer_path
-    from jaxpt import fs
+    from jaxpt.util import fs
     if not fs.exists(path):
         raise ConfigError(f"DataConfig.tokenizer_path = {path!r}: no such file "
                           "(run `python -m jaxpt.data.prepare --output artifacts/sample` first)")
@@ -81,7 +81,7 @@ class Built:
       lr_schedule: ``num_updates -> learning rate`` (optax schedule).
       train_step: jitted ``(state, batch) -> (state, metrics)``; state donated (unless ``donate_state=False``).
       eval_step: jitted ``(params, batch) -> {"loss_sum", "num_target_tokens"}``.
-      ramp: the batch sizes by step (:mod:`jaxpt.batch_ramp`; constant without ``batch_size_schedule``).
+      ramp: the batch sizes by step (:mod:`jaxpt.training.batch_ramp`; constant without ``batch_size_schedule``).
       make_train_step: ``(grad_accum, lr_factor) -> jitted train step``, for the ramp's smaller batches.
     """
 
@@ -136,7 +136,7 @@ def build(cfg: TrainConfig, *, devices: Sequence[Any] | None = None, tokenizer=N
       cfg: the run's config (``ModelConfig.vocab_size`` 0 is resolved from ``tokenizer`` or the tokenizer file).
       devices: the devices of the mesh (default ``jax.devices()``); compile-only TPU topology devices work too.
       tokenizer: the run's loaded tokenizer, if the caller has it.
-      donate_state: whether the train step donates the state (:func:`jaxpt.step.jit_train_step`: on CPU, 1.15x the
+      donate_state: whether the train step donates the state (:func:`jaxpt.training.step.jit_train_step`: on CPU, 1.15x the
         step rate without, but not the default).
 
     Raises:

@@ -5,7 +5,7 @@ malformed data file. Its message names the config key, or the file and line. ``d
 class (``data_pipelines.config.ConfigError`` is this one), so one ``except ConfigError`` covers every entry point.
 
 ``FileFormatError`` is the ``ConfigError`` of a data file that breaks its format's contract; each format derives
-its own (``jaxpt.data.documents.DocumentFormatError``, ``jaxpt.monitor.MetricsFormatError``).
+its own (``jaxpt.data.documents.DocumentFormatError``, ``jaxpt.run.monitor.MetricsFormatError``).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ class FileFormatError(ConfigError):
 
     The message is ``"<path>:<line>: <reason>: <detail>"`` (``"<path>: <reason> after line <line>: <detail>"`` for
     ``truncated_file``, where ``line`` is the last complete line). ``reason`` is one of the names in
-    :data:`jaxpt.jsonl.LINE_REASONS` or a format's own (``missing_text``, ...), the same names the corpus build
+    :data:`jaxpt.util.jsonl.LINE_REASONS` or a format's own (``missing_text``, ...), the same names the corpus build
     counts its drops by.
 
     Attributes:

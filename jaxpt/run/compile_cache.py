@@ -26,7 +26,7 @@ from typing import Iterator
 import jax
 from jax.experimental.compilation_cache import compilation_cache as jax_cache
 
-log = logging.getLogger("jaxpt.compile_cache")
+log = logging.getLogger("jaxpt.run.compile_cache")
 
 #: The subdirectory of the workdir that ``'auto'`` picks when JAX has no cache directory set.
 WORKDIR_SUBDIR = "jax_cache"

@@ -12,8 +12,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxpt import mesh as mesh_lib
 from jaxpt.model.auxiliary import AuxSpec, flatten_aux, merge_specs, reduce_aux, weighted_aux_loss
-from jaxpt.stability import decide_skip
-from jaxpt.state import StateSpec, TrainState
+from jaxpt.training.stability import decide_skip
+from jaxpt.training.state import StateSpec, TrainState
 
 #: Keys of a device batch; each is an int32 array [B, L].
 BATCH_KEYS = ("tokens", "segment_ids", "positions")
@@ -247,8 +247,8 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], *, spec: StateSpe
     """One train step on one global batch. Pure: returns the new state and device metrics.
 
     The update is skipped (params, optimizer state, RNG and ``num_updates`` kept bit for bit; only ``step``
-    advances, as the batch was consumed) when the step is non-finite or spikes (:func:`jaxpt.stability.decide_skip`). Updates are scaled by ``state.lr_scale`` and by ``lr_factor`` (a static
-    factor: a batch-size ramp's learning-rate rule, :mod:`jaxpt.batch_ramp`; 1.0 leaves the program unchanged).
+    advances, as the batch was consumed) when the step is non-finite or spikes (:func:`jaxpt.training.stability.decide_skip`). Updates are scaled by ``state.lr_scale`` and by ``lr_factor`` (a static
+    factor: a batch-size ramp's learning-rate rule, :mod:`jaxpt.training.batch_ramp`; 1.0 leaves the program unchanged).
 
     Metrics (float32 scalars): ``loss``, ``z_loss``, ``grad_norm`` (global L2, before clipping),
     ``grad_norm/<group>``, ``update_param_ratio`` (||update|| / ||params||), ``learning_rate`` (the rate

@@ -25,9 +25,9 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxpt import fs
+from jaxpt.util import fs
 
-log = logging.getLogger("jaxpt.hooks")
+log = logging.getLogger("jaxpt.run.hooks")
 
 
 @dataclasses.dataclass
@@ -36,7 +36,7 @@ class StepReport:
 
     Attributes:
       step: the global step (1-based) the metrics belong to.
-      values: the step's device metrics as Python floats (see :func:`jaxpt.step.train_step`).
+      values: the step's device metrics as Python floats (see :func:`jaxpt.training.step.train_step`).
       doc_index: int [local_batch, seq_len] document index of each token of this process's rows (-1: padding).
       data_wait: seconds the host waited for the step's batch.
       record: the metrics.jsonl record being assembled; hooks add figures to it.
@@ -133,7 +133,7 @@ class ProfileHook(Hook):
     """A ``jax.profiler`` trace of steps ``start``..``stop`` (inclusive, 1-based) into ``<workdir>/profile``
     (``*.xplane.pb`` for TensorBoard's profile plugin, ``perfetto_trace.json.gz`` for Perfetto), and the
     window's communication share by mesh axis in the record of step ``stop`` (``comm_share``,
-    ``comm_share/<axes>``: :func:`jaxpt.profile_comm.comm_share_by_axis`). Process 0 only."""
+    ``comm_share/<axes>``: :func:`jaxpt.run.profile_comm.comm_share_by_axis`). Process 0 only."""
 
     def __init__(self, workdir: str, start: int, stop: int):
         if not 1 <= start <= stop:
@@ -159,7 +159,7 @@ class ProfileHook(Hook):
             ctx.timer.exclude(time.perf_counter() - t0)  # writing and reading the trace is not step time
 
     def _comm_shares(self, ctx) -> dict:
-        from jaxpt import profile_comm
+        from jaxpt.run import profile_comm
         try:
             shares = profile_comm.comm_share_by_axis(self.dir, ctx.run.mesh.devices, ctx.run.mesh.axis_names)
         except (OSError, ValueError) as e:  # a trace that cannot be read costs the figures, not the run
@@ -254,12 +254,12 @@ class MixtureShareHook(Hook):
 class StragglerHook(Hook):
     """Every ``log_every`` steps, gathers every process's host figures of the interval (``ctx.host_times``; a
     collective, so every process runs it on the same steps), adds them to the record
-    (:meth:`jaxpt.monitor.StragglerMonitor.observe`) and logs the slowest process; a persistent one is a
-    ``straggler`` event. Registered by :func:`jaxpt.loop_context.default_hooks` when there are several processes.
+    (:meth:`jaxpt.run.monitor.StragglerMonitor.observe`) and logs the slowest process; a persistent one is a
+    ``straggler`` event. Registered by :func:`jaxpt.run.context.default_hooks` when there are several processes.
     """
 
     def __init__(self, log_every: int):
-        from jaxpt import monitor
+        from jaxpt.run import monitor
         self.log_every = log_every
         self.monitor = monitor.StragglerMonitor()
 

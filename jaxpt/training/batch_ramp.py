@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from jaxpt.errors import ConfigError
+from jaxpt.util.errors import ConfigError
 
 #: ``TrainConfig.batch_lr_scaling`` -> the exponent ``p`` of ``(B / global_batch_size) ** p``.
 LR_RULES = {"none": 0.0, "sqrt": 0.5, "linear": 1.0}

@@ -16,7 +16,7 @@ import functools
 import typing
 from typing import Any, Literal
 
-from jaxpt.errors import ConfigError
+from jaxpt.util.errors import ConfigError
 
 
 def field_error(obj: Any, name: str, allowed: str) -> ConfigError:

@@ -81,7 +81,7 @@ def peak_flops_per_device(device: jax.Device | None = None, dtype=jnp.float32) -
     Accelerators use the bf16 spec-sheet table. On CPU a matmul is measured here, in ``dtype``, best of 5 timings
     (:func:`measure_matmul_peak`); since simulated CPU devices (``--xla_force_host_platform_device_count``) share
     the host's cores, the host figure is divided by the number of local devices. A measurement taken under load
-    is low, so :class:`jaxpt.monitor.Throughput` raises a measured peak to any rate a train step achieves
+    is low, so :class:`jaxpt.run.monitor.Throughput` raises a measured peak to any rate a train step achieves
     (MFU never exceeds 100%). The second element says which, for the log.
     """
     device = device or jax.local_devices()[0]

@@ -1,5 +1,5 @@
 """Restore a trained model from a run's checkpoints on whatever devices are present (CPU included), and
-generate from it greedily (:func:`generate`, over the one decoding loop in :mod:`jaxpt.decode`).
+generate from it greedily (:func:`generate`, over the one decoding loop in :mod:`jaxpt.infer.decode`).
 
 For notebooks and evaluation scripts::
 
@@ -8,7 +8,7 @@ For notebooks and evaluation scripts::
     print(r.step, r.config.model, r.num_params)
     print(jaxpt.generate(r.model, r.tokenizer, "The river", max_new_tokens=20))
 
-(The module is ``jaxpt.inference`` rather than ``jaxpt.restore`` so that importing it never shadows the
+(The module is ``jaxpt.infer.restore`` rather than ``jaxpt.restore`` so that importing it never shadows the
 ``jaxpt.restore`` function.)
 
 Only the params (and the step) are read from the checkpoint's ``state`` item (an Orbax partial restore),
@@ -26,7 +26,9 @@ from typing import Any, Mapping, Sequence
 import jax
 import numpy as np
 
-from jaxpt import decode, fs
+from jaxpt.infer import decode
+
+from jaxpt.util import fs
 from jaxpt.checkpoint import CheckpointConfig, CheckpointError, Checkpointer
 
 
@@ -81,7 +83,7 @@ def restore(workdir: str | os.PathLike, step: int | None = None,
       CheckpointError: no committed checkpoint, an unknown ``step``, unreadable metadata or arrays, a
         saved config that does not parse, or no tokenizer file whose sha256 matches the checkpoint's.
     """
-    from jaxpt import state as state_lib
+    from jaxpt.training import state as state_lib
 
     ckpt = Checkpointer(str(workdir), CheckpointConfig(enabled=False), read_only=True)
     try:
@@ -187,10 +189,10 @@ def _resolve_mesh(mesh, meta: Mapping[str, Any]) -> jax.sharding.Mesh:
 def generate(model, tokenizer, prompt: str, max_new_tokens: int = 32, *, stop_strings: Sequence[str] = (),
              kv_cache: bool = True) -> str:
     """Greedy continuation of ``prompt`` (text in, text out), stopped at EOS or before the first of
-    ``stop_strings``: one row of :func:`jaxpt.decode.greedy` over a :class:`jaxpt.kv_cache.KVCacheStep`
-    (``kv_cache=False``: the cache-free :class:`jaxpt.decode.NoCacheStep`) on the model's params wherever they live.
+    ``stop_strings``: one row of :func:`jaxpt.infer.decode.greedy` over a :class:`jaxpt.infer.kv_cache.KVCacheStep`
+    (``kv_cache=False``: the cache-free :class:`jaxpt.infer.decode.NoCacheStep`) on the model's params wherever they live.
 
-    Truncation (:mod:`jaxpt.decode`): a prompt longer than ``model.cfg.max_seq_len - max_new_tokens`` tokens keeps
+    Truncation (:mod:`jaxpt.infer.decode`): a prompt longer than ``model.cfg.max_seq_len - max_new_tokens`` tokens keeps
     its last that many. The row is only as long as the prompt and new tokens need, at most ``max_seq_len``.
 
     Raises:
@@ -198,7 +200,7 @@ def generate(model, tokenizer, prompt: str, max_new_tokens: int = 32, *, stop_st
     """
     ids = tokenizer.encode(prompt)
     row = max(2, min(model.cfg.max_seq_len, max(len(ids), 1) + max_new_tokens))
-    from jaxpt.kv_cache import KVCacheStep
+    from jaxpt.infer.kv_cache import KVCacheStep
     cls = KVCacheStep if kv_cache else decode.NoCacheStep
     step = cls.from_model(model, seq_len=row, pad_id=tokenizer.pad_id)
     (gen,) = decode.greedy(step, [ids], max_new_tokens, eos_id=tokenizer.eos_id, stop_strings=[stop_strings],

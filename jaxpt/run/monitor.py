@@ -15,8 +15,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from jaxpt import fs, jsonl
-from jaxpt.errors import FileFormatError
+from jaxpt.util import fs, jsonl
+from jaxpt.util.errors import FileFormatError
 
 
 def host_peak_rss_bytes() -> int:
@@ -30,14 +30,14 @@ class Throughput:
 
     Args:
       tokens_per_step: tokens in one global batch (``global_batch_size * seq_len``, padding included).
-      flops_per_token: model FLOPs per token (:func:`jaxpt.flops.flops_per_token`).
+      flops_per_token: model FLOPs per token (:func:`jaxpt.training.flops.flops_per_token`).
       num_devices: devices in the mesh.
       peak_flops_per_device: peak FLOP/s of one device.
       peak_is_measured: the peak was measured on this host (CPU), not taken from a spec sheet. A measured peak is
         a lower bound of what the device can do: when a step achieves more, the peak is raised to the achieved
         rate (and :attr:`peak_raised` counts it), so ``mfu`` never exceeds 1.
       rows_through: with a batch-size ramp, ``step -> global rows trained in steps 1..step``
-        (:meth:`jaxpt.batch_ramp.BatchRamp.rows_through`); tokens are that times ``seq_len``. None: every step
+        (:meth:`jaxpt.training.batch_ramp.BatchRamp.rows_through`); tokens are that times ``seq_len``. None: every step
         has ``tokens_per_step`` tokens.
       seq_len: tokens per row (with ``rows_through``).
     """
@@ -246,10 +246,10 @@ def parse_metrics_line(raw: bytes, path: str, line_no: int) -> dict:
 
 def read_metrics(workdir: str, superseded: bool = False) -> list[dict[str, Any]]:
     """Every record of ``<workdir>/metrics.jsonl`` (or of the file ``workdir``), in file order, supersede markers
-    applied (:func:`jaxpt.jsonl.drop_superseded`: records of steps a resumed or rolled-back run rewrote are left
+    applied (:func:`jaxpt.util.jsonl.drop_superseded`: records of steps a resumed or rolled-back run rewrote are left
     out, so each step has one record); ``superseded=True``: every record as written.
 
-    The contract: the JSON Lines rules of :mod:`jaxpt.jsonl`, each record an object with an integer ``step``
+    The contract: the JSON Lines rules of :mod:`jaxpt.util.jsonl`, each record an object with an integer ``step``
     (events, the final report and per-step metrics alike; non-finite floats are the strings ``"nan"``/``"inf"``).
     One exception: a last line that lacks its newline and does not parse is skipped, the record a trainer
     killed mid-write left half-written (:class:`MetricWriter` ends every record with a newline and cuts such a

@@ -1,7 +1,7 @@
 """Greedy decoding: the one decoding loop behind ``jaxpt.generate``, the probe tasks, the seqio and lm-eval
 adapters and the spot-check sheet, over a *step* that turns the tokens so far into next-token logits.
 
-    from jaxpt import decode
+    from jaxpt.infer import decode
     step = decode.NoCacheStep.from_model(model, batch_size=8)       # rows of model.cfg.max_seq_len tokens
     gens = decode.greedy(step, prompts, 16, eos_id=tok.eos_id, stop_strings=[["\\n"]] * len(prompts),
                          tokenizer=tok)
@@ -23,7 +23,7 @@ Steps
   :func:`greedy` talks to the model only through :class:`DecodeStep`: ``prefill(prompts)``, then
   ``extend(state, tokens)`` once per new token, each returning every row's next-token logits.
   :class:`NoCacheStep` reruns the model on the whole fixed ``[B, L]`` batch at every call (one compiled program
-  for every prompt length and step); :class:`jaxpt.kv_cache.KVCacheStep` (prefill, then one token per row per
+  for every prompt length and step); :class:`jaxpt.infer.kv_cache.KVCacheStep` (prefill, then one token per row per
   call against a per-layer KV cache) replaces it without changing any caller and is what ``jaxpt.generate`` and
   evaluation's greedy tasks use; this step stays as the reference it is tested against.
 """
@@ -228,7 +228,7 @@ class _Rows:
 
 class StepConstructors:
     """``from_model`` and ``for_restored`` for decode steps whose ``__init__`` takes ``(graphdef, params, mesh,
-    rules, *, seq_len, batch_size, pad_id)`` (:class:`NoCacheStep`, :class:`jaxpt.kv_cache.KVCacheStep`)."""
+    rules, *, seq_len, batch_size, pad_id)`` (:class:`NoCacheStep`, :class:`jaxpt.infer.kv_cache.KVCacheStep`)."""
 
     @classmethod
     def from_model(cls, model, mesh: Mesh | None = None, rules=mesh_lib.DEFAULT_RULES, *, seq_len: int | None = None,
@@ -338,7 +338,7 @@ def place_on_mesh(params, mesh: Mesh, rules, batch_size: int):
 
 def step_from_model(cls, model, mesh: Mesh | None = None, rules=mesh_lib.DEFAULT_RULES, *,
                     seq_len: int | None = None, batch_size: int = 1, pad_id: int = 0):
-    """A ``cls`` decode step (:class:`NoCacheStep`, :class:`jaxpt.kv_cache.KVCacheStep`) over an ``nnx`` model;
+    """A ``cls`` decode step (:class:`NoCacheStep`, :class:`jaxpt.infer.kv_cache.KVCacheStep`) over an ``nnx`` model;
     ``seq_len`` defaults to its ``max_seq_len``.
 
     Raises:

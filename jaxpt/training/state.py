@@ -18,9 +18,9 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxpt import mesh as mesh_lib
-from jaxpt.errors import ConfigError
+from jaxpt.util.errors import ConfigError
 from jaxpt.model import Decoder, ModelConfig
-from jaxpt.stability import StabilityConfig, init_history
+from jaxpt.training.stability import StabilityConfig, init_history
 
 
 class TrainState(flax.struct.PyTreeNode):
@@ -34,7 +34,7 @@ class TrainState(flax.struct.PyTreeNode):
       num_updates: int32 scalar, optimizer updates applied (= step minus skipped steps); indexes the
         learning-rate schedule.
       lr_scale: float32 scalar multiplying every update (1.0; damped by divergence rollbacks).
-      stability: rolling loss / grad-norm history for spike detection (:mod:`jaxpt.stability`).
+      stability: rolling loss / grad-norm history for spike detection (:mod:`jaxpt.training.stability`).
     """
 
     step: jax.Array
@@ -53,7 +53,7 @@ class StateSpec:
     ``opt_state_device_shardings`` is None unless the optimizer state is offloaded to host memory
     (``TrainConfig.offload_optimizer_state``): then ``shardings.opt_state`` are ``pinned_host`` shardings
     (where the state lives between steps) and these are the same shardings in device memory (where the
-    train step brings it for the update, :func:`jaxpt.step.train_step`).
+    train step brings it for the update, :func:`jaxpt.training.step.train_step`).
 
     ``update_shardings`` is None unless the optimizer state is sharded over the data-parallel axes
     (``TrainConfig.shard_optimizer_state``, ZeRO-1/2): then it is a params-shaped tree of the shardings the

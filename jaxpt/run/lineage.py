@@ -21,7 +21,7 @@ The parent (absolute path and step), the stage's name and start step and the set
 in every checkpoint's meta (``stage``) and in ``run.json`` (``stages``: the parent's stages, then this one), and a
 resumed stage must name the same parent.
 
-Continued pretraining from a converted model (``python -m jaxpt.convert hf-to-jaxpt``): ``init_from`` names the
+Continued pretraining from a converted model (``python -m jaxpt.tools.convert hf-to-jaxpt``): ``init_from`` names the
 converter's output directory, whose checkpoint (step 0) holds params only (meta ``params_only``). The run takes
 those params, a fresh optimizer state (``tx.init``: zero moments, whatever ``reset_optimizer`` says), a fresh RNG
 from ``TrainConfig.seed``, its own data stream and a fresh schedule (warm-up from 0 over ``warmup_steps``); its
@@ -40,8 +40,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from jaxpt import fs
-from jaxpt.errors import ConfigError
+from jaxpt.util import fs
+from jaxpt.util.errors import ConfigError
 
 
 def parse_init_from(text: str) -> tuple[str, int | None]:
@@ -78,7 +78,7 @@ def start_step(cfg) -> int:
 @dataclasses.dataclass(frozen=True)
 class Parent:
     """The checkpoint a stage starts from: run directory (absolute), step, its ``meta`` item, and the settings
-    the stage changes (``'Class.field = old -> new'``, :func:`jaxpt.preflight.changed_settings`)."""
+    the stage changes (``'Class.field = old -> new'``, :func:`jaxpt.run.resolve.changed_settings`)."""
 
     workdir: str
     step: int
@@ -184,7 +184,7 @@ def parent_stages(parent: Parent) -> list[dict[str, Any]]:
     """The stages of the parent's run as its ``run.json`` lists them, ended at the parent step (one synthesized
     from the parent's meta when its run.json is missing or predates stages); the last one's ``data_version``, when
     its record lacks it, is the parent checkpoint's (a converted model has none)."""
-    from jaxpt.registry import RUN_FILE
+    from jaxpt.run.record import RUN_FILE
     stages = []
     try:
         stages = json.loads(fs.read_text(fs.join(parent.workdir, RUN_FILE))).get("stages") or []
@@ -211,15 +211,15 @@ def restart_schedule(opt_state: Any) -> Any:
 
 
 def begin_stage(built, parent: Parent):
-    """The stage's first :class:`jaxpt.state.TrainState` from ``parent`` (module docstring), placed in
+    """The stage's first :class:`jaxpt.training.state.TrainState` from ``parent`` (module docstring), placed in
     ``built``'s shardings (the parent may have been saved on another mesh).
 
     Raises:
       CheckpointError: the parent's state cannot be restored onto this run's state.
     """
     from jaxpt import checkpoint as ckpt_lib
-    from jaxpt.stability import init_history
-    from jaxpt.state import TrainState
+    from jaxpt.training.stability import init_history
+    from jaxpt.training.state import TrainState
     spec, cfg = built.spec, built.cfg
     ckpt = ckpt_lib.Checkpointer(parent.workdir, ckpt_lib.CheckpointConfig(enabled=False), read_only=True)
     try:

@@ -16,7 +16,7 @@ its admission drops by (``admission:<reason>``):
   (a copy cut short, a failed download). The lines before the damage are read; the damaged tail is not.
 
 A file format adds its own field checks on top (:mod:`jaxpt.data.documents`: a string ``text``;
-:func:`jaxpt.monitor.read_metrics`: a ``step``) and its own error class, a :class:`jaxpt.errors.FileFormatError`.
+:func:`jaxpt.run.monitor.read_metrics`: a ``step``) and its own error class, a :class:`jaxpt.util.errors.FileFormatError`.
 Strict readers (:func:`iter_objects`) raise at the first bad line; the corpus build (``data_pipelines.readers``)
 classifies each line with the same :func:`parse_object` and counts it instead.
 """
@@ -29,8 +29,8 @@ import os
 import zlib
 from typing import BinaryIO, Iterable, Iterator
 
-from jaxpt import fs
-from jaxpt.errors import FileFormatError
+from jaxpt.util import fs
+from jaxpt.util.errors import FileFormatError
 
 LINE_REASONS = ("blank_line", "invalid_utf8", "bad_json", "not_an_object", "truncated_file")
 GZIP_MAGIC = b"\x1f\x8b"

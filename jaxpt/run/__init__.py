@@ -1,0 +1,1 @@
+"""A run's lifecycle, one direction: resolve (every check once) -> build (mesh, state, compiled steps) -> lineage (may this checkpoint continue this run; the run's identity) -> loop (with its hooks)."""
