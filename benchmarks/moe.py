@@ -26,6 +26,7 @@ sys.path.insert(0, str(REPO))
 def planner_table() -> None:
     from jaxpt import config as C
     from jaxpt.tools import plan
+    from jaxpt.training import memory
     hw = plan.parse_hardware("v5p-128")
     print("Mixtral-8x7B on v5p-128 (64 chips), 2 x 8192 tokens per chip, capacity factor 1.25, full remat:")
     print(f"{'mesh':>18} {'GiB sent/chip/step':>19} {'a2a ms (lower bound)':>21} {'compute ms @40%':>16} "
@@ -35,7 +36,7 @@ def planner_table() -> None:
                        str(REPO / "configs/slices/v5p-128.gin")], [f"TrainConfig.mesh = '{mesh}'"])
         sizes = C.validate(cfg, hw.num_chips)
         a = plan.all_to_all_estimate(cfg, sizes, hw)
-        mem = plan.estimate_memory(cfg, sizes, hw.accelerator.memory_bytes)
+        mem = memory.estimate_memory(cfg, sizes, hw.accelerator.memory_bytes)
         print(f"{mesh:>18} {a['bytes_per_device'] / 2**30:>19.1f} {a['seconds'] * 1e3:>21.0f} "
               f"{a['compute_seconds'] * 1e3:>16.0f} {a['fraction_of_compute']:>6.1%} {mem.total / 2**30:>17.1f}")
 

@@ -330,10 +330,11 @@ def test_planner_counts_all_expert_params_in_memory_and_estimates_the_all_to_all
     plus a quarter of the expert weights (fp32); the all-to-all bytes per device are, per MoE layer, 4 exchanges (2 forward,
     2 backward) of E x (its 1 row) x C x D (fp32) of which 3/4 leave the device; v5p time = bytes / (4800 Gbit/s / 2)."""
     from jaxpt.tools import plan
+    from jaxpt.training import memory
     cfg = _tiny_train_cfg("expert=4,data=2")
     sizes = C.validate(cfg, 8)
     c = count_params(cfg.model)
-    mem = plan.estimate_memory(cfg, sizes)
+    mem = memory.estimate_memory(cfg, sizes)
     expert_weights = 2 * 3 * 32 * 64 * 4             # 2 MoE layers x (w_gate, w_up, w_down) [E, D, F]
     assert mem.params == 4 * (c["total"] - expert_weights + expert_weights // 4)   # routers stay whole
     hw = plan.parse_hardware("v5p-16")

@@ -180,12 +180,12 @@ def test_planner_counts_per_stage_weights_and_the_in_flight_stash():
     saved activations are N/S layers x B rows x (1 + (S-1)/(M R)) (the in-flight micro-batches, bubble
     iterations included) and the buffers 2 B L D, computed here from the unpipelined figures."""
     from jaxpt.model import count_params
-    from jaxpt.tools import plan
+    from jaxpt.training import memory
     cfg = _eight_layers("stage=4,fsdp=2", pipeline_microbatches=8, pipeline_repeats=2)
     S, M, R, N = 4, 8, 2, 8
     flat = {a: 1 for a in C.mesh_lib.MESH_AXES}
-    piped = plan.estimate_memory(cfg, {**flat, "stage": S})
-    plain = plan.estimate_memory(cfg, flat)
+    piped = memory.estimate_memory(cfg, {**flat, "stage": S})
+    plain = memory.estimate_memory(cfg, flat)
     counts = count_params(cfg.model)
     # fp32 params: blocks / S plus everything else whole (stored bytes = params field).
     assert piped.params == 4 * (counts["blocks"] // S + counts["total"] - counts["blocks"])

@@ -13,6 +13,7 @@ from jaxpt import config as config_lib
 from jaxpt import mesh as mesh_lib
 from jaxpt.training import optim
 from jaxpt.tools import plan
+from jaxpt.training import memory
 from jaxpt.training import state as state_lib
 from jaxpt.training import step as step_lib
 from jaxpt.model import count_params
@@ -121,7 +122,7 @@ def test_param_and_optimizer_bytes_match_the_state_shardings(mesh):
         return sum(math.prod(x.sharding.shard_shape(x.shape)) * np.dtype(x.dtype).itemsize
                    for x in jax.tree.leaves(tree) if x.ndim > 0)
 
-    est = plan.estimate_memory(cfg, sizes)
+    est = memory.estimate_memory(cfg, sizes)
     assert est.params == shard_bytes(spec.abstract.params)
     assert est.opt_state == shard_bytes(spec.abstract.opt_state)
 
@@ -132,7 +133,7 @@ def test_gathered_weights_by_hand(mesh, tensor):
     here), and the decoder gathers the whole embedding table for the lookup; pure data parallelism
     gathers nothing. Quickstart: 5,242,880 matmul params, embedding 8192 x 256."""
     sizes = mesh_lib.resolve_mesh_shape(mesh_lib.parse_mesh_spec(mesh), 8)
-    got = plan.estimate_memory(_cfg(None), sizes).gathered_params
+    got = memory.estimate_memory(_cfg(None), sizes).gathered_params
     assert got == (0 if tensor is None else 5_242_880 * 4 // tensor + 8192 * 256 * 4)
 
 
@@ -146,14 +147,14 @@ def test_activation_estimate_by_hand_for_full_remat():
     cfg = _cfg(None, "ModelConfig.remat_policy = 'full'")
     tokens = 512
     expected = 4 * (4 * tokens * 256) + 4 * tokens * 2752 + 2 * 4 * tokens * 256
-    assert plan.estimate_memory(cfg, sizes).activations == expected
+    assert memory.estimate_memory(cfg, sizes).activations == expected
 
 
 def test_activation_estimate_orders_remat_policies():
     """Policies that save a subset save no more: full <= dots_no_batch <= dots, and full is well below
     none. ('dots' may exceed 'none': it also keeps matmul outputs the backward pass never reads.)"""
     sizes = mesh_lib.resolve_mesh_shape(mesh_lib.parse_mesh_spec("data=2,fsdp=2,tensor=2"), 8)
-    acts = {p: plan.estimate_memory(_cfg(None, f"ModelConfig.remat_policy = '{p}'"), sizes).activations
+    acts = {p: memory.estimate_memory(_cfg(None, f"ModelConfig.remat_policy = '{p}'"), sizes).activations
             for p in ("none", "dots", "dots_no_batch", "full")}
     assert acts["full"] <= acts["dots_no_batch"] <= acts["dots"]
     assert acts["full"] < 0.5 * acts["none"]
@@ -196,7 +197,7 @@ def _check_against_compiled(mesh, *bindings):
     cfg = _cfg(mesh, *bindings)
     sizes = config_lib.validate(cfg, jax.device_count())
     measured = _compiled_step_bytes(cfg, sizes)
-    est = plan.estimate_memory(cfg, sizes).total
+    est = memory.estimate_memory(cfg, sizes).total
     assert abs(est / measured - 1) <= 0.25, (est, measured)
 
 

@@ -16,7 +16,7 @@ from jaxpt import config as config_lib
 from jaxpt import mesh as mesh_lib
 from jaxpt.training import state as state_lib
 from jaxpt.checkpoint import CheckpointConfig, Checkpointer
-from jaxpt.tools import plan
+from jaxpt.training import memory
 
 B, L, V = 16, 32, 256
 TINY = [f"ModelConfig.vocab_size = {V}", "ModelConfig.d_model = 32", "ModelConfig.num_layers = 2",
@@ -98,15 +98,15 @@ def test_per_device_optimizer_bytes_fall_by_the_data_parallel_size(runs):
     assert _bytes_per_device(got.params) == _bytes_per_device(ref.params)
     arg = {k: runs[k]["compiled"].memory_analysis().argument_size_in_bytes for k in (False, True)}
     assert arg[False] - arg[True] == full - full // 8
-    planned = {k: plan.estimate_memory(runs[k]["built"].cfg, runs[k]["built"].sizes).opt_state for k in (False, True)}
+    planned = {k: memory.estimate_memory(runs[k]["built"].cfg, runs[k]["built"].sizes).opt_state for k in (False, True)}
     assert planned == {False: full, True: full // 8}  # the planner counts the same bytes
 
 
 def test_planner_divides_by_the_data_axes_fsdp_does_not_already_use():
     """data=2,fsdp=2,tensor=2: params are FSDP-sharded over fsdp, so ZeRO-1 splits their moments over data only
     (2 ways); on data=2,expert=4 (a dense model: expert is data parallelism) 8 ways."""
-    assert plan.zero_factor(mesh_lib.DEFAULT_RULES, {"data": 2, "fsdp": 2, "tensor": 2}) == 2
-    assert plan.zero_factor(mesh_lib.DEFAULT_RULES, {"data": 2, "expert": 4}) == 8
+    assert memory.zero_factor(mesh_lib.DEFAULT_RULES, {"data": 2, "fsdp": 2, "tensor": 2}) == 2
+    assert memory.zero_factor(mesh_lib.DEFAULT_RULES, {"data": 2, "expert": 4}) == 8
 
 
 @pytest.mark.slow

@@ -1,7 +1,7 @@
 """What the train loop carries besides the state (:class:`LoopContext`), the loop's default hooks, and the
 run's start record.
 
-:func:`jaxpt.train.train_loop` reads the batches, dispatches the steps and reads their metrics one step late;
+:func:`jaxpt.run.loop.train_loop` reads the batches, dispatches the steps and reads their metrics one step late;
 everything it keeps between steps (metric writer, checkpointer, hooks, divergence monitor, step timer, goodput and
 host-time accounting) lives on a :class:`LoopContext`, whose methods time a save or an evaluation as such, not as
 step time.
@@ -85,7 +85,7 @@ class LoopContext:
         self.record_goodput(step)
 
     def evaluate(self, max_batches: int | None = None) -> dict[str, float]:
-        """:meth:`jaxpt.train.Run.evaluate`, its time counted as evaluation time, not step time (the last step is finished
+        """:meth:`jaxpt.run.session.Run.evaluate`, its time counted as evaluation time, not step time (the last step is finished
         first, so its own compute stays step time)."""
         jax.block_until_ready(self.run.state.params)
         t0 = time.perf_counter()

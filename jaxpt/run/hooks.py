@@ -1,6 +1,6 @@
 """Periodic actions of the train loop, as hooks registered with it.
 
-The loop (:func:`jaxpt.train.train_loop`) dispatches step t, then reads the metrics of step t-1, so the host
+The loop (:func:`jaxpt.run.loop.train_loop`) dispatches step t, then reads the metrics of step t-1, so the host
 never waits on the device. A hook can act at three points of each step, each a method that does nothing by
 default:
 

@@ -299,7 +299,7 @@ GOODPUT_CATEGORIES = ("productive_s", "startup_s", "compile_s", "data_wait_s", "
 class Goodput:
     """Time accounting of one training session (one process start): where its wall time went.
 
-    Categories (seconds): ``startup_s`` (from :func:`jaxpt.train.run_training` to the first step: checks,
+    Categories (seconds): ``startup_s`` (from :func:`jaxpt.run.session.run_training` to the first step: checks,
     build, restore), ``compile_s`` (the first dispatch of each train step, which traces and compiles; a
     batch-size ramp has one per size),
     ``data_wait_s`` (waiting for batches), ``checkpoint_s`` (the loop blocked by checkpoint saves, including

@@ -1,6 +1,6 @@
 """Checks before anything is created or compiled, and the plan ``python -m jaxpt.train --dry_run`` prints.
 
-:func:`check` is what :func:`jaxpt.train.run_training` runs first, before it creates the workdir or compiles
+:func:`check` is what :func:`jaxpt.run.session.run_training` runs first, before it creates the workdir or compiles
 anything, so a bad input costs seconds, not a booked slice: the config across its parts and against the devices
 (:func:`jaxpt.config.validate`), every input path (training data, tokenizer, held-out set, with a token to score),
 and the resume target: the newest committed checkpoint of the workdir must be of this model, tokenizer and data
@@ -246,21 +246,21 @@ def check_stage(cfg: TrainConfig, tokenizer, resume_step: int, resume_meta: dict
 
 def plan(cfg: TrainConfig) -> dict[str, Any]:
     """:func:`check`, then what the run will cost, without compiling: parameters, the per-device memory estimate
-    of :func:`jaxpt.tools.plan.estimate_memory` (against the device's memory when the runtime reports it), tokens
+    of :func:`jaxpt.training.memory.estimate_memory` (against the device's memory when the runtime reports it), tokens
     per step, steps and tokens left to train, and the held-out tokens scored by each full evaluation.
 
     Raises: as :func:`check`.
     """
     from jaxpt import mesh as mesh_lib
     from jaxpt.model.decoder import count_params
-    from jaxpt.tools import plan as plan_lib
+    from jaxpt.training import memory as memory_lib
     pre = check(cfg)
     c = pre.cfg
     try:
         stats = jax.devices()[0].memory_stats() or {}
     except Exception:  # some backends (CPU) report no memory statistics
         stats = {}
-    mem = plan_lib.estimate_memory(c, pre.sizes, stats.get("bytes_limit"))
+    mem = memory_lib.estimate_memory(c, pre.sizes, stats.get("bytes_limit"))
     tokens_per_step = c.global_batch_size * c.seq_len
     ramp = batch_ramp.from_config(c)  # a batch-size ramp's steps before the full batch hold fewer tokens
     start = pre.resume_step or (pre.parent.step if pre.parent is not None else 0)  # a new stage: its parent's step

@@ -21,7 +21,7 @@ stages across slices, as the pipeline sends the least traffic; else ``data=N``).
 
 The report gives per-chip bytes from ``compiled.memory_analysis()`` (arguments, outputs, aliased,
 temp; total = arguments + outputs - aliased + temp), the chip's HBM and the headroom, the compile time
-(seconds), and the planner's estimate (:func:`jaxpt.tools.plan.estimate_memory`) beside it. Exit status:
+(seconds), and the planner's estimate (:func:`jaxpt.training.memory.estimate_memory`) beside it. Exit status:
 0 fits (or no HBM figure), 1 does not fit (the numbers are still printed), 2 config or target error.
 
 Example::
@@ -243,7 +243,7 @@ def compile_report(cfg, target: Target) -> dict[str, Any]:
     from jaxpt import mesh as mesh_lib
     from jaxpt.model import attention_auto
     from jaxpt.model.decoder import count_params
-    from jaxpt.tools import plan
+    from jaxpt.training import memory
 
     # Donated, as on the accelerator the report stands for, also on a cpu:N topology (where a run would not donate).
     built = builder.build(with_slices(cfg, target.num_slices), devices=target.devices, donate_state=True)
@@ -254,7 +254,7 @@ def compile_report(cfg, target: Target) -> dict[str, Any]:
     compiled = lowered.compile()
     t2 = time.perf_counter()
     b = memory_bytes(compiled)
-    estimate = plan.estimate_memory(built.cfg, built.sizes)
+    estimate = memory.estimate_memory(built.cfg, built.sizes)
     planned = estimate.total
     hbm = target.hbm_bytes
     return {

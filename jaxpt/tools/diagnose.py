@@ -123,13 +123,14 @@ def _setup_before(workdir: str, step: int):
     Raises:
       ConfigError: no config.gin, or no committed checkpoint before ``step``.
     """
-    from jaxpt import config as config_lib, train
+    from jaxpt import config as config_lib
+    from jaxpt.run import session
     from jaxpt.checkpoint import Checkpointer
     gin_path = fs.join(workdir, "config.gin")
     if not fs.isfile(gin_path):
         raise ConfigError(f"{gin_path}: no operative config; is {workdir} a training workdir?")
     cfg = config_lib.parse([gin_path], ["TrainConfig.progress_bar = False"])
-    run = train.setup(cfg)
+    run = session.setup(cfg)
     ckpt = Checkpointer(workdir, cfg.checkpoint, read_only=True)
     before = [s for s in ckpt.all_steps() if s < step]
     if not before:

@@ -5,7 +5,7 @@
 
 **run** reads one gin file holding a base training config (the usual ``ModelConfig``/``TrainConfig``/...
 bindings) and a ``ScalingGrid`` (model-size overrides x token budgets, see :class:`ScalingGrid`). Each grid
-point is an ordinary :func:`jaxpt.train.run_training` run on real text (``DataConfig`` of the grid file;
+point is an ordinary :func:`jaxpt.run.session.run_training` run on real text (``DataConfig`` of the grid file;
 the bundled sample needs ``python -m jaxpt.data.prepare --output artifacts/sample`` first) in its own
 workdir under ``ScalingGrid.output``, with its learning-rate schedule decaying over its own budget, as
 Hoffmann et al. 2022 (sec. 3.1) require for final losses to be comparable. Its final held-out loss is
@@ -179,7 +179,7 @@ def enable_compile_cache(path: str) -> None:
 
 def run_grid(grid_path: str, bindings: Sequence[str] = (), compile_cache: bool = True) -> list[dict[str, Any]]:
     """Train every grid point not yet in ``<output>/runs.jsonl``; returns all records of the grid."""
-    from jaxpt import train
+    from jaxpt.run import session
 
     grid, base = load_grid(grid_path, bindings)
     fs.makedirs(grid.output)
@@ -198,7 +198,7 @@ def run_grid(grid_path: str, bindings: Sequence[str] = (), compile_cache: bool =
         log.info("[%d/%d] %s: %s non-embedding params, %d tokens", i + 1, len(points), pt.name,
                  f"{counts['non_embedding']:,}", pt.tokens)
         t0 = time.perf_counter()
-        final = train.run_training(cfg)
+        final = session.run_training(cfg)
         model = plan.resolve_vocab(cfg).model
         record = {"name": pt.name, "model": pt.model_overrides, "params": counts, "tokens": pt.tokens,
                   "steps": cfg.steps, "flops": flops_lib.flops_per_token(model, cfg.seq_len) * pt.tokens,

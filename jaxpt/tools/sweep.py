@@ -9,7 +9,7 @@ For each ``--mesh``:
    devices, the batch or the heads is reported as ``invalid`` with the config error, not raised.
 2. **Compile ahead of time** (``jit(...).lower(abstract state, abstract batch).compile()``), timing it, and
    read the compiled per-device memory from ``memory_analysis()``: ``argument + output - alias + temp``
-   bytes (donated state is aliased, so it counts once). Beside it, :func:`jaxpt.tools.plan.estimate_memory`.
+   bytes (donated state is aliased, so it counts once). Beside it, :func:`jaxpt.training.memory.estimate_memory`.
    If the device's memory is known (``memory_stats()['bytes_limit']`` on accelerators, or
    ``--device-memory-gib``) and the step needs more, the shape is reported as ``does not fit`` and not run.
 3. **Run** one untimed warm-up step, then ``--steps`` timed steps on *synthetic* batches: uniform random
@@ -63,6 +63,7 @@ from jaxpt import mesh as mesh_lib
 from jaxpt.run import monitor
 from jaxpt.config import ConfigError, TrainConfig
 from jaxpt.tools import plan
+from jaxpt.training import memory
 
 log = logging.getLogger("jaxpt.tools.sweep")
 
@@ -116,7 +117,7 @@ def device_memory_limit(override_gib: float | None) -> int | None:
     """Bytes one device may use: ``--device-memory-gib`` if given, else ``memory_stats()['bytes_limit']``
     of the first device, else None (CPU reports none)."""
     if override_gib:
-        return int(override_gib * plan.GIB)
+        return int(override_gib * memory.GIB)
     try:
         stats = jax.devices()[0].memory_stats() or {}
     except Exception:  # noqa: BLE001 - some backends raise instead of returning None
@@ -258,7 +259,7 @@ def sweep_one(cfg: TrainConfig, mesh_spec: str, *, steps: int, profile_steps: in
         r.status, r.note = "invalid", str(e)
         return r
     r.mesh = mesh_lib.format_mesh(sizes)
-    r.estimated_memory_bytes = plan.estimate_memory(cfg, sizes).total
+    r.estimated_memory_bytes = memory.estimate_memory(cfg, sizes).total
     r.device_memory_bytes = memory_limit
     if topo_devices is not None:
         r.topology_memory_bytes, topo_note = _topology_memory(cfg, mesh_spec, topo_devices)
@@ -271,8 +272,8 @@ def sweep_one(cfg: TrainConfig, mesh_spec: str, *, steps: int, profile_steps: in
     r.compiled_memory_bytes = compiled_bytes(compiled.executable)
     if memory_limit is not None and r.compiled_memory_bytes is not None and r.compiled_memory_bytes > memory_limit:
         r.status = "does not fit"
-        r.note = (f"compiled step needs {r.compiled_memory_bytes / plan.GIB:.2f} GiB per device > "
-                  f"{memory_limit / plan.GIB:.2f} GiB")
+        r.note = (f"compiled step needs {r.compiled_memory_bytes / memory.GIB:.2f} GiB per device > "
+                  f"{memory_limit / memory.GIB:.2f} GiB")
         return r
     trace_dir = os.path.join(_trace_root(out_dir), "traces", r.mesh.replace(",", "_").replace("=", ""))
     try:

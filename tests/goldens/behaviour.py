@@ -179,6 +179,7 @@ def short_run(prepared: pathlib.Path, tmp: pathlib.Path) -> dict:
     run = json.loads((workdir / "run.json").read_text())
     for k in RUN_RECORD_DROP:
         run.pop(k, None)
+    run.get("final", {}).pop("train_time_s", None)
     run["stages"] = [{k: v for k, v in s.items() if k != "workdir"} for s in run.get("stages", [])]
     # The prepared sample's data version hashes its prepare.json (paths, times): the same data prepared twice
     # differs there, so it is recorded as present, not compared.
