@@ -107,8 +107,8 @@ def measure_restores(run, ckpt: Checkpointer, step: int, repeats: int) -> dict[s
         state_lib.param_shardings(run.spec.abstract.params, one, run.cfg.logical_axis_rules))
     abs_other = _reshard_abstract(run, other)
     for _ in range(repeats):
-        for name, fn in (("full state, same mesh", lambda: ckpt.restore(step, run.spec.abstract, None)[0]),
-                         ("full state, fsdp over all devices", lambda: ckpt.restore(step, abs_other, None)[0]),
+        for name, fn in (("full state, same mesh", lambda: ckpt.restore(step, run.spec.abstract, None)),
+                         ("full state, fsdp over all devices", lambda: ckpt.restore(step, abs_other, None)),
                          ("params only, 1 device", lambda: _params_only(ckpt.directory, step, abs_params_1))):
             t = time.perf_counter()
             jax.block_until_ready(fn())

@@ -41,7 +41,7 @@ def main(argv=None) -> None:
             "ModelConfig.vocab_size = 512", "ModelConfig.num_layers = 1", f"ModelConfig.max_seq_len = {args.seq_len}",
             f"ModelConfig.attention_impl = {impl!r}", f"TrainConfig.seq_len = {args.seq_len}",
             "TrainConfig.global_batch_size = 1"], mesh=f"sequence={sequence}")
-        built = builder.build(cfg, devices=jax.devices()[:sequence])
+        built = builder.build_for(cfg, devices=jax.devices()[:sequence])
         return built.lower_train_step().compile().memory_analysis().temp_size_in_bytes
 
     for impl in args.impl:

@@ -25,6 +25,7 @@ sys.path.insert(0, str(REPO))
 
 def planner_table() -> None:
     from jaxpt import config as C
+    from jaxpt.run.validate import validate
     from jaxpt.tools import plan
     from jaxpt.training import memory
     hw = plan.parse_hardware("v5p-128")
@@ -34,7 +35,7 @@ def planner_table() -> None:
     for mesh in ("expert=8,fsdp=-1", "expert=4,fsdp=-1", "expert=2,fsdp=-1"):
         cfg = C.parse([str(REPO / "configs/quickstart.gin"), str(REPO / "configs/models/mixtral_8x7b.gin"),
                        str(REPO / "configs/slices/v5p-128.gin")], [f"TrainConfig.mesh = '{mesh}'"])
-        sizes = C.validate(cfg, hw.num_chips)
+        sizes = validate(cfg, hw.num_chips)
         a = plan.all_to_all_estimate(cfg, sizes, hw)
         mem = memory.estimate_memory(cfg, sizes, hw.accelerator.memory_bytes)
         print(f"{mesh:>18} {a['bytes_per_device'] / 2**30:>19.1f} {a['seconds'] * 1e3:>21.0f} "
@@ -45,7 +46,7 @@ def hlo_all_to_alls() -> None:
     from jaxpt.run import build as builder
     from jaxpt import config as C
     cfg = C.parse([str(REPO / "configs/quickstart_moe.gin")], ["ModelConfig.vocab_size = 512"])
-    built = builder.build(cfg)
+    built = builder.build_for(cfg)
     text = built.lower_train_step().compile().as_text()
     n = len(re.findall(r"= \S+ all-to-all\(", text)) or text.count("all-to-all(")
     print(f"quickstart_moe train step on {cfg.mesh}: {n} all-to-all ops in the compiled HLO "

@@ -50,11 +50,11 @@ def main() -> None:
     from jaxpt.model import moe as moe_lib
 
     cfg = C.parse([str(REPO / "configs/quickstart_moe.gin")], args.gin)
-    pre = preflight.check(cfg)
-    built = builder.build(pre.cfg, tokenizer=pre.tokenizer)
+    pre = preflight.resolve(cfg)
+    built = builder.build(pre.layout)
     cfg = built.cfg
     state = built.init_state()
-    batches = stream.train_batches(cfg, pre.tokenizer, stream.data_shard_count(cfg, None))
+    batches = stream.train_batches(cfg, pre.tokenizer, stream.data_shard_count(cfg, None), first_step=1)
     weight, k = cfg.model.moe_load_balance_weight, cfg.model.moe_top_k
 
     captured: list[np.ndarray] = []

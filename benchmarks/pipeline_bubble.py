@@ -47,7 +47,7 @@ def config(mesh: str, microbatches: int = 0, repeats: int = 1) -> TrainConfig:
 
 def compiled_step(cfg: TrainConfig):
     """``(run one step and wait, state holder)`` for ``cfg`` on 4 devices, compiled by one warm-up step."""
-    built = builder.build(cfg, devices=jax.devices()[:STAGES])
+    built = builder.build_for(cfg, devices=jax.devices()[:STAGES])
     rng = np.random.default_rng(0)
     batch = {"tokens": rng.integers(0, 256, (BATCH, SEQ)).astype(np.int32),
              "segment_ids": np.ones((BATCH, SEQ), np.int32),

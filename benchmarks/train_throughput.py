@@ -88,7 +88,7 @@ class JaxptStep:
         cfg = TrainConfig(model=REF, optimizer=optim.OptimizerConfig(warmup_steps=10, decay_steps=1000),
                           mesh=mesh_spec, global_batch_size=BATCH, seq_len=SEQ, steps=1000, z_loss_weight=1e-4,
                           shard_optimizer_state=shard_optimizer_state, compilation_cache_dir="")
-        self.built = builder.build(cfg)
+        self.built = builder.build_for(cfg)
         shard = self.built.batch_shardings()["tokens"]
         self.batch = {k: jax.device_put(v, shard)
                       for k, v in batch_arrays(np.random.default_rng(0), REF.vocab_size).items()}

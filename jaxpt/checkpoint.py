@@ -16,7 +16,6 @@ a process killed inside an asynchronous save leaves no step that :meth:`Checkpoi
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import platform
 from typing import Any
@@ -27,13 +26,10 @@ import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as ocm
 
 from jaxpt.util import fs
+from jaxpt.util.errors import CheckpointError  # noqa: F401  raised here; importers name it from this module too
 from jaxpt.util.validation import check_types, non_negative, require
 
 log = logging.getLogger("jaxpt.checkpoint")
-
-
-class CheckpointError(RuntimeError):
-    """Checkpoints exist but cannot be used (corrupt, or from an incompatible model). Never ignored."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -225,19 +221,23 @@ class Checkpointer:
         except Exception as e:  # Orbax raises many types; name the checkpoint instead.
             raise CheckpointError(f"checkpoint {self.directory}/{step}: cannot read its metadata: {e}") from e
 
-    def restore(self, step: int, abstract_state: Any, data_iterator: Any | None) -> tuple[Any, dict]:
+    def restore(self, step: int, abstract_state: Any, data_iterator: Any | None,
+                meta: dict[str, Any] | None = None) -> Any:
         """Restore ``step`` onto ``abstract_state`` (ShapeDtypeStructs with the *current* shardings) and,
         if given, set ``data_iterator``'s position.
 
-        Returns ``(state, meta)``.
+        Args:
+          meta: the step's ``meta`` item when the caller has read it already (the data layout it records decides
+            how the iterator state is read); read here when None.
+
+        Returns the restored state, every array ready.
 
         Raises:
           CheckpointError: naming the checkpoint and what failed.
         """
-        import grain
-        meta = self.read_meta(step)
         items = {"state": ocp.args.StandardRestore(abstract_state)}
         if data_iterator is not None:
+            meta = self.read_meta(step) if meta is None else meta
             items["data"] = _data_restore_args(data_iterator, meta, f"{self.directory}/{step}")
         try:
             restored = self.manager.restore(step, args=ocp.args.Composite(**items))
@@ -246,8 +246,8 @@ class Checkpointer:
                                   f"{type(e).__name__}: {e}") from e
         # Ready before it is returned (once per resume, not per step): Orbax fills the arrays from its own threads,
         # and the caller's first step then never overlaps that work. A precaution taken while chasing a test abort
-        # whose cause was not found (README, "In-place update"); it did not stop that abort.
-        return jax.block_until_ready(restored["state"]), meta
+        # whose cause was not found; it did not stop that abort.
+        return jax.block_until_ready(restored["state"])
 
     def restore_params(self, step: int, abstract_params: Any) -> dict[str, Any]:
         """Restore only ``params`` and ``step`` of ``step`` (an Orbax partial restore: optimizer state and
@@ -287,49 +287,6 @@ class Checkpointer:
             raise CheckpointError(f"checkpoint {self.directory}/{step}: cannot restore {', '.join(fields)}: "
                                   f"{type(e).__name__}: {e}") from e
 
-    # ------------------------------------------------------------------ what the loop needs
-    def saved_data_shards(self) -> int | None:
-        """The logical data shard count recorded by the newest checkpoint (None: no checkpoint or not recorded)."""
-        step = self.latest_step()
-        if step is None:
-            return None
-        saved = self.read_meta(step).get("data_shards")
-        return int(saved) if saved else None
-
-    def resume(self, abstract_state: Any, data_iterator: Any, model_cfg: Any,
-               tokenizer_sha256: str | None) -> tuple[Any, int]:
-        """Restore the newest committed checkpoint, if any: ``(state, step)``; ``(None, 0)`` when there is none.
-
-        Raises:
-          CheckpointError: checkpoints exist but the newest cannot be restored, it is from another model
-            (:func:`check_compatible`) or another tokenizer, its saved config has a setting this version does
-            not know that changes shapes or numerics (:func:`check_saved_config`), or the directory holds
-            something that is not a restorable checkpoint. Never silently starts from step 0 over existing checkpoints.
-        """
-        import time
-        step = self.latest_step()
-        if step is None:
-            leftovers = fs.listdir(self.directory) if self.has_checkpoint_dirs() else []
-            real = [n for n in leftovers if "tmp" not in n]
-            if real:
-                raise CheckpointError(f"{self.directory} holds {sorted(real)} but no restorable checkpoint; "
-                                      "move it away to start from scratch")
-            if leftovers:
-                log.warning("only incomplete saves in %s (%s); starting from step 0", self.directory, leftovers)
-            return None, 0
-        meta = self.read_meta(step)
-        where = f"{self.directory}/{step}"
-        check_saved_config(meta, where)  # unknown settings first: one rule, naming them
-        check_compatible(meta, model_cfg, where)
-        saved_tok = meta.get("tokenizer", {}).get("sha256")
-        if saved_tok and tokenizer_sha256 and saved_tok != tokenizer_sha256:
-            raise CheckpointError(f"{where} was trained with tokenizer sha256 {saved_tok[:12]}, this run uses "
-                                  f"{tokenizer_sha256[:12]}")
-        t0 = time.perf_counter()
-        state, _ = self.restore(step, abstract_state, data_iterator)
-        log.info("restored step %d from %s in %.1f s", step, self.directory, time.perf_counter() - t0)
-        return state, step
-
     def rewind(self, before: int, abstract_state: Any) -> tuple[Any, int]:
         """Delete every checkpoint at or after step ``before`` (saved from a state already in trouble) and
         restore the newest one before it, without touching the data iterator (so the batches in between are
@@ -342,153 +299,4 @@ class Checkpointer:
         good = [s for s in steps if s < before]
         if not good:
             return None, 0
-        state, _ = self.restore(max(good), abstract_state, data_iterator=None)
-        return state, max(good)
-
-
-def run_meta(cfg: Any, mesh: Any, tokenizer: Any, config_text: str, data_version: str,
-             data_shards: int | None) -> dict[str, Any]:
-    """What a checkpoint records besides arrays (its ``meta`` item): enough to rebuild the run and to refuse a
-    wrong one: operative gin config, resolved model config, mesh, tokenizer path and sha256, data version,
-    process count, logical data shards, batch shape, library versions, and every setting's default and whether
-    it is bookkeeping (:func:`jaxpt.config.config_fields`, for :func:`check_saved_config` of other versions)."""
-    from jaxpt import config as config_lib
-    from jaxpt import mesh as mesh_lib
-    return {
-        "config_gin": config_text,
-        "model": dataclasses.asdict(cfg.model),
-        "mesh": mesh_lib.mesh_shape(mesh),
-        "model_layout": {"scan_layers": cfg.model.scan_layers},
-        "tokenizer": {"path": fs.absolute(cfg.data.tokenizer_path), "sha256": tokenizer.sha256},
-        "data_version": data_version,
-        "process_count": jax.process_count(),
-        "data_shards": data_shards,
-        "global_batch_size": cfg.global_batch_size,
-        "seq_len": cfg.seq_len,
-        "libraries": library_versions(),
-        "config_fields": config_lib.config_fields(),
-    }
-
-
-def check_compatible(meta: dict[str, Any], model_cfg: Any, where: str) -> None:
-    """Refuse a checkpoint whose params do not fit the current model, before Orbax reads any array.
-
-    The params a model of the checkpoint's recorded config (``meta["model"]``) would have are compared,
-    by path, shape and dtype, with those of ``model_cfg`` (:func:`jaxpt.model.compat.compare_params`);
-    fields that change no param (e.g. ``attention_impl``, ``rope_theta``, ``remat_policy``) may differ.
-
-    Raises:
-      CheckpointError: naming each responsible field as ``<field>: checkpoint <saved> vs config <current>``
-        (vocabulary size first, the usual culprit) and the first differing params, so a mismatch never
-        surfaces as a shape error deep inside Orbax; or saying the recorded config cannot build a model.
-    """
-    from jaxpt.model.compat import compare_params, config_from_record
-    saved = meta.get("model")
-    if not saved:
-        return
-    try:
-        saved_cfg = config_from_record(saved)
-        mismatch = compare_params(saved_cfg, model_cfg)
-    except Exception as e:  # noqa: BLE001 -- any failure to rebuild either model is reported as such
-        raise CheckpointError(f"{where}: cannot compare the checkpoint's model with this one: "
-                              f"{type(e).__name__}: {e}") from e
-    if mismatch is None:
-        return
-    diffs = [f"{k}: checkpoint {getattr(saved_cfg, k)!r} vs config {getattr(model_cfg, k)!r}" for k in mismatch.fields]
-    show = lambda sig: "absent" if sig is None else f"{list(sig[0])} {sig[1]}"  # noqa: E731
-    params = [f"{path} {show(a)} vs {show(b)}" for path, a, b in mismatch.params[:4]]
-    if len(mismatch.params) > 4:
-        params.append(f"{len(mismatch.params) - 4} more")
-    hint = ""
-    if "vocab_size" in mismatch.fields:
-        hint = " (the tokenizer's vocabulary differs from the one the checkpoint was trained with)"
-    raise CheckpointError(f"{where}: checkpoint does not match this model{hint}: " + "; ".join(diffs)
-                          + " (params differ: " + ", ".join(params) + ")")
-
-
-# ------------------------------------------------------------------------------------------ saved settings
-
-
-class _Literal:
-    """What a gin reference (``@name``) or macro (``%name``) in a saved config stands for here: its text."""
-
-    def __init__(self, text: str):
-        self.text = text
-
-    def __repr__(self) -> str:
-        return self.text
-
-
-def saved_settings(meta: dict[str, Any]) -> dict[str, Any]:
-    """``{'ClassName.field': value}`` of a checkpoint: every binding of its operative config (``config_gin``,
-    any gin layout, multi-line values included), and its recorded ``model`` fields as ``ModelConfig.<field>``
-    where the config text lacks them.
-
-    Raises:
-      CheckpointError: the config text is not gin.
-    """
-    from gin import config_parser
-
-    class Delegate(config_parser.ParserDelegate):
-        def configurable_reference(self, name, evaluate):
-            return _Literal(f"@{name}{'()' if evaluate else ''}")
-
-        def macro(self, name):
-            return _Literal(f"%{name}")
-
-    out: dict[str, Any] = {}
-    try:
-        for st in config_parser.ConfigParser(meta.get("config_gin") or "", Delegate()):
-            if isinstance(st, config_parser.BindingStatement):
-                out[f"{st.selector.rsplit('.', 1)[-1]}.{st.arg_name}"] = st.value
-    except SyntaxError as e:
-        raise CheckpointError(f"its saved config is not gin: {e}") from None
-    for k, v in (meta.get("model") or {}).items():
-        out.setdefault(f"ModelConfig.{k}", v)
-    return out
-
-
-def same_value(a: Any, b: Any) -> bool:
-    """Equal as JSON values (a tuple from gin equals a list from JSON)."""
-    try:
-        return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
-    except TypeError:
-        return False
-
-
-def check_saved_config(meta: dict[str, Any], where: str) -> list[str]:
-    """The one rule for settings a checkpoint's saved config has and this version of jaxpt does not know, applied
-    by both restore paths (training resume, :func:`jaxpt.restore`).
-
-    Such a setting is harmless, and reported (logged) and ignored, when the checkpoint records it as bookkeeping
-    (:data:`jaxpt.config.BOOKKEEPING` of the writing version) or at its default (the writer's behaviour without
-    it, which is this version's); for an older checkpoint that records neither, when its config is all
-    bookkeeping (``CheckpointConfig``, ``HeldoutEvalConfig``) or not a jaxpt config at all. Any other unknown
-    setting may change shapes or numerics: the checkpoint is refused, naming it.
-
-    Returns the ignored settings as ``'ClassName.field = value'``.
-
-    Raises:
-      CheckpointError: naming every refused setting and its value.
-    """
-    from jaxpt import config as config_lib
-    known = config_lib.config_fields()
-    recorded = meta.get("config_fields") or {}
-    refused, ignored = [], []
-    for key, value in sorted(saved_settings(meta).items()):
-        if key in known:
-            continue
-        info = recorded.get(key)
-        if info is not None:
-            harmless = bool(info.get("bookkeeping")) or same_value(value, info.get("default"))
-        else:
-            harmless = key.split(".")[0] not in config_lib.CONFIG_CLASSES or config_lib.is_bookkeeping(key)
-        (ignored if harmless else refused).append(f"{key} = {value!r}")
-    if refused:
-        raise CheckpointError(f"{where}: its saved config sets {', '.join(refused)}, unknown to this version of "
-                              "jaxpt and able to change shapes or numerics; restore it with the jaxpt that wrote it "
-                              "(run.json names its git commit)")
-    if ignored:
-        log.warning("%s: ignoring saved settings this version does not know (harmless): %s", where,
-                    ", ".join(ignored))
-    return ignored
+        return self.restore(max(good), abstract_state, data_iterator=None), max(good)

@@ -11,11 +11,15 @@ Gin usage is T5X-style. Each config dataclass is a gin configurable under its ow
 are applied as bindings, then every ``--gin 'BINDING'`` (applied last, so it wins over everything).
 
 Every config dataclass checks its own fields when it is built (types, ``Literal`` choices, ranges; see
-:mod:`jaxpt.util.validation`), so :func:`parse` already refuses ``ModelConfig.compute_dtype = 'float8'``.
-:func:`validate` then checks what needs two configs or the devices (mesh sizes, unused mesh axes, batch and
-head divisibility, learning-rate phases against the run's horizon) before anything is compiled. Both raise
-:class:`ConfigError` naming the offending key (a misspelled one with :func:`did_you_mean`'s suggestion).
-:func:`operative_config_str` renders every setting of a config. This module never touches ``jax.distributed``.
+:mod:`jaxpt.util.validation`), so :func:`parse` already refuses ``ModelConfig.compute_dtype = 'float8'``, raising
+:class:`ConfigError` naming the offending key (a misspelled one with :func:`did_you_mean`'s suggestion). What needs
+two configs or the devices is checked by :func:`jaxpt.run.validate.validate`, once per start.
+
+This module holds gin, the config dataclasses (:class:`TrainConfig`, :class:`DataConfig`, :class:`HeldoutEvalConfig`,
+and the registration of the others, which live with their owners), the flags every program shares, the operative
+config a run writes (:func:`operative_config_str`), and the reading of a config saved in a checkpoint
+(:func:`saved_settings`, :func:`check_saved_config`, :func:`changed_settings`). It reads no device, checkpoint or
+data file, and never touches ``jax.distributed``.
 """
 
 from __future__ import annotations
@@ -27,22 +31,81 @@ import hashlib
 import json
 import re
 import typing
-from typing import Literal, Sequence
+import logging
+from typing import Any, Literal, Sequence
 
 import gin
 
 from jaxpt.training import batch_ramp
 from jaxpt.util import fs
 from jaxpt import mesh as mesh_lib
-from jaxpt.run import lineage as stage_lib
 from jaxpt.checkpoint import CheckpointConfig
 from jaxpt.data import mixture as mixture_lib
-from jaxpt.util.errors import ConfigError
-from jaxpt.eval.inloop import HeldoutEvalConfig
+from jaxpt.util.errors import CheckpointError, ConfigError
 from jaxpt.model.config import ModelConfig
 from jaxpt.training.optim import OptimizerConfig
 from jaxpt.training.stability import StabilityConfig
 from jaxpt.util.validation import check_types, field_error, non_negative, positive, require
+
+log = logging.getLogger("jaxpt.config")
+
+#: Groupings of held-out figures: by document domain, by language, and by both.
+GROUPINGS = ("domain", "lang", "domain_lang")
+
+
+@dataclasses.dataclass(frozen=True)
+class HeldoutEvalConfig:
+    """In-loop per-group held-out evaluation (:mod:`jaxpt.eval.inloop`).
+
+    Attributes:
+      enabled: add the per-group figures to every held-out evaluation of the loop.
+      group_by: groupings to report (``domain``, ``lang``, ``domain_lang``; :data:`GROUPINGS`).
+      source: held-out source (file or corpus directory); '' = ``DataConfig.heldout_path`` (or ``corpus_dir``).
+      stride: new tokens per later window of a long document; 0 = ``seq_len // 2``.
+
+    Raises:
+      ConfigError: at construction, naming ``HeldoutEvalConfig.<field> = <value>``: a wrong type, a grouping
+        not in :data:`GROUPINGS`, or a negative ``stride``.
+    """
+
+    enabled: bool = False
+    group_by: tuple[str, ...] = ("domain", "lang")
+    source: str = ""
+    stride: int = 0
+
+    def __post_init__(self) -> None:
+        check_types(self)
+        require(self, "group_by", set(self.group_by) <= set(GROUPINGS), f"each grouping must be one of {GROUPINGS}")
+        non_negative(self, "stride")
+
+
+def parse_init_from(text: str) -> tuple[str, int | None]:
+    """``TrainConfig.init_from``: ``'dir@200'`` -> ``('dir', 200)``; ``'dir'`` -> ``('dir', None)``; ``''`` ->
+    ``('', None)``. A trailing ``/checkpoints`` is dropped (the run directory is what is meant).
+
+    Raises:
+      ValueError: a step that is not a positive integer.
+    """
+    if not text:
+        return "", None
+    path, sep, step = text.rpartition("@")
+    if not sep:
+        path, step_n = text, None
+    else:
+        if not step.isdigit() or int(step) < 1:
+            raise ValueError(f"'@{step}' is not a step (a positive integer)")
+        step_n = int(step)
+    path = path.rstrip("/")
+    if fs.basename(path) == "checkpoints":
+        path = fs.dirname(path)
+    return path, step_n
+
+
+def start_step(cfg) -> int:
+    """The global step the run's stage starts from: the ``@step`` of ``TrainConfig.init_from`` (resolved to the
+    parent's step by :mod:`jaxpt.run.lineage`), else 0. The learning-rate schedule's horizon is
+    ``TrainConfig.steps`` minus it."""
+    return (parse_init_from(cfg.init_from)[1] or 0) if cfg.init_from else 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,7 +185,7 @@ class TrainConfig:
 
     Attributes:
       model, optimizer, data, checkpoint, stability, heldout_eval: sub-configs (``heldout_eval``: the
-        loop's per-domain held-out figures, :class:`jaxpt.eval.inloop.HeldoutEvalConfig`).
+        loop's per-domain held-out figures, :class:`HeldoutEvalConfig`).
       mesh: mesh sizes, e.g. ``'data=2,fsdp=2,tensor=2'``; one axis may be -1 (the remaining devices).
         With ``dcn_mesh`` set, these are the sizes *within* a slice (ICI). An axis of size > 1 must be
         used by some ``logical_axis_rules`` entry (:func:`validate`).
@@ -219,7 +282,7 @@ class TrainConfig:
     def __post_init__(self) -> None:
         check_types(self)
         try:
-            stage_lib.parse_init_from(self.init_from)
+            parse_init_from(self.init_from)
         except ValueError as e:
             raise field_error(self, "init_from", f"'<run dir>[@step]': {e}") from None
         require(self, "reset_optimizer", self.init_from or not self.reset_optimizer,
@@ -267,7 +330,7 @@ CONFIG_CLASSES: dict[str, type] = {cls.__name__: cls for cls in _GIN}
 
 #: Settings that change neither shapes nor numerics of the model or of training (where files go, how often to
 #: log, evaluate or save, the device layout; ``None``: every field of that config). Every other setting is
-#: taken to change them: :func:`jaxpt.checkpoint.check_saved_config` refuses a checkpoint that has such a
+#: taken to change them: :func:`check_saved_config` refuses a checkpoint that has such a
 #: setting this version does not know (unless it holds its default), and reports and ignores the others.
 BOOKKEEPING: dict[str, frozenset[str] | None] = {
     "CheckpointConfig": None,
@@ -389,184 +452,6 @@ def did_you_mean(gin_message: str) -> str:
     return f"\n  did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
 
 
-def _mesh_shape(cfg: TrainConfig, num_devices: int) -> mesh_lib.MeshShape:
-    """Resolved ICI and DCN sizes; raises ConfigError naming ``TrainConfig.mesh`` or ``TrainConfig.dcn_mesh``."""
-    try:
-        return mesh_lib.resolve_mesh(cfg.mesh, cfg.dcn_mesh, num_devices)
-    except mesh_lib.MeshError as e:
-        raise ConfigError(f"TrainConfig.{e.key} = {getattr(cfg, e.key)!r}: {e}") from None
-
-
-def _check_mesh_axes_used(cfg: TrainConfig, sizes: dict[str, int]) -> None:
-    """An axis of size > 1 that no logical-axis rule uses only replicates work: refuse it, naming it."""
-    model_axes = set(mesh_lib.LOGICAL_AXES) - ({"exp"} if not cfg.model.num_moe_layers else set())
-    unused = mesh_lib.unused_mesh_axes(sizes, cfg.logical_axis_rules, model_axes)
-    if not unused:
-        return
-    where = f"TrainConfig.mesh = {cfg.mesh!r}" + (f", TrainConfig.dcn_mesh = {cfg.dcn_mesh!r}" if cfg.dcn_mesh else "")
-    reasons = []
-    if "expert" in unused and not cfg.model.num_moe_layers:  # a rule uses it, but a dense model has nothing there
-        reasons.append(f"mesh axis 'expert' (size {unused.pop('expert')}) has nothing to split: it splits the "
-                       f"experts of MoE layers and ModelConfig.mlp = {cfg.model.mlp!r} has none; give it size 1, "
-                       "or train an MoE model (ModelConfig.mlp = 'moe')")
-    if unused:
-        axes = ", ".join(f"{a!r} (size {n})" for a, n in unused.items())
-        one = len(unused) == 1
-        reasons.append(f"mesh {'axis' if one else 'axes'} {axes} {'is' if one else 'are'} used by no "
-                       "TrainConfig.logical_axis_rules entry, so every array would be replicated over "
-                       f"{'it' if one else 'them'} (the same work repeated); give {'it' if one else 'them'} "
-                       f"size 1, or map a logical axis to {'it' if one else 'them'}")
-    raise ConfigError(f"{where}: " + "; ".join(reasons))
-
-
-def _check_expert_axis(cfg: TrainConfig, sizes: dict[str, int]) -> None:
-    """Mesh ``expert`` splits the experts of each MoE layer (logical ``exp``) evenly. (For a dense model it is
-    refused as unused: :func:`_check_mesh_axes_used`.)"""
-    n, m = sizes["expert"], cfg.model
-    if n > 1 and m.num_moe_layers and m.moe_num_experts % n:
-        raise ConfigError(f"ModelConfig.moe_num_experts = {m.moe_num_experts} is not divisible by mesh "
-                          f"expert = {n} (TrainConfig.mesh = {cfg.mesh!r})")
-    if n > 1 and m.num_moe_layers and m.moe_dropless:
-        # The dropless path sorts all of a call's assignments by expert and runs jax.lax.ragged_dot on them:
-        # under the SPMD partitioner that is one global sort and every expert's weights gathered, not experts
-        # split over devices with tokens exchanged. An expert-parallel dropless layer needs a shard_map with
-        # a ragged all-to-all (MegaBlocks/MaxText style), which jaxpt does not have.
-        raise ConfigError(f"ModelConfig.moe_dropless = True is not expert-parallel, so mesh expert = {n} "
-                          f"(TrainConfig.mesh = {cfg.mesh!r}) is refused: use expert = 1 (experts then split "
-                          "over fsdp/tensor like other weights), or capacity mode (moe_dropless = False; "
-                          "moe_capacity_factor >= moe_num_experts / moe_top_k drops nothing)")
-
-
-def _check_batch(cfg: TrainConfig, sizes: dict[str, int]) -> None:
-    """The global batch splits into micro-batches and each of those over the data-parallel shards."""
-    dp = mesh_lib.data_parallel_size(sizes, cfg.logical_axis_rules)
-    if cfg.global_batch_size % dp:
-        raise ConfigError(
-            f"TrainConfig.global_batch_size = {cfg.global_batch_size} is not divisible by the data-parallel "
-            f"size {dp} (mesh {mesh_lib.format_mesh(sizes)}; batch is sharded over the 'batch' rule's axes)")
-    if cfg.global_batch_size % (dp * cfg.grad_accum_steps):
-        raise ConfigError(
-            f"TrainConfig.global_batch_size = {cfg.global_batch_size} is not divisible by data-parallel size "
-            f"{dp} x TrainConfig.grad_accum_steps = {cfg.grad_accum_steps} (each micro-batch must split "
-            f"evenly over the data-parallel shards)")
-    n = cfg.data.num_shards
-    if n and cfg.global_batch_size % n:
-        raise ConfigError(f"DataConfig.num_shards = {n} must divide TrainConfig.global_batch_size = "
-                          f"{cfg.global_batch_size}")
-    batch_ramp.validate(cfg, dp)
-
-
-def _check_context_parallel(cfg: TrainConfig, sizes: dict[str, int]) -> None:
-    """With the row split over devices (``length`` -> ``sequence``), each holds two equal chunks (causal load
-    balancing, :mod:`jaxpt.model.context_parallel`) and the attention implementation must support it."""
-    from jaxpt.model import context_parallel
-    shards = mesh_lib.logical_axis_size(sizes, cfg.logical_axis_rules, "length")
-    if shards == 1:
-        return
-    if cfg.seq_len % (2 * shards):
-        raise ConfigError(
-            f"TrainConfig.seq_len = {cfg.seq_len} is not divisible by 2 x {shards} (mesh "
-            f"{mesh_lib.format_mesh(sizes)} splits each row over {shards} devices, each holding a front and a "
-            f"back chunk for causal load balancing)")
-    if cfg.model.attention_impl not in context_parallel.SUPPORTED:
-        raise ConfigError(
-            f"ModelConfig.attention_impl = {cfg.model.attention_impl!r} does not run with context parallelism "
-            f"(mesh {mesh_lib.format_mesh(sizes)}); choose one of {', '.join(context_parallel.SUPPORTED)}")
-    if cfg.model.attention_impl == "splash":
-        bad = context_parallel.splash_misfit(cfg.seq_len, shards)
-        if bad:
-            raise ConfigError(f"TrainConfig.seq_len = {cfg.seq_len} with ModelConfig.attention_impl = 'splash' over "
-                              f"mesh sequence = {shards}: {bad}")
-
-
-def _check_pipeline(cfg: TrainConfig, sizes: dict[str, int]) -> None:
-    """With ``stage > 1``: the micro-batches cover the stages, split each model call's batch evenly over the
-    data-parallel shards, and the layers split into ``stages x pipeline_repeats`` equal groups."""
-    m, S = cfg.model, sizes[mesh_lib.PIPELINE_AXIS]
-    if S == 1:
-        return
-    M = m.pipeline_microbatches or S
-    where = f"(mesh stage = {S})"
-    if M < S:
-        raise ConfigError(f"ModelConfig.pipeline_microbatches = {m.pipeline_microbatches} is fewer than the {S} "
-                          f"pipeline stages {where}: every stage must have a micro-batch to work on")
-    rows = cfg.global_batch_size // cfg.grad_accum_steps
-    dp = mesh_lib.data_parallel_size(sizes, cfg.logical_axis_rules)
-    if rows % (M * dp):
-        raise ConfigError(
-            f"ModelConfig.pipeline_microbatches = {M} does not divide the {rows} rows of each model call "
-            f"(TrainConfig.global_batch_size = {cfg.global_batch_size} / TrainConfig.grad_accum_steps = "
-            f"{cfg.grad_accum_steps}) into micro-batches that split evenly over the data-parallel size {dp}")
-    if m.attention_impl == "splash":
-        raise ConfigError(f"ModelConfig.attention_impl = 'splash' cannot run inside the pipeline {where}: its Pallas "
-                          "kernel's own shard_map does not nest in the pipeline's yet; use 'blockwise' (or 'auto', "
-                          "which picks it there)")
-    if m.num_moe_layers:
-        raise ConfigError(f"ModelConfig.mlp = 'moe' does not run inside the pipeline {where} yet (its per-expert "
-                          "metrics and all-to-all are untested under the stage shard_map); use a mesh without stage")
-    if mesh_lib.logical_axis_size(sizes, cfg.logical_axis_rules, "length") > 1:
-        raise ConfigError(f"TrainConfig.mesh = {cfg.mesh!r}: context parallelism (the row split over `sequence`) "
-                          f"does not run inside the pipeline {where} yet; use one or the other")
-    groups = S * m.pipeline_repeats
-    if m.num_layers % groups:
-        raise ConfigError(f"ModelConfig.num_layers = {m.num_layers} is not divisible by {S} stages x "
-                          f"ModelConfig.pipeline_repeats = {m.pipeline_repeats} {where}")
-
-
-def validate(cfg: TrainConfig, num_devices: int) -> dict[str, int]:
-    """Check the config across its parts and against the device count, before any compile.
-
-    Each config already checked its own fields when it was built (types, ranges, choices); this checks
-    what needs two configs or the devices.
-
-    Args:
-      cfg: the config.
-      num_devices: devices in the whole run (all processes).
-
-    Returns:
-      The resolved mesh sizes ``{axis: size}`` (ICI x DCN per axis, every axis of ``mesh.MESH_AXES``).
-
-    Raises:
-      ConfigError: naming the key: mesh sizes that do not fit the devices (``TrainConfig.mesh`` /
-        ``dcn_mesh``); a mesh axis of size > 1 that no logical-axis rule uses; a global batch not divisible
-        by the data-parallel size x ``grad_accum_steps``, or by ``DataConfig.num_shards``; with mesh
-        ``stage > 1``, ``ModelConfig.pipeline_microbatches`` below the stage count or not dividing each model
-        call's rows into data-parallel-divisible micro-batches, ``ModelConfig.num_layers`` not divisible by
-        stages x ``ModelConfig.pipeline_repeats``, ``attention_impl = 'splash'``, an MoE MLP, or the row also split over
-        ``sequence``; heads or kv heads not divisible by mesh ``tensor``; ``seq_len`` above
-        ``ModelConfig.max_seq_len``; with the row split over ``sequence`` (context parallelism), ``seq_len`` not
-        divisible by 2 x its size, or an ``attention_impl`` that does not support it, or rows splash cannot
-        block; schedule phases that do not fit the decay horizon (:func:`jaxpt.training.optim.check_schedule`; a stage's
-        horizon is ``steps`` minus its start step, :func:`jaxpt.run.lineage.start_step`); mesh ``expert`` > 1 for a
-        model without MoE layers, or not dividing ``ModelConfig.moe_num_experts``, or with
-        ``ModelConfig.moe_dropless`` (not expert-parallel).
-    """
-    m = cfg.model
-    sizes = _mesh_shape(cfg, num_devices).sizes
-    _check_mesh_axes_used(cfg, sizes)
-    _check_expert_axis(cfg, sizes)
-    _check_batch(cfg, sizes)
-    _check_pipeline(cfg, sizes)
-    tensor = sizes["tensor"]
-    if m.num_heads % tensor:
-        raise ConfigError(f"ModelConfig.num_heads = {m.num_heads} is not divisible by mesh tensor = {tensor}")
-    if m.num_kv_heads % tensor:
-        raise ConfigError(f"ModelConfig.num_kv_heads = {m.num_kv_heads} is not divisible by mesh tensor = {tensor}")
-    if m.num_moe_layers and m.moe_group_size and cfg.seq_len % m.moe_group_size:
-        raise ConfigError(f"ModelConfig.moe_group_size = {m.moe_group_size} does not divide TrainConfig.seq_len = "
-                          f"{cfg.seq_len} (routing groups are cut from rows)")
-    if cfg.seq_len > m.max_seq_len:
-        raise ConfigError(f"TrainConfig.seq_len = {cfg.seq_len} exceeds ModelConfig.max_seq_len = {m.max_seq_len}")
-    _check_context_parallel(cfg, sizes)
-    from jaxpt.training.optim import check_schedule
-    start = stage_lib.start_step(cfg)
-    if start and cfg.steps <= start:
-        raise ConfigError(f"TrainConfig.steps = {cfg.steps} must exceed the step the stage starts from ({start}, "
-                          f"TrainConfig.init_from = {cfg.init_from!r}): steps counts from the start of the first stage")
-    check_schedule(cfg.optimizer, cfg.steps - start)
-    return sizes
-
-
 def operative_config_str(cfg: TrainConfig) -> str:
     """The operative config of ``cfg``: one gin binding per field of every config, sorted, one a line.
 
@@ -616,3 +501,102 @@ def from_args(args: argparse.Namespace) -> TrainConfig:
     """Build the config from parsed :func:`add_arguments` flags."""
     extra = [f"TrainConfig.profile_steps = {args.profile_steps!r}"] if getattr(args, "profile_steps", None) else []
     return parse(args.config, [*extra, *args.gin], workdir=args.workdir, steps=args.steps, mesh=args.mesh)
+
+
+# ------------------------------------------------------------------------------------------ saved configs
+
+
+class _Literal:
+    """What a gin reference (``@name``) or macro (``%name``) in a saved config stands for here: its text."""
+
+    def __init__(self, text: str):
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+def saved_settings(meta: dict[str, Any]) -> dict[str, Any]:
+    """``{'ClassName.field': value}`` of a checkpoint: every binding of its operative config (``config_gin``,
+    any gin layout, multi-line values included), and its recorded ``model`` fields as ``ModelConfig.<field>``
+    where the config text lacks them.
+
+    Raises:
+      CheckpointError: the config text is not gin.
+    """
+    from gin import config_parser
+
+    class Delegate(config_parser.ParserDelegate):
+        def configurable_reference(self, name, evaluate):
+            return _Literal(f"@{name}{'()' if evaluate else ''}")
+
+        def macro(self, name):
+            return _Literal(f"%{name}")
+
+    out: dict[str, Any] = {}
+    try:
+        for st in config_parser.ConfigParser(meta.get("config_gin") or "", Delegate()):
+            if isinstance(st, config_parser.BindingStatement):
+                out[f"{st.selector.rsplit('.', 1)[-1]}.{st.arg_name}"] = st.value
+    except SyntaxError as e:
+        raise CheckpointError(f"its saved config is not gin: {e}") from None
+    for k, v in (meta.get("model") or {}).items():
+        out.setdefault(f"ModelConfig.{k}", v)
+    return out
+
+
+def same_value(a: Any, b: Any) -> bool:
+    """Equal as JSON values (a tuple from gin equals a list from JSON)."""
+    try:
+        return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+    except TypeError:
+        return False
+
+
+def check_saved_config(meta: dict[str, Any], where: str) -> list[str]:
+    """The one rule for settings a checkpoint's saved config has and this version of jaxpt does not know, applied
+    by both restore paths (training resume, :func:`jaxpt.restore`).
+
+    Such a setting is harmless, and reported (logged) and ignored, when the checkpoint records it as bookkeeping
+    (:data:`jaxpt.config.BOOKKEEPING` of the writing version) or at its default (the writer's behaviour without
+    it, which is this version's); for an older checkpoint that records neither, when its config is all
+    bookkeeping (``CheckpointConfig``, ``HeldoutEvalConfig``) or not a jaxpt config at all. Any other unknown
+    setting may change shapes or numerics: the checkpoint is refused, naming it.
+
+    Returns the ignored settings as ``'ClassName.field = value'``.
+
+    Raises:
+      CheckpointError: naming every refused setting and its value.
+    """
+    known = config_fields()
+    recorded = meta.get("config_fields") or {}
+    refused, ignored = [], []
+    for key, value in sorted(saved_settings(meta).items()):
+        if key in known:
+            continue
+        info = recorded.get(key)
+        if info is not None:
+            harmless = bool(info.get("bookkeeping")) or same_value(value, info.get("default"))
+        else:
+            harmless = key.split(".")[0] not in CONFIG_CLASSES or is_bookkeeping(key)
+        (ignored if harmless else refused).append(f"{key} = {value!r}")
+    if refused:
+        raise CheckpointError(f"{where}: its saved config sets {', '.join(refused)}, unknown to this version of "
+                              "jaxpt and able to change shapes or numerics; restore it with the jaxpt that wrote it "
+                              "(run.json names its git commit)")
+    if ignored:
+        log.warning("%s: ignoring saved settings this version does not know (harmless): %s", where,
+                    ", ".join(ignored))
+    return ignored
+
+
+def changed_settings(meta: dict[str, Any], cfg: TrainConfig) -> list[str]:
+    """Settings that change numerics and differ between a checkpoint's saved config (its ``meta``) and ``cfg``, as
+    ``'changed since the checkpoint: Class.field = old -> new'`` (reported on resume and at a stage start: a
+    deliberate change, such as a new learning rate, is allowed, but never silent). ``ModelConfig.vocab_size`` is
+    left out (0 in a config means "the tokenizer's"; the admission check compares the params it shapes)."""
+    saved = saved_settings({"config_gin": meta.get("config_gin")})
+    now = saved_settings({"config_gin": operative_config_str(cfg)})
+    return [f"changed since the checkpoint: {k} = {saved[k]!r} -> {now[k]!r}" for k in sorted(now)
+            if k in saved and not is_bookkeeping(k) and k != "ModelConfig.vocab_size"
+            and not same_value(saved[k], now[k])]

@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger("jaxpt").setLevel(logging.INFO)
         distributed.log_startup(startup)
         if args.dry_run:
-            print(preflight.format_plan(preflight.plan(cfg)))
+            print(preflight.format_plan(preflight.plan(preflight.resolve(cfg))))
         else:
             run_training(cfg)
     except ConfigError as e:

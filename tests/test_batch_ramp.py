@@ -14,6 +14,7 @@ from jaxpt.run import monitor
 from jaxpt.training import optim
 from jaxpt import train
 from jaxpt.util.errors import ConfigError
+from jaxpt.run.validate import validate
 
 
 def test_schedule_sizes_tokens_and_lr_rule_by_hand():
@@ -48,10 +49,10 @@ def test_schedule_that_does_not_fit_the_run_is_refused_naming_the_field():
     for text, gbs, accum, mesh, match in bad:
         cfg = C.TrainConfig(batch_size_schedule=text, global_batch_size=gbs, grad_accum_steps=accum, mesh=mesh)
         if match is None:
-            C.validate(cfg, 8)
+            validate(cfg, 8)
             continue
         with pytest.raises(ConfigError, match=f"batch_size_schedule = '{text}'.*{match}"):
-            C.validate(cfg, 8)
+            validate(cfg, 8)
     with pytest.raises(ConfigError, match="TrainConfig.batch_lr_scaling = 'cube'"):
         C.TrainConfig(batch_lr_scaling="cube")
 
@@ -87,7 +88,7 @@ def test_ramp_resumed_mid_ramp_equals_uninterrupted_bitwise(prepared_sample, tmp
     from jaxpt.data import stream, tokenizer
     import dataclasses
     plain = dataclasses.replace(cfg, batch_size_schedule="", global_batch_size=8)
-    it = stream.train_batches(plain, tokenizer.Tokenizer.load(cfg.data.tokenizer_path), 1)
+    it = stream.train_batches(plain, tokenizer.Tokenizer.load(cfg.data.tokenizer_path), 1, first_step=1)
     logged = [set(line["doc_index"]) for line in _jsonl(tmp_path / "whole" / "batches" / "process_0.jsonl")]
     for step, docs in enumerate(logged, 1):
         rows = np.concatenate([next(it)["doc_index"] for _ in range(1 if step <= 2 else 2)])
@@ -103,16 +104,16 @@ def test_a_changed_ramp_is_refused_at_resume(prepared_sample, tmp_path):
     """The saved data position counts batches of the ramp's sizes: resuming under another ramp (or adding or
     removing one) is refused naming the key and both values; the same ramp passes."""
     from jaxpt import checkpoint as ckpt_lib
-    from jaxpt.run import resolve as preflight
+    from jaxpt.run import lineage
     saved = {"config_gin": "TrainConfig.batch_size_schedule = '1:4,11:8,21:16'\n"}
     same = C.parse(["configs/quickstart.gin"], tiny_bindings(prepared_sample, tmp_path, **{
         "TrainConfig.batch_size_schedule": "'1:4,11:8,21:16'"}))
-    preflight._check_ramp_unchanged(saved, same, "ckpt/20")
+    lineage._check_ramp_unchanged(saved, same, "ckpt/20")
     for schedule in ("'1:8,21:16'", "''"):
         cfg = C.parse(["configs/quickstart.gin"], tiny_bindings(prepared_sample, tmp_path, **{
             "TrainConfig.batch_size_schedule": schedule}))
         with pytest.raises(ckpt_lib.CheckpointError, match=r"ckpt/20 was trained with TrainConfig.batch_size_schedule "
                                                           r"= '1:4,11:8,21:16', this run sets"):
-            preflight._check_ramp_unchanged(saved, cfg, "ckpt/20")
+            lineage._check_ramp_unchanged(saved, cfg, "ckpt/20")
     plain = C.parse(["configs/quickstart.gin"], tiny_bindings(prepared_sample, tmp_path))
-    preflight._check_ramp_unchanged({"config_gin": "TrainConfig.steps = 5\n"}, plain, "ckpt/5")  # no ramp either side
+    lineage._check_ramp_unchanged({"config_gin": "TrainConfig.steps = 5\n"}, plain, "ckpt/5")  # no ramp either side

@@ -270,21 +270,18 @@ def test_incomplete_saves_are_ignored_and_junk_is_an_error(trained10, tmp_path):
 
     empty_step = tmp_path / "empty_step"
     (empty_step / "checkpoints" / "7").mkdir(parents=True)
-    ckpt = Checkpointer(str(empty_step), CheckpointConfig())
+    from jaxpt import config as C
+    from jaxpt.run import lineage
+    at = lambda d: C.parse([], [f"TrainConfig.workdir = {str(d)!r}"])  # noqa: E731  # what a run would resume
     with pytest.raises(CheckpointError, match="checkpoints/7: cannot read its metadata"):
-        ckpt.resume(None, None, None, None)
-    ckpt.close()
+        lineage.trace(at(empty_step), None)
     junk = tmp_path / "junk"
     (junk / "checkpoints" / "notes").mkdir(parents=True)
-    ckpt = Checkpointer(str(junk), CheckpointConfig())
     with pytest.raises(CheckpointError, match=r"holds \['notes'\] but no restorable checkpoint"):
-        ckpt.resume(None, None, None, None)
-    ckpt.close()
+        lineage.trace(at(junk), None)
     only_tmp = tmp_path / "only_tmp"
     (only_tmp / "checkpoints" / "4.orbax-checkpoint-tmp-1").mkdir(parents=True)
-    ckpt = Checkpointer(str(only_tmp), CheckpointConfig())
-    assert ckpt.resume(None, None, None, None) == (None, 0)
-    ckpt.close()
+    assert lineage.trace(at(only_tmp), None)[1].kind == "fresh"
 
 
 # ------------------------------------------------------------------------------------------ policies

@@ -12,6 +12,7 @@ import pytest
 
 from jaxpt.tools import compile as compile_lib
 from jaxpt.util.errors import ConfigError
+from jaxpt.run.validate import validate
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 QUICKSTART = str(REPO / "configs" / "quickstart.gin")
@@ -117,7 +118,7 @@ def test_model_and_slice_presets_compose_with_the_quickstart_data_config(model, 
     from jaxpt.model import count_params
     cfg = config_lib.parse([QUICKSTART, str(REPO / "configs" / "models" / f"{model}.gin"),
                             str(REPO / "configs" / "slices" / f"{slice_name}.gin")])
-    sizes = config_lib.validate(cfg, chips)
+    sizes = validate(cfg, chips)
     assert sizes["fsdp"] == chips
     assert cfg.global_batch_size == per_chip * chips and cfg.seq_len == 8192
     m = cfg.model

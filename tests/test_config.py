@@ -6,6 +6,7 @@ import os
 import pytest
 
 from jaxpt import config as C
+from jaxpt.run.validate import validate
 
 QUICKSTART = os.path.join(os.path.dirname(__file__), "..", "configs", "quickstart.gin")
 
@@ -16,7 +17,7 @@ def parse(*bindings, **flags):
 
 def test_quickstart_parses_and_validates_on_8_devices():
     cfg = parse()
-    sizes = C.validate(cfg, 8)
+    sizes = validate(cfg, 8)
     assert sizes == {"stage": 1, "data": 2, "fsdp": 2, "sequence": 1, "expert": 1, "tensor": 2}
     assert cfg.model.d_model == 256 and cfg.seq_len == 128
 
@@ -68,7 +69,7 @@ def test_validation_errors_name_the_key(bindings, flags, key):
     """Checks across configs or against the 8 devices: the config builds, validate() refuses it."""
     cfg = parse(*bindings, **flags)
     with pytest.raises(C.ConfigError, match=key.replace(".", r"\.")):
-        C.validate(cfg, 8)
+        validate(cfg, 8)
 
 
 @pytest.mark.parametrize("binding, message", [
@@ -140,26 +141,26 @@ def test_heldout_eval_config_is_a_validated_train_config_field():
 def test_mesh_axes_no_rule_uses_are_refused():
     """expert is used by no default rule (sequence is: length -> sequence): size 2 on it would only replicate work."""
     with pytest.raises(C.ConfigError) as e:
-        C.validate(parse(mesh="data=2,expert=2,sequence=2"), 8)
+        validate(parse(mesh="data=2,expert=2,sequence=2"), 8)
     assert "TrainConfig.mesh = 'data=2,expert=2,sequence=2'" in str(e.value)
     assert "'expert' (size 2)" in str(e.value) and "'sequence'" not in str(e.value)
     # Rules that leave `length` unmapped make `sequence` unused again, and it is refused.
     no_cp = "TrainConfig.logical_axis_rules = (('batch', ('data', 'fsdp')), ('length', None))"
     with pytest.raises(C.ConfigError, match=r"'sequence' \(size 2\)"):
-        C.validate(parse(no_cp, mesh="data=4,sequence=2"), 8)
+        validate(parse(no_cp, mesh="data=4,sequence=2"), 8)
     # Across slices (DCN) too: the axis size is the ICI x DCN product.
     with pytest.raises(C.ConfigError, match=r"TrainConfig\.dcn_mesh = 'expert=2'.*'expert' \(size 2\)"):
-        C.validate(parse("TrainConfig.dcn_mesh = 'expert=2'", mesh="data=2,tensor=2"), 8)
+        validate(parse("TrainConfig.dcn_mesh = 'expert=2'", mesh="data=2,tensor=2"), 8)
     # A rule that maps a logical axis to the mesh axis makes it legal.
     rules = "TrainConfig.logical_axis_rules = (('batch', ('data', 'fsdp')), ('length', 'sequence'))"
-    assert C.validate(parse(rules, mesh="data=4,sequence=2"), 8)["sequence"] == 2
+    assert validate(parse(rules, mesh="data=4,sequence=2"), 8)["sequence"] == 2
 
 
 def test_mesh_minus_one_takes_remaining_devices():
     cfg = parse(mesh="data=-1,tensor=2")
-    assert C.validate(cfg, 8)["data"] == 4
+    assert validate(cfg, 8)["data"] == 4
     with pytest.raises(C.ConfigError, match="TrainConfig.mesh"):
-        C.validate(parse(mesh="data=-1,tensor=3"), 8)
+        validate(parse(mesh="data=-1,tensor=3"), 8)
 
 
 def test_cli_reports_config_error_without_traceback(capsys):

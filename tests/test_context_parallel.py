@@ -15,6 +15,7 @@ from jaxpt import mesh as M
 from jaxpt.util.errors import ConfigError
 from jaxpt.model import context_parallel as cp
 from jaxpt.model.attention import dot_product_attention, xla_attention
+from jaxpt.run.validate import validate
 
 QUICKSTART = "configs/quickstart.gin"
 
@@ -140,7 +141,7 @@ def test_quickstart_losses_with_sequence_axis_equal_data_parallel():
     batches = [packed_rows(rng, B, L, chunk=L // 8) for _ in range(20)]
     losses = {}
     for mesh in ("data=8", "sequence=2,data=4", "sequence=4,fsdp=2"):
-        built = builder.build(_quickstart(mesh))
+        built = builder.build_for(_quickstart(mesh))
         assert built.sizes["sequence"] == int(mesh.split(",")[0].split("=")[1]) if "sequence" in mesh else 1
         state, out = built.init_state(), []
         shardings = built.batch_shardings()
@@ -157,15 +158,15 @@ def test_quickstart_losses_with_sequence_axis_equal_data_parallel():
 
 def test_seq_len_must_split_into_two_chunks_per_device():
     with pytest.raises(ConfigError, match=r"TrainConfig\.seq_len = 36 is not divisible by 2 x 4"):
-        C.validate(C.parse([QUICKSTART], ["TrainConfig.seq_len = 36"], mesh="sequence=4,fsdp=2"), 8)
-    assert C.validate(C.parse([QUICKSTART], ["TrainConfig.seq_len = 40"], mesh="sequence=4,fsdp=2"), 8)["sequence"] == 4
+        validate(C.parse([QUICKSTART], ["TrainConfig.seq_len = 36"], mesh="sequence=4,fsdp=2"), 8)
+    assert validate(C.parse([QUICKSTART], ["TrainConfig.seq_len = 40"], mesh="sequence=4,fsdp=2"), 8)["sequence"] == 4
     # splash's query chunks must be whole 128-multiple blocks: 512 / (2 x 4) = 64 tokens are not.
     splash = ["ModelConfig.attention_impl = 'splash'", "ModelConfig.max_seq_len = 1024"]
     with pytest.raises(ConfigError, match=r"TrainConfig\.seq_len = 512 with ModelConfig\.attention_impl = 'splash'"):
-        C.validate(C.parse([QUICKSTART], splash + ["TrainConfig.seq_len = 512"], mesh="sequence=4,fsdp=2"), 8)
-    assert C.validate(C.parse([QUICKSTART], splash + ["TrainConfig.seq_len = 1024"], mesh="sequence=4,fsdp=2"), 8)
+        validate(C.parse([QUICKSTART], splash + ["TrainConfig.seq_len = 512"], mesh="sequence=4,fsdp=2"), 8)
+    assert validate(C.parse([QUICKSTART], splash + ["TrainConfig.seq_len = 1024"], mesh="sequence=4,fsdp=2"), 8)
     # Not checked without context parallelism.
-    assert C.validate(C.parse([QUICKSTART], ["TrainConfig.seq_len = 36"], mesh="data=8"), 8)["sequence"] == 1
+    assert validate(C.parse([QUICKSTART], ["TrainConfig.seq_len = 36"], mesh="data=8"), 8)["sequence"] == 1
 
 
 def test_sequence_of_one_leaves_the_program_unchanged():
@@ -174,6 +175,6 @@ def test_sequence_of_one_leaves_the_program_unchanged():
     cfg = _quickstart("data=2,fsdp=2,tensor=2")
     old_rules = tuple(r if r[0] != "length" else ("length", None) for r in M.DEFAULT_RULES)
     assert old_rules != M.DEFAULT_RULES
-    new = builder.build(cfg).hlo_fingerprint()
-    old = builder.build(dataclasses.replace(cfg, logical_axis_rules=old_rules)).hlo_fingerprint()
+    new = builder.build_for(cfg).hlo_fingerprint()
+    old = builder.build_for(dataclasses.replace(cfg, logical_axis_rules=old_rules)).hlo_fingerprint()
     assert new == old

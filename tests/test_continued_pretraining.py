@@ -121,8 +121,8 @@ def test_step_1_loss_is_the_base_models_loss_on_that_batch(base, tmp_path):
     assert first["workdir"] == str(base_dir.resolve()) and first["end_step"] == 0
     assert cont["parent"] == {"path": str(base_dir.resolve()), "step": 0} and cont["reset_optimizer"] is True
     assert cont["source"]["format"] == "huggingface" and cont["name"] == "continued"
-    pre = preflight.check(_cfg(base_dir, data, tmp_path / "again"))
-    assert pre.cfg.init_from == str(base_dir.resolve()) and stage.start_step(pre.cfg) == 0
+    pre = preflight.resolve(_cfg(base_dir, data, tmp_path / "again"))
+    assert pre.cfg.init_from == str(base_dir.resolve()) and C.start_step(pre.cfg) == 0
 
 
 def test_a_tokenizer_other_than_the_base_models_is_refused(base, tmp_path):
@@ -132,12 +132,12 @@ def test_a_tokenizer_other_than_the_base_models_is_refused(base, tmp_path):
     other = train_sentencepiece(_texts(300, 5) + ["zebra quartz"] * 50, tmp_path / "other.model", vocab_size=300)
     cfg = _cfg(base_dir, data, tmp_path / "run", **{"DataConfig.tokenizer_path": repr(str(other))})
     with pytest.raises(CheckpointError, match="tokenizer sha256"):
-        preflight.check(cfg)
+        preflight.resolve(cfg)
     meta_less = tmp_path / "no_tok"
     convert.write_params_checkpoint(str(meta_less), C.parse([str(base_dir / "model.gin")]), _params(base_dir),
                                     _mesh(), None, source={"format": "huggingface", "path": "x"})
     with pytest.raises(ConfigError, match="without a SentencePiece tokenizer.model"):
-        preflight.check(_cfg(meta_less, data, tmp_path / "run2",
+        preflight.resolve(_cfg(meta_less, data, tmp_path / "run2",
                              **{"DataConfig.tokenizer_path": repr(str(base_dir / "tokenizer.model"))}))
 
 

@@ -226,7 +226,7 @@ def test_staged_sample_run_logs_shares_and_resumes_with_a_new_mixture(prepared_s
     shares = {r["step"]: r for r in records if "mixture/stage" in r}
     # independent count: the first session's stream rebuilt from its config, steps 1..4
     tok = Tokenizer.load(c1.data.tokenizer_path)
-    batches = stream.train_batches(c1, tok, stream.data_shard_count(c1))
+    batches = stream.train_batches(c1, tok, stream.data_shard_count(c1), first_step=1)
     groups = mixture.group_names(mixture.schedule_from_config(c1.data))
     counts = {0: np.zeros(len(groups)), 1: np.zeros(len(groups))}
     for step in range(1, 5):
@@ -281,7 +281,7 @@ def test_preflight_names_an_unknown_group_before_anything_is_written(prepared_sa
         cfg = C.parse(["configs/quickstart.gin"], tiny_bindings(prepared_sample, tmp_path / "run", **{
             "DataConfig.mixture_weights": weights}))
         with pytest.raises(ConfigError, match=f"DataConfig.mixture_weights: group .*{words}"):
-            preflight.check(cfg)
+            preflight.resolve(cfg)
     assert not (tmp_path / "run").exists()
 
 

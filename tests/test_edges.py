@@ -381,7 +381,7 @@ def test_unknown_saved_settings_follow_one_rule_in_resume_and_restore(run6, tmp_
     import jaxpt
     bad = _with_saved_settings(run6, tmp_path / "bad", ["ModelConfig.qk_norm = True"], {"qk_norm": True},
                                {"ModelConfig.qk_norm": {"default": False, "bookkeeping": False}})
-    for attempt in (lambda: preflight.check(_cfg(run6, bad, 8)), lambda: train.run_training(_cfg(run6, bad, 8)),
+    for attempt in (lambda: preflight.resolve(_cfg(run6, bad, 8)), lambda: train.run_training(_cfg(run6, bad, 8)),
                     lambda: jaxpt.restore(bad)):
         with pytest.raises(ckpt_lib.CheckpointError, match=r"ModelConfig\.qk_norm = True"):
             attempt()
@@ -389,7 +389,7 @@ def test_unknown_saved_settings_follow_one_rule_in_resume_and_restore(run6, tmp_
                                                       "CheckpointConfig.compress = 'zstd'"], {"qk_norm": False},
                               {"ModelConfig.qk_norm": {"default": False, "bookkeeping": False},
                                "TrainConfig.log_hist": {"default": 0, "bookkeeping": True}})
-    notes = preflight.check(_cfg(run6, ok, 8, **{"OptimizerConfig.peak_learning_rate": "0.001"})).notes
+    notes = preflight.resolve(_cfg(run6, ok, 8, **{"OptimizerConfig.peak_learning_rate": "0.001"})).notes
     assert notes == ["ignored saved setting CheckpointConfig.compress = 'zstd'",
                      "ignored saved setting ModelConfig.qk_norm = False",
                      "ignored saved setting TrainConfig.log_hist = 3",

@@ -63,7 +63,7 @@ def test_fused_step_equals_separate_projections(kv_heads, mesh):
     by up to the learning rate (CI, Python 3.12: one element of 2,048 off by 2.4e-4 after 3 steps)."""
     runs = {}
     for fused in (False, True):
-        built = builder.build(config_lib.parse(["configs/quickstart.gin"], _bindings(kv_heads, fused, mesh)))
+        built = builder.build_for(config_lib.parse(["configs/quickstart.gin"], _bindings(kv_heads, fused, mesh)))
         state, metrics, batch = built.init_state(), [], packed_batch(built, B, L, V, 0)
         grads = _grads(built, state.params, batch)
         for _ in range(3):  # one batch, so the loss must fall

@@ -12,7 +12,8 @@ import pytest
 from flax import nnx
 
 from jaxpt.training import step as step_lib
-from jaxpt.checkpoint import CheckpointError, check_compatible
+from jaxpt.checkpoint import CheckpointError
+from jaxpt.run.lineage import check_compatible
 from jaxpt.util.errors import ConfigError
 from jaxpt.model import Decoder, ModelConfig
 from jaxpt.model.attention import register_attention

@@ -19,6 +19,7 @@ from jaxpt.training import flops
 from jaxpt.util.errors import ConfigError
 from jaxpt.model import Decoder, ModelConfig, count_params
 from jaxpt.model.moe import MoE, dispatch_and_combine, expert_capacity, route, sinkhorn_offsets
+from jaxpt.run.validate import validate
 
 TINY = ModelConfig(vocab_size=256, d_model=32, num_layers=2, num_heads=2, num_kv_heads=2, head_dim=16, mlp_dim=64,
                    max_seq_len=32, mlp="moe", moe_num_experts=4, moe_top_k=2, moe_capacity_factor=2.0)
@@ -214,9 +215,9 @@ def test_moe_config_errors_name_the_field():
     with pytest.raises(ConfigError, match=r"ModelConfig.moe_capacity_factor = 0"):
         dataclasses.replace(TINY, moe_capacity_factor=0.0)
     with pytest.raises(ConfigError, match=r"'expert' \(size 4\).*'swiglu' has none"):
-        C.validate(_tiny_train_cfg("expert=4,data=2", mlp="swiglu"), 8)
+        validate(_tiny_train_cfg("expert=4,data=2", mlp="swiglu"), 8)
     with pytest.raises(ConfigError, match=r"ModelConfig.moe_num_experts = 4 is not divisible by mesh expert = 8"):
-        C.validate(_tiny_train_cfg("expert=8"), 8)
+        validate(_tiny_train_cfg("expert=8"), 8)
     with pytest.raises(ConfigError, match=r"ModelConfig.moe_router_init_std = -0.1"):
         dataclasses.replace(TINY, moe_router_init_std=-0.1)
     with pytest.raises(ConfigError, match=r"ModelConfig.moe_router_sinkhorn_iters = -1"):
@@ -227,8 +228,8 @@ def test_moe_config_errors_name_the_field():
         assert 0.75 * expect < float(jnp.std(w)) < 1.25 * expect
     # dropless is not expert-parallel: refused on expert > 1, accepted on expert = 1 (data/fsdp/tensor)
     with pytest.raises(ConfigError, match=r"ModelConfig.moe_dropless = True is not expert-parallel.*expert = 2"):
-        C.validate(_tiny_train_cfg("expert=2,data=4", moe_dropless=True), 8)
-    assert C.validate(_tiny_train_cfg("fsdp=2,data=4", moe_dropless=True), 8)["expert"] == 1
+        validate(_tiny_train_cfg("expert=2,data=4", moe_dropless=True), 8)
+    assert validate(_tiny_train_cfg("fsdp=2,data=4", moe_dropless=True), 8)["expert"] == 1
 
 
 # ------------------------------------------------------------------------------- sharded, through build()
@@ -248,7 +249,7 @@ def test_expert_parallel_step_exchanges_tokens_all_to_all_and_reports_shares():
         return [float(m[f"moe/{name}/layer{layer}/expert{e}"]) for e in range(4)]
 
     for iters in (0, 5):
-        built = builder.build(_tiny_train_cfg("expert=4,data=2", moe_router_sinkhorn_iters=iters))
+        built = builder.build_for(_tiny_train_cfg("expert=4,data=2", moe_router_sinkhorn_iters=iters))
         state = built.init_state()
         batch = jax.device_put(_batch(8, 32, 256), built.batch_shardings())
         compiled = built.train_step.lower(state, batch).compile()
@@ -274,7 +275,7 @@ def test_expert_parallel_step_exchanges_tokens_all_to_all_and_reports_shares():
 
 
 def _losses(cfg, steps):
-    built = builder.build(cfg)
+    built = builder.build_for(cfg)
     state = built.init_state()
     out = []
     for i in range(steps):
@@ -304,7 +305,7 @@ def test_checkpoint_restores_across_expert_parallel_sizes(tmp_path):
     """A state saved on expert=4,data=2 restores on expert=2,data=4: the same params, placed on the new
     shardings, and the same next loss as continuing on the original mesh."""
     from jaxpt.checkpoint import CheckpointConfig, Checkpointer
-    built4 = builder.build(_tiny_train_cfg("expert=4,data=2"))
+    built4 = builder.build_for(_tiny_train_cfg("expert=4,data=2"))
     state = built4.init_state()
     batch = _batch(8, 32, 256, seed=3)
     state, _ = built4.train_step(state, jax.device_put(batch, built4.batch_shardings()))
@@ -316,8 +317,8 @@ def test_checkpoint_restores_across_expert_parallel_sizes(tmp_path):
     saved = jax.tree.map(np.asarray, state.params)
     _, m4 = built4.train_step(state, jax.device_put(_batch(8, 32, 256, seed=4), built4.batch_shardings()))
 
-    built2 = builder.build(_tiny_train_cfg("expert=2,data=4"))
-    restored, _ = Checkpointer(str(tmp_path), CheckpointConfig(), read_only=True).restore(1, built2.spec.abstract, None)
+    built2 = builder.build_for(_tiny_train_cfg("expert=2,data=4"))
+    restored = Checkpointer(str(tmp_path), CheckpointConfig(), read_only=True).restore(1, built2.spec.abstract, None)
     w = restored.params["blocks"][0]["mlp"]["w_up"]
     assert w.sharding.spec[0] == "expert" and w.sharding.mesh.shape["expert"] == 2
     jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, restored.params), saved)
@@ -332,7 +333,7 @@ def test_planner_counts_all_expert_params_in_memory_and_estimates_the_all_to_all
     from jaxpt.tools import plan
     from jaxpt.training import memory
     cfg = _tiny_train_cfg("expert=4,data=2")
-    sizes = C.validate(cfg, 8)
+    sizes = validate(cfg, 8)
     c = count_params(cfg.model)
     mem = memory.estimate_memory(cfg, sizes)
     expert_weights = 2 * 3 * 32 * 64 * 4             # 2 MoE layers x (w_gate, w_up, w_down) [E, D, F]
@@ -355,12 +356,12 @@ def test_presets_have_the_published_shapes():
     c = count_params(mixtral.model)
     assert c["total"] == 46_702_792_704 + 32 * 8
     assert round((c["matmul"] + c["embedding"]) / 1e8) == 129
-    assert C.validate(mixtral, 64)["expert"] == 4
+    assert validate(mixtral, 64)["expert"] == 4
     small = C.parse(["configs/quickstart.gin", "configs/models/moe_1b.gin"], []).model
     assert 0.95e9 < count_params(small)["total"] < 1.1e9 and (small.moe_num_experts, small.moe_top_k) == (8, 2)
     q = C.parse(["configs/quickstart_moe.gin"], ["ModelConfig.vocab_size = 512"])
     assert (q.model.mlp, q.model.moe_num_experts, q.model.moe_top_k, q.model.num_moe_layers) == ("moe", 4, 2, 4)
-    assert C.validate(q, 8) == {"stage": 1, "data": 2, "fsdp": 1, "sequence": 1, "expert": 4, "tensor": 1}
+    assert validate(q, 8) == {"stage": 1, "data": 2, "fsdp": 1, "sequence": 1, "expert": 4, "tensor": 1}
 
 
 # ------------------------------------------------------------------------------------------------ padding

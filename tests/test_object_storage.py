@@ -371,7 +371,7 @@ def test_convert_hf_to_jaxpt_and_back_on_the_bucket(gcs, tmp_path, monkeypatch):
     gin_text = fs.read_text(f"{jx}/model.gin")
     assert f"DataConfig.tokenizer_path = '{jx}/tokenizer.model'" in gin_text
     cfg = C.parse([f"{jx}/model.gin"], [f"TrainConfig.init_from = '{jx}'", "TrainConfig.steps = 10"])
-    parent = stage.find_parent(cfg, Tokenizer.load(f"{jx}/tokenizer.model").sha256)
+    parent = stage.trace(cfg, Tokenizer.load(f"{jx}/tokenizer.model"))[1].parent
     assert (parent.workdir, parent.step, parent.meta["source"]["path"]) == (jx, 0, src)
 
     assert convert.jaxpt_to_hf(jx, hf_out) == hf_out

@@ -46,7 +46,7 @@ def test_offloaded_optimizer_state_trains_to_the_same_numbers():
     in host memory after each step, the params in device memory."""
     runs = {}
     for offload in (False, True):
-        built = builder.build(_cfg(offload))
+        built = builder.build_for(_cfg(offload))
         state = built.init_state()
         losses = []
         for i in range(3):

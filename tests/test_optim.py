@@ -12,6 +12,7 @@ from flax import nnx
 from jaxpt.training import optim
 from jaxpt.util.errors import ConfigError
 from jaxpt.model import Decoder, ModelConfig
+from jaxpt.run.validate import validate
 
 
 def lr(cfg, total, step):
@@ -109,10 +110,10 @@ def test_schedule_horizon_from_train_steps_is_checked_by_validate():
     cfg = C.parse([], ["OptimizerConfig.schedule = 'wsd'", "OptimizerConfig.warmup_steps = 90",
                        "OptimizerConfig.decay_steps = 0"], steps=100, mesh="data=8")
     with pytest.raises(ConfigError, match=r"TrainConfig\.steps = 100"):
-        C.validate(cfg, 8)
+        validate(cfg, 8)
     ok = C.parse([], ["OptimizerConfig.schedule = 'wsd'", "OptimizerConfig.warmup_steps = 80",
                       "OptimizerConfig.decay_steps = 0"], steps=100, mesh="data=8")
-    C.validate(ok, 8)
+    validate(ok, 8)
     assert lr(ok.optimizer, 100, 100) == pytest.approx(ok.optimizer.peak_learning_rate * ok.optimizer.min_lr_ratio)
 
 

@@ -22,6 +22,7 @@ from jaxpt.checkpoint import Checkpointer, CheckpointConfig
 from jaxpt.util.errors import ConfigError
 from jaxpt.model import ModelConfig
 from jaxpt.model.pipeline import bubble_fraction, merge_microbatches, split_microbatches
+from jaxpt.run.validate import validate
 
 STEPS = 20
 
@@ -61,7 +62,7 @@ def _run_phases(phases, batches, state0) -> list[float]:
     each phase runs its config's step on the state carried on (placed on its shardings). Returns the losses."""
     state, out, done = state0, [], 0
     for cfg, n in phases:
-        built = cfg if isinstance(cfg, builder.Built) else builder.build(cfg)
+        built = cfg if isinstance(cfg, builder.Built) else builder.build_for(cfg)
         state = jax.device_put(state, built.spec.shardings)
         for b in batches[done:done + n]:
             state, metrics = built.train_step(state, b)
@@ -86,7 +87,7 @@ def test_pipelined_losses_equal_data_parallel(make, mesh, schedules):
     accumulation off (1) and on (2)."""
     ref_cfg = make("data=8")
     batches = _batches(ref_cfg, STEPS)
-    built = builder.build(ref_cfg)
+    built = builder.build_for(ref_cfg)
     state0 = jax.device_get(built.init_state())
     ref = _run_phases([(built, STEPS)], batches, state0)
     assert ref[-2] < ref[0] - 1e-3  # it learns (same batch), so equal losses compare updates, not only a forward
@@ -103,7 +104,7 @@ def test_restores_across_pipeline_layouts(tmp_path):
     uninterrupted stage=2 run's within rel 1e-5, and the stored parameter shapes do not depend on stages."""
     cfg2 = _eight_layers("stage=2,data=4", pipeline_repeats=2)
     batches = _batches(cfg2, 4, seed=1)
-    built = builder.build(cfg2)
+    built = builder.build_for(cfg2)
     state = built.init_state()
     for b in batches[:3]:
         state, _ = built.train_step(state, b)
@@ -116,10 +117,10 @@ def test_restores_across_pipeline_layouts(tmp_path):
     _, metrics = jax.block_until_ready(built.train_step(state, batches[3]))
     ref = float(metrics["loss"])
     for mesh, model in (("data=8", {}), ("stage=4,data=2", {"pipeline_microbatches": 4})):
-        other = builder.build(_eight_layers(mesh, **model))
+        other = builder.build_for(_eight_layers(mesh, **model))
         assert (jax.tree.map(lambda a: a.shape, other.spec.abstract.params)
                 == jax.tree.map(lambda a: a.shape, built.spec.abstract.params))
-        restored, _ = ckpt.restore(3, other.spec.abstract, None)
+        restored = ckpt.restore(3, other.spec.abstract, None)
         _, m = jax.block_until_ready(other.train_step(restored, batches[3]))
         assert abs(float(m["loss"]) - ref) <= 1e-5 * abs(ref), (mesh, float(m["loss"]), ref)
     ckpt.close()
@@ -144,7 +145,7 @@ def test_pipeline_config_errors_name_the_key(bindings, mesh, message):
     cfg = C.parse([], ["ModelConfig.vocab_size = 256", "TrainConfig.global_batch_size = 16",
                        "ModelConfig.num_layers = 4", *bindings], mesh=mesh)
     with pytest.raises(ConfigError, match=message):
-        C.validate(cfg, 8)
+        validate(cfg, 8)
 
 
 def test_only_layers_may_map_to_the_stage_axis():
@@ -208,4 +209,4 @@ def test_pipeline_refuses_an_moe_mlp_by_name():
     model = dataclasses.replace(cfg.model, mlp="moe", moe_num_experts=4, num_layers=4)
     cfg = dataclasses.replace(cfg, model=model, mesh="stage=2,data=4", global_batch_size=16)
     with pytest.raises(ConfigError, match="ModelConfig.mlp = 'moe'"):
-        config_lib.validate(cfg, 8)
+        validate(cfg, 8)

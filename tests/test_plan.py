@@ -17,6 +17,7 @@ from jaxpt.training import memory
 from jaxpt.training import state as state_lib
 from jaxpt.training import step as step_lib
 from jaxpt.model import count_params
+from jaxpt.run.validate import validate
 
 QUICKSTART = "configs/quickstart.gin"
 #: The bundled sample's tokenizer has 8192 pieces (artifacts/sample/prepare.json); bound here so these
@@ -114,7 +115,7 @@ def _cfg(mesh, *bindings):
 def test_param_and_optimizer_bytes_match_the_state_shardings(mesh):
     """Estimated per-device param and AdamW bytes equal the shard shapes of the real sharded state."""
     cfg = _cfg(mesh)
-    sizes = config_lib.validate(cfg, 8)
+    sizes = validate(cfg, 8)
     spec = state_lib.make_state_spec(cfg.model, lambda p: optim.make_optimizer(cfg.optimizer, 100, p),
                                      mesh_lib.make_mesh(sizes), cfg.logical_axis_rules)
 
@@ -195,7 +196,7 @@ def _compiled_step_bytes(cfg, sizes):
 
 def _check_against_compiled(mesh, *bindings):
     cfg = _cfg(mesh, *bindings)
-    sizes = config_lib.validate(cfg, jax.device_count())
+    sizes = validate(cfg, jax.device_count())
     measured = _compiled_step_bytes(cfg, sizes)
     est = memory.estimate_memory(cfg, sizes).total
     assert abs(est / measured - 1) <= 0.25, (est, measured)

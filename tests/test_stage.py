@@ -20,6 +20,7 @@ from jaxpt.run import monitor
 from jaxpt import train
 from jaxpt.checkpoint import CheckpointConfig, Checkpointer
 from jaxpt.util.errors import ConfigError
+from jaxpt.run.validate import validate
 
 MESH = "data=4,fsdp=2"
 PEAK = 3e-3
@@ -66,7 +67,7 @@ def parent_run(prepared_sample, tmp_path_factory):
 
 def _parent_state(prepared, parent_dir, cfg2, step):
     """The parent's saved params and optimizer state, read back from its checkpoint directly."""
-    abstract = builder.build(cfg2).spec.abstract
+    abstract = builder.build_for(cfg2).spec.abstract
     ckpt = Checkpointer(str(parent_dir), CheckpointConfig(enabled=False), read_only=True)
     try:
         return jax.device_get(ckpt.restore_fields(step, abstract, ("params", "opt_state")))
@@ -123,10 +124,10 @@ def test_extension_stage_can_reset_the_optimizer(prepared_sample, parent_run, tm
     from jaxpt.run import resolve as preflight, lineage as stage
     cfg = _stage2(prepared_sample, tmp_path / "reset", f"{parent_run}@3", steps=5,
                   **{"TrainConfig.reset_optimizer": True})
-    pre = preflight.check(cfg)
-    assert pre.cfg.init_from == f"{parent_run.resolve()}@3" and pre.parent.step == 3
-    built = builder.build(pre.cfg, tokenizer=pre.tokenizer)
-    start = jax.device_get(stage.begin_stage(built, pre.parent))
+    pre = preflight.resolve(cfg)
+    assert pre.cfg.init_from == f"{parent_run.resolve()}@3" and pre.lineage.parent.step == 3
+    built = builder.build(pre.layout)
+    start = jax.device_get(stage.begin_stage(built, pre.lineage.parent))
     parent = _parent_state(prepared_sample, parent_run, cfg, 3)
     for a, b in zip(jax.tree.leaves(start.params), jax.tree.leaves(parent["params"])):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
@@ -135,9 +136,9 @@ def test_extension_stage_can_reset_the_optimizer(prepared_sample, parent_run, tm
         assert any(np.abs(a).max() > 0 for a in _leaves(parent["opt_state"], name))
     assert [int(c) for c in _leaves(start.opt_state, "count")] == [0, 0]
     assert int(start.step) == 3 and int(start.num_updates) == 0
-    record = stage.stage_record(pre.cfg, pre.parent)
+    record = stage.stage_record(pre.cfg, pre.lineage.parent)
     assert record["parent"] == {"path": str(parent_run.resolve()), "step": 3} and record["reset_optimizer"] is True
-    assert stage.parent_stages(pre.parent)[-1]["end_step"] == 3
+    assert stage.parent_stages(pre.lineage.parent)[-1]["end_step"] == 3
 
 
 def test_stage_settings_are_checked(prepared_sample, tmp_path):
@@ -201,4 +202,4 @@ def test_stage_steps_at_or_below_the_parent_step_name_the_key():
     cfg = config_lib.parse(["configs/quickstart.gin"], ["TrainConfig.init_from = 'workdirs/parent@10'",
                                                          "TrainConfig.steps = 8", "ModelConfig.vocab_size = 512"])
     with pytest.raises(ConfigError, match=r"TrainConfig.steps = 8 must exceed the step the stage starts from \(10"):
-        config_lib.validate(cfg, 8)
+        validate(cfg, 8)

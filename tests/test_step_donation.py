@@ -28,7 +28,7 @@ def _kept_state_step(built):
 
 @pytest.mark.slow  # ~25 s: two compiles of the step
 def test_step_without_donation_keeps_its_input_state_and_matches_the_donated_step_bit_for_bit():
-    built = builder.build(config_lib.parse(["configs/quickstart.gin"], TINY))
+    built = builder.build_for(config_lib.parse(["configs/quickstart.gin"], TINY))
     donating = built.lower_train_step().compile()
     plain = _kept_state_step(built).lower(built.spec.abstract, built.abstract_batch()).compile()
     # Nothing aliased without donation; the default step aliases the state.

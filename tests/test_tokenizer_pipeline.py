@@ -327,7 +327,7 @@ def test_report_recommendation_follows_its_rule(reports):
 def test_run_config_follows_the_tokenizer(reports):
     """A run's model takes its vocabulary from the tokenizer (ModelConfig.vocab_size = 0); nothing else moves."""
     from jaxpt import config as config_lib
-    from jaxpt.run.build import resolve_vocab
+    from jaxpt.run.resolve import resolve_vocab
 
     cfg = config_lib.parse([str(QUICKSTART)])
     small, large = (resolve_vocab(cfg, Tokenizer.load(reports[0] / "tokenizers" / f"sp{v}.model"))

@@ -45,7 +45,7 @@ def runs():
     (the same batch each step)."""
     out = {}
     for shard in (False, True):
-        built = builder.build(_cfg(shard))
+        built = builder.build_for(_cfg(shard))
         compiled = built.lower_train_step().compile()
         state, states, metrics = built.init_state(), [], []
         for i in range(STEPS):
@@ -120,7 +120,7 @@ def test_checkpoint_restores_across_the_switch(runs, tmp_path, saved_sharded):
     ckpt.manager.save(2, args=ocp.args.Composite(state=ocp.args.StandardSave(saved), meta=ocp.args.JsonSave({})),
                       force=True)
     ckpt.close()
-    restored, _ = Checkpointer(str(tmp_path), CheckpointConfig(), read_only=True).restore(
+    restored = Checkpointer(str(tmp_path), CheckpointConfig(), read_only=True).restore(
         2, dst["built"].spec.abstract, None)
     for a, s in zip(jax.tree.leaves(restored.opt_state), jax.tree.leaves(dst["built"].spec.shardings.opt_state)):
         assert a.sharding.is_equivalent_to(s, a.ndim)

@@ -52,16 +52,15 @@ def data_shard_count(cfg, saved_shards: int | None = None) -> int:
     return jax.process_count()
 
 
-def _shard_iterator(cfg, tokenizer, k: int, n: int):
-    """Iterator of logical shard ``k`` of ``n``: local batches ``int32[global_batch / n, seq_len]`` per key.
+def _shard_iterator(cfg, tokenizer, k: int, n: int, first_step: int):
+    """Iterator of logical shard ``k`` of ``n``: local batches ``int32[global_batch / n, seq_len]`` per key, the
+    first feeding global step ``first_step``.
 
     A corpus version, or the sample with ``DataConfig.mixture_weights`` / ``mixture_schedule``, is mixed by
     tokens (:mod:`jaxpt.data.mixture`); the sample without a mixture is read in its natural proportion."""
-    from jaxpt.run import lineage as stage_lib
     from jaxpt.data import mixture
     schedule, key = mixture.schedule_from_config(cfg.data), mixture.config_key(cfg.data)
     rows = loader_batch_size(cfg) // n  # rows of one loader batch (a batch-size ramp takes several a step)
-    first_step = stage_lib.start_step(cfg) + 1  # an extension stage's stream feeds the steps after its parent's
     step_of_batch = _step_of_batch(cfg, first_step)
     if cfg.data.source == "corpus":  # a corpus version built by data_pipelines.build
         from jaxpt.data.corpus import corpus_mixture_iterator
@@ -103,9 +102,12 @@ def _step_of_batch(cfg, first_step: int):
     return step_of
 
 
-def train_batches(cfg, tokenizer, num_shards: int):
+def train_batches(cfg, tokenizer, num_shards: int, *, first_step: int):
     """This process's iterator of local batches: its contiguous block of logical data shards, rows
     concatenated in shard order (so the global row order does not depend on the process count).
+
+    ``first_step``: the global step the first batch feeds (1; a stage from a parent at step ``P``: ``P + 1``, which
+    positions a mixture schedule and a batch-size ramp; :attr:`jaxpt.run.resolve.Resolved.first_step`).
 
     Raises:
       ConfigError: the process count does not divide the shard count, or the shard count the global batch.
@@ -125,7 +127,7 @@ def train_batches(cfg, tokenizer, num_shards: int):
                           f"divisible by the {num_shards} data shards")
     per_process = num_shards // P
     shard_ids = list(range(p * per_process, (p + 1) * per_process))
-    return ShardedBatches(lambda k, n: _shard_iterator(cfg, tokenizer, k, n), num_shards, shard_ids)
+    return ShardedBatches(lambda k, n: _shard_iterator(cfg, tokenizer, k, n, first_step), num_shards, shard_ids)
 
 
 def to_device(mesh, rules, local_batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:

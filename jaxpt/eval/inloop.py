@@ -23,42 +23,14 @@ registered with gin and validated with the other configs in :mod:`jaxpt.config`:
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 
+from jaxpt.config import HeldoutEvalConfig
 from jaxpt.util.errors import ConfigError
 from jaxpt.eval import heldout
 from jaxpt.eval.scorer import Scorer
-from jaxpt.util.validation import check_types, non_negative, require
 
 log = logging.getLogger("jaxpt.eval.inloop")
-
-
-@dataclasses.dataclass(frozen=True)
-class HeldoutEvalConfig:
-    """In-loop per-group held-out evaluation.
-
-    Attributes:
-      enabled: add the per-group figures to every held-out evaluation of the loop.
-      group_by: groupings to report (``domain``, ``lang``, ``domain_lang``).
-      source: held-out source (file or corpus directory); '' = ``DataConfig.heldout_path`` (or ``corpus_dir``).
-      stride: new tokens per later window of a long document; 0 = ``seq_len // 2``.
-
-    Raises:
-      ConfigError: at construction, naming ``HeldoutEvalConfig.<field> = <value>``: a wrong type, a grouping
-        not in :data:`jaxpt.eval.heldout.GROUPINGS`, or a negative ``stride``.
-    """
-
-    enabled: bool = False
-    group_by: tuple[str, ...] = ("domain", "lang")
-    source: str = ""
-    stride: int = 0
-
-    def __post_init__(self) -> None:
-        check_types(self)
-        require(self, "group_by", set(self.group_by) <= set(heldout.GROUPINGS),
-                f"each grouping must be one of {heldout.GROUPINGS}")
-        non_negative(self, "stride")
 
 
 def heldout_config(train_cfg) -> HeldoutEvalConfig:

@@ -111,7 +111,7 @@ def config_from_meta(meta: Mapping[str, Any], where: str = "checkpoint"):
     recorded (resolved) model config.
 
     Saved settings this version does not know follow the one rule of training resume
-    (:func:`jaxpt.checkpoint.check_saved_config`): harmless ones are reported and ignored, any other is refused.
+    (:func:`jaxpt.config.check_saved_config`): harmless ones are reported and ignored, any other is refused.
 
     Raises:
       CheckpointError: the config text is missing or does not parse with this version of jaxpt, or it sets
@@ -119,17 +119,16 @@ def config_from_meta(meta: Mapping[str, Any], where: str = "checkpoint"):
     """
     import gin
 
-    from jaxpt import checkpoint as checkpoint_lib
     from jaxpt import config as config_lib
     from jaxpt.model import ModelConfig
 
     if not meta.get("config_gin"):
         raise CheckpointError(f"{where}: the checkpoint records no operative config ('config_gin')")
     try:
-        settings = checkpoint_lib.saved_settings(dict(meta))
+        settings = config_lib.saved_settings(dict(meta))
     except CheckpointError as e:
         raise CheckpointError(f"{where}: {e}") from None
-    checkpoint_lib.check_saved_config(dict(meta), where)
+    config_lib.check_saved_config(dict(meta), where)
     known = config_lib.config_fields()
     gin.clear_config()
     try:

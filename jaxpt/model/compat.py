@@ -1,7 +1,7 @@
 """Whether params built for one model config fit another: compared by param path, shape and dtype.
 
 Used to refuse a checkpoint of another model before any array is read
-(:func:`jaxpt.checkpoint.check_compatible`). Nothing here lists "shape fields": the abstract params of each
+(:func:`jaxpt.run.lineage.check_compatible`). Nothing here lists "shape fields": the abstract params of each
 config are built (``nnx.eval_shape``, no arrays allocated) and compared, and a differing field is blamed
 when its value alone changes the params. A field that changes no param (``rope_theta`` and every RoPE scaling
 setting, ``max_seq_len``, ``remat_policy``, ``attention_impl``, ``compute_dtype``, ...) never makes two configs

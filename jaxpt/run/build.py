@@ -1,10 +1,12 @@
-"""One builder: a validated config (+ devices) -> mesh, train state (abstract and concrete), compiled steps.
+"""One builder: a checked layout (+ devices) -> mesh, train state (abstract and concrete), compiled steps.
 
 Every entry point that runs or compiles the train step goes through :func:`build` (``jaxpt.train``,
-``jaxpt.tools.sweep``, the benchmarks, compile-only checks), so they all run the same program: the same
-gradient accumulation, stability policy, z-loss, clipping, schedule and shardings as training.
+``jaxpt.tools.sweep``, ``jaxpt.tools.compile``, the benchmarks), so they all run the same program: the same
+gradient accumulation, stability policy, z-loss, clipping, schedule and shardings as training. It validates
+nothing: its input is a :class:`jaxpt.run.resolve.Layout`, checked once by :func:`jaxpt.run.resolve.resolve` (a run)
+or :func:`jaxpt.run.resolve.layout` (a build without a run; :func:`build_for` does both).
 
-    built = build(cfg, tokenizer=tok)            # validates; raises ConfigError naming the key
+    built = build_for(cfg, tokenizer=tok)        # layout (validates; ConfigError naming the key), then build
     state = built.init_state()                   # sharded at creation, never whole on one device
     state, metrics = built.train_step(state, batch)
     lowered = built.lower_train_step()           # for AOT compiles and HLO fingerprints
@@ -19,54 +21,14 @@ from typing import Any, Sequence
 import jax
 import jax.numpy as jnp
 
-from jaxpt.training import batch_ramp
 from jaxpt import config as config_lib
 from jaxpt import mesh as mesh_lib
+from jaxpt.config import TrainConfig
+from jaxpt.run import resolve
+from jaxpt.training import batch_ramp
 from jaxpt.training import optim
-from jaxpt.run import lineage as stage_lib
 from jaxpt.training import state as state_lib
 from jaxpt.training import step as step_lib
-from jaxpt.config import TrainConfig
-from jaxpt.util.errors import ConfigError
-
-
-def load_tokenizer(cfg: TrainConfig):
-    """The run's :class:`jaxpt.data.tokenizer.Tokenizer` from ``DataConfig.tokenizer_path``.
-
-    Raises:
-      ConfigError: the model file is missing (names the key and the command that writes it).
-    """
-    from jaxpt.data.tokenizer import Tokenizer
-    path = cfg.data.tokenizer_path
-    from jaxpt.util import fs
-    if not fs.exists(path):
-        raise ConfigError(f"DataConfig.tokenizer_path = {path!r}: no such file "
-                          "(run `python -m jaxpt.data.prepare --output artifacts/sample` first)")
-    return Tokenizer.load(path)
-
-
-def resolve_vocab(cfg: TrainConfig, tokenizer=None) -> TrainConfig:
-    """``cfg`` with ``ModelConfig.vocab_size`` resolved: 0 means "the tokenizer's vocabulary".
-
-    The one place the vocabulary is resolved. ``tokenizer`` (a loaded tokenizer) is used when given;
-    otherwise it is loaded from ``DataConfig.tokenizer_path`` only when ``vocab_size`` is 0.
-
-    Raises:
-      ConfigError: ``vocab_size`` is 0 and the tokenizer file is missing, or a non-zero ``vocab_size`` is
-        smaller than the tokenizer's vocabulary (token ids would index past the embedding table).
-    """
-    m = cfg.model
-    if tokenizer is None and m.vocab_size > 0:
-        return cfg
-    if tokenizer is None:
-        tokenizer = load_tokenizer(cfg)
-    vocab = tokenizer.vocab_size
-    if m.vocab_size == 0:
-        m = dataclasses.replace(m, vocab_size=vocab)
-    elif m.vocab_size < vocab:
-        raise ConfigError(f"ModelConfig.vocab_size = {m.vocab_size} is smaller than the tokenizer's "
-                          f"{vocab} pieces ({cfg.data.tokenizer_path}); set it to 0 to follow the tokenizer")
-    return dataclasses.replace(cfg, model=m)
 
 
 @dataclasses.dataclass
@@ -128,26 +90,21 @@ class Built:
         return hashlib.sha256(self.lower_train_step().as_text().encode()).hexdigest()
 
 
-def build(cfg: TrainConfig, *, devices: Sequence[Any] | None = None, tokenizer=None,
-          donate_state: bool = True) -> Built:
-    """Validate ``cfg`` and build its mesh, state spec and jitted train/eval steps.
+def build(lay: resolve.Layout, *, devices: Sequence[Any] | None = None, donate_state: bool = True) -> Built:
+    """Build ``lay``'s mesh, state spec and jitted train/eval steps (no check: ``lay`` was checked for as many
+    devices as ``devices`` holds).
 
     Args:
-      cfg: the run's config (``ModelConfig.vocab_size`` 0 is resolved from ``tokenizer`` or the tokenizer file).
+      lay: the checked config and mesh sizes (:func:`jaxpt.run.resolve.resolve` or :func:`jaxpt.run.resolve.layout`).
       devices: the devices of the mesh (default ``jax.devices()``); compile-only TPU topology devices work too.
-      tokenizer: the run's loaded tokenizer, if the caller has it.
-      donate_state: whether the train step donates the state (:func:`jaxpt.training.step.jit_train_step`: on CPU, 1.15x the
-        step rate without, but not the default).
-
-    Raises:
-      ConfigError: naming the key, from :func:`jaxpt.config.validate` or :func:`resolve_vocab`.
+      donate_state: whether the train step donates the state (:func:`jaxpt.training.step.jit_train_step`: on CPU,
+        1.15x the step rate without, but not the default).
     """
+    cfg, sizes = lay.cfg, lay.sizes
     devices = list(jax.devices() if devices is None else devices)
-    sizes = config_lib.validate(cfg, len(devices))
-    cfg = resolve_vocab(cfg, tokenizer)
     mesh = mesh_lib.mesh_from_config(cfg.mesh, cfg.dcn_mesh, devices)
     rules = cfg.logical_axis_rules
-    horizon = cfg.steps - stage_lib.start_step(cfg)  # a stage's schedule starts afresh at its first step
+    horizon = cfg.steps - config_lib.start_step(cfg)  # a stage's schedule starts afresh at its first step
     lr_schedule = optim.learning_rate_schedule(cfg.optimizer, horizon)
     spec = state_lib.make_state_spec(
         cfg.model, lambda p: optim.make_optimizer(cfg.optimizer, horizon, p), mesh, rules, cfg.stability,
@@ -161,3 +118,15 @@ def build(cfg: TrainConfig, *, devices: Sequence[Any] | None = None, tokenizer=N
     eval_step = step_lib.jit_eval_step(spec, mesh, rules)
     return Built(cfg, sizes, mesh, spec, lr_schedule, make_train_step(cfg.grad_accum_steps), eval_step,
                  batch_ramp.from_config(cfg), make_train_step)
+
+
+def build_for(cfg: TrainConfig, *, devices: Sequence[Any] | None = None, tokenizer=None,
+              donate_state: bool = True) -> Built:
+    """:func:`jaxpt.run.resolve.layout` of ``cfg`` for ``devices`` (default ``jax.devices()``), then :func:`build`:
+    for a build without a run (a compile for a target slice, a benchmark, a test).
+
+    Raises:
+      ConfigError: naming the key, from :func:`jaxpt.run.validate.validate` or :func:`jaxpt.run.resolve.resolve_vocab`.
+    """
+    devices = list(jax.devices() if devices is None else devices)
+    return build(resolve.layout(cfg, len(devices), tokenizer), devices=devices, donate_state=donate_state)

@@ -1,92 +1,93 @@
-"""Training stages: continue from another run's checkpoint with new settings (e.g. a long-context extension).
+"""Lineage: what a run continues, the one check that admits it, and the identity the run records.
 
-A stage is an explicit, named operation, never a resume with changed settings: a fresh workdir, and
-``TrainConfig.init_from = '<parent workdir>[@step]'`` (the newest committed step when ``@step`` is left out),
-``TrainConfig.stage_name`` and ``TrainConfig.reset_optimizer``. Everything else may change, within what the parent's
-params allow (:func:`jaxpt.checkpoint.check_compatible`: e.g. ``seq_len``, ``ModelConfig.max_seq_len``, RoPE
-settings, the data mixture, the learning-rate schedule; not ``d_model``).
+A run starts in one of four ways, each decided once, before anything is written (:func:`trace`, called by
+:func:`jaxpt.run.resolve.resolve`):
 
-The stage's first state (:func:`begin_stage`), from the parent checkpoint at step ``P``:
+* **fresh**: no checkpoint in the workdir and no ``TrainConfig.init_from``;
+* **resume**: the workdir's newest committed checkpoint (:class:`Checkpoint`), continued exactly;
+* **stage**: a fresh workdir with ``TrainConfig.init_from = '<run dir>[@step]'`` (the newest committed step
+  without ``@step``), ``TrainConfig.stage_name`` and ``TrainConfig.reset_optimizer``: a new stage from another run's
+  checkpoint (:class:`Parent`), e.g. a long-context extension. Everything else may change, within what the parent's
+  params allow (e.g. ``seq_len``, ``ModelConfig.max_seq_len``, RoPE settings, the data mixture, the schedule; not
+  ``d_model``);
+* **converted**: a stage whose parent is a model converted from Hugging Face (``python -m jaxpt.tools.convert
+  hf-to-jaxpt``), a checkpoint of params only (meta ``params_only``, step 0).
+
+Every candidate checkpoint passes the one admission check, :func:`admit`: its saved settings are known to this
+version (:func:`jaxpt.config.check_saved_config`), its params fit this model (:func:`check_compatible`), its
+tokenizer is this run's (sha256), and the step relation holds (a resume goes forward from it; a stage trains past
+it); a resume also keeps the data layout (logical data shards, batch-size ramp). Settings changed since the
+checkpoint are reported, never silent.
+
+The stage's first state (:func:`first_state`), from the parent checkpoint at step ``P``:
 
 * ``params``: the parent's, unchanged.
 * ``opt_state``: the parent's (Adam moments and their count, so bias correction continues), with the
-  learning-rate schedule's count set to 0; or, with ``reset_optimizer``, a fresh ``tx.init(params)``.
+  learning-rate schedule's count set to 0; or, with ``reset_optimizer`` (always, for a converted model), a fresh
+  ``tx.init(params)``.
 * ``step``: ``P`` (global steps continue; ``TrainConfig.steps`` is still the step to train up to, so a stage of
   100 steps after step 200 has ``steps = 300``); ``num_updates``: 0 and the schedule's horizon is
   ``steps - P`` (``OptimizerConfig.decay_steps``, when set, counts from the stage's start): a fresh schedule.
-* ``rng``: the parent's; ``lr_scale``: 1; spike-detection history: empty (the new length's losses are another
-  distribution). The data stream is the stage's own (its ``seq_len``, paths and mixture), from its seed.
+* ``rng``: the parent's (a converted model: from ``TrainConfig.seed``); ``lr_scale``: 1; spike-detection history:
+  empty (the new length's losses are another distribution). The data stream is the stage's own (its ``seq_len``,
+  paths and mixture), from its seed, feeding steps ``P + 1`` on.
 
-The parent (absolute path and step), the stage's name and start step and the settings that changed are recorded
-in every checkpoint's meta (``stage``) and in ``run.json`` (``stages``: the parent's stages, then this one), and a
-resumed stage must name the same parent.
-
-Continued pretraining from a converted model (``python -m jaxpt.tools.convert hf-to-jaxpt``): ``init_from`` names the
-converter's output directory, whose checkpoint (step 0) holds params only (meta ``params_only``). The run takes
-those params, a fresh optimizer state (``tx.init``: zero moments, whatever ``reset_optimizer`` says), a fresh RNG
-from ``TrainConfig.seed``, its own data stream and a fresh schedule (warm-up from 0 over ``warmup_steps``); its
-tokenizer must be the one converted with the model (sha256 compared; a model converted without a SentencePiece
-``tokenizer.model`` is refused, since its token ids cannot be checked). ``run.json`` records the converted
-directory as the parent and the Hugging Face folder it came from (``source``).
+The run's identity (:func:`identity`) is built here, once: the checkpoint ``meta`` item every save records and the
+``stage`` and ``stages`` entries of ``run.json`` (:mod:`jaxpt.run.record`): the parent (absolute path and step),
+the stage's name, start step, data version and the settings that changed. A resumed stage must name the same
+parent.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import optax
 
+from jaxpt import config as config_lib
+from jaxpt import mesh as mesh_lib
+from jaxpt.checkpoint import CheckpointConfig, Checkpointer, library_versions
+from jaxpt.config import TrainConfig
+from jaxpt.model.compat import compare_params, config_from_record
+from jaxpt.training.stability import init_history
+from jaxpt.training.state import TrainState
 from jaxpt.util import fs
-from jaxpt.util.errors import ConfigError
+from jaxpt.util.errors import CheckpointError, ConfigError
 
+log = logging.getLogger("jaxpt.run.lineage")
 
-def parse_init_from(text: str) -> tuple[str, int | None]:
-    """``'dir@200'`` -> ``('dir', 200)``; ``'dir'`` -> ``('dir', None)``; ``''`` -> ``('', None)``.
-
-    A trailing ``/checkpoints`` is dropped (the run directory is what is meant).
-
-    Raises:
-      ValueError: a step that is not a positive integer.
-    """
-    if not text:
-        return "", None
-    path, sep, step = text.rpartition("@")
-    if not sep:
-        path, step_n = text, None
-    else:
-        if not step.isdigit() or int(step) < 1:
-            raise ValueError(f"'@{step}' is not a step (a positive integer)")
-        step_n = int(step)
-    path = path.rstrip("/")
-    if fs.basename(path) == "checkpoints":
-        path = fs.dirname(path)
-    return path, step_n
-
-
-def start_step(cfg) -> int:
-    """The global step the run's stage starts from: the ``@step`` of ``TrainConfig.init_from`` (resolved by
-    :func:`resolve`), else 0. The learning-rate schedule's horizon is ``TrainConfig.steps`` minus it."""
-    if not cfg.init_from:
-        return 0
-    return parse_init_from(cfg.init_from)[1] or 0
+#: The run record's file name in a workdir (:mod:`jaxpt.run.record` writes it; a stage reads its parent's).
+RUN_FILE = "run.json"
 
 
 @dataclasses.dataclass(frozen=True)
-class Parent:
-    """The checkpoint a stage starts from: run directory (absolute), step, its ``meta`` item, and the settings
-    the stage changes (``'Class.field = old -> new'``, :func:`jaxpt.run.resolve.changed_settings`)."""
+class Checkpoint:
+    """A committed checkpoint: its run directory (absolute), step and ``meta`` item (read once, by :func:`trace`)."""
 
     workdir: str
     step: int
     meta: dict
+
+    @property
+    def where(self) -> str:
+        """``<workdir>/checkpoints/<step>``, as messages name it."""
+        return f"{self.workdir}/checkpoints/{self.step}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Parent(Checkpoint):
+    """The checkpoint a stage starts from, and the settings the stage changes (``'Class.field = old -> new'``)."""
+
     changed: tuple = ()
 
     @property
     def spec(self) -> str:
+        """``'<path>@<step>'``, the resolved ``TrainConfig.init_from`` (a converted model, step 0: the bare path)."""
         return _spec(self.workdir, self.step)
 
     @property
@@ -95,52 +96,240 @@ class Parent:
         return bool(self.meta.get("params_only"))
 
 
+@dataclasses.dataclass(frozen=True)
+class Lineage:
+    """What a run continues (module docstring), admitted.
+
+    Attributes:
+      resume: the workdir's newest committed checkpoint (None: the run does not resume).
+      parent: a new stage's parent (None: no new stage begins; a resumed stage's parent is in ``resume.meta``).
+      notes: saved settings ignored and settings changed since the checkpoint (logged, and in the start record).
+    """
+
+    resume: Checkpoint | None = None
+    parent: Parent | None = None
+    notes: tuple[str, ...] = ()
+
+    @property
+    def kind(self) -> str:
+        """``fresh``, ``resume``, ``stage`` or ``converted``."""
+        if self.resume is not None:
+            return "resume"
+        if self.parent is not None:
+            return "converted" if self.parent.params_only else "stage"
+        return "fresh"
+
+    @property
+    def start_step(self) -> int:
+        """The global step the run continues from (0 fresh; the checkpoint's step; a new stage's parent step)."""
+        if self.resume is not None:
+            return self.resume.step
+        return self.parent.step if self.parent is not None else 0
+
+    def nothing_to_do(self, cfg: TrainConfig) -> bool:
+        """The newest checkpoint is already at ``TrainConfig.steps``."""
+        return self.resume is not None and self.resume.step == cfg.steps
+
+
 def _spec(path: str, step: int) -> str:
     """``'<path>@<step>'``; step 0 (only a converted model's checkpoint) is written as the bare path."""
     return f"{path}@{step}" if step else path
 
 
-def find_parent(cfg, tokenizer_sha256: str | None) -> Parent:
-    """Find and check ``TrainConfig.init_from``'s checkpoint (reads, never writes).
+# ------------------------------------------------------------------------------------------ admission
+
+
+def check_compatible(meta: dict[str, Any], model_cfg: Any, where: str) -> None:
+    """Refuse a checkpoint whose params do not fit the current model, before Orbax reads any array.
+
+    The params a model of the checkpoint's recorded config (``meta["model"]``) would have are compared,
+    by path, shape and dtype, with those of ``model_cfg`` (:func:`jaxpt.model.compat.compare_params`);
+    fields that change no param (e.g. ``attention_impl``, ``rope_theta``, ``remat_policy``) may differ.
 
     Raises:
-      ConfigError: no such run directory or committed step, or ``TrainConfig.steps`` not above the parent's step.
-      CheckpointError: the parent is of another model (:func:`jaxpt.checkpoint.check_compatible`) or tokenizer,
-        or saves an unknown setting that changes numerics (:func:`jaxpt.checkpoint.check_saved_config`).
+      CheckpointError: naming each responsible field as ``<field>: checkpoint <saved> vs config <current>``
+        (vocabulary size first, the usual culprit) and the first differing params, so a mismatch never
+        surfaces as a shape error deep inside Orbax; or saying the recorded config cannot build a model.
     """
-    from jaxpt import checkpoint as ckpt_lib
-    path, step = parse_init_from(cfg.init_from)
+    saved = meta.get("model")
+    if not saved:
+        return
+    try:
+        saved_cfg = config_from_record(saved)
+        mismatch = compare_params(saved_cfg, model_cfg)
+    except Exception as e:  # noqa: BLE001 -- any failure to rebuild either model is reported as such
+        raise CheckpointError(f"{where}: cannot compare the checkpoint's model with this one: "
+                              f"{type(e).__name__}: {e}") from e
+    if mismatch is None:
+        return
+    diffs = [f"{k}: checkpoint {getattr(saved_cfg, k)!r} vs config {getattr(model_cfg, k)!r}" for k in mismatch.fields]
+    show = lambda sig: "absent" if sig is None else f"{list(sig[0])} {sig[1]}"  # noqa: E731
+    params = [f"{path} {show(a)} vs {show(b)}" for path, a, b in mismatch.params[:4]]
+    if len(mismatch.params) > 4:
+        params.append(f"{len(mismatch.params) - 4} more")
+    hint = ""
+    if "vocab_size" in mismatch.fields:
+        hint = " (the tokenizer's vocabulary differs from the one the checkpoint was trained with)"
+    raise CheckpointError(f"{where}: checkpoint does not match this model{hint}: " + "; ".join(diffs)
+                          + " (params differ: " + ", ".join(params) + ")")
+
+
+def admit(candidate: Checkpoint, cfg: TrainConfig, tokenizer, *, resume: bool) -> list[str]:
+    """The one admission check: may ``candidate`` continue this run (``resume``: as its own checkpoint; else as a
+    new stage's parent or converted model)? Returns the notes to report (settings ignored or changed).
+
+    In order: the step relation (a resume cannot go back, ``TrainConfig.steps >= step``; a stage must train past
+    its parent, ``steps > step``); settings unknown to this version (:func:`jaxpt.config.check_saved_config`); the
+    params (:func:`check_compatible`); the tokenizer (the sha256 the checkpoint records must be this run's; a
+    converted model without a recorded tokenizer is refused, since its token ids cannot be checked); for a resume,
+    the data layout (logical data shards and the batch-size ramp must stay fixed).
+
+    Raises:
+      ConfigError: the step relation, or a converted model without a tokenizer (exit 2).
+      CheckpointError: unknown numerics-changing settings, another model, tokenizer or data layout (exit 3).
+    """
+    meta, where = candidate.meta, candidate.where
+    if resume and cfg.steps < candidate.step:
+        raise ConfigError(f"TrainConfig.steps = {cfg.steps} is below step {candidate.step} of the newest checkpoint in "
+                          f"{candidate.workdir}/checkpoints: training cannot go back; pass --steps above "
+                          f"{candidate.step}, or another --workdir")
+    if not resume and cfg.steps <= candidate.step:
+        raise ConfigError(f"TrainConfig.steps = {cfg.steps} must exceed the parent's step {candidate.step} "
+                          f"(TrainConfig.init_from = {cfg.init_from!r}): steps counts on from the parent")
+    notes = [f"ignored saved setting {s}" for s in config_lib.check_saved_config(meta, where)]
+    check_compatible(meta, cfg.model, where)
+    _check_tokenizer(meta, cfg, tokenizer, where)
+    if resume:
+        shards = meta.get("data_shards")
+        if shards and cfg.data.num_shards and shards != cfg.data.num_shards:
+            raise CheckpointError(f"{where} has {shards} data shards, DataConfig.num_shards = "
+                                  f"{cfg.data.num_shards} (it must stay fixed for a run)")
+        _check_ramp_unchanged(meta, cfg, where)
+    return notes + config_lib.changed_settings(meta, cfg)
+
+
+def _check_tokenizer(meta: dict, cfg: TrainConfig, tokenizer, where: str) -> None:
+    """The one tokenizer rule of :func:`admit`."""
+    saved = (meta.get("tokenizer") or {}).get("sha256")
+    if meta.get("params_only") and not saved:
+        source = (meta.get("source") or {}).get("path", "?")
+        raise ConfigError(f"TrainConfig.init_from = {cfg.init_from!r}: the model was converted without a SentencePiece "
+                          f"tokenizer.model (from {source}), so DataConfig.tokenizer_path cannot be checked against the "
+                          "one it was trained with")
+    if saved and saved != tokenizer.sha256:
+        raise CheckpointError(f"{where} was trained with tokenizer sha256 {saved[:12]}, this run uses "
+                              f"{tokenizer.sha256[:12]} (DataConfig.tokenizer_path)")
+
+
+def _check_ramp_unchanged(meta: dict, cfg: TrainConfig, where: str) -> None:
+    """A batch-size ramp cannot change at a resume: the data iterator's saved position counts loader batches
+    whose size comes from the ramp (:mod:`jaxpt.training.batch_ramp`), so another ramp would read from a wrong
+    position.
+
+    Raises:
+      CheckpointError: naming ``TrainConfig.batch_size_schedule``, both values and the way out.
+    """
+    key = "TrainConfig.batch_size_schedule"
+    saved = config_lib.saved_settings({"config_gin": meta.get("config_gin")}).get(key, "")
+    saved = saved.strip("'\"") if isinstance(saved, str) else saved
+    if (saved or cfg.batch_size_schedule) and saved != cfg.batch_size_schedule:
+        raise CheckpointError(
+            f"{where} was trained with {key} = {saved!r}, this run sets {cfg.batch_size_schedule!r}: the data "
+            "iterator's position counts batches of the ramp's sizes, so a run cannot change its ramp at a resume "
+            "(keep the saved schedule, or start a new stage from this checkpoint with TrainConfig.init_from)")
+
+
+# ------------------------------------------------------------------------------------------ tracing a run's lineage
+
+
+def trace(cfg: TrainConfig, tokenizer) -> tuple[TrainConfig, Lineage]:
+    """Find what ``cfg``'s run continues and admit it (reads each checkpoint's metadata once; writes nothing).
+
+    Returns ``cfg`` with ``TrainConfig.init_from`` resolved to ``'<abs parent dir>@<step>'`` (a converted model:
+    its bare path), and the :class:`Lineage`.
+
+    Raises:
+      ConfigError, CheckpointError: as :func:`admit`; the workdir holds something that is not a restorable
+        checkpoint; a resumed run names another parent than its checkpoint records; ``init_from`` names no run
+        directory or committed step.
+    """
+    resume, notes = _newest_checkpoint(cfg), []
+    if resume is not None:
+        notes += admit(resume, cfg, tokenizer, resume=True)
+        init_from = _check_resumed_stage(cfg, resume)
+        if not init_from:
+            return cfg, Lineage(resume, None, tuple(notes))
+        cfg = dataclasses.replace(cfg, init_from=init_from)
+        _check_stage_schedule(cfg)
+        return cfg, Lineage(resume, None, tuple(notes))
+    if not cfg.init_from:
+        return cfg, Lineage()
+    parent = _find_parent(cfg)
+    changed = [n.split(": ", 1)[1] for n in admit(parent, cfg, tokenizer, resume=False)
+               if n.startswith("changed since") and "TrainConfig.init_from" not in n]
+    cfg = dataclasses.replace(cfg, init_from=parent.spec)
+    _check_stage_schedule(cfg)
+    parent = dataclasses.replace(parent, changed=tuple(changed))
+    notes = [f"stage {cfg.stage_name or 'extension'} from {parent.spec} changes {c}" for c in changed]
+    return cfg, Lineage(None, parent, tuple(notes))
+
+
+def _check_stage_schedule(cfg: TrainConfig) -> None:
+    """The schedule's phases against the stage's horizon, ``steps`` minus the (now resolved) start step."""
+    from jaxpt.training.optim import check_schedule
+    check_schedule(cfg.optimizer, cfg.steps - config_lib.start_step(cfg))
+
+
+def _newest_checkpoint(cfg: TrainConfig) -> Checkpoint | None:
+    """The workdir's newest committed checkpoint with its meta (None: checkpointing off, no checkpoint directory,
+    or only incomplete saves, which the checkpointer deletes at its start).
+
+    Raises:
+      CheckpointError: the directory holds something that is not a restorable checkpoint.
+    """
+    directory = fs.join(cfg.workdir, "checkpoints")
+    if not cfg.checkpoint.enabled or not fs.isdir(directory):
+        return None
+    ckpt = Checkpointer(cfg.workdir, cfg.checkpoint, read_only=True)
+    try:
+        step = ckpt.latest_step()
+        if step is None:
+            leftovers = fs.listdir(ckpt.directory) if ckpt.has_checkpoint_dirs() else []
+            real = [n for n in leftovers if "tmp" not in n]
+            if real:
+                raise CheckpointError(f"{ckpt.directory} holds {sorted(real)} but no restorable checkpoint; "
+                                      "move it away to start from scratch")
+            if leftovers:
+                log.warning("only incomplete saves in %s (%s); starting from step 0", ckpt.directory, leftovers)
+            return None
+        return Checkpoint(fs.dirname(ckpt.directory), step, ckpt.read_meta(step))
+    finally:
+        ckpt.close()
+
+
+def _find_parent(cfg: TrainConfig) -> Parent:
+    """``TrainConfig.init_from``'s checkpoint with its meta (read once).
+
+    Raises:
+      ConfigError: no such run directory or committed step.
+    """
+    path, step = config_lib.parse_init_from(cfg.init_from)
     where = f"TrainConfig.init_from = {cfg.init_from!r}"
     workdir = fs.realpath(path)  # symlinks resolved: one parent, one name
     if not fs.isdir(fs.join(workdir, "checkpoints")):
         raise ConfigError(f"{where}: {workdir} holds no checkpoints/ directory")
-    ckpt = ckpt_lib.Checkpointer(workdir, ckpt_lib.CheckpointConfig(enabled=False), read_only=True)
+    ckpt = Checkpointer(workdir, CheckpointConfig(enabled=False), read_only=True)
     try:
         try:
             step = ckpt.committed_step(step)
-        except ckpt_lib.CheckpointError as e:
+        except CheckpointError as e:
             raise ConfigError(f"{where}: {e}") from None
-        meta = ckpt.read_meta(step)
+        return Parent(fs.dirname(ckpt.directory), step, ckpt.read_meta(step))
     finally:
         ckpt.close()
-    if cfg.steps <= step:
-        raise ConfigError(f"TrainConfig.steps = {cfg.steps} must exceed the parent's step {step} "
-                          f"({where}): steps counts on from the parent")
-    at = f"{ckpt.directory}/{step}"
-    ckpt_lib.check_saved_config(meta, at)
-    ckpt_lib.check_compatible(meta, cfg.model, at)
-    saved_tok = (meta.get("tokenizer") or {}).get("sha256")
-    if meta.get("params_only") and not saved_tok:
-        source = (meta.get("source") or {}).get("path", "?")
-        raise ConfigError(f"{where}: the model was converted without a SentencePiece tokenizer.model (from {source}), "
-                          "so DataConfig.tokenizer_path cannot be checked against the one it was trained with")
-    if saved_tok and tokenizer_sha256 and saved_tok != tokenizer_sha256:
-        raise ckpt_lib.CheckpointError(f"{at} was trained with tokenizer sha256 {saved_tok[:12]}, this run uses "
-                                       f"{tokenizer_sha256[:12]} (DataConfig.tokenizer_path)")
-    return Parent(workdir, step, meta)
 
 
-def check_resumed_stage(cfg, resume_meta: dict, where: str) -> str:
+def _check_resumed_stage(cfg: TrainConfig, resume: Checkpoint) -> str:
     """The ``init_from`` a run resuming its own checkpoint must have: that checkpoint's recorded parent.
 
     Returns the resolved ``'<abs parent dir>@<step>'`` ('' for a run that is not a stage).
@@ -149,20 +338,77 @@ def check_resumed_stage(cfg, resume_meta: dict, where: str) -> str:
       ConfigError: ``TrainConfig.init_from`` names another parent (or none, or one for a plain run): the
         schedule's horizon and the record depend on it.
     """
-    saved = ((resume_meta.get("stage") or {}).get("parent")) or None
+    saved = ((resume.meta.get("stage") or {}).get("parent")) or None
     saved_spec = _spec(saved["path"], saved["step"]) if saved else ""
     if not cfg.init_from and not saved:
         return ""
-    path, step = parse_init_from(cfg.init_from)
+    path, step = config_lib.parse_init_from(cfg.init_from)
     same_path = bool(path) and saved and fs.realpath(path) == fs.realpath(saved["path"])
     if same_path and step in (None, saved["step"]):
         return saved_spec
-    raise ConfigError(f"TrainConfig.init_from = {cfg.init_from!r}, but the checkpoint {where} this run resumes "
-                      + (f"belongs to a stage begun from {saved_spec!r}: set that" if saved else
-                         "is of a run that began from scratch: start the stage in a new --workdir"))
+    raise ConfigError(f"TrainConfig.init_from = {cfg.init_from!r}, but the checkpoint {fs.absolute(resume.where)} this "
+                      "run resumes " + (f"belongs to a stage begun from {saved_spec!r}: set that" if saved else
+                                        "is of a run that began from scratch: start the stage in a new --workdir"))
 
 
-def stage_record(cfg, parent: Parent | None, data_version: str | None = None) -> dict[str, Any]:
+# ------------------------------------------------------------------------------------------ the run's identity
+
+
+@dataclasses.dataclass
+class Identity:
+    """What the run records about itself, built once (:func:`identity`).
+
+    Attributes:
+      config_text: the operative gin config (:func:`jaxpt.config.operative_config_str`).
+      data_version: the training data's identifier (:func:`jaxpt.data.stream.data_version`).
+      stage: this stage's record (name, workdir, start step, target steps, seq_len, parent, data version, ...).
+      stages: the stages that led to this run, the parent's first, this one last (``run.json``'s ``stages``).
+      meta: the ``meta`` item every checkpoint of this session saves (:func:`checkpoint_meta`).
+    """
+
+    config_text: str
+    data_version: str
+    stage: dict
+    stages: list
+    meta: dict
+
+
+def identity(cfg: TrainConfig, lin: Lineage, mesh, tokenizer, config_text: str, data_version: str,
+             data_shards: int) -> Identity:
+    """The run's :class:`Identity`. A resumed run keeps the stage its checkpoint recorded; a new one records its
+    stage (:func:`stage_record`) after its parent's stages (:func:`parent_stages`)."""
+    stage = (lin.resume.meta.get("stage") if lin.resume is not None else None) or \
+        stage_record(cfg, lin.parent, data_version)
+    stages = [*(parent_stages(lin.parent) if lin.parent is not None else []), stage]
+    meta = checkpoint_meta(cfg, mesh, tokenizer, config_text, data_version, data_shards)
+    meta["stage"] = stage
+    return Identity(config_text, data_version, stage, stages, meta)
+
+
+def checkpoint_meta(cfg: TrainConfig, mesh, tokenizer, config_text: str, data_version: str,
+                    data_shards: int | None) -> dict[str, Any]:
+    """What a checkpoint records besides arrays (its ``meta`` item): enough to rebuild the run and to refuse a
+    wrong one: operative gin config, resolved model config, mesh, tokenizer path and sha256, data version,
+    process count, logical data shards, batch shape, library versions, and every setting's default and whether
+    it is bookkeeping (:func:`jaxpt.config.config_fields`, for :func:`jaxpt.config.check_saved_config` of other
+    versions)."""
+    return {
+        "config_gin": config_text,
+        "model": dataclasses.asdict(cfg.model),
+        "mesh": mesh_lib.mesh_shape(mesh),
+        "model_layout": {"scan_layers": cfg.model.scan_layers},
+        "tokenizer": {"path": fs.absolute(cfg.data.tokenizer_path), "sha256": tokenizer.sha256},
+        "data_version": data_version,
+        "process_count": jax.process_count(),
+        "data_shards": data_shards,
+        "global_batch_size": cfg.global_batch_size,
+        "seq_len": cfg.seq_len,
+        "libraries": library_versions(),
+        "config_fields": config_lib.config_fields(),
+    }
+
+
+def stage_record(cfg: TrainConfig, parent: Parent | None, data_version: str | None = None) -> dict[str, Any]:
     """The ``stage`` entry of checkpoint meta and run.json: name, start step, parent, optimizer handling, and the
     stage's ``data_version`` (:func:`jaxpt.data.stream.data_version`; a continued-pretraining stage trains on
     another corpus version than its parent, and a data path is bookkeeping, so no changed setting would say so)."""
@@ -184,7 +430,6 @@ def parent_stages(parent: Parent) -> list[dict[str, Any]]:
     """The stages of the parent's run as its ``run.json`` lists them, ended at the parent step (one synthesized
     from the parent's meta when its run.json is missing or predates stages); the last one's ``data_version``, when
     its record lacks it, is the parent checkpoint's (a converted model has none)."""
-    from jaxpt.run.record import RUN_FILE
     stages = []
     try:
         stages = json.loads(fs.read_text(fs.join(parent.workdir, RUN_FILE))).get("stages") or []
@@ -200,6 +445,27 @@ def parent_stages(parent: Parent) -> list[dict[str, Any]]:
     return stages
 
 
+# ------------------------------------------------------------------------------------------ the first state
+
+
+def first_state(lin: Lineage, built, ckpt: Checkpointer | None, batches) -> TrainState:
+    """The state the run's first step starts from: the resumed checkpoint (``batches`` set to its data position),
+    a new stage's (:func:`begin_stage`), or a fresh one (:meth:`jaxpt.run.build.Built.init_state`).
+
+    Raises:
+      CheckpointError: the checkpoint cannot be restored onto this run's state.
+    """
+    if lin.resume is not None:
+        import time
+        t0 = time.perf_counter()
+        state = ckpt.restore(lin.resume.step, built.spec.abstract, batches, meta=lin.resume.meta)
+        log.info("restored step %d from %s in %.1f s", lin.resume.step, ckpt.directory, time.perf_counter() - t0)
+        return state
+    if lin.parent is not None:
+        return begin_stage(built, lin.parent)
+    return built.init_state()
+
+
 def restart_schedule(opt_state: Any) -> Any:
     """``opt_state`` with every learning-rate schedule count (``optax.ScaleByScheduleState``) set to 0; the rest
     (Adam's moments and count) kept."""
@@ -210,18 +476,15 @@ def restart_schedule(opt_state: Any) -> Any:
     return jax.tree.map(reset, opt_state, is_leaf=lambda x: isinstance(x, optax.ScaleByScheduleState))
 
 
-def begin_stage(built, parent: Parent):
+def begin_stage(built, parent: Parent) -> TrainState:
     """The stage's first :class:`jaxpt.training.state.TrainState` from ``parent`` (module docstring), placed in
     ``built``'s shardings (the parent may have been saved on another mesh).
 
     Raises:
       CheckpointError: the parent's state cannot be restored onto this run's state.
     """
-    from jaxpt import checkpoint as ckpt_lib
-    from jaxpt.training.stability import init_history
-    from jaxpt.training.state import TrainState
     spec, cfg = built.spec, built.cfg
-    ckpt = ckpt_lib.Checkpointer(parent.workdir, ckpt_lib.CheckpointConfig(enabled=False), read_only=True)
+    ckpt = Checkpointer(parent.workdir, CheckpointConfig(enabled=False), read_only=True)
     try:
         if parent.params_only:  # a converted model: params alone (module docstring)
             saved = {"params": ckpt.restore_params(parent.step, spec.abstract.params)["params"],

@@ -20,9 +20,15 @@ import subprocess
 import uuid
 from typing import Any
 
+import jax
+
+from jaxpt import config as config_lib
+from jaxpt import mesh as mesh_lib
+from jaxpt.run.lineage import RUN_FILE
+from jaxpt.training import state as state_lib
 from jaxpt.util import fs
 
-RUN_FILE = "run.json"
+__all__ = ["RUN_FILE", "RunRegistry", "git_state"]
 
 
 def _now() -> str:
@@ -55,12 +61,10 @@ class RunRegistry:
         # atomic: a reader never sees half a file
         fs.write_text_atomic(self.path, json.dumps(self.record, indent=2, default=str))
 
-    def start(self, cfg, config_text: str, run, data_version: str, stages: list[dict] | None = None) -> None:
-        """Create run.json, or add a session to an existing one (a resumed run keeps its id). ``stages``: the
-        run's stages (:mod:`jaxpt.run.lineage`), recorded when run.json is new or has none (a resume keeps its own)."""
-        import jax
-        from jaxpt import config as config_lib, mesh as mesh_lib
-        from jaxpt.training import state as state_lib
+    def start(self, cfg, run, ident) -> None:
+        """Create run.json, or add a session to an existing one (a resumed run keeps its id), from the run's
+        identity (:class:`jaxpt.run.lineage.Identity`: config hash, data version; its stages, recorded when run.json
+        is new or has none: a resume keeps its own) and the built ``run`` (mesh, devices, parameter count)."""
         if not self.enabled:
             return
         if fs.exists(self.path):
@@ -71,8 +75,8 @@ class RunRegistry:
                            "sessions": []}
         self.record.update({
             "status": "running",
-            "config_hash": config_lib.config_hash(config_text),
-            "data_version": data_version,
+            "config_hash": config_lib.config_hash(ident.config_text),
+            "data_version": ident.data_version,
             "tokenizer": {"path": fs.absolute(cfg.data.tokenizer_path), "sha256": run.tokenizer.sha256},
             "git": git_state(os.path.dirname(os.path.abspath(__file__))),
             "mesh": mesh_lib.format_mesh(mesh_lib.mesh_shape(run.mesh)),
@@ -85,8 +89,8 @@ class RunRegistry:
         for ev in self.record.get("events", []):  # from steps this session re-runs (lost checkpoints): superseded
             if isinstance(ev.get("step"), int) and ev["step"] > start:
                 ev.setdefault("superseded_at", start)
-        if stages and not self.record.get("stages"):
-            self.record["stages"] = stages
+        if ident.stages and not self.record.get("stages"):
+            self.record["stages"] = ident.stages
         self.record["sessions"].append({"started_at": _now(), "start_step": start})
         self._write()
 

@@ -16,20 +16,23 @@ from typing import Any
 import jax
 
 from jaxpt import config as config_lib
+from jaxpt.checkpoint import Checkpointer
 from jaxpt.config import TrainConfig
 from jaxpt.data import stream
+from jaxpt.eval import inloop
 from jaxpt.run import build as builder_lib
 from jaxpt.run import compile_cache
 from jaxpt.run import hooks as hooks_lib
-from jaxpt.run import lineage as stage_lib
+from jaxpt.run import lineage as lineage_lib
 from jaxpt.run import monitor
-from jaxpt.run import resolve as preflight
+from jaxpt.run import resolve
 from jaxpt.run.context import LoopContext, log_start
 from jaxpt.run.loop import final_evaluation, train_loop
 from jaxpt.run.preemption import Preempted, Preemption
 from jaxpt.run.record import RunRegistry
 from jaxpt.training import flops as flops_lib
 from jaxpt.training import state as state_lib
+from jaxpt.util import fs
 
 log = logging.getLogger("jaxpt.train")
 
@@ -67,16 +70,16 @@ class Run:
         return self.evaluator.evaluate(self.state.params, limit)
 
 
-def setup(cfg: TrainConfig, pre: preflight.Preflight | None = None) -> Run:
-    """Build the run on checked inputs (``pre``, else :func:`jaxpt.run.resolve.check` of ``cfg``) and initialize
-    its sharded state.
+def setup(r: resolve.Resolved | TrainConfig, init_state: bool = True) -> Run:
+    """Build the resolved run (a bare config is resolved first, :func:`jaxpt.run.resolve.resolve`) with its
+    throughput accounting and held-out evaluator, and (``init_state``) a fresh state, sharded at creation; without
+    it the caller puts the run's first state in place (:func:`jaxpt.run.lineage.first_state`).
 
     Raises:
-      ConfigError: naming the key, file or line; before anything compiles.
+      ConfigError, CheckpointError: from resolving a bare config; before anything compiles.
     """
-    from jaxpt.eval import inloop
-    pre = pre or preflight.check(cfg)
-    built = builder_lib.build(pre.cfg, tokenizer=pre.tokenizer)
+    r = resolve.resolve(r) if isinstance(r, TrainConfig) else r
+    built = builder_lib.build(r.layout)
     cfg = built.cfg
     device = jax.local_devices()[0]
     peak, note = flops_lib.peak_flops_per_device(device, dtype=cfg.model.jnp_compute_dtype)
@@ -86,65 +89,72 @@ def setup(cfg: TrainConfig, pre: preflight.Preflight | None = None) -> Run:
                                     rows_through=built.ramp.rows_through if cfg.batch_size_schedule else None,
                                     seq_len=cfg.seq_len)
     evaluator = inloop.HeldoutEvaluator(cfg, built.mesh, built.spec.graphdef, built.spec.abstract.params,
-                                        pre.tokenizer, pre.heldout_docs, pre.heldout_set)
-    return Run(built, built.init_state(), pre.tokenizer, throughput, note, evaluator)
+                                        r.tokenizer, r.heldout_docs, r.heldout_set)
+    return Run(built, built.init_state() if init_state else None, r.tokenizer, throughput, note, evaluator)
 
 
 def run_training(cfg: TrainConfig, fault_injector=None, batch_injector=None) -> dict[str, Any]:
-    """Check every input and the resume target (:func:`jaxpt.run.resolve.check`; nothing is written or compiled
-    before it passes), set up, resume if the workdir has checkpoints, and train to ``cfg.steps``; returns the
-    final record. A workdir already at ``cfg.steps`` is left untouched (its last final record is returned).
-    Compiled programs go to, and come from, the persistent compilation cache (``TrainConfig.compilation_cache_dir``,
-    :mod:`jaxpt.run.compile_cache`), so a restart does not recompile.
+    """Resolve the run (:func:`jaxpt.run.resolve.resolve`: every check once; nothing is written or compiled before
+    it passes), build it, continue its lineage (resume, a new stage, or fresh: :mod:`jaxpt.run.lineage`), and train to
+    ``cfg.steps``; returns the final record. A workdir already at ``cfg.steps`` is left untouched (its last final
+    record is returned). Compiled programs go to, and come from, the persistent compilation cache
+    (``TrainConfig.compilation_cache_dir``, :mod:`jaxpt.run.compile_cache`), so a restart does not recompile.
 
     ``fault_injector`` (``(step, state) -> state``, applied before each step) and ``batch_injector``
     (``(step, local_batch) -> local_batch``, applied to each fetched batch) are for drills and tests.
+
+    Raises:
+      ConfigError (exit 2), CheckpointError (exit 3): refused by the checks; DivergenceError: too many rollbacks;
+      Preempted: saved and stopped on a preemption notice.
     """
     t_start = time.perf_counter()
-    pre = preflight.check(cfg)
-    if pre.nothing_to_do:
+    r = resolve.resolve(cfg)
+    if r.lineage.nothing_to_do(r.cfg):
         log.warning("nothing to do: the newest checkpoint of %s is at step %d = TrainConfig.steps; nothing "
-                    "written (pass a larger --steps to train on)", cfg.workdir, pre.resume_step)
-        return preflight.last_final(cfg.workdir, pre.resume_step)
+                    "written (pass a larger --steps to train on)", cfg.workdir, r.lineage.start_step)
+        return last_final(cfg.workdir, r.lineage.start_step)
     # After the checks (a refused config leaves no cache directory behind), before anything compiles.
     with compile_cache.persistent_cache(compile_cache.resolve_cache_dir(cfg.compilation_cache_dir, cfg.workdir)):
-        return _train(cfg, pre, t_start, fault_injector, batch_injector)
+        return _train(r, t_start, fault_injector, batch_injector)
 
 
-def _train(cfg: TrainConfig, pre: preflight.Preflight, t_start: float, fault_injector,
-           batch_injector) -> dict[str, Any]:
-    """:func:`run_training` once its checks passed: write the operative config, set up, resume, train, finish."""
-    from jaxpt.checkpoint import Checkpointer, run_meta
-    is_main = jax.process_index() == 0
-    config_text = config_lib.write_operative_config(cfg, write=is_main)  # after every check passed
-    run = setup(cfg, pre)
-    cfg = run.cfg
+def last_final(workdir: str, step: int) -> dict[str, Any]:
+    """The last ``final`` record of ``<workdir>/metrics.jsonl`` (what a run already at its target step returns),
+    or ``{"step": step, "event": "nothing_to_do"}`` when there is none."""
+    path = monitor.metrics_path(workdir)
+    finals = [r for r in monitor.read_metrics(workdir) if r.get("event") == "final"] if fs.exists(path) else []
+    return finals[-1] if finals else {"step": step, "event": "nothing_to_do"}
+
+
+def _start(r: resolve.Resolved, is_main: bool):
+    """Write the operative config (after every check passed), build, and continue the lineage: ``(run, ckpt,
+    batches, identity)`` with the run's first state in place."""
+    config_text = config_lib.write_operative_config(r.given, write=is_main)
+    run = setup(r, init_state=False)
+    cfg, lin = run.cfg, r.lineage
     ckpt = Checkpointer(cfg.workdir, cfg.checkpoint) if cfg.checkpoint.enabled else None
-    batches = stream.train_batches(cfg, run.tokenizer,
-                                   stream.data_shard_count(cfg, ckpt.saved_data_shards() if ckpt else None))
-    start = 0
-    if ckpt is not None:
-        state, start = ckpt.resume(run.spec.abstract, batches, cfg.model, run.tokenizer.sha256)
-        run.state = state if state is not None else run.state
-    stage = ((pre.resume_meta.get("stage") if start else None)
-             or stage_lib.stage_record(cfg, pre.parent, stream.data_version(cfg)))
-    if start == 0 and pre.parent is not None:  # a new stage: its first state from the parent checkpoint
-        run.state = stage_lib.begin_stage(run.built, pre.parent)
-        start = pre.parent.step
+    batches = stream.train_batches(cfg, run.tokenizer, r.data_shards, first_step=r.first_step)
+    run.state = lineage_lib.first_state(lin, run.built, ckpt, batches)
+    ident = lineage_lib.identity(cfg, lin, run.mesh, run.tokenizer, config_text, r.data_version, batches.num_shards)
+    return run, ckpt, batches, ident
+
+
+def _train(r: resolve.Resolved, t_start: float, fault_injector, batch_injector) -> dict[str, Any]:
+    """:func:`run_training` once its checks passed: start, train, finish, recording the session in run.json."""
+    is_main = jax.process_index() == 0
+    run, ckpt, batches, ident = _start(r, is_main)
+    cfg, start = run.cfg, r.lineage.start_step
     writer = monitor.MetricWriter(cfg.workdir, enabled=is_main, start_step=start)
-    meta = run_meta(cfg, run.mesh, run.tokenizer, config_text, stream.data_version(cfg), batches.num_shards)
-    meta["stage"] = stage
-    log_start(run, writer, start, pre.notes, stage)
+    log_start(run, writer, start, r.notes, ident.stage)
     registry = RunRegistry(cfg.workdir, enabled=is_main)
-    registry.start(cfg, config_text, run, stream.data_version(cfg),
-                   stages=[*(stage_lib.parent_stages(pre.parent) if pre.parent else []), stage])
+    registry.start(cfg, run, ident)
+    resumed_time = float(r.lineage.resume.meta.get("train_time_s", 0.0)) if r.lineage.resume is not None else 0.0
     ctx = None
     try:
         with Preemption() as preemption:
             goodput = monitor.Goodput(redo_until=registry.steps_reached_before(), t0=t_start)
-            ctx = LoopContext(run, writer, batches, ckpt, meta, preemption, registry, fault_injector,
-                              train_time_s=float(pre.resume_meta.get("train_time_s", 0.0)) if start else 0.0,
-                              goodput=goodput, batch_injector=batch_injector)
+            ctx = LoopContext(run, writer, batches, ckpt, ident.meta, preemption, registry, fault_injector,
+                              train_time_s=resumed_time, goodput=goodput, batch_injector=batch_injector)
             mixture = hooks_lib.MixtureShareHook.for_batches(batches)
             if mixture is not None:  # record the mixture's stages; log its realized shares per stage
                 registry.update_session({"mixture": mixture.stages_record()})

@@ -246,7 +246,7 @@ def compile_report(cfg, target: Target) -> dict[str, Any]:
     from jaxpt.training import memory
 
     # Donated, as on the accelerator the report stands for, also on a cpu:N topology (where a run would not donate).
-    built = builder.build(with_slices(cfg, target.num_slices), devices=target.devices, donate_state=True)
+    built = builder.build_for(with_slices(cfg, target.num_slices), devices=target.devices, donate_state=True)
     attention = attention_auto.resolve_for(built.cfg.model, built.cfg.seq_len, target.devices)
     t0 = time.perf_counter()
     lowered = built.lower_train_step()

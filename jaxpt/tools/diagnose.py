@@ -26,6 +26,9 @@ from typing import Any, Callable
 
 import numpy as np
 
+from jaxpt import config as config_lib
+from jaxpt.checkpoint import Checkpointer
+from jaxpt.run import session
 from jaxpt.util import fs
 from jaxpt.util.errors import ConfigError
 
@@ -123,9 +126,6 @@ def _setup_before(workdir: str, step: int):
     Raises:
       ConfigError: no config.gin, or no committed checkpoint before ``step``.
     """
-    from jaxpt import config as config_lib
-    from jaxpt.run import session
-    from jaxpt.checkpoint import Checkpointer
     gin_path = fs.join(workdir, "config.gin")
     if not fs.isfile(gin_path):
         raise ConfigError(f"{gin_path}: no operative config; is {workdir} a training workdir?")
@@ -159,8 +159,10 @@ def diagnose(workdir: str, step: int, refs: int = 4,
     if refs < 2:
         raise ConfigError(f"refs = {refs}: need at least 2 reference batches")
     cfg, run, ckpt, c = _setup_before(workdir, step)
-    batches = stream.train_batches(cfg, run.tokenizer, stream.data_shard_count(cfg, ckpt.saved_data_shards()))
-    state, _ = ckpt.restore(c, run.spec.abstract, batches)
+    meta = ckpt.read_meta(c)
+    batches = stream.train_batches(cfg, run.tokenizer, stream.data_shard_count(cfg, meta.get("data_shards")),
+                                   first_step=config_lib.start_step(cfg) + 1)
+    state = ckpt.restore(c, run.spec.abstract, batches, meta=meta)
     inject = batch_injector or (lambda s, b: b)
     local = {s: inject(s, stream.next_batch(batches, run.built.ramp.units(s))) for s in range(c + 1, step + refs + 1)}
     on_device = {s: stream.to_device(run.mesh, cfg.logical_axis_rules, b) for s, b in local.items()}

@@ -330,7 +330,7 @@ def compiled_step_report(workdir: str) -> dict[str, Any]:
         raise ConfigError(f"the run had {ran.get('count')} x {ran.get('kind')!r}, this host {here['count']} x "
                           f"{here['kind']!r}: pass --compile-report from `python -m jaxpt.tools.compile --json`")
     cfg = config_lib.parse([gin_path], ["TrainConfig.progress_bar = False"])
-    built = builder.build(cfg)
+    built = builder.build_for(cfg)
     return {"flops_per_step": compiled_flops(built.lower_train_step().compile()),
             "tokens_per_step": built.cfg.global_batch_size * built.cfg.seq_len}
 

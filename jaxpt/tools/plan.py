@@ -538,17 +538,18 @@ def _format_memory(mem: dict[str, Any], mesh: str, policy: str) -> str:
 
 def resolve_vocab(cfg):
     """``cfg`` with ``ModelConfig.vocab_size`` resolved from the tokenizer when it is 0
-    (:func:`jaxpt.run.build.resolve_vocab`, imported on use so ``import jaxpt.tools.plan`` stays light).
+    (:func:`jaxpt.run.resolve.resolve_vocab`, imported on use so ``import jaxpt.tools.plan`` stays light).
 
     Raises:
       ConfigError: vocab size 0 and no tokenizer at ``DataConfig.tokenizer_path``.
     """
-    from jaxpt.run.build import resolve_vocab as resolve
+    from jaxpt.run.resolve import resolve_vocab as resolve
     return resolve(cfg)
 
 
 def config_plan(args, hw: Slice | None) -> dict[str, Any]:
     from jaxpt import config as config_lib
+    from jaxpt.run.validate import validate
     cfg = resolve_vocab(config_lib.from_args(args))
     spec = mesh_lib.parse_mesh_spec(cfg.mesh)
     if hw is not None:
@@ -560,7 +561,7 @@ def config_plan(args, hw: Slice | None) -> dict[str, Any]:
     else:
         import jax
         n_dev = jax.device_count()
-    sizes = config_lib.validate(cfg, n_dev)
+    sizes = validate(cfg, n_dev)
     return plan_config(cfg, sizes, hw, args.tokens, args.mfu)
 
 

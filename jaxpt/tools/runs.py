@@ -281,7 +281,7 @@ def cmd_diagnose(args) -> str:
     injector = None
     if args.inject_random_tokens is not None:
         from jaxpt import config as config_lib
-        from jaxpt.run.build import resolve_vocab
+        from jaxpt.run.resolve import resolve_vocab
         cfg = resolve_vocab(config_lib.parse([fs.join(args.workdir, "config.gin")]))
         injector = diagnose.RandomTokens(args.inject_random_tokens, cfg.model.vocab_size, args.inject_seed)
     return diagnose.diagnose(args.workdir, args.step, args.refs, injector).text()

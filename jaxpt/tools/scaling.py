@@ -37,6 +37,7 @@ import gin
 import numpy as np
 
 from jaxpt import config as config_lib
+from jaxpt.run.validate import validate
 from jaxpt.training import flops as flops_lib
 from jaxpt.util import fs
 from jaxpt.util import jsonl
@@ -135,7 +136,7 @@ def check_points(grid_path: str, points: Sequence[GridPoint], bindings: Sequence
     import jax
     for pt in points:
         try:
-            config_lib.validate(config_lib.parse([grid_path], [*pt.bindings, *bindings]), jax.device_count())
+            validate(config_lib.parse([grid_path], [*pt.bindings, *bindings]), jax.device_count())
         except ConfigError as e:
             raise ConfigError(f"{grid_path}: grid point {pt.name}: {e}") from None
 

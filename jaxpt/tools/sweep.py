@@ -57,6 +57,7 @@ import numpy as np
 
 from jaxpt.run import build as builder_lib
 from jaxpt import config as config_lib
+from jaxpt.run.validate import validate
 from jaxpt.training import flops as flops_lib
 from jaxpt.util import fs
 from jaxpt import mesh as mesh_lib
@@ -197,7 +198,7 @@ class _Compiled:
 def lower(cfg: TrainConfig, devices) -> "builder_lib.Built":
     """The run's program for ``cfg`` on ``devices``, built by :func:`jaxpt.run.build.build` exactly as
     ``jaxpt.train`` builds it (gradient accumulation, stability policy, clipping, z-loss, schedule)."""
-    return builder_lib.build(cfg, devices=devices)
+    return builder_lib.build_for(cfg, devices=devices)
 
 
 def _build(cfg: TrainConfig, devices) -> tuple[_Compiled, float]:
@@ -254,7 +255,7 @@ def sweep_one(cfg: TrainConfig, mesh_spec: str, *, steps: int, profile_steps: in
     r = Result(mesh=mesh_spec)
     try:
         cfg = dataclasses.replace(cfg, mesh=mesh_spec)  # a malformed spec is refused here, by TrainConfig
-        sizes = config_lib.validate(cfg, jax.device_count())
+        sizes = validate(cfg, jax.device_count())
     except ConfigError as e:
         r.status, r.note = "invalid", str(e)
         return r

@@ -4,6 +4,9 @@
 malformed data file. Its message names the config key, or the file and line. ``data_pipelines`` uses the same
 class (``data_pipelines.config.ConfigError`` is this one), so one ``except ConfigError`` covers every entry point.
 
+``CheckpointError`` (exit 3): checkpoints exist but cannot be used by this run (corrupt, of another model or
+tokenizer, or saving a setting this version does not know that changes numerics).
+
 ``FileFormatError`` is the ``ConfigError`` of a data file that breaks its format's contract; each format derives
 its own (``jaxpt.data.documents.DocumentFormatError``, ``jaxpt.run.monitor.MetricsFormatError``).
 """
@@ -13,6 +16,10 @@ from __future__ import annotations
 
 class ConfigError(ValueError):
     """A config or input that cannot run. The message names the config key (or file and line)."""
+
+
+class CheckpointError(RuntimeError):
+    """Checkpoints exist but cannot be used (corrupt, or from an incompatible model). Never ignored."""
 
 
 class FileFormatError(ConfigError):

@@ -89,11 +89,8 @@ def hlo_fingerprints(prepared: pathlib.Path) -> dict[str, str]:
 
 
 def _build_function():
-    try:
-        from jaxpt.run.build import build
-    except ImportError:
-        from jaxpt.run.build import build
-    return build
+    from jaxpt.run.build import build_for
+    return build_for
 
 
 def _train_main():
@@ -102,15 +99,8 @@ def _train_main():
 
 
 def _dry_run_flag() -> str:
-    return "--dry-run" if _has_new_grammar() else "--dry_run"
-
-
-def _has_new_grammar() -> bool:
-    try:
-        import jaxpt.run  # noqa: F401  the package exists from the layout with one flag grammar on
-        return True
-    except ImportError:
-        return False
+    """The trainer's dry-run flag: ``--dry-run`` (one kebab-case grammar), ``--dry_run`` before it."""
+    return "--dry-run" if "--dry-run" in (REPO / "jaxpt" / "train.py").read_text() else "--dry_run"
 
 
 def _capture(fn, argv) -> tuple[int, str, str]:
