@@ -60,8 +60,8 @@ class JaxptLM(LM):
         if restored is None:
             if not workdir:
                 raise ValueError("JaxptLM: pass workdir=DIR (model_args 'workdir=DIR') or restored=")
-            import jaxpt
-            restored = jaxpt.restore(workdir, step=None if step in (None, "") else int(step), mesh=mesh or None)
+            from jaxpt.infer.restore import restore
+            restored = restore(workdir, step=None if step in (None, "") else int(step), mesh=mesh or None)
         self.restored = restored
         self.tokenizer = restored.tokenizer
         self.scorer = scorer_for_restored(restored, batch_size=int(batch_size))
