@@ -26,6 +26,7 @@ import sys
 
 from data_pipelines import manifest as manifest_lib, readers, stages
 from data_pipelines.config import BuildConfig
+from jaxpt.util import fs
 
 FILTER_STAGES = ("admission:extraction_empty", "normalize", "langid", "rules", "quality", "decontamination")
 
@@ -95,16 +96,16 @@ def texts_for(ids: set[str], cfg: BuildConfig) -> dict[str, str]:
 def write_sample(rows: list[dict], texts: dict[str, str], path: str, excerpt_chars: int = 1500) -> None:
     """Writes the annotator file (format in the module docstring)."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path + ".tmp", "w", encoding="utf-8") as f:
-        for r in rows:
-            text = texts.get(r["id"], "")
-            f.write(json.dumps({
-                "id": r["id"], "rule": r["verdict"], "domain": r["domain"], "source": r["source"],
-                "lang": r.get("lang"), "n_chars": r.get("n_chars") or len(text),
-                "text": text[:excerpt_chars], "text_truncated": len(text) > excerpt_chars,
-                "sample_rank": r["sample_rank"], "wrongful": None,
-            }, ensure_ascii=False, sort_keys=True) + "\n")
-    os.replace(path + ".tmp", path)
+    lines = []
+    for r in rows:
+        text = texts.get(r["id"], "")
+        lines.append(json.dumps({
+            "id": r["id"], "rule": r["verdict"], "domain": r["domain"], "source": r["source"],
+            "lang": r.get("lang"), "n_chars": r.get("n_chars") or len(text),
+            "text": text[:excerpt_chars], "text_truncated": len(text) > excerpt_chars,
+            "sample_rank": r["sample_rank"], "wrongful": None,
+        }, ensure_ascii=False, sort_keys=True) + "\n")
+    fs.replace_local(path, "".join(lines).encode("utf-8"))
 
 
 def main(argv=None) -> int:

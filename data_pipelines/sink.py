@@ -11,7 +11,7 @@ How each kind of path is written:
 * Object storage: one ``FileSystems.create`` of the final name. An object upload becomes visible only once
   complete (atomic), so no temporary name is needed; and Beam's GCS ``rename``/``delete`` use the JSON *batch*
   API (``/batch/storage/v1``), which the fake-gcs-server emulator of the tests does not implement.
-* Local: the bytes go to ``<path>.tmp`` and ``FileSystems.rename`` moves them into place (a reader never sees
+* Local: the bytes go to ``<path>.<random>.tmp`` and ``FileSystems.rename`` moves them into place (a reader never sees
   half a file; ``os.rename`` replaces an existing file on POSIX).
 
 Bytes are written as given (``CompressionTypes.UNCOMPRESSED``): Beam would otherwise gzip a ``.gz`` name a
@@ -21,6 +21,7 @@ second time.
 from __future__ import annotations
 
 import os
+import uuid
 import shutil
 import tempfile
 
@@ -60,13 +61,15 @@ def check_credentials(out_dir: str) -> None:
 
 def _write(path: str, fill) -> None:
     """``fill(f)`` writes the content into ``f``, a Beam writer of ``path`` (object storage: the final name;
-    local: ``<path>.tmp``, then renamed into place; parents created)."""
+    local: a temporary file of a random, unpredictable name beside it, then renamed into place, so two writers of
+    one path never share a temporary file and none follows a link planted at a predictable name; parents
+    created)."""
     if fs.is_remote(path):
         with _create(path) as f:
             fill(f)
         return
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = path + ".tmp"
+    tmp = f"{path}.{uuid.uuid4().hex}.tmp"
     with _create(tmp) as f:
         fill(f)
     _filesystems().rename([tmp], [path])

@@ -144,10 +144,7 @@ def _write_jsonl_gz(path: str, docs: list[dict]) -> None:
     if fs.is_remote(path):  # one object upload is atomic
         fs.write_bytes(path, buf.getvalue())
         return
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
-        f.write(buf.getvalue())
-    os.replace(tmp, path)
+    fs.replace_local(path, buf.getvalue())
 
 
 def _source_files(source_dir: str) -> list[str]:

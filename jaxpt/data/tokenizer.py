@@ -388,9 +388,7 @@ def train(texts: Iterable[str], model_path: str | os.PathLike, settings: Trainer
     if fs.is_remote(model_path):  # one object upload is atomic already
         model_path.write_bytes(buf.getvalue())
         return model_path
-    tmp = model_path.with_name(model_path.name + ".tmp")
-    tmp.write_bytes(buf.getvalue())
-    tmp.replace(model_path)
+    fs.replace_local(model_path, buf.getvalue())
     return model_path
 
 

@@ -26,6 +26,7 @@ Each is only a default: a variable already set wins.
 from __future__ import annotations
 
 import builtins
+import contextlib
 import gzip
 import glob as _glob
 import hashlib
@@ -200,16 +201,46 @@ def read_bytes(p: str | os.PathLike) -> bytes:
     return path(p).read_bytes()
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+#: The mode a plain ``open(path, "w")`` gives a new file under this process's umask (read once, at import).
+_FILE_MODE = 0o666 & ~_umask()
+
+
+def replace_local(p: str | os.PathLike, data: bytes) -> None:
+    """Write ``data`` to the local file ``p`` so that a reader never sees half of it and concurrent writers never
+    collide: a temporary file with a unique random name in ``p``'s folder (``tempfile.mkstemp``, created exclusively,
+    so it never follows a link planted at a predictable name), given the usual file mode, then ``os.replace`` onto
+    ``p`` (atomic on POSIX: the last writer wins whole).
+
+    Raises:
+      OSError: the folder cannot be written (the temporary file is removed).
+    """
+    p = os.fspath(p)
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(p)), prefix=f".{os.path.basename(p)}.",
+                               suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, _FILE_MODE)
+        os.replace(tmp, p)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
 def write_text_atomic(p: str | os.PathLike, text: str) -> None:
-    """Write ``text`` (UTF-8) to ``p`` so a reader never sees half of it: a temporary file and ``os.replace``
-    locally; one object upload remotely (which replaces an object atomically)."""
+    """Write ``text`` (UTF-8) to ``p`` so a reader never sees half of it: :func:`replace_local` locally; one object
+    upload remotely (which replaces an object atomically)."""
     if is_remote(p):
         path(p).write_text(text)
         return
-    tmp = f"{p}.tmp"
-    with builtins.open(tmp, "w") as f:
-        f.write(text)
-    os.replace(tmp, p)
+    replace_local(p, text.encode("utf-8"))
 
 
 def write_bytes(p: str | os.PathLike, data: bytes) -> None:
@@ -226,10 +257,7 @@ def write_figure(fig, p: str | os.PathLike, **savefig_kwargs) -> None:
     if is_remote(p):
         write_bytes(p, buf.getvalue())
         return
-    tmp = f"{os.fspath(p)}.tmp"
-    with builtins.open(tmp, "wb") as f:
-        f.write(buf.getvalue())
-    os.replace(tmp, p)
+    replace_local(p, buf.getvalue())
 
 
 def append_text(p: str | os.PathLike, text: str) -> None:
