@@ -52,7 +52,10 @@ def figures_from_decisions(rows: list[dict]) -> dict:
     lang_in = collections.Counter(r["lang"] for r in rows if r.get("lang"))
     lang_kept = collections.Counter(r["lang"] for r in kept + heldout if r.get("lang"))
     clusters = collections.Counter(r["cluster_id"] for r in rows)
+    decoded_by = collections.Counter(r["decoded_by"].split(":")[0] for r in kept + heldout if r.get("decoded_by"))
     return {
+        # Web pages kept or held out, by how their bytes were decoded (data_pipelines.readers.decode_page).
+        **({"pages_decoded_by": dict(sorted(decoded_by.items()))} if decoded_by else {}),
         "documents_in": len(rows),
         "documents_out": len(kept),
         "documents_dropped": {s: dict(sorted(dropped[s].items())) for s in STAGES if s in dropped},

@@ -319,7 +319,7 @@ class HeldoutRecord(beam.DoFn):
         yield beam.pvalue.TaggedOutput(DROPS, {
             "id": doc["id"], "source": doc["source"], "domain": doc["domain"], "lang": doc["lang"],
             "verdict": "heldout", "stage": None, "reason": None, "n_chars": len(doc["text"]),
-            "lang_by": doc.get("lang_by"),
+            "lang_by": doc.get("lang_by"), **({"decoded_by": doc["decoded_by"]} if doc.get("decoded_by") else {}),
             "n_tokens": n_tokens, "quality_score": doc.get("quality"), "sample": "",
         })
 
@@ -378,7 +378,7 @@ class Tokenize(beam.DoFn):
         yield beam.pvalue.TaggedOutput(DROPS, {
             "id": doc["id"], "source": doc["source"], "domain": doc["domain"], "lang": doc["lang"],
             "verdict": "kept", "stage": None, "reason": None, "n_chars": len(doc["text"]),
-            "lang_by": doc.get("lang_by"),
+            "lang_by": doc.get("lang_by"), **({"decoded_by": doc["decoded_by"]} if doc.get("decoded_by") else {}),
             "n_tokens": int(tokens.size), "quality_score": doc.get("quality"), "sample": "",
         })
 

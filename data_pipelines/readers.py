@@ -9,6 +9,13 @@ skipped silently. Reasons: ``oversized``, ``binary``, ``blank_line``, ``invalid_
 ``not_an_object``, ``missing_text``, ``empty`` (a text of only whitespace), ``truncated_file`` (a compressed
 file cut short: one drop for the damaged tail, naming the file), ``extraction_empty`` (HTML with no main text).
 
+A web page's bytes are decoded by what the page declares (:func:`decode_page`): the HTTP ``Content-Type`` charset,
+else an HTML ``<meta charset>`` (or ``http-equiv`` Content-Type) in its head, else UTF-8 when the bytes are valid
+UTF-8, else the charset a detector (``charset-normalizer``) names, else UTF-8 with replacement characters. Each kept
+page records how it was decoded (``decoded_by``: ``http_header:<charset>``, ``html_meta:<charset>``, ``utf-8``,
+``detected:<charset>`` or ``replacement``), and the manifest counts them; only bytes no path can decode as text (a
+binary body) are dropped.
+
 JSON Lines inputs follow the line rules of `jaxpt.util.jsonl` and the document contract of `jaxpt.data.documents`,
 whose strict readers raise ``DocumentFormatError`` with these same reason names; here, for raw inputs, each
 bad line is counted and dropped instead, so ``documents_in = kept + held out + every drop`` still holds.
@@ -16,8 +23,10 @@ bad line is counted and dropped instead, so ``documents_in = kept + held out + e
 
 from __future__ import annotations
 
+import codecs
 import json
 import os
+import re
 from typing import Iterator
 
 from jaxpt.util import fs, jsonl
@@ -192,6 +201,54 @@ def gzip_intact_end(path: str) -> tuple[int, str | None]:
     return good_end, None
 
 
+_META_CHARSET = re.compile(rb"""<meta[^>]+charset\s*=\s*["']?\s*([A-Za-z0-9_.:-]+)""", re.I)
+_HEADER_CHARSET = re.compile(r"""charset\s*=\s*["']?\s*([A-Za-z0-9_.:-]+)""", re.I)
+#: Bytes of a page's start searched for a ``<meta>`` charset (the HTML spec's prescan looks at the first 1024).
+META_PRESCAN_BYTES = 4096
+
+
+def _codec(name: str | None) -> str | None:
+    """Python's codec name for a declared charset, or None when Python knows no such codec."""
+    if not name:
+        return None
+    try:
+        return codecs.lookup(name.strip().strip("'\"")).name
+    except LookupError:
+        return None
+
+
+def decode_page(body: bytes, content_type: str | None) -> tuple[str, str]:
+    """``(text, decoded_by)`` of a web page's bytes (the order in the module docstring). A declared charset whose
+    codec rejects the bytes falls through to the next path.
+
+    ``decoded_by``: ``http_header:<codec>``, ``html_meta:<codec>``, ``utf-8``, ``detected:<codec>`` or
+    ``replacement``.
+    """
+    header = _HEADER_CHARSET.search(content_type or "")
+    meta = _META_CHARSET.search(body[:META_PRESCAN_BYTES])
+    for how, name in (("http_header", header and header.group(1)),
+                      ("html_meta", meta and meta.group(1).decode("ascii", "replace"))):
+        codec = _codec(name)
+        if codec is not None:
+            try:
+                return body.decode(codec), f"{how}:{codec}"
+            except UnicodeDecodeError:
+                pass
+    try:
+        return body.decode("utf-8"), "utf-8"
+    except UnicodeDecodeError:
+        pass
+    import charset_normalizer  # the `data` extra's detector (a dependency of requests, which Beam pulls in)
+    best = charset_normalizer.from_bytes(body).best()
+    codec = _codec(best.encoding) if best is not None else None
+    if codec is not None:
+        try:
+            return body.decode(codec), f"detected:{codec}"
+        except UnicodeDecodeError:
+            pass
+    return body.decode("utf-8", "replace"), "replacement"
+
+
 def read_warc(path: str, source: Source, cfg: AdmissionConfig) -> Iterator[dict]:
     """WARC ``response`` records (HTML marked for main-text extraction); other record types
     (warcinfo, request, metadata) are not documents and are not counted.
@@ -225,14 +282,25 @@ def read_warc(path: str, source: Source, cfg: AdmissionConfig) -> Iterator[dict]
                 if len(body) > cfg.max_record_bytes:
                     yield drop(doc_id, source, "admission", "oversized", repr(body[:200]))
                     continue
-                doc = _admit_text(body, doc_id, source, cfg, {})
-                if "text" in doc:
-                    doc["html"] = True
-                yield doc
+                yield _admit_page(body, rec, doc_id, source, cfg)
         except Exception as e:  # warcio raises ArchiveLoadFailed, zlib.error, EOFError, ValueError on bad input
             damage = damage or f"unparseable WARC data ({type(e).__name__}: {e})"
     if damage:
         yield _damaged(path, source, cfg, n, damage)
+
+
+def _admit_page(body: bytes, rec, doc_id: str, source: Source, cfg: AdmissionConfig) -> dict:
+    """Document or drop for a WARC response body: binary bytes are dropped as such; text is decoded by its declared
+    charset (:func:`decode_page`) and admitted as HTML."""
+    if _binary_fraction(body) > cfg.max_binary_fraction:
+        return drop(doc_id, source, "admission", "binary", repr(body[:200]))
+    headers = rec.http_headers
+    text, decoded_by = decode_page(body, headers.get_header("Content-Type") if headers is not None else None)
+    doc = _admit_text(text, doc_id, source, cfg, {})
+    if "text" in doc:
+        doc["html"] = True
+        doc["decoded_by"] = decoded_by
+    return doc
 
 
 def read_tfds(source: Source, cfg: AdmissionConfig) -> Iterator[dict]:

@@ -584,3 +584,58 @@ def test_cohen_kappa_and_wilson_interval_by_hand():
     assert review.wilson_interval(2, 10) == pytest.approx((c - h, c + h))
     assert review.wilson_interval(2, 10) == pytest.approx((0.0567, 0.5098), abs=1e-4)  # published table value
 
+
+
+# ---------------------------------------------------------------- web pages in the charset they declare
+
+
+def _warc_pages(pages):
+    """A gzip WARC of ``(body bytes, Content-Type)`` response records."""
+    import io
+
+    from warcio.statusandheaders import StatusAndHeaders
+    from warcio.warcwriter import WARCWriter
+
+    buf = io.BytesIO()
+    w = WARCWriter(buf, gzip=True)
+    for i, (body, ctype) in enumerate(pages):
+        http = StatusAndHeaders("200 OK", [("Content-Type", ctype)], protocol="HTTP/1.1")
+        w.write_record(w.create_warc_record(f"http://x/{i}", "response", payload=io.BytesIO(body), http_headers=http))
+    return buf.getvalue()
+
+
+def test_warc_pages_are_decoded_by_their_declared_charset_and_counted_by_how(tmp_path):
+    """Latin-1, windows-1252 and Shift_JIS pages were all dropped as invalid_utf8: the reader never read the HTTP
+    charset or the HTML <meta charset>. Each is now decoded by what it declares (a declared charset that cannot
+    decode the bytes falls through), UTF-8 without a declaration as UTF-8, an undeclared non-UTF-8 page by a
+    detector, and each kept page says how."""
+    french = "Le cœur de l'été à Noël: «déjà vu» — prix 5 €".encode("cp1252")
+    latin = "Señor Müller aß Käse in São Paulo. Æsop, Øresund.".encode("latin-1")
+    japanese = "日本語のウェブページです。東京は晴れ。今日は良い天気ですね。" * 3
+    pages = [
+        (b"<html><body><p>" + french + b"</p></body></html>", "text/html; charset=windows-1252"),
+        (b"<html><head><meta charset='iso-8859-1'></head><body><p>" + latin + b"</p></body></html>", "text/html"),
+        (b'<html><head><meta http-equiv="Content-Type" content="text/html; charset=Shift_JIS"></head><body><p>'
+         + japanese.encode("shift_jis") + b"</p></body></html>", "text/html"),
+        ("<html><body><p>plain UTF-8: naïve café</p></body></html>".encode(), "text/html"),
+        (b"<html><body><p>" + latin + b"</p></body></html>", "text/html; charset=utf-8"),  # a wrong declaration
+        (b"<html><body><p>" + japanese.encode("euc_jp") + b"</p></body></html>", "text/html"),  # undeclared
+    ]
+    path = str(tmp_path / "pages.warc.gz")
+    open(path, "wb").write(_warc_pages(pages))
+    got = list(readers.read_warc(path, _src(fmt="warc"), AdmissionConfig()))
+    assert [d.get("verdict") for d in got] == [None] * 6  # every page kept as a document
+    assert "déjà vu" in got[0]["text"] and "5 €" in got[0]["text"]
+    assert "São Paulo" in got[1]["text"] and "Øresund" in got[1]["text"]
+    assert japanese in got[2]["text"]
+    assert "naïve café" in got[3]["text"]
+    assert [d["decoded_by"].split(":")[0] for d in got] == [
+        "http_header", "html_meta", "html_meta", "utf-8", "detected", "detected"]
+    assert got[0]["decoded_by"] == "http_header:cp1252" and got[2]["decoded_by"] == "html_meta:shift_jis"
+    assert japanese in got[5]["text"] and "Müller" in got[4]["text"]
+
+
+def test_undecodable_bytes_fall_back_to_replacement_and_binary_is_dropped():
+    text, how = readers.decode_page(bytes(range(0x80, 0x100)) * 4, "text/html; charset=ascii")
+    assert how in ("replacement",) or how.startswith("detected:")
+    assert readers.decode_page(b"abc \xff\xfe", None)[0].startswith("abc")
