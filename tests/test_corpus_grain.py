@@ -36,58 +36,84 @@ def _key(a):
     return a.tobytes()
 
 
-def test_mixture_follows_weights(built):
-    from jaxpt.data import corpus
+class _Tok:
+    pad_id, eos_id = 0, 2
 
-    domains = {d: {_key(t) for t in _all_tokens(built, d)} for d in ("news", "multilingual")}
-    ds = corpus.corpus_dataset(built, seed=0, weights={"news": 0.75, "multilingual": 0.25})
-    it = iter(ds)
+
+def _stream(built, weights, shard=0, num_shards=1, seed=0, rows=4, seq_len=64):
+    """The trainer's reader of a corpus version (the only one): logical shard ``shard`` of ``num_shards``."""
+    from jaxpt.data import corpus, mixture
+    schedule = None if weights is None else [(1, mixture.parse_weights(weights, "weights"))]
+    return corpus.corpus_mixture_iterator(built, _Tok(), schedule, key="DataConfig.mixture_weights", seq_len=seq_len,
+                                          rows=rows, seed=seed, shard=shard, num_shards=num_shards)
+
+
+def _token_shares(it, batches, domains) -> dict:
+    from jaxpt.data.mixture import GROUP_KEY
     counts = collections.Counter()
-    for _ in range(2000):
-        t = next(it)
-        assert t.dtype == np.int32
-        counts["news" if _key(t) in domains["news"] else "multilingual"] += 1
-    assert counts["news"] / 2000 == pytest.approx(0.75, abs=0.03)
+    for _ in range(batches):
+        b = next(it)
+        for gi, n in zip(*np.unique(b[GROUP_KEY], return_counts=True)):
+            counts[it.groups[gi]] += int(n)
+    total = sum(counts.values())
+    return {d: counts[d] / total for d in domains}
 
 
-def test_process_shards_are_disjoint_and_cover(built):
+@pytest.mark.parametrize("num_shards", [1, 2])
+def test_every_shard_reads_each_domain_at_its_token_weight(built, num_shards):
+    """The trainer's reader mixes by tokens, and each logical shard (process) reads every domain at its full
+    weight: a second reader that skipped a domain whose share of a process's split was empty gave a domain of weight
+    0.3 only 0.15 with two processes, and took the weights as document probabilities. It is gone; this is the
+    one reader."""
+    for shard in range(num_shards):
+        shares = _token_shares(_stream(built, {"news": 0.7, "multilingual": 0.3}, shard, num_shards), 40,
+                               ["news", "multilingual"])
+        assert shares["multilingual"] == pytest.approx(0.3, abs=0.02)
+
+
+def test_the_corpus_has_one_reader():
+    """The document-weighted Grain reader that disagreed with the trainer's is gone (it skipped a domain whose share
+    of a process's split was empty and read token weights as document probabilities)."""
     from jaxpt.data import corpus
+    assert not hasattr(corpus, "corpus_dataset") and callable(corpus.corpus_mixture_iterator)
 
-    full = {_key(t) for t in _all_tokens(built, "news")}
+
+def test_shards_read_disjoint_documents_that_cover_an_epoch(built):
+    from jaxpt.data import corpus
+    n = len(corpus.domain_source(built, "news"))
     seen = []
-    for pi in range(2):
-        it = iter(corpus.corpus_dataset(built, seed=1, process_index=pi, process_count=2, weights={"news": 1.0}))
-        seen.append({_key(next(it)) for _ in range(400)})  # many epochs of each half
-    assert seen[0].isdisjoint(seen[1])
-    assert seen[0] | seen[1] == full
+    for shard in range(2):
+        it = _stream(built, {"news": 1.0}, shard, 2, rows=1, seq_len=16)
+        docs = set()
+        while it.positions["news"] < n // 2:  # half an epoch each: the shard's share of one epoch
+            docs |= set(np.unique(next(it)["doc_index"]).tolist())
+        seen.append(docs - {-1})
+    assert seen[0].isdisjoint(seen[1]) and len(seen[0] | seen[1]) >= n - 2  # an open document may span the end
 
 
 def test_checkpoint_state_resumes_exactly(built):
-    from jaxpt.data import corpus
-
-    ds = corpus.corpus_dataset(built, seed=5)
-    it = iter(ds)
-    for _ in range(37):
+    it = _stream(built, None, seed=5)
+    for _ in range(7):
         next(it)
-    state = it.get_state()
-    expected = [next(it) for _ in range(20)]
-    it2 = iter(corpus.corpus_dataset(built, seed=5))
-    it2.set_state(state)
-    got = [next(it2) for _ in range(20)]
-    assert all(np.array_equal(a, b) for a, b in zip(expected, got))
-    other = iter(corpus.corpus_dataset(built, seed=6))
-    assert not all(np.array_equal(next(other), e) for e in expected[:10])
+    state = json.loads(json.dumps(it.get_state()))  # as a checkpoint stores it
+    expected = [next(it)["tokens"] for _ in range(5)]
+    again = _stream(built, None, seed=5)
+    again.set_state(state)
+    assert all(np.array_equal(a, next(again)["tokens"]) for a in expected)
+    other = _stream(built, None, seed=6)
+    for _ in range(7):
+        next(other)
+    assert not all(np.array_equal(a, next(other)["tokens"]) for a in expected)
 
 
 def test_bad_arguments(built, tmp_path):
-    from jaxpt.data import corpus
-
-    with pytest.raises(ValueError, match="not in"):
-        corpus.corpus_dataset(built, seed=0, weights={"nope": 1.0})
-    with pytest.raises(ValueError, match="process_index"):
-        corpus.corpus_dataset(built, seed=0, process_index=2, process_count=2)
+    from jaxpt.util.errors import ConfigError
+    with pytest.raises(ConfigError, match="DataConfig.mixture_weights.*nope"):
+        _stream(built, {"nope": 1.0})
+    with pytest.raises(ValueError, match="shard 2 not in"):
+        _stream(built, None, shard=2, num_shards=2)
     with pytest.raises(FileNotFoundError, match="mixture.json"):
-        corpus.corpus_dataset(str(tmp_path), seed=0)
+        _stream(str(tmp_path), None)
 
 
 @pytest.mark.slow

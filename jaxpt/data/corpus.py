@@ -12,13 +12,11 @@ Layout of a corpus version directory (`CorpusVersion` reads it; nothing else ope
   (protobuf and numpy; neither TensorFlow nor TFDS is needed to train);
 - ``heldout/<domain>.jsonl.gz``: the held-out split, document files (`jaxpt.data.documents`).
 
-The trainer reads a version with `corpus_mixture_iterator`: packed batches mixed by *tokens*
-(:mod:`jaxpt.data.mixture`; ``DataConfig.mixture_weights`` / ``mixture_schedule``, else ``mixture.json``'s
-weights), per-domain read positions in its state. `corpus_dataset` is the plain document stream, a Grain
-``IterDataset`` of ``int32[n]`` token arrays: each domain sharded by process
-(``records[process_index::process_count]``), shuffled with a seed, repeated without end, and the domains mixed
-by *document* weights (Grain's ``MapDataset.mix``); its iterators are checkpointable (``get_state`` /
-``set_state``).
+The trainer reads a version with `corpus_mixture_iterator`, the one reader of its training split: packed batches
+mixed by *tokens* (:mod:`jaxpt.data.mixture`; ``DataConfig.mixture_weights`` / ``mixture_schedule``, else
+``mixture.json``'s weights), each logical data shard reading every domain at its full weight, with per-domain read
+positions in its checkpointable state (``get_state`` / ``set_state``). `domain_source` gives random access to one
+domain's records (Grain's ``RandomAccessDataSource`` protocol) for tools that inspect them.
 """
 
 from __future__ import annotations
@@ -26,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -228,56 +226,3 @@ def corpus_mixture_iterator(corpus_dir: str, tokenizer, schedule, *, key: str, s
 
 def _text(value) -> str:
     return value.decode("utf-8") if isinstance(value, bytes) else str(value)
-
-
-def corpus_dataset(
-    corpus_dir: str,
-    *,
-    seed: int,
-    process_index: int = 0,
-    process_count: int = 1,
-    weights: Mapping[str, float] | None = None,
-) -> "grain.IterDataset":
-    """Infinite, mixed, per-process stream of token arrays (``int32[n]``); arguments and errors as `_mixed`."""
-    return _mixed(corpus_dir, seed=seed, process_index=process_index, process_count=process_count,
-                  weights=weights, record_fn=_tokens)
-
-
-def _mixed(corpus_dir: str, *, seed: int, process_index: int = 0, process_count: int = 1,
-           weights: Mapping[str, float] | None = None, record_fn=_tokens) -> "grain.IterDataset":
-    """Infinite, mixed, per-process stream of token arrays (``int32[n]``).
-
-    Args:
-      corpus_dir: built corpus directory.
-      seed: shuffling seed (domain i uses ``seed + i`` in sorted domain order).
-      process_index, process_count: this host's slice of every domain (``jax.process_index()``
-        and ``jax.process_count()`` in training).
-      weights: domain -> sampling weight; defaults to ``mixture.json`` ``weights``. Domains with
-        weight 0 or no records on this process are left out.
-    Raises:
-      ValueError: unknown domain in `weights`, bad process slice, or nothing to read.
-      FileNotFoundError, ConfigError: as :func:`read_corpus_version`.
-    """
-    import grain
-
-    if not 0 <= process_index < process_count:
-        raise ValueError(f"process_index {process_index} not in [0, {process_count})")
-    from jaxpt.data import mixture
-    mix = read_mixture(corpus_dir)
-    weights = dict(weights if weights is not None else mix["weights"])
-    mixture.parse_weights(weights, "weights")  # negative, NaN or all-zero weights are errors, not 0
-    unknown = set(weights) - set(mix["weights"])
-    if unknown:
-        raise ValueError(f"weights: domains {sorted(unknown)} not in {corpus_dir}/mixture.json")
-    parts, part_weights = [], []
-    for i, domain in enumerate(sorted(weights)):
-        if weights[domain] <= 0:
-            continue
-        ds = grain.MapDataset.source(domain_source(corpus_dir, domain))[process_index::process_count]
-        if len(ds) == 0:
-            continue
-        parts.append(ds.shuffle(seed=seed + i).repeat().map(record_fn))
-        part_weights.append(float(weights[domain]))
-    if not parts:
-        raise ValueError(f"{corpus_dir}: no records for process {process_index} of {process_count}")
-    return grain.MapDataset.mix(parts, part_weights).to_iter_dataset()
