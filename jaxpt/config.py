@@ -123,9 +123,10 @@ class DataConfig:
       shuffle: shuffle documents (seeded by ``TrainConfig.seed``; a new order each epoch).
       add_eos: append EOS to every document before packing.
       num_shards: logical data shards (independent pipelines) the global batch is made of; each process
-        runs a contiguous block of them. 0: one per process at the run's start, then kept (recorded in
-        checkpoints). Fixed for a run, so a resume on another process count continues exactly (see
-        :mod:`jaxpt.data.shards`).
+        runs a contiguous block of them. 0: the largest divisor of the global batch (of a batch-size ramp's
+        smallest unit) up to 256 (:func:`jaxpt.data.stream.default_shard_count`), recorded in checkpoints. Fixed for
+        a run, so a resume on another process count that divides it (more processes or fewer) continues exactly
+        (see :mod:`jaxpt.data.shards`).
       mixture_weights: ``(('group', weight), ...)``: the share of the training *tokens* each group gets
         (:mod:`jaxpt.data.mixture`); a group is a domain (``'code'``) or a domain's source, its finer quality
         tier (``'reference/dict-foldoc'``). Normalized; a group left out or at 0 is not read. Both sources:

@@ -25,12 +25,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def cmd(prepared, workdir, steps, extra=()):
+SHARDS_2 = {"CheckpointConfig.enabled": "True", "CheckpointConfig.save_every_steps": "10", "DataConfig.num_shards": "2"}
+
+
+def cmd(prepared, workdir, steps, extra=(), settings=None):
     args = [sys.executable, "-m", "jaxpt.train", "--config", "configs/quickstart.gin", "--steps", str(steps),
             "--mesh", "data=2,fsdp=2,tensor=2"]
-    for b in tiny_bindings(prepared, workdir, **{"CheckpointConfig.enabled": "True",
-                                                  "CheckpointConfig.save_every_steps": "10",
-                                                  "DataConfig.num_shards": "2"}):
+    for b in tiny_bindings(prepared, workdir, **(SHARDS_2 if settings is None else settings)):
         args += ["--gin", b]
     return args + list(extra)
 
@@ -41,25 +42,26 @@ def env(devices: int):
     return e
 
 
-def run_single(prepared, workdir, steps):
-    r = subprocess.run(cmd(prepared, workdir, steps), cwd=REPO_ROOT, env=env(8), capture_output=True, text=True,
-                       timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
+def run_single(prepared, workdir, steps, settings=None, extra=(), status=0):
+    r = subprocess.run(cmd(prepared, workdir, steps, extra, settings), cwd=REPO_ROOT, env=env(8), capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == status, r.stderr[-3000:]
+    return r.stderr
 
 
-def start_pair(prepared, workdir, steps, port, extra=()):
+def start_pair(prepared, workdir, steps, port, extra=(), settings=None):
     return [subprocess.Popen(cmd(prepared, workdir, steps, ["--coordinator_address", f"127.0.0.1:{port}",
                                                             "--num_processes", "2", "--process_id", str(i),
-                                                            "--distributed_timeout_s", "30", *extra]),
+                                                            "--distributed_timeout_s", "30", *extra], settings),
                              cwd=REPO_ROOT, env=env(4), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             for i in range(2)]
 
 
-def run_pair(prepared, workdir, steps, extra=()):
-    procs = start_pair(prepared, workdir, steps, free_port(), extra)
+def run_pair(prepared, workdir, steps, extra=(), settings=None, status=0):
+    procs = start_pair(prepared, workdir, steps, free_port(), extra, settings)
     outs = [p.communicate(timeout=600) for p in procs]
     for p, (_, err) in zip(procs, outs):
-        assert p.returncode == 0, err[-3000:]
+        assert p.returncode == status, err[-3000:]
     return [err for _, err in outs]
 
 
@@ -104,6 +106,57 @@ def test_two_processes_equal_one_and_checkpoints_cross_process_counts(prepared_s
         assert s_res == list(range(11, 21)), name
         np.testing.assert_allclose(l_res, l_ref[10:], rtol=1e-4, err_msg=name)
     assert json.loads((tmp_path / "resume_pair" / "run.json").read_text())["mesh"] == "data=2,fsdp=2,tensor=2"
+
+
+ELASTIC = {"CheckpointConfig.enabled": "True", "CheckpointConfig.save_every_steps": "4",
+           "TrainConfig.log_batch_documents": "True"}  # DataConfig.num_shards left at its default
+
+
+def documents_by_step(workdir) -> dict[int, set]:
+    """``{step: documents of the global batch}`` from every process's document log (the last line of a step wins)."""
+    out: dict[int, dict[str, set]] = {}
+    for name in os.listdir(workdir / "batches"):
+        for line in (workdir / "batches" / name).read_text().splitlines():
+            r = json.loads(line)
+            if "doc_index" in r:
+                out.setdefault(r["step"], {})[name] = set(r["doc_index"])
+    return {s: set().union(*per.values()) for s, per in out.items()}
+
+
+def test_a_run_grows_and_shrinks_its_process_count_with_default_settings(prepared_sample, tmp_path):
+    """With DataConfig.num_shards at its default, a run started on one process resumes on two and back on one:
+    the same losses as an uninterrupted run at every step, and the same documents in every step's batch (the
+    data position carried, nothing repeated or skipped). Before, the default was one shard per process at the
+    start, and the two-process resume was refused after start-up and compilation, with config.gin rewritten."""
+    ref, grown = tmp_path / "ref", tmp_path / "grown"
+    run_single(prepared_sample, ref, 12, ELASTIC)
+    run_single(prepared_sample, grown, 4, ELASTIC)
+    run_pair(prepared_sample, grown, 8, settings=ELASTIC)
+    run_single(prepared_sample, grown, 12, ELASTIC)
+    l_ref, steps = losses(ref)
+    l_grown, steps2 = losses(grown)
+    assert steps == steps2 == list(range(1, 13))
+    np.testing.assert_allclose(l_grown, l_ref, rtol=1e-4)
+    docs_ref, docs_grown = documents_by_step(ref), documents_by_step(grown)
+    assert sorted(docs_grown) == list(range(1, 13)) and all(docs_ref[s] for s in docs_ref)
+    assert docs_grown == docs_ref
+    meta = json.loads((grown / "run.json").read_text())
+    assert [s["start_step"] for s in meta["sessions"]] == [0, 4, 8]
+
+
+def test_a_process_count_the_run_cannot_take_is_refused_by_the_dry_run_before_anything_is_written(
+        prepared_sample, tmp_path):
+    """A run started with one logical data shard cannot continue on two processes: the pre-start checks refuse it
+    (exit 2, in --dry_run too), saying what to set when starting a run that must grow, and leave the workdir as it
+    was."""
+    one = {**ELASTIC, "DataConfig.num_shards": "1"}
+    run_single(prepared_sample, tmp_path, 4, one)
+    before = {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*")}
+    for extra in (["--dry_run"], []):
+        errs = run_pair(prepared_sample, tmp_path, 8, extra, settings=ELASTIC, status=2)
+        assert all("2 processes cannot share the 1 logical data shards this run's checkpoints record" in e
+                   and "starts with DataConfig.num_shards = 16" in e for e in errs), errs[0][-2000:]
+        assert {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*")} == before
 
 
 def test_killing_one_process_ends_the_other_quickly(prepared_sample, tmp_path):

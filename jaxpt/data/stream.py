@@ -42,14 +42,54 @@ def local_batch_size(cfg) -> int:
     return cfg.global_batch_size // jax.process_count()
 
 
+#: The most logical data shards a run gets by default (``DataConfig.num_shards = 0``): runs on up to this many
+#: processes (hosts) can start, grow and shrink without setting it.
+DEFAULT_MAX_SHARDS = 256
+
+
+def default_shard_count(cfg) -> int:
+    """The logical data shards of a run that does not set ``DataConfig.num_shards``: the largest divisor of the
+    loader batch (:func:`loader_batch_size`: ``global_batch_size``, or a ramp's smallest unit) not above
+    :data:`DEFAULT_MAX_SHARDS`, so that every process count that divides it can run the run and resume it, growing
+    or shrinking (the shard count is fixed for the life of a run; :mod:`jaxpt.data.shards`)."""
+    unit = loader_batch_size(cfg)
+    return max(d for d in range(1, min(unit, DEFAULT_MAX_SHARDS) + 1) if unit % d == 0)
+
+
 def data_shard_count(cfg, saved_shards: int | None = None) -> int:
     """The run's logical data shard count: ``DataConfig.num_shards``, else the count its checkpoints recorded
-    (``saved_shards``), else one per process at the run's start (see :mod:`jaxpt.data.shards`)."""
+    (``saved_shards``), else :func:`default_shard_count` (see :mod:`jaxpt.data.shards`)."""
     if cfg.data.num_shards:
         return cfg.data.num_shards
     if saved_shards:
         return int(saved_shards)
-    return jax.process_count()
+    return default_shard_count(cfg)
+
+
+def check_shards(cfg, num_shards: int, recorded: bool = False) -> None:
+    """This process count can run ``num_shards`` logical data shards of ``cfg`` (``recorded``: the count comes from
+    the run's checkpoints, so it cannot change); checked before a run writes anything.
+
+    Raises:
+      ConfigError: the process count does not divide the shard count (saying what to resume on, and what to set
+        when starting a run that must grow), or the shard count does not divide the (loader) batch.
+    """
+    P, unit = jax.process_count(), loader_batch_size(cfg)
+    if num_shards % P:
+        held = (f"the {num_shards} logical data shards this run's checkpoints record (fixed for the life of a run, so "
+                "its data position carries over exactly)" if recorded else
+                f"DataConfig.num_shards = {num_shards} logical data shards")
+        raise ConfigError(
+            f"{P} processes cannot share {held} evenly: run on a process count that divides {num_shards}; a run "
+            f"that must run on {P} processes starts with DataConfig.num_shards = {unit} (one shard per row of the "
+            f"{unit}-row loader batch: every process count that divides it can then start, grow and shrink it)")
+    if cfg.global_batch_size % num_shards:
+        raise ConfigError(f"TrainConfig.global_batch_size = {cfg.global_batch_size} is not divisible by the "
+                          f"{num_shards} data shards")
+    if unit % num_shards:
+        raise ConfigError(f"TrainConfig.batch_size_schedule = {cfg.batch_size_schedule!r}: its loader batch of "
+                          f"{unit} rows (the greatest common divisor of the sizes) is not divisible by the "
+                          f"{num_shards} data shards")
 
 
 def _shard_iterator(cfg, tokenizer, k: int, n: int, first_step: int):
@@ -110,21 +150,11 @@ def train_batches(cfg, tokenizer, num_shards: int, *, first_step: int):
     positions a mixture schedule and a batch-size ramp; :attr:`jaxpt.run.resolve.Resolved.first_step`).
 
     Raises:
-      ConfigError: the process count does not divide the shard count, or the shard count the global batch.
+      ConfigError: as :func:`check_shards` (which :func:`jaxpt.run.resolve.resolve` runs before anything is written).
     """
     from jaxpt.data.shards import ShardedBatches
     P, p = jax.process_count(), jax.process_index()
-    if num_shards % P:
-        raise ConfigError(
-            f"{P} processes cannot share {num_shards} data shards evenly (DataConfig.num_shards; a resumed run "
-            f"keeps its checkpoint's shard count): use a process count that divides {num_shards}")
-    if cfg.global_batch_size % num_shards:
-        raise ConfigError(f"TrainConfig.global_batch_size = {cfg.global_batch_size} is not divisible by the "
-                          f"{num_shards} data shards")
-    if loader_batch_size(cfg) % num_shards:
-        raise ConfigError(f"TrainConfig.batch_size_schedule = {cfg.batch_size_schedule!r}: its loader batch of "
-                          f"{loader_batch_size(cfg)} rows (the greatest common divisor of the sizes) is not "
-                          f"divisible by the {num_shards} data shards")
+    check_shards(cfg, num_shards)
     per_process = num_shards // P
     shard_ids = list(range(p * per_process, (p + 1) * per_process))
     return ShardedBatches(lambda k, n: _shard_iterator(cfg, tokenizer, k, n, first_step), num_shards, shard_ids)

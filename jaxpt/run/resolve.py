@@ -9,7 +9,8 @@ before anything is written or compiled, so a bad input costs seconds, not a book
 3. the held-out documents (with a token to score) and the tokenizer; the vocabulary (:func:`resolve_vocab`);
 4. the run's lineage (:func:`jaxpt.run.lineage.trace`): the resumed checkpoint or the new stage's parent, read once
    and admitted by the one admission check;
-5. the data's identity (:func:`jaxpt.data.stream.data_version`) and its logical shard count.
+5. the data's identity (:func:`jaxpt.data.stream.data_version`) and its logical shard count, which this process
+   count must divide (:func:`jaxpt.data.stream.check_shards`).
 
 The builder (:mod:`jaxpt.run.build`) validates nothing: it builds a :class:`Layout`, which a run gets from
 :func:`resolve` and a compile-only or benchmark build from :func:`layout` (steps 1 and 3's vocabulary only).
@@ -129,8 +130,9 @@ def resolve(cfg: TrainConfig) -> Resolved:
     for note in lineage.notes:
         log.warning("%s", note)
     saved_shards = lineage.resume.meta.get("data_shards") if lineage.resume is not None else None
-    return Resolved(given, Layout(cfg, sizes), tokenizer, docs, hset, lineage, stream.data_version(cfg),
-                    stream.data_shard_count(cfg, saved_shards))
+    shards = stream.data_shard_count(cfg, saved_shards)
+    stream.check_shards(cfg, shards, recorded=bool(saved_shards) and not cfg.data.num_shards)
+    return Resolved(given, Layout(cfg, sizes), tokenizer, docs, hset, lineage, stream.data_version(cfg), shards)
 
 
 def load_tokenizer(cfg: TrainConfig):
