@@ -48,9 +48,9 @@ def run_single(prepared, workdir, steps):
 
 
 def start_pair(prepared, workdir, steps, port, extra=()):
-    return [subprocess.Popen(cmd(prepared, workdir, steps, ["--coordinator_address", f"127.0.0.1:{port}",
-                                                            "--num_processes", "2", "--process_id", str(i),
-                                                            "--distributed_timeout_s", "30", *extra]),
+    return [subprocess.Popen(cmd(prepared, workdir, steps, ["--coordinator-address", f"127.0.0.1:{port}",
+                                                            "--num-processes", "2", "--process-id", str(i),
+                                                            "--distributed-timeout-s", "30", *extra]),
                              cwd=REPO_ROOT, env=env(4), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             for i in range(2)]
 
@@ -153,8 +153,8 @@ def test_leader_names_a_slowed_process_a_straggler(prepared_sample, tmp_path):
     args = ["--config", "configs/quickstart.gin", "--steps", "12", "--mesh", "data=2,fsdp=2,tensor=2"]
     for b in tiny_bindings(prepared_sample, tmp_path, **{"TrainConfig.log_every": "2", "DataConfig.num_shards": "2"}):
         args += ["--gin", b]
-    procs = [subprocess.Popen([sys.executable, "-c", SLOWED, *args, "--coordinator_address", f"127.0.0.1:{port}",
-                               "--num_processes", "2", "--process_id", str(i), "--distributed_timeout_s", "30"],
+    procs = [subprocess.Popen([sys.executable, "-c", SLOWED, *args, "--coordinator-address", f"127.0.0.1:{port}",
+                               "--num-processes", "2", "--process-id", str(i), "--distributed-timeout-s", "30"],
                               cwd=REPO_ROOT, env=env(4), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for i in range(2)]
     outs = [p.communicate(timeout=600) for p in procs]
