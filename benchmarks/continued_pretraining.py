@@ -134,7 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, ROOT)
     from jaxpt.util import cli  # the shared flag grammar (old snake_case spellings: deprecated aliases)
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    cli.add_flag(p, "--output", "--out", default="workdirs/cpt", help="folder for corpus versions, runs and report.json")
+    cli.add_flag(p, "--output", "--out", default="workdirs/cpt",
+                 help="folder for corpus versions, runs and report.json")
     cli.add_flag(p, "--base-steps", "--base_steps", type=int, default=200)
     p.add_argument("--steps", type=int, default=100, help="steps of the continued and the scratch runs")
     cli.add_flag(p, "--hf-steps", "--hf_steps", type=int, default=20,

@@ -1,5 +1,6 @@
 """Moved: ``python -m jaxpt.evaluate`` is ``python -m jaxpt.tools.evaluate``, and its ``--lengths`` form (the
-length-extrapolation report) is ``python -m jaxpt.tools.evaluate extrapolation`` (this alias goes in the next release)."""
+length-extrapolation report) is ``python -m jaxpt.tools.evaluate extrapolation`` (this alias goes in the next
+release)."""
 
 if __name__ == "__main__":
     import sys

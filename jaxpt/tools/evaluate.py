@@ -401,8 +401,9 @@ def build_parser(sub: str | None = None) -> argparse.ArgumentParser:
     return p
 
 
-_COMMANDS = {None: cmd_run, "extrapolation": cmd_extrapolation, "compare": cmd_compare, "agreement": cmd_agreement, "card-stamp": cmd_card_stamp,
-             "spot-check-build": cmd_spot_check_build, "export-probes": cmd_export_probes, "lm-eval": cmd_lm_eval}
+_COMMANDS = {None: cmd_run, "extrapolation": cmd_extrapolation, "compare": cmd_compare, "agreement": cmd_agreement,
+             "card-stamp": cmd_card_stamp, "spot-check-build": cmd_spot_check_build, "export-probes": cmd_export_probes,
+             "lm-eval": cmd_lm_eval}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
