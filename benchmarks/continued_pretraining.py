@@ -1,7 +1,7 @@
 """Continued pretraining, measured: a base model, a new corpus version, held-out loss before and after.
 
-    nice -n 5 python benchmarks/continued_pretraining.py [--out workdirs/cpt] [--base_steps 200] [--steps 100]
-        [--hf_steps 20] [--warmup_steps 10] [--mesh data=2,fsdp=2,tensor=2] [--score_scratch_on_old]
+    nice -n 5 python benchmarks/continued_pretraining.py [--output workdirs/cpt] [--base-steps 200] [--steps 100]
+        [--hf-steps 20] [--warmup-steps 10] [--mesh data=2,fsdp=2,tensor=2] [--score-scratch-on-old]
 
 Runs, as subprocesses, the commands a user would type (each printed before it runs; a step whose output already
 exists is skipped, so an interrupted run picks up where it stopped):
@@ -10,19 +10,19 @@ exists is skipped, so an interrupted run picks up where it stopped):
 2. ``python -m data_pipelines.build`` twice, from the bundled sample: the *old* corpus version
    (``configs/data/sample_prose.gin``: web + reference, English prose) and the *new* one
    (``configs/data/sample_code_ml.gin``: code + multilingual). Each keeps 5% of its documents as ``heldout/``.
-3. **base**: the quickstart model trained ``--base_steps`` steps on the old version (cosine over those steps).
+3. **base**: the quickstart model trained ``--base-steps`` steps on the old version (cosine over those steps).
 4. **continued**: ``TrainConfig.init_from = <base>`` on the new version, ``--steps`` more steps, a fresh optimizer
    (``reset_optimizer``) and a fresh schedule (the quickstart's peak 3e-3, ``warmup_steps`` 10, cosine to 10% over
    the stage's steps).
 5. **scratch**: the same model, data, steps and schedule from random weights: what continuing must beat.
-6. **continued via HF** (``--hf_steps`` > 0): ``jaxpt-to-hf`` of the base, ``hf-to-jaxpt`` of that folder, then
+6. **continued via HF** (``--hf-steps`` > 0): ``jaxpt-to-hf`` of the base, ``hf-to-jaxpt`` of that folder, then
    the continued run again with ``init_from`` = the converted directory. It starts at step 0 instead of the base's
    step, with the same data, schedule and fresh optimizer, so its losses must equal the direct run's step for
    step (fp32 throughout, and the HF round trip is exact).
 
 Then every model is scored on both versions' held-out sets with the trainer's own held-out scorer
 (:mod:`jaxpt.eval.heldout`: every document, rolling windows of ``seq_len`` with stride ``seq_len // 2``, nats per
-scored token), and the table is printed (markdown) and written to ``<out>/report.json``. "before" is the base
+scored token), and the table is printed (markdown) and written to ``<output>/report.json``. "before" is the base
 model; forgetting is the rise of the old version's held-out loss.
 
 Figures only, never pass/fail; they go to the README ("Continued pretraining, measured").
@@ -131,18 +131,23 @@ def heldout_losses(workdir: str, sources: dict[str, str]) -> dict[str, dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    sys.path.insert(0, ROOT)
+    from jaxpt.util import cli  # the shared flag grammar (old snake_case spellings: deprecated aliases)
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", default="workdirs/cpt", help="folder for corpus versions, runs and report.json")
-    p.add_argument("--base_steps", type=int, default=200)
+    cli.add_flag(p, "--output", "--out", default="workdirs/cpt",
+                 help="folder for corpus versions, runs and report.json")
+    cli.add_flag(p, "--base-steps", "--base_steps", type=int, default=200)
     p.add_argument("--steps", type=int, default=100, help="steps of the continued and the scratch runs")
-    p.add_argument("--hf_steps", type=int, default=20,
-                   help="steps of the HF round-trip run, compared step for step with the direct one (0: skip it)")
-    p.add_argument("--score_scratch_on_old", action="store_true", help="also score the scratch model on the old set")
-    p.add_argument("--base_warmup_steps", type=int, default=30, help="the quickstart's")
-    p.add_argument("--warmup_steps", type=int, default=10, help="warm-up of the continued and scratch runs")
+    cli.add_flag(p, "--hf-steps", "--hf_steps", type=int, default=20,
+                 help="steps of the HF round-trip run, compared step for step with the direct one (0: skip it)")
+    cli.add_flag(p, "--score-scratch-on-old", "--score_scratch_on_old", action="store_true",
+                 help="also score the scratch model on the old set")
+    cli.add_flag(p, "--base-warmup-steps", "--base_warmup_steps", type=int, default=30, help="the quickstart's")
+    cli.add_flag(p, "--warmup-steps", "--warmup_steps", type=int, default=10,
+                 help="warm-up of the continued and scratch runs")
     p.add_argument("--mesh", default="data=2,fsdp=2,tensor=2")
     args = p.parse_args(argv)
-    py, out = sys.executable, args.out.rstrip("/")
+    py, out = sys.executable, args.output.rstrip("/")
     old, new = f"{out}/corpus/sample-prose", f"{out}/corpus/sample-code-ml"
     times: dict[str, float] = {}
     t_all = time.perf_counter()

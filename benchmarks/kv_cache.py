@@ -5,7 +5,7 @@ random params, fp32, B prompts of different lengths (32 .. 96 tokens) in rows of
 tokens each. Reports new tokens per second (all rows together) after a warm-up generation that compiles both
 programs, and checks the two give the same tokens.
 
-    python benchmarks/kv_cache.py [--batch 8] [--seq_len 256] [--new 64] [--mesh data=8]
+    python benchmarks/kv_cache.py [--batch 8] [--seq-len 256] [--new 64] [--mesh data=8]
 
 Figures only, never pass/fail; on a shared 2-core host compare the ratio within one run.
 """
@@ -24,6 +24,7 @@ import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from jaxpt.infer import decode  # noqa: E402
+from jaxpt.util import cli  # noqa: E402
 from jaxpt import mesh as mesh_lib  # noqa: E402
 from jaxpt.infer.kv_cache import KVCacheStep  # noqa: E402
 from jaxpt.model import Decoder, ModelConfig  # noqa: E402
@@ -51,7 +52,7 @@ def tokens_per_sec(step, prompts, new: int, repeats: int = 2) -> tuple[float, li
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--seq_len", type=int, default=256)
+    cli.add_flag(p, "--seq-len", "--seq_len", type=int, default=256)
     p.add_argument("--new", type=int, default=64)
     p.add_argument("--mesh", default="data=8")
     args = p.parse_args()

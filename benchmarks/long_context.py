@@ -2,7 +2,7 @@
 continued from the step-200 checkpoint; then the length-extrapolation report of both checkpoints.
 
 Runs the same commands the README's "Long context" section lists (``python -m jaxpt.train`` twice,
-``python -m jaxpt.evaluate --lengths`` twice) on one CPU device, then prints each stage's figures, the
+``python -m jaxpt.tools.evaluate extrapolation`` twice) on one CPU device, then prints each stage's figures, the
 ``run.json`` stages of the extension, and each checkpoint's loss per length and effective extrapolation length.
 
     python benchmarks/long_context.py [--workdir workdirs/longctx] [--lengths 128,256,512,1024,2048,4096]
@@ -50,8 +50,9 @@ def main() -> int:
     reports = {}
     for name, wd in (("base_128", base), ("extend_512", ext)):
         out = os.path.join(args.workdir, f"extrapolation_{name}.json")
-        times[f"eval {name}"] = _run([py, "-m", "jaxpt.evaluate", "--workdir", wd, "--lengths", args.lengths,
-                                      "--max-tokens", args.max_tokens, "--mesh", "data=1", "--output", out])
+        times[f"eval {name}"] = _run([py, "-m", "jaxpt.tools.evaluate", "extrapolation", "--workdir", wd,
+                                      "--lengths", args.lengths, "--max-tokens", args.max_tokens, "--mesh", "data=1",
+                                      "--output", out])
         with open(out) as f:
             reports[name] = json.load(f)
     print("\n== stages (run.json of the extension) ==")

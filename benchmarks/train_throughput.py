@@ -109,7 +109,7 @@ class JaxptStep:
 
     def profile(self, trace_dir: str, steps: int = 2) -> dict[str, float]:
         """Trace ``steps`` steps with ``jax.profiler`` into ``trace_dir`` (Perfetto and TensorBoard files, as the
-        trainer's ``--profile_steps`` window writes them) and return their communication share by mesh axis
+        trainer's ``--profile-steps`` window writes them) and return their communication share by mesh axis
         (:func:`jaxpt.run.profile_comm.comm_share_by_axis`: ``comm_share``, ``comm_share/<axes>``, fractions of device
         time)."""
         from jaxpt.run import profile_comm

@@ -494,8 +494,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workdir", help="run directory (TrainConfig.workdir)")
     parser.add_argument("--steps", type=int, help="global step to train up to (TrainConfig.steps)")
     parser.add_argument("--mesh", help="mesh sizes, e.g. data=2,fsdp=2,tensor=2 (TrainConfig.mesh)")
-    parser.add_argument("--profile_steps", metavar="START:STOP",
-                        help="trace these steps with jax.profiler (TrainConfig.profile_steps)")
+    from jaxpt.util import cli
+    cli.add_flag(parser, "--profile-steps", "--profile_steps", metavar="START:STOP",
+                 help="trace these steps with jax.profiler (TrainConfig.profile_steps)")
 
 
 def from_args(args: argparse.Namespace) -> TrainConfig:

@@ -1,7 +1,7 @@
 """``python -m jaxpt.train``: train a model from a gin config (:func:`jaxpt.run.session.run_training`).
 
 Parses the flags into a :class:`jaxpt.config.TrainConfig`, joins the other processes of a multi-host run
-(:mod:`jaxpt.run.distributed`), and either prints the plan (``--dry_run``, :mod:`jaxpt.run.resolve`) or trains; maps
+(:mod:`jaxpt.run.distributed`), and either prints the plan (``--dry-run``, :mod:`jaxpt.run.resolve`) or trains; maps
 each refusal to its exit status (2 config, 3 checkpoint, 4 divergence, 75 preempted).
 """
 
@@ -23,13 +23,15 @@ from jaxpt.util.errors import ConfigError
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command line (module docstring); returns the exit status."""
     from jaxpt.checkpoint import CheckpointError
     from jaxpt.training.stability import DivergenceError
     parser = argparse.ArgumentParser(prog="python -m jaxpt.train", description=__doc__.splitlines()[0])
     config_lib.add_arguments(parser)
     distributed.add_arguments(parser)
-    parser.add_argument("--dry_run", action="store_true", help="check config, mesh, paths, tokenizer and the "
-                        "resume target, print the plan; compile and write nothing (jaxpt.run.resolve)")
+    from jaxpt.util import cli
+    cli.add_flag(parser, "--dry-run", "--dry_run", action="store_true", help="check config, mesh, paths, tokenizer "
+                 "and the resume target, print the plan; compile and write nothing (jaxpt.run.resolve)")
     args = parser.parse_args(argv)
     progress_lib.quiet_startup()
     try:

@@ -271,7 +271,7 @@ def test_stages_count_steps_not_loader_batches_under_a_batch_size_ramp():
 
 
 def test_preflight_names_an_unknown_group_before_anything_is_written(prepared_sample, tmp_path):
-    """A misspelt group (or a source the domain lacks) fails preflight (so ``--dry_run`` too), naming the key,
+    """A misspelt group (or a source the domain lacks) fails preflight (so ``--dry-run`` too), naming the key,
     the group and what exists; the workdir is not created."""
     from conftest import tiny_bindings
     from jaxpt import config as C

@@ -7,7 +7,7 @@
   document log, TensorBoard and every reader, with tokens seen and training time not counted twice;
 * one rule for saved settings this version does not know, in training resume and ``jaxpt.restore``;
 * curves with one definition each: interval means, skipped steps apart, MFU never above 1;
-* every input and the resume target checked before anything is written or compiled; ``--dry_run``.
+* every input and the resume target checked before anything is written or compiled; ``--dry-run``.
 
 (Schedules at their phase boundaries are in test_optim.py; in-loop vs standalone perplexity in
 test_eval_checkpoint.py.)
@@ -244,12 +244,12 @@ def test_steps_below_or_at_the_checkpoint_touch_nothing(run6, tmp_path, capsys):
 
 @pytest.mark.slow
 def test_dry_run_checks_the_resume_target_and_prints_the_plan(run6, tmp_path, capsys):
-    """--dry_run on the 6-step workdir with --steps 10 prints the plan (params counted independently, tokens per
+    """--dry-run on the 6-step workdir with --steps 10 prints the plan (params counted independently, tokens per
     step, 4 steps to train) and writes nothing; on a fresh workdir nothing is created."""
     from jaxpt.model import count_params
     workdir = _copy(run6, tmp_path / "run")
     before = _snapshot(workdir)
-    assert train.main(_argv(run6["data"], workdir, 10, **run6["over"]) + ["--dry_run"]) == 0
+    assert train.main(_argv(run6["data"], workdir, 10, **run6["over"]) + ["--dry-run"]) == 0
     out = capsys.readouterr().out
     model = C.parse(["configs/quickstart.gin"], tiny_bindings(run6["data"], workdir)).model
     params = count_params(model.__class__(**{**model.__dict__, "vocab_size": 2048}))["total"]
@@ -257,7 +257,7 @@ def test_dry_run_checks_the_resume_target_and_prints_the_plan(run6, tmp_path, ca
     assert f"steps 6 -> 10 (4 steps, {4 * TOKENS_PER_STEP:,} tokens)" in out
     assert _snapshot(workdir) == before
     fresh = tmp_path / "fresh"
-    assert train.main(_argv(run6["data"], fresh, 10) + ["--dry_run"]) == 0
+    assert train.main(_argv(run6["data"], fresh, 10) + ["--dry-run"]) == 0
     assert "steps 0 -> 10" in capsys.readouterr().out and not fresh.exists()
 
 

@@ -50,9 +50,9 @@ def run_single(prepared, workdir, steps, settings=None, extra=(), status=0):
 
 
 def start_pair(prepared, workdir, steps, port, extra=(), settings=None):
-    return [subprocess.Popen(cmd(prepared, workdir, steps, ["--coordinator_address", f"127.0.0.1:{port}",
-                                                            "--num_processes", "2", "--process_id", str(i),
-                                                            "--distributed_timeout_s", "30", *extra], settings),
+    return [subprocess.Popen(cmd(prepared, workdir, steps, ["--coordinator-address", f"127.0.0.1:{port}",
+                                                            "--num-processes", "2", "--process-id", str(i),
+                                                            "--distributed-timeout-s", "30", *extra], settings),
                              cwd=REPO_ROOT, env=env(4), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             for i in range(2)]
 
@@ -152,7 +152,7 @@ def test_a_process_count_the_run_cannot_take_is_refused_by_the_dry_run_before_an
     one = {**ELASTIC, "DataConfig.num_shards": "1"}
     run_single(prepared_sample, tmp_path, 4, one)
     before = {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*")}
-    for extra in (["--dry_run"], []):
+    for extra in (["--dry-run"], []):
         errs = run_pair(prepared_sample, tmp_path, 8, extra, settings=ELASTIC, status=2)
         assert all("2 processes cannot share the 1 logical data shards this run's checkpoints record" in e
                    and "starts with DataConfig.num_shards = 16" in e for e in errs), errs[0][-2000:]
@@ -206,8 +206,8 @@ def test_leader_names_a_slowed_process_a_straggler(prepared_sample, tmp_path):
     args = ["--config", "configs/quickstart.gin", "--steps", "12", "--mesh", "data=2,fsdp=2,tensor=2"]
     for b in tiny_bindings(prepared_sample, tmp_path, **{"TrainConfig.log_every": "2", "DataConfig.num_shards": "2"}):
         args += ["--gin", b]
-    procs = [subprocess.Popen([sys.executable, "-c", SLOWED, *args, "--coordinator_address", f"127.0.0.1:{port}",
-                               "--num_processes", "2", "--process_id", str(i), "--distributed_timeout_s", "30"],
+    procs = [subprocess.Popen([sys.executable, "-c", SLOWED, *args, "--coordinator-address", f"127.0.0.1:{port}",
+                               "--num-processes", "2", "--process-id", str(i), "--distributed-timeout-s", "30"],
                               cwd=REPO_ROOT, env=env(4), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for i in range(2)]
     outs = [p.communicate(timeout=600) for p in procs]

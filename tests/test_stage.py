@@ -152,13 +152,13 @@ def test_stage_settings_are_checked(prepared_sample, tmp_path):
 
 @pytest.mark.slow
 def test_extrapolation_report_of_a_checkpoint(prepared_sample, parent_run, tmp_path):
-    """``python -m jaxpt.evaluate --lengths``: JSON and PNG written; the loss at one length equals a direct
+    """``python -m jaxpt.tools.evaluate extrapolation``: JSON and PNG written; the loss at one length equals a direct
     computation (model called on the same windows, log-softmax in numpy)."""
     import jaxpt
-    from jaxpt import evaluate
+    from jaxpt.tools import evaluate
     from jaxpt.data.loader import load_texts
     out = tmp_path / "extra.json"
-    assert evaluate.main(["--workdir", str(parent_run), "--lengths", "16,64", "--max-tokens", "256",
+    assert evaluate.main(["extrapolation", "--workdir", str(parent_run), "--lengths", "16,64", "--max-tokens", "256",
                           "--tolerance", "0.1", "--output", str(out)]) == 0
     report = json.loads(out.read_text())
     assert (tmp_path / "extra.png").stat().st_size > 0 and report["plot"] == str(tmp_path / "extra.png")

@@ -85,14 +85,14 @@ def test_tpu_topology_unsupported_here_is_reported():
                                       ("data=8,fsdp=2", "TrainConfig.mesh"), ("bogus=8", "unknown mesh axis"),
                                       ("stage=8", "ModelConfig.num_layers")])
 def test_bad_shapes_are_reported_not_raised(mesh, key, tmp_path):
-    r = sweep.sweep_one(_tiny_cfg(), mesh, steps=1, profile_steps=0, peak=1e11, memory_limit=None,
+    r = sweep.sweep_one(_tiny_cfg(), mesh, steps=1, trace_steps=0, peak=1e11, memory_limit=None,
                         out_dir=str(tmp_path))
     assert r.status == "invalid" and key in r.note and r.compile_s is None
 
 
 @pytest.mark.slow
 def test_shape_over_the_memory_limit_does_not_run(tmp_path):
-    r = sweep.sweep_one(_tiny_cfg(), "fsdp=8", steps=1, profile_steps=0, peak=1e11, memory_limit=2 ** 16,
+    r = sweep.sweep_one(_tiny_cfg(), "fsdp=8", steps=1, trace_steps=0, peak=1e11, memory_limit=2 ** 16,
                         out_dir=str(tmp_path))
     assert r.status == "does not fit"
     assert r.compiled_memory_bytes > 2 ** 16 and r.step_time_s is None and "GiB" in r.note
@@ -102,8 +102,8 @@ def test_shape_over_the_memory_limit_does_not_run(tmp_path):
 def test_sweep_cli_end_to_end(tmp_path, capsys):
     """Four shapes run, two bad ones are reported; CSV, PNG and the best shape are written. The first loss
     (same params, same batch) is the same on every mesh: sharding must not change the math."""
-    argv = ["--config", "configs/quickstart.gin", "--steps", "2", "--profile-steps", "1",
-            "--peak-flops", "1e11", "--out", str(tmp_path), "--topology", "v5p:2x2x1"]
+    argv = ["--config", "configs/quickstart.gin", "--steps", "2", "--trace-steps", "1",
+            "--peak-flops", "1e11", "--output", str(tmp_path), "--topology", "v5p:2x2x1"]
     for b in TINY:
         argv += ["--gin", b]
     meshes = ["data=8", "fsdp=8", "data=2,fsdp=2,tensor=2", "fsdp=4,tensor=2", "tensor=8", "data=3"]
@@ -134,7 +134,7 @@ def test_a_pipelined_shape_is_swept_like_any_other(tmp_path):
     """``stage=2,data=4`` (two pipeline stages of the tiny model's layers) compiles, runs and is timed by the
     sweep, with the same estimated and compiled memory columns as an unpipelined shape; the row's mesh names the
     stage axis."""
-    r = sweep.sweep_one(_tiny_cfg(), "stage=2,data=4", steps=2, profile_steps=0, peak=1e11, memory_limit=None,
+    r = sweep.sweep_one(_tiny_cfg(), "stage=2,data=4", steps=2, trace_steps=0, peak=1e11, memory_limit=None,
                         out_dir=str(tmp_path))
     assert r.status == "ok", r.note
     assert r.mesh == "stage=2,data=4" and r.tokens_per_sec > 0 and r.compile_s > 0

@@ -89,10 +89,10 @@ def test_malformed_heldout_fails_at_setup(prepared_sample, tmp_path, capsys):
 
 @pytest.mark.slow
 def test_profile_window_hook_writes_a_trace(prepared_sample, tmp_path):
-    """``--profile_steps 2:3`` (a loop hook) writes a jax.profiler trace under <workdir>/profile and marks
+    """``--profile-steps 2:3`` (a loop hook) writes a jax.profiler trace under <workdir>/profile and marks
     the record of its last step."""
     workdir = tmp_path / "run"
-    argv = ["--config", "configs/quickstart.gin", "--steps", "4", "--mesh", "data=8", "--profile_steps", "2:3"]
+    argv = ["--config", "configs/quickstart.gin", "--steps", "4", "--mesh", "data=8", "--profile-steps", "2:3"]
     for b in tiny_bindings(prepared_sample, workdir, **{"TrainConfig.eval_batches": "1"}):
         argv += ["--gin", b]
     assert train.main(argv) == 0

@@ -1,6 +1,6 @@
 """Cut the bundled sample (`data/sample/*.jsonl.gz`) out of the raw-v1 corpus.
 
-    python data/sample/make_sample.py [--raw ../shared/corpus/raw-v1] [--out data/sample]
+    python data/sample/make_sample.py [--raw ../shared/corpus/raw-v1] [--output data/sample]
 
 The quickstart must run from a fresh clone, so a few MiB of raw-v1 live in the repository. This
 script is how they were made; rerunning it on the same raw-v1 gives byte-identical files (seeded
@@ -32,6 +32,7 @@ import json
 import pathlib
 import random
 import re
+import sys
 from typing import Any
 
 SEED = 20261129
@@ -242,14 +243,16 @@ def write(raw: pathlib.Path, out_dir: pathlib.Path) -> dict:
 
 
 def main() -> None:
+    sys.path.insert(0, str(REPO_ROOT))
+    from jaxpt.util import cli  # the shared flag grammar (--out: a deprecated spelling of --output)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--raw", type=pathlib.Path, default=DEFAULT_RAW, help="raw-v1 folder")
-    parser.add_argument("--out", type=pathlib.Path, default=DEFAULT_OUT, help="output folder")
+    cli.add_flag(parser, "--output", "--out", type=pathlib.Path, default=DEFAULT_OUT, help="output folder")
     args = parser.parse_args()
     if not (args.raw / "MANIFEST.json").is_file():
         raise SystemExit(f"{args.raw}/MANIFEST.json not found: pass --raw <path to raw-v1>")
-    manifest = write(args.raw, args.out)
-    print(f"wrote {manifest['num_documents']} documents, {manifest['bytes_on_disk']} bytes to {args.out}")
+    manifest = write(args.raw, args.output)
+    print(f"wrote {manifest['num_documents']} documents, {manifest['bytes_on_disk']} bytes to {args.output}")
 
 
 if __name__ == "__main__":

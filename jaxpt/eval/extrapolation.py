@@ -200,3 +200,17 @@ def plot(report: dict[str, Any], path: str, label: str = "") -> str:
     fs.write_figure(fig, path, dpi=100)
     plt.close(fig)
     return path
+
+
+def format_report(report: dict[str, Any]) -> str:
+    """A text table of a :func:`measure` report: one line per length (loss, tail loss, tokens, documents at least
+    that long), then the effective extrapolation length."""
+    lines = [f"step {report['checkpoint']['step']}, trained length {report['trained_length']}, "
+             f"RoPE {report['rope']['rope_scaling']} theta {report['rope']['rope_theta']:g}",
+             f"{'length':>8} {'loss':>8} {'tail':>8} {'tokens':>8} {'docs>=L':>8}"]
+    for L, e in sorted(report["lengths"].items(), key=lambda kv: int(kv[0])):
+        lines.append(f"{int(L):>8} {e['loss']:>8.4f} {e['tail_loss']:>8.4f} {e['tokens']:>8} "
+                     f"{e['documents_at_least']:>8}")
+    lines.append(f"effective extrapolation length: {report['effective_extrapolation_length']} "
+                 f"(tolerance {report['tolerance']:.0%} on the tail loss)")
+    return "\n".join(lines)

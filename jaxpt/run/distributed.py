@@ -3,7 +3,7 @@
 Called from ``jaxpt.train``'s ``main`` (never from the config loader), before anything touches devices.
 
 Decision (:func:`decide`, logged by :func:`log_startup` as ``distributed: <mode> via <how>``):
-  1. explicit flags ``--coordinator_address HOST:PORT --num_processes N --process_id I`` (all three, or
+  1. explicit flags ``--coordinator-address HOST:PORT --num-processes N --process-id I`` (all three, or
      none): ``jax.distributed.initialize`` with them;
   2. ``JAXPT_DISTRIBUTED=off``: a single process, whatever the environment says (an escape hatch for running
      one process inside a multi-task allocation);
@@ -37,11 +37,14 @@ DEFAULT_TIMEOUT_S = 120
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--coordinator_address", help="HOST:PORT of process 0 (explicit multi-process start)")
-    parser.add_argument("--num_processes", type=int, help="number of processes (explicit start)")
-    parser.add_argument("--process_id", type=int, help="index of this process (explicit start)")
-    parser.add_argument("--distributed_timeout_s", type=int, default=DEFAULT_TIMEOUT_S,
-                        help="seconds to wait for peers at start-up and heartbeats before failing")
+    """The multi-process start-up flags of ``jaxpt.train`` (the snake_case spellings: deprecated aliases)."""
+    from jaxpt.util import cli
+    cli.add_flag(parser, "--coordinator-address", "--coordinator_address",
+                 help="HOST:PORT of process 0 (explicit multi-process start)")
+    cli.add_flag(parser, "--num-processes", "--num_processes", type=int, help="number of processes (explicit start)")
+    cli.add_flag(parser, "--process-id", "--process_id", type=int, help="index of this process (explicit start)")
+    cli.add_flag(parser, "--distributed-timeout-s", "--distributed_timeout_s", type=int, default=DEFAULT_TIMEOUT_S,
+                 help="seconds to wait for peers at start-up and heartbeats before failing")
 
 
 #: ``JAXPT_DISTRIBUTED`` values that force a single process.
@@ -85,8 +88,8 @@ def decide(args: argparse.Namespace | None = None, env: dict | None = None) -> D
     explicit = [getattr(args, k, None) for k in ("coordinator_address", "num_processes", "process_id")]
     if any(v is not None for v in explicit):
         if any(v is None for v in explicit):
-            raise ValueError("--coordinator_address, --num_processes and --process_id go together")
-        return Decision("explicit", "--coordinator_address/--num_processes/--process_id", explicit[1])
+            raise ValueError("--coordinator-address, --num-processes and --process-id go together")
+        return Decision("explicit", "--coordinator-address/--num-processes/--process-id", explicit[1])
     if env.get("JAXPT_DISTRIBUTED", "").strip().lower() in _OFF:
         return Decision("single", "JAXPT_DISTRIBUTED=" + env["JAXPT_DISTRIBUTED"], 1)
     cluster = jax_cluster_env()

@@ -13,10 +13,12 @@ import runpy
 import sys
 
 
-def run_moved(old: str, new: str) -> None:
-    """Run program ``new`` as ``python -m new`` would, after telling the user that ``python -m old`` moved there
-    (the old name keeps working for one release). Exits with the program's status."""
-    print(f"note: `python -m {old}` is now `python -m {new}`; the old name goes in the next release",
+def run_moved(old: str, new: str, *subcommand: str) -> None:
+    """Run program ``new`` as ``python -m new [subcommand...] ARGS`` would (``ARGS``: this process's arguments),
+    after telling the user that ``python -m old`` moved there (the old name keeps working for one release). Exits
+    with the program's status."""
+    target = " ".join([new, *subcommand])
+    print(f"note: `python -m {old}` is now `python -m {target}`; the old name goes in the next release",
           file=sys.stderr)
-    sys.argv[0] = new
+    sys.argv[:1] = [new, *subcommand]
     runpy.run_module(new, run_name="__main__", alter_sys=True)

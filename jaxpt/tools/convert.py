@@ -1,6 +1,7 @@
 """Hugging Face checkpoints in and out: ``python -m jaxpt.tools.convert hf-to-jaxpt | jaxpt-to-hf``.
 
-    python -m jaxpt.tools.convert hf-to-jaxpt --model PATH --output DIR [--mesh fsdp=8] [--scan_layers]
+    python -m jaxpt.tools.convert hf-to-jaxpt --model PATH --output DIR [--mesh fsdp=8] [--scan-layers]
+        [--max-seq-len N]
     python -m jaxpt.tools.convert jaxpt-to-hf --workdir RUN [--step N] --output DIR
 
 ``hf-to-jaxpt`` reads a Llama-family folder (``config.json`` and ``*.safetensors``; ``model_type`` ``llama``,
@@ -240,7 +241,7 @@ def model_config_from_hf(hf: Mapping[str, Any], *, max_seq_len: int = 0, scan_la
     L = max_seq_len or (min(max_pos, int(window)) if window else max_pos)
     if window and L > int(window):
         raise ConvertError(f"config.json sliding_window = {window}: jaxpt attends over the whole row, which equals "
-                           f"sliding-window attention only up to {window} tokens; --max_seq_len {L} is longer")
+                           f"sliding-window attention only up to {window} tokens; --max-seq-len {L} is longer")
     return ModelConfig(
         vocab_size=int(hf["vocab_size"]), d_model=D, num_layers=int(hf["num_hidden_layers"]), num_heads=H,
         num_kv_heads=int(hf.get("num_key_value_heads") or H), head_dim=head_dim,
@@ -592,20 +593,28 @@ def _write_hf_folder(r, cfg, hf: Mapping[str, Any], output: str, max_shard_bytes
         _tokenizer_files(r.tokenizer, output, cfg.max_seq_len)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m jaxpt.tools.convert`` (subcommands ``hf-to-jaxpt``, ``jaxpt-to-hf``)."""
+    from jaxpt.util import cli
     parser = argparse.ArgumentParser(prog="python -m jaxpt.tools.convert", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     a = sub.add_parser("hf-to-jaxpt", help="an HF Llama/Mistral folder -> a jaxpt checkpoint + model.gin")
     a.add_argument("--model", required=True, help="folder with config.json and *.safetensors (local or gs://)")
-    a.add_argument("--output", required=True)
+    a.add_argument("--output", required=True, help="jaxpt checkpoint folder to write (local or gs://)")
     a.add_argument("--mesh", default=None, help="e.g. fsdp=8 (default: fsdp over all devices)")
-    a.add_argument("--max_seq_len", type=int, default=0, help="default: max_position_embeddings")
-    a.add_argument("--scan_layers", action="store_true", help="stacked-layers layout (ModelConfig.scan_layers)")
+    cli.add_flag(a, "--max-seq-len", "--max_seq_len", type=int, default=0, help="default: max_position_embeddings")
+    cli.add_flag(a, "--scan-layers", "--scan_layers", action="store_true",
+                 help="stacked-layers layout (ModelConfig.scan_layers)")
     b = sub.add_parser("jaxpt-to-hf", help="a jaxpt run's checkpoint -> a transformers-loadable folder")
     b.add_argument("--workdir", required=True)
     b.add_argument("--step", type=int, default=None)
     b.add_argument("--output", required=True, help="local or gs:// (written locally, then uploaded)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The command line (module docstring); returns the exit status (2: bad input)."""
+    args = build_parser().parse_args(argv)
     from jaxpt.checkpoint import CheckpointError
     try:
         if args.command == "hf-to-jaxpt":

@@ -1,19 +1,29 @@
-"""``python -m jaxpt.tools.evaluate``: evaluate a checkpoint on an eval card, compare reports, review agreement.
+"""``python -m jaxpt.tools.evaluate``: evaluate a checkpoint (eval cards, length extrapolation), compare reports.
 
     python -m jaxpt.tools.evaluate --workdir DIR [--step N] --card configs/eval/card_v1.yaml --output report.json
         [--heldout SRC] [--train SRC] [--mesh data=8] [--no-seqio] [--review-sheet FILE]
+    python -m jaxpt.tools.evaluate extrapolation --workdir DIR [--step N] --lengths 512,1024,2048,4096
+        [--tolerance 0.05] [--trained-length T] [--heldout SRC] [--max-tokens 16384] [--batch-size 1]
+        [--mesh data=8] [--output FILE]
     python -m jaxpt.tools.evaluate compare BASE NEW [--card CARD] [--output FILE]   # reports, or workdirs + --card
     python -m jaxpt.tools.evaluate agreement SHEET                                  # Cohen's kappa of a review sheet
     python -m jaxpt.tools.evaluate card-stamp CARD                                  # bump a changed card's version
     python -m jaxpt.tools.evaluate spot-check-build --heldout SRC --output FILE    # (re)build a spot-check prompt set
-    python -m jaxpt.tools.evaluate export-probes --card CARD --heldout SRC --train SRC --output-dir DIR
+    python -m jaxpt.tools.evaluate export-probes --card CARD --heldout SRC --train SRC --output DIR
     python -m jaxpt.tools.evaluate lm-eval --workdir DIR --tasks T1,T2 [--include-path DIR] [--limit N]
 
-The report (JSON) names the card (name, version, content hash, task-set version) and the checkpoint, and holds
+The card report (JSON) names the card (name, version, content hash, task-set version) and the checkpoint, and holds
 held-out perplexity per domain, per language and per (domain, language), each probe task's metrics beside its
 chance level and threshold, the decontamination counts, and where the spot-check review sheet went.
 
-Exit status: 0 ok; 1 a regression (``compare``) crossed a tolerance; 2 bad input (card, report, sheet, paths).
+``extrapolation``: the length-extrapolation report (:mod:`jaxpt.eval.extrapolation`): held-out loss by position
+bucket at each length, and the effective extrapolation length (the longest length whose tail loss stays within
+``--tolerance``, relative, of the trained length's). It prints a table, writes the JSON (default
+``<workdir>/extrapolation/step_<N>.json``) and a PNG plot next to it (same name, ``.png``). It was ``python -m
+jaxpt.evaluate --lengths ...``; that form still works for one release.
+
+Exit status: 0 ok; 1 a regression (``compare``) crossed a tolerance; 2 bad input (card, report, sheet, paths, no
+checkpoint, a held-out set shorter than the longest length).
 """
 
 from __future__ import annotations
@@ -31,7 +41,8 @@ from jaxpt.util import fs
 
 log = logging.getLogger("jaxpt.tools.evaluate")
 
-SUBCOMMANDS = ("compare", "agreement", "card-stamp", "spot-check-build", "export-probes", "lm-eval")
+#: The subcommands; without one, the command evaluates a checkpoint on an eval card.
+SUBCOMMANDS = ("extrapolation", "compare", "agreement", "card-stamp", "spot-check-build", "export-probes", "lm-eval")
 
 
 # ------------------------------------------------------------------------------------------ sources
@@ -180,6 +191,27 @@ def cmd_run(args) -> int:
     return 0
 
 
+def cmd_extrapolation(args) -> int:
+    """The length-extrapolation report (module docstring); returns the exit status."""
+    from jaxpt.eval import extrapolation, heldout
+    restored = _restore(args.workdir, args.step, args.mesh)
+    source = args.heldout or heldout.run_sources(restored.config.data)[0]
+    texts = [d.text for d in heldout.load_documents(source)]
+    tol = extrapolation.DEFAULT_TOLERANCE if args.tolerance is None else args.tolerance
+    report = extrapolation.measure(restored, args.lengths, texts=texts, trained_length=args.trained_length,
+                                   tolerance=tol, max_tokens=args.max_tokens, batch_size=args.batch_size)
+    report["checkpoint"]["workdir"] = fs.absolute(args.workdir)
+    report["heldout_source"] = source
+    output = args.output or fs.join(args.workdir, "extrapolation", f"step_{restored.step}.json")
+    fs.makedirs(fs.dirname(fs.absolute(output)))
+    report["plot"] = os.path.splitext(output)[0] + ".png"
+    extrapolation.plot(report, report["plot"], label=fs.basename(fs.absolute(args.workdir)))  # local or gs://
+    fs.write_text_atomic(output, json.dumps(report, indent=2))
+    print(extrapolation.format_report(report))
+    print(f"wrote {output} and {report['plot']}")
+    return 0
+
+
 def _write_json(path: str | None, obj: Any) -> None:
     if not path:
         return
@@ -239,9 +271,9 @@ def cmd_export_probes(args) -> int:
     card = load_card(args.card)
     tasks = build_probe_tasks(card, heldout.load_documents(args.heldout, "heldout"),
                               heldout.training_texts(args.train))
-    fs.makedirs(args.output_dir)
+    fs.makedirs(args.output)
     for name, te in tasks.items():
-        path = fs.join(args.output_dir, f"{name}.jsonl")
+        path = fs.join(args.output, f"{name}.jsonl")
         with fs.open(path, "w", encoding="utf-8") as f:
             for ex in te.examples:
                 text = (ex["contexts"][ex["label"]] + ex["continuations"][ex["label"]] if te.spec.is_choice
@@ -270,59 +302,118 @@ def cmd_lm_eval(args) -> int:
     return 0
 
 
-def _parser(sub: str | None) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=f"python -m jaxpt.tools.evaluate{' ' + sub if sub else ''}",
-                                description=__doc__.splitlines()[0])
+def _lengths(text: str) -> list[int]:
+    try:
+        out = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--lengths {text!r}: comma-separated integers, e.g. 512,1024") from None
+    if not out or min(out) < 2:
+        raise argparse.ArgumentTypeError(f"--lengths {text!r}: each length must be >= 2")
+    return out
+
+
+def _card_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--workdir", required=True)
+    p.add_argument("--step", type=int)
+    p.add_argument("--card", required=True)
+    p.add_argument("--output", help="report JSON")
+    p.add_argument("--heldout", help="held-out source (file or corpus dir); default: card, then run config")
+    p.add_argument("--train", help="training source for decontamination; default: card, then run config")
+    p.add_argument("--mesh", help="mesh to restore onto, e.g. data=8 (default: the saved one)")
+    p.add_argument("--no-seqio", action="store_true", help="score probe rows directly, without seqio")
+    p.add_argument("--review-sheet", help="spot-check sheet (default: <output>.review.jsonl)")
+
+
+def _extrapolation_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--workdir", required=True, help="run directory holding checkpoints/")
+    p.add_argument("--step", type=int, help="checkpoint step (default: the newest committed)")
+    p.add_argument("--lengths", type=_lengths, required=True, help="context lengths, e.g. 512,1024,2048")
+    p.add_argument("--trained-length", type=int, help="the reference length (default: the checkpoint's seq_len)")
+    p.add_argument("--tolerance", type=float, default=None, help="relative tolerance of the effective length "
+                   "(default 0.05)")
+    p.add_argument("--heldout", help="held-out source (file or directory); default: the run's")
+    p.add_argument("--max-tokens", type=int, default=16384, help="tokens scored per length (default 16384)")
+    p.add_argument("--batch-size", type=int, default=1, help="windows per device call (default 1)")
+    p.add_argument("--mesh", help="mesh to restore onto, e.g. data=8 (default: the saved one)")
+    p.add_argument("--output", help="report JSON (the plot goes next to it, .png; default "
+                   "<workdir>/extrapolation/step_<N>.json)")
+
+
+def _compare_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("base")
+    p.add_argument("new")
+    p.add_argument("--card", help="needed when BASE/NEW are workdirs")
+    p.add_argument("--mesh")
+    p.add_argument("--no-seqio", action="store_true")
+    p.add_argument("--output", help="comparison JSON")
+
+
+def _spot_check_build_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--heldout", required=True)
+    p.add_argument("--output", required=True, help="prompt set JSON Lines")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def _export_probes_flags(p: argparse.ArgumentParser) -> None:
+    from jaxpt.util import cli
+    p.add_argument("--card", required=True)
+    p.add_argument("--heldout", required=True)
+    p.add_argument("--train", required=True)
+    cli.add_flag(p, "--output", "--output-dir", required=True, help="directory for one <task>.jsonl per task")
+
+
+def _lm_eval_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--workdir", required=True)
+    p.add_argument("--tasks", required=True, help="comma-separated lm-eval task names")
+    p.add_argument("--step", type=int)
+    p.add_argument("--mesh")
+    p.add_argument("--include-path", default=os.path.join("configs", "eval", "lm_eval"))
+    p.add_argument("--limit", type=float)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--output", help="results JSON")
+
+
+#: Each command's one-line description and its flags.
+_SUBPARSERS = {
+    None: ("evaluate a checkpoint on an eval card", _card_flags),
+    "extrapolation": ("held-out loss by position at several context lengths; the effective extrapolation length",
+                      _extrapolation_flags),
+    "compare": ("compare two reports (or workdirs with --card); exit 1 on a regression", _compare_flags),
+    "agreement": ("Cohen's kappa of a review sheet", lambda p: p.add_argument("sheet")),
+    "card-stamp": ("bump a changed card's version", lambda p: p.add_argument("card")),
+    "spot-check-build": ("(re)build a spot-check prompt set", _spot_check_build_flags),
+    "export-probes": ("write each task's examples as JSON Lines", _export_probes_flags),
+    "lm-eval": ("run lm-evaluation-harness tasks on a checkpoint", _lm_eval_flags),
+}
+
+
+def build_parser(sub: str | None = None) -> argparse.ArgumentParser:
+    """The command line of ``python -m jaxpt.tools.evaluate SUB`` (``sub`` one of :data:`SUBCOMMANDS`); without
+    ``sub``, the eval-card command's, whose ``--help`` lists the subcommands too."""
+    what, add_flags = _SUBPARSERS[sub]
     if sub is None:
-        p.add_argument("--workdir", required=True)
-        p.add_argument("--step", type=int)
-        p.add_argument("--card", required=True)
-        p.add_argument("--output", help="report JSON")
-        p.add_argument("--heldout", help="held-out source (file or corpus dir); default: card, then run config")
-        p.add_argument("--train", help="training source for decontamination; default: card, then run config")
-        p.add_argument("--mesh", help="mesh to restore onto, e.g. data=8 (default: the saved one)")
-        p.add_argument("--no-seqio", action="store_true", help="score probe rows directly, without seqio")
-        p.add_argument("--review-sheet", help="spot-check sheet (default: <output>.review.jsonl)")
-    elif sub == "compare":
-        p.add_argument("base")
-        p.add_argument("new")
-        p.add_argument("--card", help="needed when BASE/NEW are workdirs")
-        p.add_argument("--mesh")
-        p.add_argument("--no-seqio", action="store_true")
-        p.add_argument("--output")
-    elif sub == "agreement":
-        p.add_argument("sheet")
-    elif sub == "card-stamp":
-        p.add_argument("card")
-    elif sub == "spot-check-build":
-        p.add_argument("--heldout", required=True)
-        p.add_argument("--output", required=True)
-        p.add_argument("--seed", type=int, default=0)
-    elif sub == "export-probes":
-        p.add_argument("--card", required=True)
-        p.add_argument("--heldout", required=True)
-        p.add_argument("--train", required=True)
-        p.add_argument("--output-dir", required=True)
-    elif sub == "lm-eval":
-        p.add_argument("--workdir", required=True)
-        p.add_argument("--tasks", required=True, help="comma-separated lm-eval task names")
-        p.add_argument("--step", type=int)
-        p.add_argument("--mesh")
-        p.add_argument("--include-path", default=os.path.join("configs", "eval", "lm_eval"))
-        p.add_argument("--limit", type=float)
-        p.add_argument("--batch-size", type=int, default=16)
-        p.add_argument("--output")
+        p = argparse.ArgumentParser(prog="python -m jaxpt.tools.evaluate", description=__doc__.splitlines()[0],
+                                    epilog="commands:\n" + __doc__.split("\n\n")[1],
+                                    formatter_class=argparse.RawDescriptionHelpFormatter)
+    else:
+        p = argparse.ArgumentParser(prog=f"python -m jaxpt.tools.evaluate {sub}", description=what)
+    add_flags(p)
     return p
 
 
-_COMMANDS = {None: cmd_run, "compare": cmd_compare, "agreement": cmd_agreement, "card-stamp": cmd_card_stamp,
-             "spot-check-build": cmd_spot_check_build, "export-probes": cmd_export_probes, "lm-eval": cmd_lm_eval}
+_COMMANDS = {None: cmd_run, "extrapolation": cmd_extrapolation, "compare": cmd_compare, "agreement": cmd_agreement,
+             "card-stamp": cmd_card_stamp, "spot-check-build": cmd_spot_check_build, "export-probes": cmd_export_probes,
+             "lm-eval": cmd_lm_eval}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The command line (module docstring); returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
     sub = argv[0] if argv and argv[0] in SUBCOMMANDS else None
-    args = _parser(sub).parse_args(argv[1:] if sub else argv)
+    if sub is None and any(a == "--lengths" or a.startswith("--lengths=") for a in argv):  # `jaxpt.evaluate`'s form
+        print("note: --lengths without a subcommand is deprecated; use `extrapolation --lengths`", file=sys.stderr)
+        sub, argv = "extrapolation", ["extrapolation", *argv]
+    args = build_parser(sub).parse_args(argv[1:] if sub else argv)
     progress_lib.quiet_startup()
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s] %(message)s", force=True)
     for noisy in ("absl", "orbax", "jax"):

@@ -416,7 +416,9 @@ def _predict_target(args) -> tuple[float, float] | None:
     return None
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m jaxpt.tools.scaling`` (subcommands ``run`` and ``fit``)."""
+    from jaxpt.util import cli
     p = argparse.ArgumentParser(prog="python -m jaxpt.tools.scaling", description=__doc__.splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -433,8 +435,14 @@ def main(argv: list[str] | None = None) -> int:
     f.add_argument("--predict-tokens", type=float, help="D for the prediction")
     f.add_argument("--predict-config", action="append", default=[], help="gin file of a model to predict")
     f.add_argument("--gin", action="append", default=[], help="bindings for --predict-config")
-    f.add_argument("--out", help="where to write fit.json and scaling_fit.png (default: first RUNS dir)")
-    args = p.parse_args(argv)
+    cli.add_flag(f, "--output", "--out", help="directory for fit.json and scaling_fit.png (default: the first RUNS "
+                 "directory)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The command line (module docstring); returns the exit status (2: bad input)."""
+    args = build_parser().parse_args(argv)
     # force: an imported library (grain/absl) already put a handler on the root logger, which would
     # make basicConfig a no-op and leave INFO unprinted.
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s] %(message)s", force=True)
@@ -447,7 +455,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"D={rec['tokens']:,}, held-out loss {rec['heldout_loss']:.4f}")
             return 0
         result = fit_runs(args.runs, n_kind=args.n_kind, loss=args.loss, f_scale=args.f_scale,
-                          predict=_predict_target(args), out_dir=args.out)
+                          predict=_predict_target(args), out_dir=args.output)
     except (ConfigError, ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

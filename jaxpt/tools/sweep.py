@@ -1,7 +1,7 @@
 """``python -m jaxpt.tools.sweep``: compile and time one config on several mesh shapes, and name the best.
 
     python -m jaxpt.tools.sweep --config configs/quickstart.gin --mesh data=8 --mesh fsdp=8 \\
-        --mesh data=2,fsdp=2,tensor=2 --mesh fsdp=4,tensor=2 --steps 5 --out workdirs/sweep
+        --mesh data=2,fsdp=2,tensor=2 --mesh fsdp=4,tensor=2 --steps 5 --output workdirs/sweep
 
 For each ``--mesh``:
 
@@ -18,7 +18,7 @@ For each ``--mesh``:
    input pipeline. Step time is wall time over the timed steps, ended by one ``block_until_ready``;
    tokens/s, TFLOP/s per device and MFU follow :class:`jaxpt.run.monitor.Throughput` and
    :mod:`jaxpt.training.flops` (on CPU the peak is the measured matmul peak, as in training).
-4. **Collective share**: ``--profile-steps`` more steps run under ``jax.profiler.trace`` with a Perfetto
+4. **Collective share**: ``--trace-steps`` more steps run under ``jax.profiler.trace`` with a Perfetto
    trace; the share is the summed duration of the trace's collective-op events (all-gather, all-reduce,
    reduce-scatter, all-to-all, collective-permute and their async ``-start``/``-done`` halves, NCCL
    kernels), divided by the number of devices, over the wall time of those steps. On CPU collectives
@@ -26,7 +26,7 @@ For each ``--mesh``:
    accelerators with asynchronous collectives, time that overlaps compute is still counted, so the share
    is an upper bound on the time collectives cost.
 
-Output: a table on the terminal, ``<out>/sweep.csv``, ``<out>/sweep.png`` (tokens/s, and step time split
+Output: a table on the terminal, ``<output>/sweep.csv``, ``<output>/sweep.png`` (tokens/s, and step time split
 into collectives and the rest), and the best shape (highest tokens/s among those that ran).
 
 ``--topology v5p:4x4x4`` (a libtpu topology name) additionally compiles each shape for that TPU
@@ -221,8 +221,8 @@ def _device_batches(c: _Compiled, n: int = 2) -> list[dict[str, jax.Array]]:
     return out
 
 
-def _run(c: _Compiled, steps: int, profile_steps: int, peak: float, trace_dir: str) -> dict[str, float]:
-    """Warm-up step, ``steps`` timed steps, ``profile_steps`` traced steps. Returns the figures."""
+def _run(c: _Compiled, steps: int, trace_steps: int, peak: float, trace_dir: str) -> dict[str, float]:
+    """Warm-up step, ``steps`` timed steps, ``trace_steps`` traced steps. Returns the figures."""
     cfg = c.built.cfg
     state = c.built.init_state()
     batches = _device_batches(c)
@@ -237,10 +237,10 @@ def _run(c: _Compiled, steps: int, profile_steps: int, peak: float, trace_dir: s
                                     flops_lib.flops_per_token(cfg.model, cfg.seq_len), c.built.mesh.size, peak)
     figures = throughput.figures(elapsed / steps)
     figures.update(first_loss=first_loss, last_loss=float(metrics["loss"]))
-    if profile_steps > 0:
+    if trace_steps > 0:
         with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
             t0 = time.perf_counter()
-            for i in range(profile_steps):
+            for i in range(trace_steps):
                 state, metrics = c.executable(state, batches[i % len(batches)])
             jax.block_until_ready(state)
             traced_wall = time.perf_counter() - t0
@@ -249,7 +249,7 @@ def _run(c: _Compiled, steps: int, profile_steps: int, peak: float, trace_dir: s
     return figures
 
 
-def sweep_one(cfg: TrainConfig, mesh_spec: str, *, steps: int, profile_steps: int, peak: float,
+def sweep_one(cfg: TrainConfig, mesh_spec: str, *, steps: int, trace_steps: int, peak: float,
               memory_limit: int | None, out_dir: str, topo_devices=None) -> Result:
     """Validate, compile, (maybe) run one mesh shape. Never raises for a bad shape: the row says why."""
     r = Result(mesh=mesh_spec)
@@ -278,7 +278,7 @@ def sweep_one(cfg: TrainConfig, mesh_spec: str, *, steps: int, profile_steps: in
         return r
     trace_dir = os.path.join(_trace_root(out_dir), "traces", r.mesh.replace(",", "_").replace("=", ""))
     try:
-        figures = _run(compiled, steps, profile_steps, peak, trace_dir)
+        figures = _run(compiled, steps, trace_steps, peak, trace_dir)
     except Exception as e:  # noqa: BLE001 - an OOM at run time is reported like any other failure
         r.status, r.note = "run failed", f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
         return r
@@ -393,7 +393,7 @@ def plot(results: Sequence[Result], path: str, title: str = "") -> None:
 # CLI.
 
 
-def run_sweep(cfg: TrainConfig, meshes: Sequence[str], *, steps: int, profile_steps: int, out_dir: str,
+def run_sweep(cfg: TrainConfig, meshes: Sequence[str], *, steps: int, trace_steps: int, out_dir: str,
               device_memory_gib: float | None = None, peak_flops: float | None = None,
               topology: str | None = None) -> list[Result]:
     """Sweep ``meshes`` for ``cfg`` (vocab resolved) and write ``sweep.csv`` and ``sweep.png`` in ``out_dir``."""
@@ -414,7 +414,7 @@ def run_sweep(cfg: TrainConfig, meshes: Sequence[str], *, steps: int, profile_st
     results = []
     for m in meshes:
         log.info("mesh %s", m)
-        results.append(sweep_one(cfg, m, steps=steps, profile_steps=profile_steps, peak=peak_flops,
+        results.append(sweep_one(cfg, m, steps=steps, trace_steps=trace_steps, peak=peak_flops,
                                  memory_limit=limit, out_dir=out_dir, topo_devices=topo_devices))
     write_csv(results, fs.join(out_dir, "sweep.csv"))
     plot(results, fs.join(out_dir, "sweep.png"),
@@ -422,19 +422,29 @@ def run_sweep(cfg: TrainConfig, meshes: Sequence[str], *, steps: int, profile_st
     return results
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m jaxpt.tools.sweep`` (``--profile-steps`` and ``--out``: deprecated
+    spellings of ``--trace-steps``, a count unlike the trainer's ``--profile-steps START:STOP``, and ``--output``)."""
+    from jaxpt.util import cli
     p = argparse.ArgumentParser(prog="python -m jaxpt.tools.sweep", description=__doc__.splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", action="append", default=[], metavar="FILE", help="gin file; may repeat")
     p.add_argument("--gin", action="append", default=[], metavar="BINDING", help="gin binding; may repeat")
     p.add_argument("--mesh", action="append", required=True, help="mesh shape to try; repeat for each")
     p.add_argument("--steps", type=int, default=5, help="timed steps per shape (after one warm-up step)")
-    p.add_argument("--profile-steps", type=int, default=2, help="steps traced for the collective share (0: skip)")
-    p.add_argument("--out", default="workdirs/sweep", help="directory for sweep.csv, sweep.png and traces (default workdirs/sweep)")
+    cli.add_flag(p, "--trace-steps", "--profile-steps", type=int, default=2, metavar="N",
+                 help="steps traced for the collective share, after the timed ones (0: skip)")
+    cli.add_flag(p, "--output", "--out", default="workdirs/sweep",
+                 help="directory for sweep.csv, sweep.png and traces (default workdirs/sweep)")
     p.add_argument("--device-memory-gib", type=float, help="per-device memory limit (default: from the device)")
     p.add_argument("--peak-flops", type=float, help="peak FLOP/s per device for MFU (default: as in training)")
     p.add_argument("--topology", help="also compile for this TPU topology without hardware, e.g. v5p:4x4x4")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The command line (module docstring); returns 0, 1 when no shape ran, 2 on bad input."""
+    args = build_parser().parse_args(argv)
     # force: an imported library (grain/absl) already put a handler on the root logger, which would
     # make basicConfig a no-op and leave INFO unprinted.
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s] %(message)s", force=True)
@@ -446,14 +456,14 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
-    results = run_sweep(cfg, args.mesh, steps=args.steps, profile_steps=args.profile_steps, out_dir=args.out,
+    results = run_sweep(cfg, args.mesh, steps=args.steps, trace_steps=args.trace_steps, out_dir=args.output,
                         device_memory_gib=args.device_memory_gib, peak_flops=args.peak_flops,
                         topology=args.topology)
     print(format_table(results))
     top = best(results)
     print(f"best: {top.mesh} ({top.tokens_per_sec:,.0f} tokens/s, synthetic batches)" if top
           else "best: none of the shapes ran")
-    print(f"wrote {fs.join(args.out, 'sweep.csv')} and {fs.join(args.out, 'sweep.png')}")
+    print(f"wrote {fs.join(args.output, 'sweep.csv')} and {fs.join(args.output, 'sweep.png')}")
     return 0 if top else 1
 
 
