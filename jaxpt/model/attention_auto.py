@@ -28,7 +28,8 @@ import jax
 
 from jaxpt.util.errors import ConfigError
 from jaxpt.model import attention_blockwise, attention_cudnn, attention_splash
-from jaxpt.model.attention import _xla_saved_tensors, register_attention, xla_attention
+from jaxpt.model.attention import register_attention
+from jaxpt.model.attention_xla import xla_attention, xla_saved_tensors
 from jaxpt.model.config import ModelConfig
 
 log = logging.getLogger("jaxpt.attention")
@@ -139,7 +140,7 @@ def _auto_saved_tensors(cfg, batch: int, seq_len: int):
     """The planner counts the off-TPU choice: ``xla``'s [L, L] tensors below :data:`LONG_ROW`, else ``blockwise``'s."""
     if seq_len >= LONG_ROW:
         return attention_blockwise._blockwise_saved_tensors(cfg, batch, seq_len)
-    return _xla_saved_tensors(cfg, batch, seq_len)
+    return xla_saved_tensors(cfg, batch, seq_len)
 
 
 register_attention("auto", saved_tensors=_auto_saved_tensors)(auto_attention)

@@ -1,6 +1,6 @@
 """``blockwise`` attention: flash-style attention in pure JAX, memory O(L x block) instead of O(L x M).
 
-The same math as ``xla`` (:func:`jaxpt.model.attention.xla_attention`: causal, document-local, grouped-query)
+The same math as ``xla`` (:func:`jaxpt.model.attention_xla.xla_attention`: causal, document-local, grouped-query)
 computed one (query block, key block) tile at a time with the online softmax (Milakov & Gimelshein 2018,
 "Online normalizer calculation for softmax"; FlashAttention, Dao et al. 2022): a running row maximum
 ``m``, row sum ``l`` and unnormalized output ``acc`` per query block, rescaled as each key block arrives.

@@ -49,7 +49,8 @@ CUDNN_DTYPES = ("bfloat16", "float16")
 
 def segment_mask(q_segment_ids_BxL: jax.Array, kv_segment_ids_BxM: jax.Array) -> jax.Array:
     """``[B, 1, L, M]`` bool: query i and key j are in the same segment (document). Causality is not in it
-    (``is_causal`` says that); padding (segment 0) matches padding, as in :func:`jaxpt.model.attention.attention_mask`.
+    (``is_causal`` says that); padding (segment 0) matches padding, as in
+    :func:`jaxpt.model.attention_xla.attention_mask`.
     """
     return (q_segment_ids_BxL[:, :, None] == kv_segment_ids_BxM[:, None, :])[:, None]
 

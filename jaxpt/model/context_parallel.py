@@ -180,7 +180,7 @@ def _local_fn(name: str):
     """The per-device attention for implementation ``name``: ``(q, k, v, qs, ks, q_index, kv_index, *, scale,
     shards) -> (out, aux)``, k/v/ks the whole (gathered) row in zigzag order."""
     from jaxpt.model import attention_blockwise
-    from jaxpt.model.attention import xla_attention
+    from jaxpt.model.attention_xla import xla_attention
 
     def indexed(fn):
         def run(q, k, v, qs, ks, q_index, kv_index, *, scale, shards):
