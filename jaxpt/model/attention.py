@@ -1,7 +1,7 @@
 """Self-attention: the ``Attention`` layer (projections, RoPE) and the attention math behind a seam.
 
 :func:`dot_product_attention` computes ``softmax(scale q k^T + mask) v`` with causal, document-local masking
-by the implementation ``ModelConfig.attention_impl`` names in :data:`ATTENTION` (``xla``:
+by the implementation ``ModelConfig.attention_impl`` names in :data:`jaxpt.model.tables.ATTENTION` (``xla``:
 :mod:`jaxpt.model.attention_xla`, ``blockwise``, ``splash``, ``cudnn``, ``auto``: ``attention_<name>``). An
 implementation is a function
 
@@ -19,7 +19,7 @@ implementation is a function
   :func:`jaxpt.model.context_parallel.context_parallel_attention`, which runs the implementation per device
   with the row indices of its queries and keys.
 * All arrays are in the compute dtype; ``out`` is too. Softmax should be accumulated in float32.
-* ``aux`` holds exactly the auxiliary outputs the registration declares (float32 scalars), e.g.
+* ``aux`` holds exactly the auxiliary outputs its table entry declares (float32 scalars), e.g.
   ``max_attention_logit`` where the logits exist to be inspected; an implementation that never
   materializes them (a fused kernel) declares none and the monitor is absent, not faked.
 
@@ -37,19 +37,10 @@ from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
 from jaxpt.mesh import constrain
-from jaxpt.model.attention_xla import xla_attention, xla_saved_tensors
-from jaxpt.model.auxiliary import AuxSpec
+from jaxpt.model import context_parallel, tables
 from jaxpt.model.config import ModelConfig
 from jaxpt.model.layers import _param
 from jaxpt.model.rope import apply_rope, rope_frequencies
-from jaxpt.model.registry import Registry
-
-#: Attention implementations by ``ModelConfig.attention_impl`` value.
-ATTENTION = Registry("attention_impl")
-register_attention = ATTENTION.register
-
-register_attention("xla", aux_specs={"max_attention_logit": AuxSpec("max")},
-                   saved_tensors=xla_saved_tensors)(xla_attention)
 
 
 def dot_product_attention(q_BxLxHxHd: jax.Array, k_BxMxKxHd: jax.Array, v_BxMxKxHd: jax.Array,
@@ -62,15 +53,14 @@ def dot_product_attention(q_BxLxHxHd: jax.Array, k_BxMxKxHd: jax.Array, v_BxMxKx
       q_BxLxHxHd: queries, RoPE applied, not scaled; compute dtype.
       k_BxMxKxHd, v_BxMxKxHd: keys (RoPE applied) and values; K divides H.
       segment_ids_BxL: int32 document id of each query (0 = padding).
-      impl: a name registered in :data:`ATTENTION`.
+      impl: an ``attention_impl`` name (:func:`jaxpt.model.tables.attention`).
       kv_segment_ids_BxM: int32 document id of each key; default ``segment_ids_BxL``.
       scale: logit scale; default ``1 / sqrt(Hd)`` (Vaswani et al. 2017).
     Returns: ``(out [B, L, H, Hd] in the compute dtype, aux)``, aux as the implementation declares.
     Raises:
-      ConfigError: ``impl`` is not registered.
+      ConfigError: no implementation is named ``impl``.
     """
-    entry = ATTENTION.get(impl)
-    from jaxpt.model import context_parallel   # imports this module
+    entry = tables.attention(impl)
     if context_parallel.current_shards() > 1:
         if kv_segment_ids_BxM is not None and kv_segment_ids_BxM is not segment_ids_BxL:
             raise ValueError("context parallelism runs self-attention only (kv_segment_ids_BxM must be the queries')")

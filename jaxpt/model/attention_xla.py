@@ -3,8 +3,8 @@ einsums over materialized float32 logits with the causal, document-local mask of
 memory O(L M) per head. Causal self-attention is split into :func:`causal_blocks` query blocks, each against
 only the keys it can see. Reports ``max_attention_logit``.
 
-The contract every attention implementation keeps is in :mod:`jaxpt.model.attention`; the registry that selects
-this one by name is :data:`jaxpt.model.attention.ATTENTION`. Array names carry shape suffixes: B batch, L query
+The contract every attention implementation keeps is in :mod:`jaxpt.model.attention`; the table that selects
+this one by name is :data:`jaxpt.model.tables.ATTENTION`. Array names carry shape suffixes: B batch, L query
 length, M key length, H query heads, K kv heads, G = H // K, Hd head_dim.
 """
 
@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxpt.model.config import DTYPES, ModelConfig
-from jaxpt.model.registry import SavedTensor
+from jaxpt.model.seams import SavedTensor
 
 
 def attention_mask(q_segment_ids_BxL: jax.Array, kv_segment_ids_BxM: jax.Array | None = None, *,
