@@ -134,6 +134,21 @@ def test_unknown_impl_is_a_config_error_naming_the_field():
         ModelConfig(mlp="nope")
 
 
+def test_the_tables_name_exactly_what_the_config_accepts():
+    """jaxpt's implementations are the rows of one table per seam, keyed by the names ModelConfig checks against
+    (without importing the implementations); the user's, added by the calls above, come after them."""
+    from jaxpt.model import seams, tables
+    assert tuple(tables.ATTENTION) == seams.ATTENTION_IMPLS
+    assert tuple(tables.MLPS) == seams.MLP_NAMES
+    assert all(entry.name == name for table in (tables.ATTENTION, tables.MLPS) for name, entry in table.items())
+    assert seams.names("attention_impl")[:len(seams.ATTENTION_IMPLS) + 1] == (*seams.ATTENTION_IMPLS, "test_bias")
+    assert tables.attention("test_bias").fn is bias_attention and tables.mlp("swiglu").fn is SwiGLU
+    with pytest.raises(ValueError, match="'xla' is jaxpt's own"):
+        add_attention("xla", bias_attention)
+    with pytest.raises(ValueError, match="'test_wide' is already added"):
+        add_mlp("test_wide", wide_mlp)
+
+
 # ---------------------------------------------------------------- (b) MLP by config
 @pytest.mark.slow
 def test_second_mlp_trains_to_the_same_losses():
