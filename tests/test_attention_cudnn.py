@@ -12,7 +12,7 @@ import pytest
 
 from jaxpt.util.errors import ConfigError
 from jaxpt.model import attention_auto, attention_cudnn, attention_splash, dot_product_attention
-from jaxpt.model.attention import attention_mask, xla_attention
+from jaxpt.model.attention_xla import attention_mask, xla_attention
 
 from test_attention_blockwise import _inputs, _packed_segments
 

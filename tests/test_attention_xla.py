@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxpt.model.attention import causal_blocks, xla_attention
+from jaxpt.model.attention_xla import causal_blocks, xla_attention
 from test_attention_blockwise import _attend, _inputs, _packed_segments
 
 

@@ -14,7 +14,8 @@ from jaxpt import config as C
 from jaxpt import mesh as M
 from jaxpt.util.errors import ConfigError
 from jaxpt.model import context_parallel as cp
-from jaxpt.model.attention import dot_product_attention, xla_attention
+from jaxpt.model.attention import dot_product_attention
+from jaxpt.model.attention_xla import xla_attention
 from jaxpt.run.validate import validate
 
 QUICKSTART = "configs/quickstart.gin"

@@ -32,3 +32,56 @@ def test_the_counter_sees_a_long_function(tmp_path):
     src = tmp_path / "m.py"
     src.write_text("def f():\n" + "    x = 1\n" * 70 + "\n\ndef g():\n    return 2\n")
     assert [(name, n) for name, _, n in _functions(src)] == [("f", 71), ("g", 2)]
+
+
+def _model_imports() -> dict[str, set[str]]:
+    """``jaxpt.model`` module -> the ``jaxpt.model`` modules it imports, at module level or inside a function."""
+    pkg = ROOT / "jaxpt" / "model"
+    names = {f"jaxpt.model.{p.stem}" for p in pkg.glob("*.py") if p.stem != "__init__"} | {"jaxpt.model"}
+    graph = {}
+    for p in pkg.glob("*.py"):
+        me = "jaxpt.model" if p.stem == "__init__" else f"jaxpt.model.{p.stem}"
+        out = set()
+        for node in ast.walk(ast.parse(p.read_text(), str(p))):
+            if isinstance(node, ast.Import):
+                out |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                out |= {f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in names else node.module
+                        for a in node.names}
+        graph[me] = {m for m in out if m in names and m != me}
+    return graph
+
+
+def test_no_import_cycle_in_the_model_package():
+    """Implementations are chosen from explicit tables (jaxpt/model/tables.py), not registered by importing them,
+    so no jaxpt.model module reaches itself through imports (function-local ones count)."""
+    graph = _model_imports()
+    assert "jaxpt.model.tables" in graph and "jaxpt.model.registry" not in graph
+    assert _cycle(graph) is None, "import cycle: " + " -> ".join(_cycle(graph))
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of ``graph`` as a path that ends where it starts, or None (depth-first search)."""
+    done: set[str] = set()
+
+    def visit(node, path):
+        for nxt in sorted(graph[node]):
+            if nxt in path:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in done:
+                found = visit(nxt, path + [nxt])
+                if found:
+                    return found
+        done.add(node)
+        return None
+
+    for m in sorted(graph):
+        found = None if m in done else visit(m, [m])
+        if found:
+            return found
+    return None
+
+
+def test_the_cycle_search_sees_a_cycle():
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None

@@ -10,7 +10,7 @@ import pytest
 from flax import nnx
 
 from jaxpt.model import Decoder, ModelConfig, count_params
-from jaxpt.model.attention import attention_mask
+from jaxpt.model.attention_xla import attention_mask
 from jaxpt.model.rope import rope
 
 CFG = ModelConfig(vocab_size=97, d_model=32, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8, mlp_dim=64,

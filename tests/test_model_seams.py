@@ -15,18 +15,16 @@ from jaxpt.training import step as step_lib
 from jaxpt.checkpoint import CheckpointError
 from jaxpt.run.lineage import check_compatible
 from jaxpt.util.errors import ConfigError
-from jaxpt.model import Decoder, ModelConfig
-from jaxpt.model.attention import register_attention
+from jaxpt.model import Decoder, ModelConfig, add_attention, add_mlp
 from jaxpt.model.auxiliary import AuxSpec, fold, merge_specs, reduce_aux
 from jaxpt.model.rope import rope
-from jaxpt.model.mlp import SwiGLU, register_mlp
+from jaxpt.model.mlp import SwiGLU
 
 CFG = ModelConfig(vocab_size=64, d_model=32, num_layers=3, num_heads=4, num_kv_heads=2, head_dim=8, mlp_dim=64,
                   max_seq_len=32)
 
 
-# ---------------------------------------------------------------- implementations registered by the tests
-@register_attention("test_bias", replace=True)
+# ---------------------------------------------------------------- implementations the tests add (explicit calls)
 def bias_attention(q_BxLxHxHd, k_BxMxKxHd, v_BxMxKxHd, q_segment_ids_BxL, kv_segment_ids_BxM, *, scale):
     """Another route to the same math: k/v repeated to H heads, the mask as an additive bias. Declares no
     aux outputs, so ``max_attention_logit`` must be absent under it."""
@@ -43,7 +41,6 @@ def bias_attention(q_BxLxHxHd, k_BxMxKxHd, v_BxMxKxHd, q_segment_ids_BxL, kv_seg
     return jnp.einsum("bhlm,bmhd->blhd", probs, v_BxMxHxHd), {}
 
 
-@register_mlp("test_swiglu_sigmoid", replace=True)
 class SigmoidSwiGLU(SwiGLU):
     """SwiGLU with silu written out as ``g * sigmoid(g)``: same params and init, same function."""
 
@@ -57,8 +54,6 @@ class SigmoidSwiGLU(SwiGLU):
 L2_WEIGHT = 0.5
 
 
-@register_mlp("test_swiglu_l2", replace=True,
-              aux_specs={"mlp_l2": AuxSpec("sum", over_microbatches="mean", loss_weight=L2_WEIGHT)})
 class L2SwiGLU(SwiGLU):
     """SwiGLU returning an auxiliary loss ``sum(w_down^2)`` (an L2 penalty: a loss known from params alone)."""
 
@@ -67,10 +62,16 @@ class L2SwiGLU(SwiGLU):
         return y, {"mlp_l2": jnp.sum(jnp.square(self.w_down[...]))}
 
 
-@register_mlp("test_wide", replace=True)
 def wide_mlp(cfg, *, rngs):
     """An MLP with other param shapes (twice the hidden width)."""
     return SwiGLU(dataclasses.replace(cfg, mlp_dim=2 * cfg.mlp_dim), rngs=rngs)
+
+
+add_attention("test_bias", bias_attention, replace=True)
+add_mlp("test_swiglu_sigmoid", SigmoidSwiGLU, replace=True)
+add_mlp("test_swiglu_l2", L2SwiGLU, replace=True,
+        aux_specs={"mlp_l2": AuxSpec("sum", over_microbatches="mean", loss_weight=L2_WEIGHT)})
+add_mlp("test_wide", wide_mlp, replace=True)
 
 
 # ---------------------------------------------------------------- helpers
@@ -114,7 +115,7 @@ def split(cfg, seed=0):
 @pytest.mark.slow
 @pytest.mark.parametrize("num_kv_heads", [2, 4])  # xla's grouped and plain multi-head branches
 def test_second_attention_impl_trains_to_the_same_losses(num_kv_heads):
-    """An implementation registered from outside the package, selected by ModelConfig.attention_impl, trains
+    """An implementation added from outside the package, selected by ModelConfig.attention_impl, trains
     to the losses of 'xla'; it reports no max_attention_logit, and the metric is absent, not faked."""
     cfg = dataclasses.replace(CFG, num_kv_heads=num_kv_heads)
     ref = train_metrics(cfg)
@@ -127,17 +128,32 @@ def test_second_attention_impl_trains_to_the_same_losses(num_kv_heads):
 
 
 def test_unknown_impl_is_a_config_error_naming_the_field():
-    """Refused where the config is built (gin, constructor, dataclasses.replace), listing the registered names."""
+    """Refused where the config is built (gin, constructor, dataclasses.replace), listing the known names."""
     with pytest.raises(ConfigError, match=r"ModelConfig.attention_impl = 'nope': choose one of \('xla',"):
         dataclasses.replace(CFG, attention_impl="nope")
     with pytest.raises(ConfigError, match=r"ModelConfig.mlp = 'nope': choose one of \('swiglu',"):
         ModelConfig(mlp="nope")
 
 
+def test_the_tables_name_exactly_what_the_config_accepts():
+    """jaxpt's implementations are the rows of one table per seam, keyed by the names ModelConfig checks against
+    (without importing the implementations); the user's, added by the calls above, come after them."""
+    from jaxpt.model import seams, tables
+    assert tuple(tables.ATTENTION) == seams.ATTENTION_IMPLS
+    assert tuple(tables.MLPS) == seams.MLP_NAMES
+    assert all(entry.name == name for table in (tables.ATTENTION, tables.MLPS) for name, entry in table.items())
+    assert seams.names("attention_impl")[:len(seams.ATTENTION_IMPLS) + 1] == (*seams.ATTENTION_IMPLS, "test_bias")
+    assert tables.attention("test_bias").fn is bias_attention and tables.mlp("swiglu").fn is SwiGLU
+    with pytest.raises(ValueError, match="'xla' is jaxpt's own"):
+        add_attention("xla", bias_attention)
+    with pytest.raises(ValueError, match="'test_wide' is already added"):
+        add_mlp("test_wide", wide_mlp)
+
+
 # ---------------------------------------------------------------- (b) MLP by config
 @pytest.mark.slow
 def test_second_mlp_trains_to_the_same_losses():
-    """A registered MLP variant (same params, silu written out) selected by ModelConfig.mlp trains like swiglu."""
+    """An added MLP variant (same params, silu written out) selected by ModelConfig.mlp trains like swiglu."""
     ref = train_metrics(CFG)
     alt = train_metrics(dataclasses.replace(CFG, mlp="test_swiglu_sigmoid"))
     np.testing.assert_allclose([m["loss"] for m in alt], [m["loss"] for m in ref], rtol=1e-5)

@@ -19,7 +19,7 @@ mesh the ``sequence`` devices hold copies). Layers run one after another, never 
 
 The logits equal the cache-free step's up to float rounding (``tests/test_kv_cache.py``): the same params,
 RoPE (:func:`jaxpt.model.rope.apply_rope`), norms and MLP modules of the model are called; the decode-time
-attention is :func:`jaxpt.model.attention.xla_attention` over the cache with a per-row mask.
+attention is :func:`jaxpt.model.attention_xla.xla_attention` over the cache with a per-row mask.
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxpt import mesh as mesh_lib
 from jaxpt.infer.decode import StepConstructors, place_on_mesh
-from jaxpt.model.attention import dot_product_attention, xla_attention
+from jaxpt.model.attention import dot_product_attention
+from jaxpt.model.attention_xla import xla_attention
 from jaxpt.model.rope import apply_rope, rope_frequencies
 
 #: logical axes of one layer's cache [B, L, K, Hd] (the sequence axis deliberately unnamed: never sharded).

@@ -28,7 +28,7 @@ import jax
 
 from jaxpt.util.errors import ConfigError
 from jaxpt.model import attention_blockwise, attention_cudnn, attention_splash
-from jaxpt.model.attention import _xla_saved_tensors, register_attention, xla_attention
+from jaxpt.model.attention_xla import xla_attention, xla_saved_tensors
 from jaxpt.model.config import ModelConfig
 
 log = logging.getLogger("jaxpt.attention")
@@ -113,7 +113,7 @@ def note(requested: str, r: Resolution) -> None:
 
 def dispatch(requested: str, q_BxLxHxHd, k_BxMxKxHd, v_BxMxKxHd, q_segment_ids_BxL, kv_segment_ids_BxM, *, scale):
     """Run :func:`resolve`'s choice for ``requested`` on the traced platform; note it. Returns ``(out, {})``:
-    no auxiliary output whichever runs (the registration of ``auto``/``cudnn`` declares none)."""
+    no auxiliary output whichever runs (the table entries of ``auto``/``cudnn`` declare none)."""
     platform, mesh, _ = attention_splash._platform()
     devices = list(mesh.devices.flat) if mesh is not None else None
     dtype = jax.numpy.dtype(q_BxLxHxHd.dtype).name
@@ -135,11 +135,19 @@ def auto_attention(q_BxLxHxHd, k_BxMxKxHd, v_BxMxKxHd, q_segment_ids_BxL, kv_seg
     return dispatch("auto", q_BxLxHxHd, k_BxMxKxHd, v_BxMxKxHd, q_segment_ids_BxL, kv_segment_ids_BxM, scale=scale)
 
 
-def _auto_saved_tensors(cfg, batch: int, seq_len: int):
+def cudnn_attention(q_BxLxHxHd, k_BxMxKxHd, v_BxMxKxHd, q_segment_ids_BxL, kv_segment_ids_BxM, *, scale):
+    """``cudnn``: causal, document-masked grouped-query attention by cuDNN's fused kernel
+    (:mod:`jaxpt.model.attention_cudnn`), or the recorded fallback (:func:`resolve`). Returns
+    ``(out [B, L, H, Hd] in q's dtype, {})``.
+
+    Raises:
+      ConfigError: the step is built for a non-GPU platform (naming ``ModelConfig.attention_impl``).
+    """
+    return dispatch("cudnn", q_BxLxHxHd, k_BxMxKxHd, v_BxMxKxHd, q_segment_ids_BxL, kv_segment_ids_BxM, scale=scale)
+
+
+def auto_saved_tensors(cfg, batch: int, seq_len: int):
     """The planner counts the off-TPU choice: ``xla``'s [L, L] tensors below :data:`LONG_ROW`, else ``blockwise``'s."""
     if seq_len >= LONG_ROW:
-        return attention_blockwise._blockwise_saved_tensors(cfg, batch, seq_len)
-    return _xla_saved_tensors(cfg, batch, seq_len)
-
-
-register_attention("auto", saved_tensors=_auto_saved_tensors)(auto_attention)
+        return attention_blockwise.blockwise_saved_tensors(cfg, batch, seq_len)
+    return xla_saved_tensors(cfg, batch, seq_len)

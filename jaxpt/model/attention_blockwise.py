@@ -1,6 +1,6 @@
 """``blockwise`` attention: flash-style attention in pure JAX, memory O(L x block) instead of O(L x M).
 
-The same math as ``xla`` (:func:`jaxpt.model.attention.xla_attention`: causal, document-local, grouped-query)
+The same math as ``xla`` (:func:`jaxpt.model.attention_xla.xla_attention`: causal, document-local, grouped-query)
 computed one (query block, key block) tile at a time with the online softmax (Milakov & Gimelshein 2018,
 "Online normalizer calculation for softmax"; FlashAttention, Dao et al. 2022): a running row maximum
 ``m``, row sum ``l`` and unnormalized output ``acc`` per query block, rescaled as each key block arrives.
@@ -23,10 +23,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jaxpt.model.attention import register_attention
-from jaxpt.model.auxiliary import AuxSpec
 from jaxpt.model.config import DTYPES, ModelConfig
-from jaxpt.model.registry import SavedTensor
+from jaxpt.model.seams import SavedTensor
 
 #: Default query and key block sizes (tokens). 512 x 512 fp32 tiles per head are 1 MiB.
 BLOCK = 512
@@ -148,13 +146,9 @@ def blockwise_attention(q_BxLxHxHd, k_BxMxKxHd, v_BxMxKxHd, q_segment_ids_BxL, k
     return out.astype(cd), {"max_attention_logit": max_logit}
 
 
-def _blockwise_saved_tensors(cfg: ModelConfig, batch: int, seq_len: int) -> list[SavedTensor]:
+def blockwise_saved_tensors(cfg: ModelConfig, batch: int, seq_len: int) -> list[SavedTensor]:
     """What the backward pass keeps per layer: the output and the per-row maxima (no [L, M] tensor)."""
     c = jnp.dtype(DTYPES[cfg.compute_dtype]).itemsize
     B, L, H, Hd = batch, seq_len, cfg.num_heads, cfg.head_dim
     return [SavedTensor("row_max", "other", True, (B, L, H), ("batch", "length", "heads"), 4),
             SavedTensor("attn_out", "dot_batch", True, (B, L, H, Hd), ("batch", "length", "heads", None), c)]
-
-
-register_attention("blockwise", aux_specs={"max_attention_logit": AuxSpec("max")},
-                   saved_tensors=_blockwise_saved_tensors)(blockwise_attention)

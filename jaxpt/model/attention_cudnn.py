@@ -19,7 +19,10 @@ exactly the masking of ``xla`` (padding, segment 0, attends only padding, so no 
 bytes *per row* for the bias (a fraction 1/H of ``xla``'s fp32 scores, and no [L, M] tensor per head).
 GQA goes to cuDNN as is (K kv heads, K dividing H). The argument construction is
 :func:`dot_product_attention_args`; the same arguments run with ``implementation="xla"`` on any backend,
-which is how the tests check them on CPU (:func:`cudnn_attention` itself only runs on a GPU).
+which is how the tests check them on CPU (:func:`_cudnn_kernel` itself only runs on a GPU).
+
+This module is the kernel and what it can take; the ``cudnn`` entry of :data:`jaxpt.model.tables.ATTENTION`
+is :func:`jaxpt.model.attention_auto.cudnn_attention`, which runs it or the fallback below.
 
 Fallback, decided by :func:`jaxpt.model.attention_auto.resolve` before tracing and never silent (logged once
 per cause; ``jaxpt.tools.compile`` reports ``attention_impl_used``, the train loop's ``start`` record too):
@@ -39,9 +42,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jaxpt.model.attention import register_attention
 from jaxpt.model.config import DTYPES, ModelConfig
-from jaxpt.model.registry import SavedTensor
+from jaxpt.model.seams import SavedTensor
 
 #: Compute dtypes cuDNN's flash attention takes (``check_layout`` in jax's fused_attention_stablehlo).
 CUDNN_DTYPES = ("bfloat16", "float16")
@@ -49,7 +51,8 @@ CUDNN_DTYPES = ("bfloat16", "float16")
 
 def segment_mask(q_segment_ids_BxL: jax.Array, kv_segment_ids_BxM: jax.Array) -> jax.Array:
     """``[B, 1, L, M]`` bool: query i and key j are in the same segment (document). Causality is not in it
-    (``is_causal`` says that); padding (segment 0) matches padding, as in :func:`jaxpt.model.attention.attention_mask`.
+    (``is_causal`` says that); padding (segment 0) matches padding, as in
+    :func:`jaxpt.model.attention_xla.attention_mask`.
     """
     return (q_segment_ids_BxL[:, :, None] == kv_segment_ids_BxM[:, None, :])[:, None]
 
@@ -95,18 +98,6 @@ def unsupported_reason(*, dtype: str, head_dim: int, seq_len: int, compute_capab
     return None
 
 
-def cudnn_attention(q_BxLxHxHd, k_BxMxKxHd, v_BxMxKxHd, q_segment_ids_BxL, kv_segment_ids_BxM, *, scale):
-    """Causal, document-masked grouped-query attention by cuDNN's fused kernel, or the recorded fallback
-    (:func:`jaxpt.model.attention_auto.resolve`). Returns ``(out [B, L, H, Hd] in q's dtype, {})``.
-
-    Raises:
-      ConfigError: the step is built for a non-GPU platform (naming ``ModelConfig.attention_impl``).
-    """
-    from jaxpt.model import attention_auto
-    return attention_auto.dispatch("cudnn", q_BxLxHxHd, k_BxMxKxHd, v_BxMxKxHd, q_segment_ids_BxL,
-                                   kv_segment_ids_BxM, scale=scale)
-
-
 def _cudnn_kernel(q_BxLxHxHd, k_BxMxKxHd, v_BxMxKxHd, q_segment_ids_BxL, kv_segment_ids_BxM, *, scale):
     """The cuDNN call itself (GPU only): ``(out, {})``. cuDNN's custom partitioning shards it by batch and heads
     under the train step's ``jit``, so no shard_map is needed."""
@@ -115,13 +106,10 @@ def _cudnn_kernel(q_BxLxHxHd, k_BxMxKxHd, v_BxMxKxHd, q_segment_ids_BxL, kv_segm
     return out.astype(q_BxLxHxHd.dtype), {}
 
 
-def _cudnn_saved_tensors(cfg: ModelConfig, batch: int, seq_len: int) -> list[SavedTensor]:
+def cudnn_saved_tensors(cfg: ModelConfig, batch: int, seq_len: int) -> list[SavedTensor]:
     """The fused kernel keeps its output, the per-row log-sum-exp and the [B, 1, L, M] mask bias (compute dtype)."""
     c = jnp.dtype(DTYPES[cfg.compute_dtype]).itemsize
     B, L, H, Hd = batch, seq_len, cfg.num_heads, cfg.head_dim
     return [SavedTensor("logsumexp", "other", True, (B, L, H), ("batch", "length", "heads"), 4),
             SavedTensor("mask_bias", "other", True, (B, L, L), ("batch", "length", None), c),
             SavedTensor("attn_out", "dot_batch", True, (B, L, H, Hd), ("batch", "length", "heads", None), c)]
-
-
-register_attention("cudnn", saved_tensors=_cudnn_saved_tensors)(cudnn_attention)

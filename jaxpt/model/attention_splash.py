@@ -24,9 +24,8 @@ import jax
 import jax.numpy as jnp
 
 from jaxpt import mesh as mesh_lib
-from jaxpt.model.attention import register_attention
 from jaxpt.model.config import DTYPES, ModelConfig
-from jaxpt.model.registry import SavedTensor
+from jaxpt.model.seams import SavedTensor
 
 #: Largest tile (tokens) for every splash block size.
 BLOCK = 512
@@ -99,12 +98,9 @@ def splash_attention(q_BxLxHxHd, k_BxMxKxHd, v_BxMxKxHd, q_segment_ids_BxL, kv_s
     return out, {}
 
 
-def _splash_saved_tensors(cfg: ModelConfig, batch: int, seq_len: int) -> list[SavedTensor]:
+def splash_saved_tensors(cfg: ModelConfig, batch: int, seq_len: int) -> list[SavedTensor]:
     """The kernel keeps its output and per-row log-sum-exp for the backward pass (no [L, M] tensor)."""
     c = jnp.dtype(DTYPES[cfg.compute_dtype]).itemsize
     B, L, H, Hd = batch, seq_len, cfg.num_heads, cfg.head_dim
     return [SavedTensor("logsumexp", "other", True, (B, L, H), ("batch", "length", "heads"), 4),
             SavedTensor("attn_out", "dot_batch", True, (B, L, H, Hd), ("batch", "length", "heads", None), c)]
-
-
-register_attention("splash", saved_tensors=_splash_saved_tensors)(splash_attention)

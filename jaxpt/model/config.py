@@ -8,6 +8,7 @@ from typing import Literal
 
 import jax.numpy as jnp
 
+from jaxpt.model import seams
 from jaxpt.model.rope import RopeScaling
 from jaxpt.util.validation import check_types, non_negative, positive, require
 
@@ -55,15 +56,16 @@ class ModelConfig:
       remat_policy: activation checkpointing: ``none``, ``full`` (save nothing), ``dots`` (save matmul
         outputs), ``dots_no_batch`` (save matmuls without batch dims, i.e. weight matmuls),
         ``save_qkv_proj`` (save the q/k/v projections only).
-      attention_impl: how softmax(q k^T) v is computed, a name registered in
-        :data:`jaxpt.model.attention.ATTENTION`: ``xla`` (einsums with a materialized [L, M] mask, reports
+      attention_impl: how softmax(q k^T) v is computed, a name in :data:`jaxpt.model.tables.ATTENTION` (or one
+        added with :func:`jaxpt.model.seams.add_attention`): ``xla`` (einsums with a materialized [L, M] mask, reports
         ``max_attention_logit``), ``blockwise`` (pure-JAX flash-style, memory O(L x block), reports it),
         ``splash`` (the Pallas TPU kernel; interpret mode elsewhere; no max logit), ``cudnn`` (cuDNN's fused
         kernel via ``jax.nn.dot_product_attention``, CUDA GPUs only: a ConfigError elsewhere, a logged fallback
         where cuDNN cannot take the shapes; no max logit), ``auto`` (splash on TPU, cudnn on CUDA GPUs, else
         blockwise for long rows, xla for short; :func:`jaxpt.model.attention_auto.resolve`). Changes no
         parameter, so a checkpoint resumes under another.
-      mlp: the block's MLP, a name registered in :data:`jaxpt.model.mlp.MLPS`: ``swiglu`` (dense) or ``moe``
+      mlp: the block's MLP, a name in :data:`jaxpt.model.tables.MLPS` (or added with
+        :func:`jaxpt.model.seams.add_mlp`): ``swiglu`` (dense) or ``moe``
         (a mixture of SwiGLU experts, :class:`jaxpt.model.moe.MoE`; ``mlp_dim`` is then each expert's width).
       moe_num_experts: experts per MoE layer (``exp`` logical axis, sharded over the ``expert`` mesh axis).
       moe_top_k: experts each token is routed to (softmax then top-k; k = 1 is Switch, k = 2 GShard/Mixtral).
@@ -108,7 +110,7 @@ class ModelConfig:
 
     Raises:
       ConfigError: at construction, naming ``ModelConfig.<field> = <value>``: a wrong type, an unknown dtype
-        or remat policy, an unregistered ``attention_impl`` or ``mlp``, a non-positive size, a negative ``vocab_size``, an odd ``head_dim`` (RoPE rotates
+        or remat policy, an unknown ``attention_impl`` or ``mlp``, a non-positive size, a negative ``vocab_size``, an odd ``head_dim`` (RoPE rotates
         pairs), ``num_heads`` not a multiple of ``num_kv_heads``, a non-positive ``rope_theta``,
         ``norm_eps``, ``init_std`` or ``pipeline_repeats``, or a negative ``pipeline_microbatches``; an unknown
         ``rope_scaling``; for a scaling other than ``none``, a ``rope_scaling_factor`` below 1; for
@@ -184,11 +186,8 @@ class ModelConfig:
         self._check_rope_scaling()
         if self.mlp == "moe":
             self._check_moe()
-        # Imported here: those modules import this one. Their registries fill as jaxpt.model is imported.
-        from jaxpt.model.attention import ATTENTION
-        from jaxpt.model.mlp import MLPS
-        ATTENTION.get(self.attention_impl)   # ConfigError "ModelConfig.attention_impl = ...: choose one of"
-        MLPS.get(self.mlp)
+        seams.check_name("attention_impl", self.attention_impl)   # ConfigError "...: choose one of (...)"
+        seams.check_name("mlp", self.mlp)
 
     def _check_rope_scaling(self) -> None:
         kind = self.rope_scaling

@@ -52,6 +52,8 @@ import numpy as np
 from jax.sharding import PartitionSpec
 
 from jaxpt import mesh as mesh_lib
+from jaxpt.model import attention_auto, attention_blockwise, attention_splash
+from jaxpt.model.attention_xla import xla_attention
 
 #: Attention implementations that run under context parallelism (``auto`` resolves to one of them).
 SUPPORTED = ("xla", "blockwise", "splash", "auto")
@@ -139,7 +141,6 @@ def _splash_local(q_BxLxHxHd, k_BxMxKxHd, v_BxMxKxHd, qs_BxL, ks_BxM, q_index_L,
     the row is padding (segment -1). In window coordinates the causal mask is ``q + (W - c) >= k``: static,
     which a splash kernel needs (see the module docstring for the cost).
     """
-    from jaxpt.model import attention_splash
     platform, _, _ = attention_splash._platform()
     L2, M = q_BxLxHxHd.shape[1], k_BxMxKxHd.shape[1]
     c, s = L2 // 2, shards
@@ -166,10 +167,9 @@ def splash_misfit(seq_len: int, shards: int) -> str:
     Its query chunks (``seq_len / (2 shards)``) and key windows (``seq_len / 2``, ``seq_len``) must each be whole
     blocks of ``min(512, size)`` tokens, a multiple of 128 (the kernel's lane width, needed with segment ids).
     """
-    from jaxpt.model.attention_splash import BLOCK
     for what, n in (("query chunks", seq_len // (2 * shards)), ("front key windows", seq_len // 2),
                     ("back key windows", seq_len)):
-        block = min(BLOCK, n)
+        block = min(attention_splash.BLOCK, n)
         if n % block or block % 128:
             return (f"splash's {what} of {n} tokens are not whole blocks of {block} tokens in multiples of 128 "
                     f"(use a longer seq_len, a smaller sequence axis, or attention_impl 'blockwise')")
@@ -179,9 +179,6 @@ def splash_misfit(seq_len: int, shards: int) -> str:
 def _local_fn(name: str):
     """The per-device attention for implementation ``name``: ``(q, k, v, qs, ks, q_index, kv_index, *, scale,
     shards) -> (out, aux)``, k/v/ks the whole (gathered) row in zigzag order."""
-    from jaxpt.model import attention_blockwise
-    from jaxpt.model.attention import xla_attention
-
     def indexed(fn):
         def run(q, k, v, qs, ks, q_index, kv_index, *, scale, shards):
             del shards
@@ -204,7 +201,6 @@ def resolve_impl(impl: str, seq_len: int, shards: int, platform: str) -> str:
                          f"(a 'sequence' mesh axis > 1); choose one of {', '.join(SUPPORTED)}")
     if impl != "auto":
         return impl
-    from jaxpt.model import attention_auto
     return attention_auto.choose(platform, seq_len // (2 * shards))
 
 

@@ -12,12 +12,12 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxpt.mesh import PIPELINE_AXIS, constrain, current_activation_sharding
-from jaxpt.model import context_parallel
-from jaxpt.model.attention import ATTENTION, Attention
+from jaxpt.model import context_parallel, tables
+from jaxpt.model.attention import Attention
 from jaxpt.model.auxiliary import AuxSpec, merge_specs, reduce_aux
 from jaxpt.model.config import ModelConfig
 from jaxpt.model.layers import RMSNorm, _param
-from jaxpt.model.mlp import MLPS, build_mlp
+from jaxpt.model.moe import moe_param_counts
 from jaxpt.model.pipeline import run_pipeline
 
 #: transform metadata so that ``nnx.vmap``/``nnx.scan`` add/remove the stacked ``layers`` logical axis.
@@ -40,12 +40,26 @@ def aux_specs(cfg: ModelConfig) -> dict[str, AuxSpec]:
     The union of what ``cfg.attention_impl`` and ``cfg.mlp`` declare.
 
     Raises:
-      ConfigError: an implementation name is not registered.
+      ConfigError: no implementation has the name (:mod:`jaxpt.model.tables`).
       ValueError: both declare the same name.
     """
-    attn, mlp = ATTENTION.get(cfg.attention_impl), MLPS.get(cfg.mlp)
+    attn, mlp = tables.attention(cfg.attention_impl), tables.mlp(cfg.mlp)
     return merge_specs((f"attention_impl {attn.name!r}", attn.aux_specs(cfg)),
                        (f"mlp {mlp.name!r}", mlp.aux_specs(cfg)))
+
+
+def build_mlp(cfg: ModelConfig, *, rngs: nnx.Rngs, layer: int | None = None) -> nnx.Module:
+    """The MLP ``cfg.mlp`` names (:data:`jaxpt.model.tables.MLPS`), initialized from ``rngs``; for a mixture of
+    experts placed every ``moe_every``-th layer, the dense ``swiglu`` at decoder layer ``layer`` when it is not an
+    MoE layer (:meth:`ModelConfig.is_moe_layer`; ``layer=None``, as in a scanned stack, means an MoE layer).
+
+    Returns: the module, mapping ``x [B, L, D]`` to ``(y [B, L, D], aux)`` in the compute dtype.
+    Raises:
+      ConfigError: no MLP is named ``cfg.mlp``.
+    """
+    if cfg.mlp == "moe" and layer is not None and not cfg.is_moe_layer(layer):
+        return tables.mlp("swiglu").fn(cfg, rngs=rngs)
+    return tables.mlp(cfg.mlp).fn(cfg, rngs=rngs)
 
 
 class Block(nnx.Module):
@@ -78,8 +92,8 @@ class Decoder(nnx.Module):
 
     Call with ``tokens``, ``segment_ids``, ``positions`` (all [B, L] int32) to get logits [B, L, V] float32.
 
-    Raises (at build): ValueError: ``vocab_size`` unresolved; ConfigError: an unregistered
-    ``attention_impl`` or ``mlp``.
+    Raises (at build): ValueError: ``vocab_size`` unresolved; ConfigError: an unknown ``attention_impl`` or
+    ``mlp``.
     """
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
@@ -227,8 +241,6 @@ def count_params(cfg: ModelConfig) -> dict[str, int]:
     experts a token goes through (plus a shared expert) in ``matmul``: the active params
     (:func:`jaxpt.model.moe.moe_param_counts`). ``experts``: params of all MoE layers (0 when dense).
     """
-    from jaxpt.model.moe import moe_param_counts
-
     D, H, K, Hd, F, V, N = (cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.mlp_dim,
                             cfg.vocab_size, cfg.num_layers)
     attn = D * H * Hd * 2 + D * K * Hd * 2

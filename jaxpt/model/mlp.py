@@ -1,13 +1,14 @@
-"""The block's MLP, chosen by ``ModelConfig.mlp`` from :data:`MLPS`.
+"""The block's MLP, chosen by ``ModelConfig.mlp`` from :data:`jaxpt.model.tables.MLPS`, and the dense one, ``swiglu``.
 
 An MLP is an ``nnx.Module`` class (or factory) called as ``cls(cfg, rngs=rngs)`` whose ``__call__`` maps
 ``x [B, L, D]`` (compute dtype, already normalized) to ``(y [B, L, D] in the compute dtype, aux)``, where
-``aux`` holds exactly the auxiliary outputs its registration declares: none for a dense MLP; a
+``aux`` holds exactly the auxiliary outputs its table entry declares: none for a dense MLP; a
 mixture-of-experts MLP would return e.g. a load-balancing loss declared with a ``loss_weight``
 (:class:`jaxpt.model.auxiliary.AuxSpec`), which the train step adds to the loss. An MLP class whose
 ``takes_segment_ids`` is True is called as ``mlp(x, segment_ids [B, L] int32)`` instead (0 marks padding: the
 mixture of experts gives it no capacity and leaves it out of its statistics). Params carry
-``logical_axes`` metadata like every other param (see :mod:`jaxpt.mesh`).
+``logical_axes`` metadata like every other param (see :mod:`jaxpt.mesh`). The mixture of experts is
+:mod:`jaxpt.model.moe`; :func:`jaxpt.model.decoder.build_mlp` builds the one a layer has.
 """
 
 from __future__ import annotations
@@ -21,27 +22,11 @@ from flax import nnx
 from jaxpt.mesh import constrain
 from jaxpt.model.config import DTYPES, ModelConfig
 from jaxpt.model.layers import _param
-from jaxpt.model.registry import Registry, SavedTensor
-
-#: MLP module classes by ``ModelConfig.mlp`` value.
-MLPS = Registry("mlp")
-register_mlp = MLPS.register
+from jaxpt.model.seams import SavedTensor
 
 
-def build_mlp(cfg: ModelConfig, *, rngs: nnx.Rngs, layer: int | None = None) -> nnx.Module:
-    """The MLP ``cfg.mlp`` names, initialized from ``rngs``; for a mixture of experts placed every
-    ``moe_every``-th layer, the dense ``swiglu`` at decoder layer ``layer`` when it is not an MoE layer
-    (:meth:`ModelConfig.is_moe_layer`; ``layer=None``, as in a scanned stack, means an MoE layer).
-
-    Raises:
-      ConfigError: ``cfg.mlp`` is not registered.
-    """
-    if cfg.mlp == "moe" and layer is not None and not cfg.is_moe_layer(layer):
-        return MLPS.get("swiglu").fn(cfg, rngs=rngs)
-    return MLPS.get(cfg.mlp).fn(cfg, rngs=rngs)
-
-
-def _swiglu_saved_tensors(cfg: ModelConfig, batch: int, seq_len: int) -> list[SavedTensor]:
+def swiglu_saved_tensors(cfg: ModelConfig, batch: int, seq_len: int) -> list[SavedTensor]:
+    """What :class:`SwiGLU` keeps for the backward pass: ``gate``, ``up`` and ``h``, ``[B, L, F]`` each."""
     c = jnp.dtype(DTYPES[cfg.compute_dtype]).itemsize
     blf = ("batch", "length", "mlp")
     shape = (batch, seq_len, cfg.mlp_dim)
@@ -49,7 +34,6 @@ def _swiglu_saved_tensors(cfg: ModelConfig, batch: int, seq_len: int) -> list[Sa
             SavedTensor("h", "other", True, shape, blf, c)]
 
 
-@register_mlp("swiglu", saved_tensors=_swiglu_saved_tensors)
 class SwiGLU(nnx.Module):
     """Gated MLP ``down(silu(x @ gate) * (x @ up))`` (Shazeer 2020, "GLU Variants Improve Transformer").
 
@@ -77,6 +61,3 @@ class SwiGLU(nnx.Module):
             up_BxLxF = jnp.einsum("bld,df->blf", x_BxLxD, w_up)
         h_BxLxF = constrain(jax.nn.silu(gate_BxLxF) * up_BxLxF, ("batch", "length", "mlp"))
         return jnp.einsum("blf,fd->bld", h_BxLxF, self.w_down[...].astype(cd)), {}
-
-
-from jaxpt.model import moe  # noqa: E402,F401  registers mlp 'moe' (it builds on SwiGLU above)

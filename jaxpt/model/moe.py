@@ -55,8 +55,8 @@ from jaxpt.mesh import constrain
 from jaxpt.model.auxiliary import AuxSpec
 from jaxpt.model.config import DTYPES, ModelConfig
 from jaxpt.model.layers import _param
-from jaxpt.model.mlp import SwiGLU, register_mlp
-from jaxpt.model.registry import SavedTensor
+from jaxpt.model.mlp import SwiGLU
+from jaxpt.model.seams import SavedTensor
 
 LOAD_BALANCE = "moe/load_balance_loss"
 ROUTER_Z = "moe/router_z_loss"
@@ -216,7 +216,9 @@ def dispatch_and_combine(experts_GxSxK: jax.Array, gates_GxSxK: jax.Array, num_e
     return dispatch, combine, dropped
 
 
-def _moe_saved_tensors(cfg: ModelConfig, batch: int, seq_len: int) -> list[SavedTensor]:
+def moe_saved_tensors(cfg: ModelConfig, batch: int, seq_len: int) -> list[SavedTensor]:
+    """What :class:`MoE` keeps for the backward pass: router probabilities, combine weights and the experts'
+    ``[E, groups, C, ...]`` inputs, hidden states and outputs (plus a shared expert's), by routing group."""
     c = jnp.dtype(DTYPES[cfg.compute_dtype]).itemsize
     E, F, D = cfg.moe_num_experts, cfg.mlp_dim, cfg.d_model
     S = cfg.moe_group_size or seq_len
@@ -238,7 +240,6 @@ def _moe_saved_tensors(cfg: ModelConfig, batch: int, seq_len: int) -> list[Saved
     return out
 
 
-@register_mlp("moe", aux_specs=moe_aux_specs, saved_tensors=_moe_saved_tensors)
 class MoE(nnx.Module):
     """Mixture of SwiGLU experts with a softmax top-k router (module docstring), optional shared expert.
 

@@ -139,16 +139,16 @@ def _variables_with_paths(params):
 
 def _layer_activations(cfg: ModelConfig, batch: int, seq_len: int):
     """Tensors one block produces, per the model code: the block's own (norms, projections, residuals) and
-    those its attention implementation and MLP declare (``saved_tensors`` in :mod:`jaxpt.model.registry`).
+    those its attention implementation and MLP declare (``saved_tensors`` of their entries in
+    :mod:`jaxpt.model.tables`).
 
     Returns ``[SavedTensor(name, kind, needed, shape, logical axes, bytes per element)]`` where kind is
     ``input`` (the block input, kept by every policy), ``dot`` (a weight matmul output), ``dot_batch`` (an
     attention einsum output, whose operands both carry the batch) or ``other``; ``needed`` marks what the
     plain backward pass reads (the rest is only kept when a remat policy saves it).
     """
-    from jaxpt.model.attention import ATTENTION
-    from jaxpt.model.mlp import MLPS
-    from jaxpt.model.registry import SavedTensor as T
+    from jaxpt.model import tables
+    from jaxpt.model.seams import SavedTensor as T
     B, L, D, H, K, Hd = batch, seq_len, cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     c = DTYPE_BYTES[cfg.compute_dtype]
     bld, blhd, blkd = ("batch", "length", "embed"), ("batch", "length", "heads", None), \
@@ -160,11 +160,11 @@ def _layer_activations(cfg: ModelConfig, batch: int, seq_len: int):
         T("q", "dot", True, (B, L, H, Hd), blhd, c),
         T("k", "dot", True, (B, L, K, Hd), blkd, c),
         T("v", "dot", True, (B, L, K, Hd), blkd, c),
-        *ATTENTION.get(cfg.attention_impl).saved_tensors(cfg, batch, seq_len),
+        *tables.attention(cfg.attention_impl).saved_tensors(cfg, batch, seq_len),
         T("attn_proj", "dot", False, (B, L, D), bld, c),
         T("x_mid", "other", True, (B, L, D), bld, c),
         T("mlp_norm", "other", True, (B, L, D), bld, c),
-        *MLPS.get(cfg.mlp).saved_tensors(cfg, batch, seq_len),
+        *tables.mlp(cfg.mlp).saved_tensors(cfg, batch, seq_len),
         T("mlp_proj", "dot", False, (B, L, D), bld, c),
     ]
 
