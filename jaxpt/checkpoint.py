@@ -25,6 +25,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as ocm
 
+from jaxpt.data.shards import DataShardsRestore, DataShardsSave, ShardedBatches
 from jaxpt.util import fs
 from jaxpt.util.errors import CheckpointError  # noqa: F401  raised here; importers name it from this module too
 from jaxpt.util.validation import check_types, non_negative, require
@@ -80,7 +81,6 @@ def library_versions() -> dict[str, str]:
 
 
 def _data_save_args(data_iterator):
-    from jaxpt.data.shards import DataShardsSave, ShardedBatches
     if isinstance(data_iterator, ShardedBatches):
         return DataShardsSave(data_iterator)
     import grain
@@ -94,7 +94,6 @@ def _data_restore_args(data_iterator, meta: dict, where: str):
     Raises:
       CheckpointError: the data layout of the checkpoint cannot feed this run.
     """
-    from jaxpt.data.shards import DataShardsRestore, ShardedBatches
     if isinstance(data_iterator, ShardedBatches):
         saved = meta.get("data_shards")
         if saved is not None and saved != data_iterator.num_shards:

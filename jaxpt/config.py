@@ -29,22 +29,22 @@ import dataclasses
 import difflib
 import hashlib
 import json
+import logging
 import re
 import typing
-import logging
 from typing import Any, Literal, Sequence
 
 import gin
 
-from jaxpt.training import batch_ramp
-from jaxpt.util import fs
 from jaxpt import mesh as mesh_lib
 from jaxpt.checkpoint import CheckpointConfig
 from jaxpt.data import mixture as mixture_lib
-from jaxpt.util.errors import CheckpointError, ConfigError
 from jaxpt.model.config import ModelConfig
+from jaxpt.training import batch_ramp
 from jaxpt.training.optim import OptimizerConfig
 from jaxpt.training.stability import StabilityConfig
+from jaxpt.util import cli, fs
+from jaxpt.util.errors import CheckpointError, ConfigError
 from jaxpt.util.validation import check_types, field_error, non_negative, positive, require
 
 log = logging.getLogger("jaxpt.config")
@@ -474,7 +474,6 @@ def write_operative_config(cfg: TrainConfig, write: bool = True) -> str:
     ``cfg``; return its text. Called after every check passed, so a refused run leaves no workdir behind."""
     text = operative_config_str(cfg)
     if write:
-        from jaxpt.util import fs
         fs.makedirs(cfg.workdir)
         fs.write_text_atomic(fs.join(cfg.workdir, "config.gin"), text)
     return text
@@ -494,7 +493,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workdir", help="run directory (TrainConfig.workdir)")
     parser.add_argument("--steps", type=int, help="global step to train up to (TrainConfig.steps)")
     parser.add_argument("--mesh", help="mesh sizes, e.g. data=2,fsdp=2,tensor=2 (TrainConfig.mesh)")
-    from jaxpt.util import cli
     cli.add_flag(parser, "--profile-steps", "--profile_steps", metavar="START:STOP",
                  help="trace these steps with jax.profiler (TrainConfig.profile_steps)")
 

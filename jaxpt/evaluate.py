@@ -4,6 +4,7 @@ release)."""
 
 if __name__ == "__main__":
     import sys
+
     from jaxpt.tools import run_moved
     lengths = any(a == "--lengths" or a.startswith("--lengths=") for a in sys.argv[1:])
     run_moved("jaxpt.evaluate", "jaxpt.tools.evaluate", *(["extrapolation"] if lengths else []))

@@ -14,22 +14,20 @@ import sys
 import jax
 
 from jaxpt import config as config_lib
-from jaxpt.run import distributed
-from jaxpt.run import resolve as preflight
+from jaxpt.checkpoint import CheckpointError
+from jaxpt.run import distributed, resolve as preflight
 from jaxpt.run.preemption import PREEMPTED_EXIT_CODE, Preempted
 from jaxpt.run.session import Run, run_training, setup  # noqa: F401  the trainer's API, as scripts import it
-from jaxpt.util import progress as progress_lib
+from jaxpt.training.stability import DivergenceError
+from jaxpt.util import cli, progress as progress_lib
 from jaxpt.util.errors import ConfigError
 
 
 def main(argv: list[str] | None = None) -> int:
     """The command line (module docstring); returns the exit status."""
-    from jaxpt.checkpoint import CheckpointError
-    from jaxpt.training.stability import DivergenceError
     parser = argparse.ArgumentParser(prog="python -m jaxpt.train", description=__doc__.splitlines()[0])
     config_lib.add_arguments(parser)
     distributed.add_arguments(parser)
-    from jaxpt.util import cli
     cli.add_flag(parser, "--dry-run", "--dry_run", action="store_true", help="check config, mesh, paths, tokenizer "
                  "and the resume target, print the plan; compile and write nothing (jaxpt.run.resolve)")
     args = parser.parse_args(argv)

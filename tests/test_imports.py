@@ -52,6 +52,16 @@ def _targets(node, module: str, is_package: bool) -> list[str]:
     return [f"{base}.{a.name}" for a in node.names]
 
 
+def _dynamic_target(call: ast.Call) -> str | None:
+    """The module a call such as ``importlib.import_module("jaxpt.eval.harness")`` (or a helper whose name ends in
+    ``_module``) imports, when its first argument is a literal jaxpt module name; else None."""
+    name = call.func.attr if isinstance(call.func, ast.Attribute) else getattr(call.func, "id", "")
+    arg = call.args[0] if call.args else None
+    if name.endswith("_module") and isinstance(arg, ast.Constant) and str(arg.value).startswith("jaxpt."):
+        return arg.value
+    return None
+
+
 def import_graph(root: pathlib.Path) -> dict[str, list[tuple[str, int, bool, str]]]:
     """``{module: [(imported jaxpt module, line, inside a function, source line), ...]}`` for every jaxpt module;
     an import of a name from a module counts as importing that module."""
@@ -70,6 +80,8 @@ def import_graph(root: pathlib.Path) -> dict[str, list[tuple[str, int, bool, str
                   for n in ast.walk(f)}
         edges = []
         for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and _dynamic_target(node) and resolve(_dynamic_target(node)):
+                edges.append((resolve(_dynamic_target(node)), node.lineno, True, lines[node.lineno - 1]))
             if not isinstance(node, (ast.Import, ast.ImportFrom)):
                 continue
             hits = {resolve(t) for t in _targets(node, name, path.name == "__init__.py")}
@@ -181,11 +193,13 @@ def test_the_graph_sees_function_local_and_relative_imports(tmp_path):
     (pkg / "util").mkdir(parents=True)
     (pkg / "__init__.py").write_text("")
     (pkg / "util" / "__init__.py").write_text("")
-    (pkg / "util" / "a.py").write_text("def f():\n    from jaxpt.run import b\n")
+    (pkg / "util" / "a.py").write_text("def f():\n    from jaxpt.run import b\n\n\ndef g():\n"
+                                       "    return importlib.import_module('jaxpt.run.b')  # defers torch\n")
     (pkg / "run").mkdir()
     (pkg / "run" / "__init__.py").write_text("")
     (pkg / "run" / "b.py").write_text("from ..util import a\n")
     g = import_graph(tmp_path)
-    assert g["jaxpt.util.a"] == [("jaxpt.run.b", 2, True, "    from jaxpt.run import b")]
+    assert sorted(g["jaxpt.util.a"]) == [("jaxpt.run.b", 2, True, "    from jaxpt.run import b"), (
+        "jaxpt.run.b", 6, True, "    return importlib.import_module('jaxpt.run.b')  # defers torch")]
     assert g["jaxpt.run.b"] == [("jaxpt.util.a", 1, False, "from ..util import a")]
     assert circles(g) == [["jaxpt.run.b", "jaxpt.util.a"]]

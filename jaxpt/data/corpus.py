@@ -28,7 +28,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from jaxpt.data import example_proto
+from jaxpt.data import example_proto, mixture
 from jaxpt.util import fs
 from jaxpt.util.errors import ConfigError
 
@@ -192,7 +192,6 @@ def corpus_mixture_iterator(corpus_dir: str, tokenizer, schedule, *, key: str, s
       ConfigError: a group the corpus has no documents of (names ``key``, the group and the domains), bad weights.
       FileNotFoundError: as :func:`read_corpus_version`.
     """
-    from jaxpt.data import mixture
     mix = read_mixture(corpus_dir)
     if schedule is None:
         key = f"{corpus_dir}/mixture.json weights"

@@ -28,7 +28,7 @@ import grain
 import jax
 import numpy as np
 
-from jaxpt.data import documents, packing
+from jaxpt.data import documents, mixture, packing
 from jaxpt.data.tokenizer import Tokenizer
 from jaxpt.util.errors import ConfigError
 
@@ -157,7 +157,6 @@ def sample_mixture_iterator(documents_path: str | os.PathLike, tokenizer: Tokeni
       ConfigError: a group with no documents (names ``key``, the group and the domains the file has), bad
         weights; DocumentFormatError for a malformed file (names file:line).
     """
-    from jaxpt.data import mixture
     docs = documents.read_documents(documents_path)
     if not docs:
         raise ConfigError(f"{documents_path}: no documents")

@@ -41,8 +41,8 @@ import time
 from importlib import metadata
 from typing import Any
 
+from jaxpt.data import documents, tokenizer as tokenizer_lib
 from jaxpt.util import fs
-from jaxpt.data import documents
 
 FORMAT_VERSION = 1
 SCHEMA = ("id", "text", "source", "domain", "lang", "url_or_path", "license")
@@ -195,7 +195,6 @@ def prepare(source_dir: str | os.PathLike, output: str | os.PathLike,
         field (names file:line and the reason).
     """
     # Imported here so `--help` and the up-to-date check stay fast.
-    from jaxpt.data import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
 
     settings.validate()
     source_dir, output = os.fspath(source_dir), os.fspath(output)

@@ -13,8 +13,12 @@ import json
 import jax
 import numpy as np
 
-from jaxpt.util import fs, jsonl
 from jaxpt import mesh as mesh_lib
+from jaxpt.data import corpus, loader, mixture
+from jaxpt.data.corpus import corpus_mixture_iterator
+from jaxpt.data.shards import ShardedBatches
+from jaxpt.training import batch_ramp
+from jaxpt.util import fs, jsonl
 from jaxpt.util.errors import ConfigError
 
 #: Keys of a device batch; each is an int32 array [B, L] (see :mod:`jaxpt.training.step`).
@@ -24,7 +28,6 @@ DEVICE_KEYS = ("tokens", "segment_ids", "positions")
 def loader_batch_size(cfg) -> int:
     """Global rows of one loader batch: ``global_batch_size``, or with a batch-size ramp the greatest common
     divisor of its sizes (a step takes several, :func:`next_batch`; :mod:`jaxpt.training.batch_ramp`)."""
-    from jaxpt.training import batch_ramp
     return batch_ramp.from_config(cfg).unit
 
 
@@ -98,17 +101,14 @@ def _shard_iterator(cfg, tokenizer, k: int, n: int, first_step: int):
 
     A corpus version, or the sample with ``DataConfig.mixture_weights`` / ``mixture_schedule``, is mixed by
     tokens (:mod:`jaxpt.data.mixture`); the sample without a mixture is read in its natural proportion."""
-    from jaxpt.data import mixture
     schedule, key = mixture.schedule_from_config(cfg.data), mixture.config_key(cfg.data)
     rows = loader_batch_size(cfg) // n  # rows of one loader batch (a batch-size ramp takes several a step)
     step_of_batch = _step_of_batch(cfg, first_step)
     if cfg.data.source == "corpus":  # a corpus version built by data_pipelines.build
-        from jaxpt.data.corpus import corpus_mixture_iterator
         return corpus_mixture_iterator(
             cfg.data.corpus_dir, tokenizer, schedule, key=key, seq_len=cfg.seq_len, rows=rows, seed=cfg.seed,
             shard=k, num_shards=n, add_eos=cfg.data.add_eos, shuffle=cfg.data.shuffle, first_step=first_step,
             step_of_batch=step_of_batch)
-    from jaxpt.data import loader
     if schedule is not None:
         return loader.sample_mixture_iterator(
             cfg.data.train_path, tokenizer, schedule, key=key, seq_len=cfg.seq_len, rows=rows, seed=cfg.seed,
@@ -123,7 +123,6 @@ def _shard_iterator(cfg, tokenizer, k: int, n: int, first_step: int):
 def _step_of_batch(cfg, first_step: int):
     """Loader batch index (0-based) -> the global step it feeds under a batch-size ramp (a step of ``B`` rows
     takes ``B / unit`` loader batches, :mod:`jaxpt.training.batch_ramp`); None without a ramp (one batch a step)."""
-    from jaxpt.training import batch_ramp
     ramp = batch_ramp.from_config(cfg)
     if len(ramp.sizes) == 1:
         return None
@@ -152,7 +151,6 @@ def train_batches(cfg, tokenizer, num_shards: int, *, first_step: int):
     Raises:
       ConfigError: as :func:`check_shards` (which :func:`jaxpt.run.resolve.resolve` runs before anything is written).
     """
-    from jaxpt.data.shards import ShardedBatches
     P, p = jax.process_count(), jax.process_index()
     check_shards(cfg, num_shards)
     per_process = num_shards // P
@@ -163,7 +161,6 @@ def train_batches(cfg, tokenizer, num_shards: int, *, first_step: int):
 def to_device(mesh, rules, local_batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
     """This process's rows (``int32[local_batch, seq_len]`` per key) -> global arrays
     ``int32[global_batch, seq_len]`` sharded over the ``batch`` rule's mesh axes, for :data:`DEVICE_KEYS`."""
-    from jaxpt.data import loader
     sharding = mesh_lib.batch_sharding(mesh, rules)
     return loader.to_global_batch({k: local_batch[k] for k in DEVICE_KEYS}, sharding)
 
@@ -179,7 +176,6 @@ def data_version(cfg) -> str:
     """
     d = cfg.data
     if d.source == "corpus":
-        from jaxpt.data import corpus
         version = corpus.read_corpus_version(d.corpus_dir)
         if version.data_version:
             return version.data_version

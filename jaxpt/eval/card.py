@@ -21,9 +21,9 @@ from typing import Any, Mapping
 
 import yaml
 
-from jaxpt.util import fs
 from jaxpt.eval.heldout import GROUPINGS
 from jaxpt.eval.probes import KINDS, TaskSpec
+from jaxpt.util import fs
 
 _UNHASHED = ("version", "content_sha256")
 

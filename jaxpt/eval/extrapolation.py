@@ -26,6 +26,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from jaxpt.eval.scorer import Scorer, Window
 from jaxpt.util import fs
 
 #: Default relative tolerance of the effective extrapolation length.
@@ -96,7 +97,6 @@ def effective_length(tail_by_length: dict[int, float], trained_length: int, tole
 def _window_nll(restored, graphdef, params, stream: np.ndarray, L: int, batch_size: int) -> np.ndarray:
     """Per-token negative log-likelihood (nats, float64 [len(stream) // L, L]; position 0 has no prediction and
     stays 0) of ``stream`` cut into consecutive windows of ``L`` tokens, each scored from its own start."""
-    from jaxpt.eval.scorer import Scorer, Window
     cfg = restored.config
     # The Scorer is built directly (not Scorer.from_model): measuring beyond max_seq_len is the point.
     scorer = Scorer(graphdef, params, restored.mesh, cfg.logical_axis_rules, seq_len=L,

@@ -34,11 +34,11 @@ import numpy as np
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 
-from jaxpt.infer import decode
-
-from jaxpt.util import fs
 from jaxpt.eval import probes
 from jaxpt.eval.scorer import scorer_for_restored
+from jaxpt.infer import decode
+from jaxpt.infer.restore import restore
+from jaxpt.util import fs
 
 
 @register_model("jaxpt")
@@ -60,7 +60,6 @@ class JaxptLM(LM):
         if restored is None:
             if not workdir:
                 raise ValueError("JaxptLM: pass workdir=DIR (model_args 'workdir=DIR') or restored=")
-            from jaxpt.infer.restore import restore
             restored = restore(workdir, step=None if step in (None, "") else int(step), mesh=mesh or None)
         self.restored = restored
         self.tokenizer = restored.tokenizer

@@ -22,9 +22,9 @@ from typing import Any, Iterable, Iterator, Sequence
 import numpy as np
 
 from jaxpt.config import GROUPINGS
-from jaxpt.util import fs
 from jaxpt.data import corpus, documents
 from jaxpt.eval.scorer import Scorer, Window, rolling_windows
+from jaxpt.util import fs
 
 #: Group keys a report can break down by.
 #: Placeholder for a document without a domain or language (code has no language).

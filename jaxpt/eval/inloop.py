@@ -26,9 +26,9 @@ from __future__ import annotations
 import logging
 
 from jaxpt.config import HeldoutEvalConfig
-from jaxpt.util.errors import ConfigError
 from jaxpt.eval import heldout
 from jaxpt.eval.scorer import Scorer
+from jaxpt.util.errors import ConfigError
 
 log = logging.getLogger("jaxpt.eval.inloop")
 

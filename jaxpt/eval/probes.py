@@ -37,9 +37,9 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from jaxpt.infer import decode
 from jaxpt.eval import decontam
 from jaxpt.eval.heldout import Document
+from jaxpt.infer import decode
 
 KINDS = ("cloze", "next_line", "next_line_greedy", "langid")
 CHOICE_KINDS = ("cloze", "next_line", "langid")

@@ -20,10 +20,10 @@ import math
 import re
 from typing import Any, Iterable, Sequence
 
-from jaxpt.util import jsonl
-from jaxpt.util.errors import FileFormatError
 from jaxpt.eval.heldout import Document
 from jaxpt.eval.probes import _seeded_order
+from jaxpt.util import jsonl
+from jaxpt.util.errors import FileFormatError
 
 #: Spot-check prompts per domain in the default set (>= 200 in all).
 DEFAULT_MIX = {"reference": 70, "code": 60, "multilingual": 50, "web": 20}

@@ -29,9 +29,9 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxpt import mesh as mesh_lib
-from jaxpt.util import progress as progress_lib
 from jaxpt.infer.decode import NoCacheStep
 from jaxpt.infer.kv_cache import KVCacheStep
+from jaxpt.util import progress as progress_lib
 
 
 @dataclasses.dataclass(frozen=True)

@@ -37,6 +37,7 @@ from jaxpt import mesh as mesh_lib
 from jaxpt.infer.decode import StepConstructors, place_on_mesh
 from jaxpt.model.attention import dot_product_attention
 from jaxpt.model.attention_xla import xla_attention
+from jaxpt.model.decoder import Block
 from jaxpt.model.rope import apply_rope, rope_frequencies
 
 #: logical axes of one layer's cache [B, L, K, Hd] (the sequence axis deliberately unnamed: never sharded).
@@ -89,7 +90,6 @@ def _block_stack(model):
     """``(one Block's graphdef, per-layer states stacked [N, ...])`` of a scanned model, else ``None``."""
     if not model.cfg.scan_layers:
         return None
-    from jaxpt.model.decoder import Block
     block_def, _ = nnx.split(nnx.eval_shape(lambda: Block(model.cfg, rngs=nnx.Rngs(0))))
     return block_def, nnx.split(model.blocks)[1]
 

@@ -26,10 +26,14 @@ from typing import Any, Mapping, Sequence
 import jax
 import numpy as np
 
+from jaxpt import config as config_lib, mesh as mesh_lib
+from jaxpt.checkpoint import CheckpointConfig, Checkpointer, CheckpointError
+from jaxpt.data.tokenizer import Tokenizer
 from jaxpt.infer import decode
-
+from jaxpt.infer.kv_cache import KVCacheStep
+from jaxpt.model import ModelConfig
+from jaxpt.training import state as state_lib
 from jaxpt.util import fs
-from jaxpt.checkpoint import CheckpointConfig, CheckpointError, Checkpointer
 
 
 @dataclasses.dataclass
@@ -83,7 +87,6 @@ def restore(workdir: str | os.PathLike, step: int | None = None,
       CheckpointError: no committed checkpoint, an unknown ``step``, unreadable metadata or arrays, a
         saved config that does not parse, or no tokenizer file whose sha256 matches the checkpoint's.
     """
-    from jaxpt.training import state as state_lib
 
     ckpt = Checkpointer(str(workdir), CheckpointConfig(enabled=False), read_only=True)
     try:
@@ -119,8 +122,6 @@ def config_from_meta(meta: Mapping[str, Any], where: str = "checkpoint"):
     """
     import gin
 
-    from jaxpt import config as config_lib
-    from jaxpt.model import ModelConfig
 
     if not meta.get("config_gin"):
         raise CheckpointError(f"{where}: the checkpoint records no operative config ('config_gin')")
@@ -148,7 +149,6 @@ def config_from_meta(meta: Mapping[str, Any], where: str = "checkpoint"):
 
 
 def _load_tokenizer(meta: Mapping[str, Any], cfg, explicit, where: str):
-    from jaxpt.data.tokenizer import Tokenizer
 
     want = (meta.get("tokenizer") or {}).get("sha256")
     candidates = ([explicit] if explicit is not None else
@@ -170,7 +170,6 @@ def _load_tokenizer(meta: Mapping[str, Any], cfg, explicit, where: str):
 
 
 def _resolve_mesh(mesh, meta: Mapping[str, Any]) -> jax.sharding.Mesh:
-    from jaxpt import mesh as mesh_lib
 
     if isinstance(mesh, jax.sharding.Mesh):
         return mesh
@@ -199,7 +198,6 @@ def generate(model, tokenizer, prompt: str, max_new_tokens: int = 32, *, stop_st
     """
     ids = tokenizer.encode(prompt)
     row = max(2, min(model.cfg.max_seq_len, max(len(ids), 1) + max_new_tokens))
-    from jaxpt.infer.kv_cache import KVCacheStep
     cls = KVCacheStep if kv_cache else decode.NoCacheStep
     step = cls.from_model(model, seq_len=row, pad_id=tokenizer.pad_id)
     (gen,) = decode.greedy(step, [ids], max_new_tokens, eos_id=tokenizer.eos_id, stop_strings=[stop_strings],

@@ -26,10 +26,10 @@ from typing import NamedTuple, Sequence
 
 import jax
 
-from jaxpt.util.errors import ConfigError
 from jaxpt.model import attention_blockwise, attention_cudnn, attention_splash
 from jaxpt.model.attention_xla import xla_attention, xla_saved_tensors
 from jaxpt.model.config import ModelConfig
+from jaxpt.util.errors import ConfigError
 
 log = logging.getLogger("jaxpt.attention")
 

@@ -21,14 +21,10 @@ from typing import Any, Sequence
 import jax
 import jax.numpy as jnp
 
-from jaxpt import config as config_lib
-from jaxpt import mesh as mesh_lib
+from jaxpt import config as config_lib, mesh as mesh_lib
 from jaxpt.config import TrainConfig
 from jaxpt.run import resolve
-from jaxpt.training import batch_ramp
-from jaxpt.training import optim
-from jaxpt.training import state as state_lib
-from jaxpt.training import step as step_lib
+from jaxpt.training import batch_ramp, optim, state as state_lib, step as step_lib
 
 
 @dataclasses.dataclass

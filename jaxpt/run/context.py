@@ -15,14 +15,14 @@ from typing import Any, Iterator
 
 import jax
 
-from jaxpt.run import hooks as hooks_lib
 from jaxpt import mesh as mesh_lib
-from jaxpt.run import monitor
-from jaxpt.util import progress as progress_lib
-from jaxpt.training import state as state_lib
 from jaxpt.config import TrainConfig
 from jaxpt.model import attention_auto
+from jaxpt.run import hooks as hooks_lib, monitor
 from jaxpt.run.preemption import Preemption
+from jaxpt.training import state as state_lib
+from jaxpt.training.stability import DivergenceMonitor
+from jaxpt.util import progress as progress_lib
 
 log = logging.getLogger("jaxpt.train")
 
@@ -43,7 +43,6 @@ class LoopContext:
                  meta: dict | None = None, preemption: Preemption | None = None, registry=None,
                  fault_injector=None, hooks: list[hooks_lib.Hook] | None = None, train_time_s: float = 0.0,
                  goodput: monitor.Goodput | None = None, batch_injector=None):
-        from jaxpt.training.stability import DivergenceMonitor
         self.run, self.writer, self.batches, self.ckpt, self.meta = run, writer, batches, ckpt, meta
         self.preemption, self.registry = preemption, registry
         # ``(step, state) -> state`` applied before dispatching ``step``: fault injection for drills and tests.

@@ -30,6 +30,8 @@ import os
 
 import jax
 
+from jaxpt.util import cli
+
 log = logging.getLogger("jaxpt.run.distributed")
 
 #: Seconds a process waits for the others at start-up and for a missing peer before failing.
@@ -38,7 +40,6 @@ DEFAULT_TIMEOUT_S = 120
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The multi-process start-up flags of ``jaxpt.train`` (the snake_case spellings: deprecated aliases)."""
-    from jaxpt.util import cli
     cli.add_flag(parser, "--coordinator-address", "--coordinator_address",
                  help="HOST:PORT of process 0 (explicit multi-process start)")
     cli.add_flag(parser, "--num-processes", "--num_processes", type=int, help="number of processes (explicit start)")

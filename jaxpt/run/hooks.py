@@ -25,6 +25,9 @@ from typing import Any
 import jax
 import numpy as np
 
+from jaxpt.data.mixture import GROUP_KEY, stage_at
+from jaxpt.data.stream import BatchDocumentLog
+from jaxpt.run import monitor, profile_comm
 from jaxpt.util import fs
 
 log = logging.getLogger("jaxpt.run.hooks")
@@ -116,7 +119,6 @@ class DocumentLogHook(Hook):
     """Appends, per fetched batch, the documents of this process's rows (:class:`jaxpt.data.stream.BatchDocumentLog`)."""
 
     def __init__(self, workdir: str, start_step: int | None = None):
-        from jaxpt.data.stream import BatchDocumentLog
         self.log = BatchDocumentLog(workdir, start_step)
 
     def on_batch(self, ctx, step: int, local_batch: dict[str, np.ndarray]) -> None:
@@ -159,7 +161,6 @@ class ProfileHook(Hook):
             ctx.timer.exclude(time.perf_counter() - t0)  # writing and reading the trace is not step time
 
     def _comm_shares(self, ctx) -> dict:
-        from jaxpt.run import profile_comm
         try:
             shares = profile_comm.comm_share_by_axis(self.dir, ctx.run.mesh.devices, ctx.run.mesh.axis_names)
         except (OSError, ValueError) as e:  # a trace that cannot be read costs the figures, not the run
@@ -223,13 +224,11 @@ class MixtureShareHook(Hook):
         return [{"start_step": s, "weights": w} for s, w in self.schedule]
 
     def on_batch(self, ctx, step: int, local_batch: dict[str, np.ndarray]) -> None:
-        from jaxpt.data.mixture import GROUP_KEY
         g = local_batch.get(GROUP_KEY)
         if g is not None:
             self.pending[step] = np.bincount(g[g >= 0].ravel(), minlength=len(self.groups))[:len(self.groups)]
 
     def on_reported(self, ctx, report: StepReport) -> None:
-        from jaxpt.data.mixture import stage_at
         counts = self.pending.pop(report.step, None)
         if counts is None:
             return
@@ -259,7 +258,6 @@ class StragglerHook(Hook):
     """
 
     def __init__(self, log_every: int):
-        from jaxpt.run import monitor
         self.log_every = log_every
         self.monitor = monitor.StragglerMonitor()
 

@@ -49,11 +49,11 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from jaxpt import config as config_lib
-from jaxpt import mesh as mesh_lib
+from jaxpt import config as config_lib, mesh as mesh_lib
 from jaxpt.checkpoint import CheckpointConfig, Checkpointer, library_versions
 from jaxpt.config import TrainConfig
 from jaxpt.model.compat import compare_params, config_from_record
+from jaxpt.training.optim import check_schedule
 from jaxpt.training.stability import init_history
 from jaxpt.training.state import TrainState
 from jaxpt.util import fs
@@ -276,7 +276,6 @@ def trace(cfg: TrainConfig, tokenizer) -> tuple[TrainConfig, Lineage]:
 
 def _check_stage_schedule(cfg: TrainConfig) -> None:
     """The schedule's phases against the stage's horizon, ``steps`` minus the (now resolved) start step."""
-    from jaxpt.training.optim import check_schedule
     check_schedule(cfg.optimizer, cfg.steps - config_lib.start_step(cfg))
 
 

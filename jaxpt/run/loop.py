@@ -18,8 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxpt.data import stream
-from jaxpt.run import hooks as hooks_lib
-from jaxpt.run import monitor
+from jaxpt.run import hooks as hooks_lib, monitor
 from jaxpt.run.context import LoopContext
 from jaxpt.run.preemption import Preempted
 

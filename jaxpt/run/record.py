@@ -22,8 +22,7 @@ from typing import Any
 
 import jax
 
-from jaxpt import config as config_lib
-from jaxpt import mesh as mesh_lib
+from jaxpt import config as config_lib, mesh as mesh_lib
 from jaxpt.run.lineage import RUN_FILE
 from jaxpt.training import state as state_lib
 from jaxpt.util import fs

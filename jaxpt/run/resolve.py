@@ -26,17 +26,15 @@ from typing import Any
 
 import jax
 
-from jaxpt import config as config_lib
-from jaxpt import mesh as mesh_lib
+from jaxpt import config as config_lib, mesh as mesh_lib
 from jaxpt.config import TrainConfig
-from jaxpt.data import corpus, documents, mixture
-from jaxpt.data import stream
+from jaxpt.data import corpus, documents, mixture, stream
+from jaxpt.data.tokenizer import Tokenizer
 from jaxpt.eval import inloop
 from jaxpt.model.decoder import count_params
 from jaxpt.run import lineage as lineage_lib
 from jaxpt.run.validate import validate
-from jaxpt.training import batch_ramp
-from jaxpt.training import memory as memory_lib
+from jaxpt.training import batch_ramp, memory as memory_lib
 from jaxpt.util import fs
 from jaxpt.util.errors import ConfigError
 
@@ -141,7 +139,6 @@ def load_tokenizer(cfg: TrainConfig):
     Raises:
       ConfigError: the model file is missing (names the key and the command that writes it).
     """
-    from jaxpt.data.tokenizer import Tokenizer
     path = cfg.data.tokenizer_path
     if not fs.exists(path):
         raise ConfigError(f"DataConfig.tokenizer_path = {path!r}: no such file "
@@ -181,7 +178,6 @@ def check_paths(cfg: TrainConfig) -> None:
         ``DataConfig.corpus_dir`` that is not a corpus version (corpus source), or a ``TrainConfig.workdir``
         that is a file. (The tokenizer and held-out set are checked as they are loaded.)
     """
-    from jaxpt.data import corpus
     d = cfg.data
     for key, p in (("TrainConfig.workdir", cfg.workdir), ("DataConfig.train_path", d.train_path),
                    ("DataConfig.corpus_dir", d.corpus_dir), ("DataConfig.tokenizer_path", d.tokenizer_path),

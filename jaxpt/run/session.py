@@ -20,18 +20,12 @@ from jaxpt.checkpoint import Checkpointer
 from jaxpt.config import TrainConfig
 from jaxpt.data import stream
 from jaxpt.eval import inloop
-from jaxpt.run import build as builder_lib
-from jaxpt.run import compile_cache
-from jaxpt.run import hooks as hooks_lib
-from jaxpt.run import lineage as lineage_lib
-from jaxpt.run import monitor
-from jaxpt.run import resolve
+from jaxpt.run import build as builder_lib, compile_cache, hooks as hooks_lib, lineage as lineage_lib, monitor, resolve
 from jaxpt.run.context import LoopContext, log_start
 from jaxpt.run.loop import final_evaluation, train_loop
 from jaxpt.run.preemption import Preempted, Preemption
 from jaxpt.run.record import RunRegistry
-from jaxpt.training import flops as flops_lib
-from jaxpt.training import state as state_lib
+from jaxpt.training import flops as flops_lib, state as state_lib
 from jaxpt.util import fs
 
 log = logging.getLogger("jaxpt.train")

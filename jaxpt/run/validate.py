@@ -9,8 +9,7 @@ against the run's horizon. :func:`jaxpt.run.resolve.resolve` (a run, ``--dry-run
 
 from __future__ import annotations
 
-from jaxpt import config as config_lib
-from jaxpt import mesh as mesh_lib
+from jaxpt import config as config_lib, mesh as mesh_lib
 from jaxpt.config import TrainConfig
 from jaxpt.model import context_parallel
 from jaxpt.training import batch_ramp

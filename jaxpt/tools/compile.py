@@ -41,6 +41,11 @@ import sys
 import time
 from typing import Any, Sequence
 
+from jaxpt import config as config_lib, mesh as mesh_lib
+from jaxpt.model import attention_auto
+from jaxpt.model.decoder import count_params
+from jaxpt.run import build as builder
+from jaxpt.training import memory
 from jaxpt.util.errors import ConfigError, report_cli_error
 
 GIB = 2 ** 30
@@ -183,7 +188,6 @@ def with_slices(cfg, num_slices: int):
     Raises:
       ConfigError: the config's ``dcn_mesh`` spans a different number of slices.
     """
-    from jaxpt import mesh as mesh_lib
     if num_slices == 1 and not cfg.dcn_mesh:
         return cfg
     if not cfg.dcn_mesh:
@@ -239,11 +243,6 @@ def compile_report(cfg, target: Target) -> dict[str, Any]:
       ConfigError: from :func:`jaxpt.run.build.build` (naming the key); ``attention_impl = 'cudnn'`` for a target
         that is not a CUDA GPU.
     """
-    from jaxpt.run import build as builder
-    from jaxpt import mesh as mesh_lib
-    from jaxpt.model import attention_auto
-    from jaxpt.model.decoder import count_params
-    from jaxpt.training import memory
 
     # Donated, as on the accelerator the report stands for, also on a cpu:N topology (where a run would not donate).
     built = builder.build_for(with_slices(cfg, target.num_slices), devices=target.devices, donate_state=True)
@@ -313,7 +312,6 @@ def format_report(r: dict[str, Any]) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from jaxpt import config as config_lib
     p = argparse.ArgumentParser(prog="python -m jaxpt.tools.compile", description=__doc__.splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     config_lib.add_arguments(p)  # --config/--gin/--mesh/...
@@ -327,7 +325,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from jaxpt import config as config_lib
     try:
         cfg = config_lib.from_args(args)
         target = make_target(args.topology, args.num_slices, args.hbm_gib)

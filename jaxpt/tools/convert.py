@@ -66,7 +66,13 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from jaxpt.util import fs
+from jaxpt import checkpoint as ckpt_lib, config as config_lib, mesh as mesh_lib
+from jaxpt.checkpoint import CheckpointError
+from jaxpt.data.tokenizer import Tokenizer
+from jaxpt.infer.restore import restore
+from jaxpt.model import ModelConfig
+from jaxpt.training import state as state_lib
+from jaxpt.util import cli, fs
 from jaxpt.util.errors import ConfigError
 
 #: ``model_type`` values read by :func:`model_config_from_hf`.
@@ -217,7 +223,6 @@ def model_config_from_hf(hf: Mapping[str, Any], *, max_seq_len: int = 0, scan_la
         ``attention_bias``/``mlp_bias`` or bias tensors, a sliding window below ``max_seq_len``, or a RoPE type
         jaxpt does not compute.
     """
-    from jaxpt.model import ModelConfig
 
     kind = hf.get("model_type")
     if kind not in ARCHITECTURES:
@@ -359,7 +364,6 @@ def load_hf_params(tensors: SafetensorsFolder, cfg, mesh, rules):
     import jax
     from flax import nnx
 
-    from jaxpt.training import state as state_lib
 
     _, abs_params = state_lib.abstract_model(cfg)
     shardings = state_lib.param_shardings(abs_params, mesh, rules)
@@ -417,7 +421,6 @@ def hf_tensors_from_params(params, cfg) -> dict[str, np.ndarray]:
 
 def _converted_config(cfg, tokenizer_path: str):
     """A TrainConfig with the converted model (and tokenizer path), via gin as every run's config is built."""
-    from jaxpt import config as config_lib
     bindings = [f"ModelConfig.{f.name} = {getattr(cfg, f.name)!r}" for f in dataclasses.fields(cfg)]
     if tokenizer_path:
         bindings.append(f"DataConfig.tokenizer_path = {tokenizer_path!r}")
@@ -431,9 +434,6 @@ def write_params_checkpoint(output: str, train_cfg, params, mesh, tokenizer, sou
     and the tokenizer path, to pass as ``--config`` to a continued run."""
     import orbax.checkpoint as ocp
 
-    from jaxpt import checkpoint as ckpt_lib
-    from jaxpt import config as config_lib
-    from jaxpt import mesh as mesh_lib
 
     cfg = train_cfg.model
     text = config_lib.operative_config_str(train_cfg)
@@ -480,8 +480,6 @@ def hf_to_jaxpt(model_dir: str | os.PathLike, output: str | os.PathLike, *, mesh
     """
     import jax
 
-    from jaxpt import mesh as mesh_lib
-    from jaxpt.data.tokenizer import Tokenizer
 
     model_dir, output = fs.absolute(os.fspath(model_dir)), fs.absolute(os.fspath(output))
     if not fs.isfile(fs.join(model_dir, "config.json")):
@@ -546,7 +544,6 @@ def jaxpt_to_hf(workdir: str | os.PathLike, output: str | os.PathLike, *, step: 
     Raises:
       CheckpointError: as :func:`jaxpt.restore`. ConvertError: a model that is not a dense Llama.
     """
-    from jaxpt.infer.restore import restore
 
     output = fs.absolute(os.fspath(output))
     r = restore(workdir, step)
@@ -595,7 +592,6 @@ def _write_hf_folder(r, cfg, hf: Mapping[str, Any], output: str, max_shard_bytes
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line of ``python -m jaxpt.tools.convert`` (subcommands ``hf-to-jaxpt``, ``jaxpt-to-hf``)."""
-    from jaxpt.util import cli
     parser = argparse.ArgumentParser(prog="python -m jaxpt.tools.convert", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     a = sub.add_parser("hf-to-jaxpt", help="an HF Llama/Mistral folder -> a jaxpt checkpoint + model.gin")
@@ -615,7 +611,6 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """The command line (module docstring); returns the exit status (2: bad input)."""
     args = build_parser().parse_args(argv)
-    from jaxpt.checkpoint import CheckpointError
     try:
         if args.command == "hf-to-jaxpt":
             out = hf_to_jaxpt(args.model, args.output, mesh=args.mesh, max_seq_len=args.max_seq_len,

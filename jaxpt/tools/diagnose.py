@@ -28,7 +28,8 @@ import numpy as np
 
 from jaxpt import config as config_lib
 from jaxpt.checkpoint import Checkpointer
-from jaxpt.run import session
+from jaxpt.data import documents, stream
+from jaxpt.run import monitor, session
 from jaxpt.util import fs
 from jaxpt.util.errors import ConfigError
 
@@ -96,7 +97,6 @@ def _f(v: Any) -> str:
 
 
 def _logged_event(workdir: str, step: int) -> dict[str, Any]:
-    from jaxpt.run import monitor
     events = [r for r in monitor.read_metrics(workdir) if r["step"] == step
               and r.get("event") in ("spike_skip", "nonfinite_skip")]
     return events[-1] if events else {}
@@ -107,7 +107,6 @@ def document_info(cfg, doc_indices: list[int]) -> list[dict[str, Any]]:
     data is one document file (its ``doc_index`` is the line index); ``doc_index`` alone otherwise."""
     path = cfg.data.train_path
     if cfg.data.source == "sample" and path and fs.isfile(path):
-        from jaxpt.data import documents
         docs = documents.read_documents(path)
         return [{"doc_index": i, "id": docs[i].get("id", ""), "source": docs[i].get("source", "")}
                 if 0 <= i < len(docs) else {"doc_index": i} for i in doc_indices]
@@ -155,7 +154,6 @@ def diagnose(workdir: str, step: int, refs: int = 4,
     """
     import jax
     import jax.numpy as jnp
-    from jaxpt.data import stream
     if refs < 2:
         raise ConfigError(f"refs = {refs}: need at least 2 reference batches")
     cfg, run, ckpt, c = _setup_before(workdir, step)

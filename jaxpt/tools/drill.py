@@ -50,9 +50,9 @@ from typing import Any
 
 import numpy as np
 
-from jaxpt.util import fs, jsonl
-
+from jaxpt import config as config_lib
 from jaxpt.run import monitor
+from jaxpt.util import fs, jsonl
 from jaxpt.util.errors import FileFormatError
 
 #: Per-step metrics that must be identical in a resumed run (timing figures are not).
@@ -520,7 +520,6 @@ def check_same_config(ref_dir: str, got_dir: str) -> None:
 
 
 def _configured_save_every(args: argparse.Namespace) -> int:
-    from jaxpt import config as config_lib
     return config_lib.parse(args.config, args.gin).checkpoint.save_every_steps
 
 

@@ -36,8 +36,14 @@ import sys
 import time
 from typing import Any, Sequence
 
-from jaxpt.util import progress as progress_lib
-from jaxpt.util import fs
+from jaxpt.checkpoint import CheckpointError
+from jaxpt.eval import decontam, extrapolation, heldout, heldout as heldout_lib, probes, regression, review
+from jaxpt.eval.card import CardError, file_sha256, load_card, stamp_card
+from jaxpt.eval.regression import IncompatibleReports
+from jaxpt.eval.scorer import scorer_for_restored
+from jaxpt.infer import decode
+from jaxpt.infer.restore import restore as restore_checkpoint
+from jaxpt.util import cli, fs, progress as progress_lib
 
 log = logging.getLogger("jaxpt.tools.evaluate")
 
@@ -50,7 +56,6 @@ SUBCOMMANDS = ("extrapolation", "compare", "agreement", "card-stamp", "spot-chec
 
 def build_probe_tasks(card, heldout_docs, train_texts) -> dict[str, Any]:
     """Every card task's examples (held-out only, decontaminated against ``train_texts``), by task name."""
-    from jaxpt.eval import decontam, probes
     index = decontam.NgramIndex(train_texts)
     return {spec.name: probes.build_task(spec, heldout_docs, index, seed=card.seed, ngram=card.ngram,
                                          min_words=card.min_words) for spec in card.tasks}
@@ -70,9 +75,6 @@ def run_card(restored, card, *, workdir: str = "", heldout: str | None = None, t
       review_sheet: where to write the spot-check generations for human review (skipped when None).
       tasks: prebuilt probe tasks (:func:`build_probe_tasks`), to reuse them across checkpoints.
     """
-    from jaxpt.eval import heldout as heldout_lib
-    from jaxpt.eval import probes
-    from jaxpt.eval.scorer import scorer_for_restored
     t0 = time.perf_counter()
     cfg = restored.config
     run_heldout, run_train = heldout_lib.run_sources(cfg.data)
@@ -91,7 +93,8 @@ def run_card(restored, card, *, workdir: str = "", heldout: str | None = None, t
         tasks = build_probe_tasks(card, docs, heldout_lib.training_texts(train))
     max_new = int(card.decoding["max_new_tokens"])
     if use_seqio:
-        seqio_tasks = _extra_module("jaxpt.eval.seqio_tasks", "scoring probe tasks through seqio (or pass --no-seqio)")
+        seqio_tasks = _extra_module("jaxpt.eval.seqio_tasks",  # defers tensorflow (and seqio)
+                                    "scoring probe tasks through seqio (or pass --no-seqio)")
         metrics = seqio_tasks.evaluate_with_seqio(card.task_set_version, tasks, scorer, restored.tokenizer,
                                                   max_new_tokens=max_new, generator=generator)
     else:
@@ -130,8 +133,6 @@ def _task_entry(card, te, metrics: dict[str, float], use_seqio: bool) -> dict[st
 def write_review_sheet(restored, card, step, path: str, workdir: str) -> dict[str, Any]:
     """Generate greedily from every spot-check prompt (stopped at EOS) and write the review sheet; returns its
     summary. ``step``: the :class:`jaxpt.infer.decode.DecodeStep` to decode with (its class and batch size are kept)."""
-    from jaxpt.infer import decode
-    from jaxpt.eval import probes, review
     spot = card.spot_check
     prompts = review.read_prompts(spot.prompts_path)
     tok = restored.tokenizer
@@ -173,12 +174,10 @@ def format_report(report: dict[str, Any]) -> str:
 
 
 def _restore(workdir: str, step: int | None, mesh: str | None):
-    import jaxpt
-    return jaxpt.restore(workdir, step=step, mesh=mesh)
+    return restore_checkpoint(workdir, step=step, mesh=mesh)
 
 
 def cmd_run(args) -> int:
-    from jaxpt.eval.card import load_card
     card = load_card(args.card)
     restored = _restore(args.workdir, args.step, args.mesh)
     sheet = args.review_sheet
@@ -193,7 +192,6 @@ def cmd_run(args) -> int:
 
 def cmd_extrapolation(args) -> int:
     """The length-extrapolation report (module docstring); returns the exit status."""
-    from jaxpt.eval import extrapolation, heldout
     restored = _restore(args.workdir, args.step, args.mesh)
     source = args.heldout or heldout.run_sources(restored.config.data)[0]
     texts = [d.text for d in heldout.load_documents(source)]
@@ -223,14 +221,12 @@ def _report_of(arg: str, args) -> dict[str, Any]:
     if fs.isdir(arg):
         if not args.card:
             raise ValueError(f"{arg} is a workdir: pass --card to evaluate it")
-        from jaxpt.eval.card import load_card
         return run_card(_restore(arg, None, args.mesh), load_card(args.card), workdir=arg,
                         use_seqio=not args.no_seqio)
     return json.loads(fs.read_text(arg))
 
 
 def cmd_compare(args) -> int:
-    from jaxpt.eval import regression
     base, new = _report_of(args.base, args), _report_of(args.new, args)
     result = regression.compare(base, new)
     _write_json(args.output, result)
@@ -239,14 +235,12 @@ def cmd_compare(args) -> int:
 
 
 def cmd_agreement(args) -> int:
-    from jaxpt.eval import review
     out = review.agreement(review.read_sheet(args.sheet), args.sheet)
     print(json.dumps(out, indent=1))
     return 0
 
 
 def cmd_card_stamp(args) -> int:
-    from jaxpt.eval.card import load_card, stamp_card
     version, digest = stamp_card(args.card)
     load_card(args.card)
     print(f"{args.card}: now version {version} (content sha256 {digest})")
@@ -254,20 +248,16 @@ def cmd_card_stamp(args) -> int:
 
 
 def cmd_spot_check_build(args) -> int:
-    from jaxpt.eval import heldout, review
     rows = review.build_spot_check(heldout.load_documents(args.heldout, "heldout"), seed=args.seed)
     with fs.open(args.output, "w", encoding="utf-8") as f:
         for r in rows:
             f.write(json.dumps(r, ensure_ascii=False) + "\n")
-    from jaxpt.eval.card import file_sha256
     print(f"{args.output}: {len(rows)} prompts, sha256 {file_sha256(args.output)}")
     return 0
 
 
 def cmd_export_probes(args) -> int:
     """Write each task's examples as JSON Lines (lm-eval data files; eval sets for corpus decontamination)."""
-    from jaxpt.eval import heldout
-    from jaxpt.eval.card import load_card
     card = load_card(args.card)
     tasks = build_probe_tasks(card, heldout.load_documents(args.heldout, "heldout"),
                               heldout.training_texts(args.train))
@@ -294,7 +284,7 @@ def _extra_module(name: str, what: str):
 
 
 def cmd_lm_eval(args) -> int:
-    harness = _extra_module("jaxpt.eval.harness", "the lm-eval adapter")
+    harness = _extra_module("jaxpt.eval.harness", "the lm-eval adapter")  # defers lm_eval
     results = harness.run_lm_eval(args.workdir, args.tasks.split(","), step=args.step, mesh=args.mesh,
                                   include_path=args.include_path, limit=args.limit, batch_size=args.batch_size)
     _write_json(args.output, results)
@@ -355,7 +345,6 @@ def _spot_check_build_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _export_probes_flags(p: argparse.ArgumentParser) -> None:
-    from jaxpt.util import cli
     p.add_argument("--card", required=True)
     p.add_argument("--heldout", required=True)
     p.add_argument("--train", required=True)
@@ -418,9 +407,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s] %(message)s", force=True)
     for noisy in ("absl", "orbax", "jax"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    from jaxpt.checkpoint import CheckpointError
-    from jaxpt.eval.card import CardError
-    from jaxpt.eval.regression import IncompatibleReports
     try:
         return _COMMANDS[sub](args)
     except (CardError, CheckpointError, IncompatibleReports, ValueError, FileNotFoundError) as e:

@@ -57,9 +57,12 @@ from typing import Any
 
 import numpy as np
 
+from jaxpt import config as config_lib
+from jaxpt.run import build as builder, monitor
+from jaxpt.tools import plan, sweep
+from jaxpt.tools.compile import compiled_flops
+from jaxpt.tools.runs import table
 from jaxpt.util import fs
-
-from jaxpt.run import monitor
 from jaxpt.util.errors import ConfigError, report_cli_error
 from jaxpt.util.validation import check_types, positive, require
 
@@ -265,7 +268,6 @@ def collective_share(workdir: str, records: list[dict]) -> float | None:
         return None
     if _finite(prof[-1].get("comm_share")):
         return float(prof[-1]["comm_share"])
-    from jaxpt.tools import sweep
     try:
         coll_us, _ = sweep.collective_time_us(prof[-1]["profile_dir"])
     except (FileNotFoundError, OSError, ValueError):
@@ -318,9 +320,6 @@ def compiled_step_report(workdir: str) -> dict[str, Any]:
         pass ``--compile-report`` (``python -m jaxpt.tools.compile ... --json`` for the run's target) instead.
     """
     import jax
-    from jaxpt.run import build as builder
-    from jaxpt import config as config_lib
-    from jaxpt.tools.compile import compiled_flops
     gin_path = fs.join(workdir, "config.gin")
     if not fs.isfile(gin_path):
         raise ConfigError(f"{gin_path}: no operative config to compile")
@@ -534,7 +533,6 @@ def passed(criteria: list[Criterion], strict: bool = False) -> bool:
 
 def format_report(criteria: list[Criterion], extra: list[str] = ()) -> str:
     """A plain-text table of the criteria, then each failure's reason."""
-    from jaxpt.tools.runs import table
     rows = [[c.name, c.measured, c.threshold, c.verdict] for c in criteria]
     lines = [table(rows, ["criterion", "measured", "threshold", "verdict"])]
     lines += [f"{c.name}: {c.reason}" for c in criteria if c.reason]
@@ -545,7 +543,6 @@ def interval_note(workdir: str, mtbf_hours: float, save_s: float | None) -> tupl
     """The Young/Daly checkpoint interval (:func:`jaxpt.tools.plan.checkpoint_plan`) for this run: save time
     ``save_s`` or the run's measured mean checkpoint blocking time (run.json goodput), its median step time and
     configured save interval. ``(None, why)`` when the save time is unknown."""
-    from jaxpt.tools import plan
     run = _run_json(workdir)
     records = monitor.read_metrics(workdir)
     if save_s is None:

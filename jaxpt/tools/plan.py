@@ -64,11 +64,15 @@ import re
 import sys
 from typing import Any, Mapping
 
-from jaxpt.training import flops as flops_lib
-from jaxpt import mesh as mesh_lib
-from jaxpt.util.errors import report_cli_error
-from jaxpt.training.memory import DTYPE_BYTES, estimate_memory
+from jaxpt import config as config_lib, mesh as mesh_lib
+from jaxpt.config import ConfigError
 from jaxpt.model.decoder import count_params
+from jaxpt.model.moe import expert_capacity
+from jaxpt.run.resolve import resolve_vocab as resolve
+from jaxpt.run.validate import validate
+from jaxpt.training import flops as flops_lib
+from jaxpt.training.memory import DTYPE_BYTES, estimate_memory
+from jaxpt.util.errors import report_cli_error
 
 #: FLOPs in one petaflop/s-day (Kaplan et al. 2020 use PF-days as the compute unit).
 PF_DAY = 1e15 * 86400
@@ -369,7 +373,6 @@ def all_to_all_estimate(cfg, sizes: Mapping[str, int], hw: Slice | None, mfu: fl
     Returns ``{"expert_parallel", "bytes_per_device", "all_to_alls", "seconds" (None without hardware),
     "compute_seconds" (None without hardware), "fraction_of_compute"}``.
     """
-    from jaxpt.model.moe import expert_capacity
     m = cfg.model
     if not m.num_moe_layers:
         return None
@@ -543,13 +546,10 @@ def resolve_vocab(cfg):
     Raises:
       ConfigError: vocab size 0 and no tokenizer at ``DataConfig.tokenizer_path``.
     """
-    from jaxpt.run.resolve import resolve_vocab as resolve
     return resolve(cfg)
 
 
 def config_plan(args, hw: Slice | None) -> dict[str, Any]:
-    from jaxpt import config as config_lib
-    from jaxpt.run.validate import validate
     cfg = resolve_vocab(config_lib.from_args(args))
     spec = mesh_lib.parse_mesh_spec(cfg.mesh)
     if hw is not None:
@@ -566,7 +566,6 @@ def config_plan(args, hw: Slice | None) -> dict[str, Any]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from jaxpt import config as config_lib
     p = argparse.ArgumentParser(prog="python -m jaxpt.tools.plan", description=__doc__.splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     what = p.add_argument_group("what to plan (one of)")
@@ -601,13 +600,11 @@ def main(argv: list[str] | None = None) -> int:
     if len(chosen) > 1 or (not chosen and args.mtbf_hours is None):
         return report_cli_error("give exactly one of --flops, --params, --config (or only "
                                 "--mtbf-hours/--save-seconds)", args.json)
-    from jaxpt.config import ConfigError
     try:
         ckpt = None
         if args.mtbf_hours is not None:
             every = None
             if args.config:
-                from jaxpt import config as config_lib
                 every = config_lib.from_args(args).checkpoint.save_every_steps
             ckpt = checkpoint_plan(args.mtbf_hours, args.save_seconds, args.restart_seconds, args.step_seconds,
                                    every)

@@ -16,12 +16,13 @@ import re
 import sys
 from typing import Any
 
-from jaxpt.util import fs
-
+from jaxpt import config as config_lib
 from jaxpt.run import monitor
-from jaxpt.util.errors import ConfigError
 from jaxpt.run.record import RUN_FILE
-
+from jaxpt.run.resolve import resolve_vocab
+from jaxpt.tools import diagnose
+from jaxpt.util import fs
+from jaxpt.util.errors import ConfigError
 
 # ------------------------------------------------------------------------------------------- reading
 
@@ -277,11 +278,8 @@ def cmd_plot(recs: list[dict[str, Any]], output: str) -> str:
 
 def cmd_diagnose(args) -> str:
     """Run :func:`jaxpt.tools.diagnose.diagnose` for ``args.workdir`` at ``args.step``; its text."""
-    from jaxpt.tools import diagnose
     injector = None
     if args.inject_random_tokens is not None:
-        from jaxpt import config as config_lib
-        from jaxpt.run.resolve import resolve_vocab
         cfg = resolve_vocab(config_lib.parse([fs.join(args.workdir, "config.gin")]))
         injector = diagnose.RandomTokens(args.inject_random_tokens, cfg.model.vocab_size, args.inject_seed)
     return diagnose.diagnose(args.workdir, args.step, args.refs, injector).text()

@@ -37,14 +37,14 @@ import gin
 import numpy as np
 
 from jaxpt import config as config_lib
-from jaxpt.run.validate import validate
-from jaxpt.training import flops as flops_lib
-from jaxpt.util import fs
-from jaxpt.util import jsonl
-from jaxpt.tools import plan
 from jaxpt.config import ConfigError
 from jaxpt.model.config import ModelConfig
 from jaxpt.model.decoder import count_params
+from jaxpt.run import session
+from jaxpt.run.validate import validate
+from jaxpt.tools import plan
+from jaxpt.training import flops as flops_lib
+from jaxpt.util import cli, fs, jsonl
 
 log = logging.getLogger("jaxpt.tools.scaling")
 
@@ -180,7 +180,6 @@ def enable_compile_cache(path: str) -> None:
 
 def run_grid(grid_path: str, bindings: Sequence[str] = (), compile_cache: bool = True) -> list[dict[str, Any]]:
     """Train every grid point not yet in ``<output>/runs.jsonl``; returns all records of the grid."""
-    from jaxpt.run import session
 
     grid, base = load_grid(grid_path, bindings)
     fs.makedirs(grid.output)
@@ -418,7 +417,6 @@ def _predict_target(args) -> tuple[float, float] | None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line of ``python -m jaxpt.tools.scaling`` (subcommands ``run`` and ``fit``)."""
-    from jaxpt.util import cli
     p = argparse.ArgumentParser(prog="python -m jaxpt.tools.scaling", description=__doc__.splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)

@@ -55,16 +55,13 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 
-from jaxpt.run import build as builder_lib
-from jaxpt import config as config_lib
-from jaxpt.run.validate import validate
-from jaxpt.training import flops as flops_lib
-from jaxpt.util import fs
-from jaxpt import mesh as mesh_lib
-from jaxpt.run import monitor
+from jaxpt import config as config_lib, mesh as mesh_lib
 from jaxpt.config import ConfigError, TrainConfig
+from jaxpt.run import build as builder_lib, monitor
+from jaxpt.run.validate import validate
 from jaxpt.tools import plan
-from jaxpt.training import memory
+from jaxpt.training import flops as flops_lib, memory
+from jaxpt.util import cli, fs
 
 log = logging.getLogger("jaxpt.tools.sweep")
 
@@ -425,7 +422,6 @@ def run_sweep(cfg: TrainConfig, meshes: Sequence[str], *, steps: int, trace_step
 def build_parser() -> argparse.ArgumentParser:
     """The command line of ``python -m jaxpt.tools.sweep`` (``--profile-steps`` and ``--out``: deprecated
     spellings of ``--trace-steps``, a count unlike the trainer's ``--profile-steps START:STOP``, and ``--output``)."""
-    from jaxpt.util import cli
     p = argparse.ArgumentParser(prog="python -m jaxpt.tools.sweep", description=__doc__.splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", action="append", default=[], metavar="FILE", help="gin file; may repeat")

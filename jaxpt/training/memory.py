@@ -15,7 +15,12 @@ import math
 from typing import Any, Mapping
 
 from jaxpt import mesh as mesh_lib
+from jaxpt.mesh import _rules_dict
+from jaxpt.model import tables
 from jaxpt.model.config import ModelConfig
+from jaxpt.model.decoder import count_params
+from jaxpt.model.seams import SavedTensor as T
+from jaxpt.training.state import abstract_model
 
 GIB = 2 ** 30
 
@@ -109,7 +114,6 @@ def param_elements(cfg: ModelConfig, rules, sizes) -> tuple[int, int, int]:
     per pass. Measured with ``python -m jaxpt.tools.compile``: Llama-3-8B on v5p-128 compiles to 12.5 GiB per chip,
     where counting every layer's gathered bf16 weights alone would be 14 GiB.
     """
-    from jaxpt.training.state import abstract_model  # model building imports flax; keep `import jaxpt.tools.plan` light
 
     _, params = abstract_model(cfg)
     c_rules = compute_rules(rules)
@@ -147,8 +151,6 @@ def _layer_activations(cfg: ModelConfig, batch: int, seq_len: int):
     attention einsum output, whose operands both carry the batch) or ``other``; ``needed`` marks what the
     plain backward pass reads (the rest is only kept when a remat policy saves it).
     """
-    from jaxpt.model import tables
-    from jaxpt.model.seams import SavedTensor as T
     B, L, D, H, K, Hd = batch, seq_len, cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     c = DTYPE_BYTES[cfg.compute_dtype]
     bld, blhd, blkd = ("batch", "length", "embed"), ("batch", "length", "heads", None), \
@@ -270,7 +272,6 @@ def pipeline_buffer_bytes(cfg: ModelConfig, batch: int, seq_len: int, rules, siz
     x = local_elements((batch, seq_len, cfg.d_model), ("batch", "length", "embed"), rules, sizes)
     regroup = 0
     if pipe.repeats > 1 and cfg.scan_layers:
-        from jaxpt.model.decoder import count_params
         regroup = count_params(cfg)["blocks"] // pipe.stages * DTYPE_BYTES[cfg.param_dtype]
         regroup //= math.prod(sizes.get(a, 1) for a in ("fsdp", "tensor"))
     return 2 * x * DTYPE_BYTES[cfg.compute_dtype] + regroup
@@ -289,7 +290,6 @@ def zero_factor(rules, sizes: Mapping[str, int]) -> int:
     the params' own sharding: the product of the data-parallel axes (those of ``batch`` and ``length``) that the
     ``embed`` rule (FSDP) does not already use (:func:`jaxpt.training.state.zero_sharding`). An estimate: it assumes every
     param has a dimension that product divides (true of the usual power-of-two shapes)."""
-    from jaxpt.mesh import _rules_dict  # the same first-rule-wins reading as the specs
     table = _rules_dict(rules)
     axes = {a for logical in ("batch", "length") for a in table.get(logical, ())} - set(table.get("embed", ()))
     return math.prod(sizes.get(a, 1) for a in axes)

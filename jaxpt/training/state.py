@@ -18,9 +18,9 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxpt import mesh as mesh_lib
-from jaxpt.util.errors import ConfigError
 from jaxpt.model import Decoder, ModelConfig
 from jaxpt.training.stability import StabilityConfig, init_history
+from jaxpt.util.errors import ConfigError
 
 
 class TrainState(flax.struct.PyTreeNode):

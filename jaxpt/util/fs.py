@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import builtins
 import contextlib
-import gzip
 import glob as _glob
+import gzip
 import hashlib
 import os
 import re
