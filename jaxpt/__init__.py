@@ -1,14 +1,28 @@
 """jaxpt: a JAX pretraining stack for decoder-only language models.
 
-Modules (one-way dependencies, top to bottom): ``errors`` (the one ConfigError), ``config`` (gin + validation),
-``mesh`` (devices and logical-axis sharding), ``model`` (Flax NNX decoder with attention/MLP seams), ``optim``
-(optax), ``data`` (tokenizer, document files, Grain loaders, packing, the run's stream), ``state`` (sharded train
-state), ``step`` (pure train/eval steps), ``builder`` (config -> mesh, state, compiled steps: every entry point
-uses it), ``flops``/``monitor`` (MFU and metric writers), ``checkpoint`` (Orbax), ``hooks`` (the loop's periodic
-actions), ``train`` (the entry point and loop), ``decode`` (the one greedy decoder, batched, behind a step
-interface), ``inference`` (restore a checkpoint anywhere, generate text), ``eval`` (held-out perplexity, probes,
-eval cards). ``jaxpt.tools`` holds the command-line tools (plan, sweep, scaling, drill, runs, evaluate).
+Packages by concern, each importing only those before it (``tests/test_imports.py`` holds the order):
+
+* ``util``: the filesystem layer, JSON Lines rules, progress display, config field checks, error classes;
+* ``mesh``: devices and logical-axis sharding;
+* ``model``: the Flax NNX decoder, its attention and MLP implementations chosen from explicit tables;
+* ``training``: the train/eval steps, the sharded train state, the optimizer, stability, batch ramp, FLOP and
+  memory accounting;
+* ``data``: tokenizer, document files, packing, Grain loaders, token-true mixtures, the run's stream;
+* ``checkpoint``: Orbax storage;
+* ``config``: gin and the config dataclasses;
+* ``infer``: restore a checkpoint anywhere, greedy and KV-cached decoding;
+* ``eval``: held-out perplexity, probe tasks, eval cards;
+* ``run``: a run's lifecycle (resolve -> build -> lineage -> loop, with hooks, records and metrics);
+* programs: ``jaxpt.train`` (``python -m jaxpt.train``) and ``jaxpt.tools.*`` (plan, compile, sweep, scaling, gate,
+  drill, runs, evaluate, convert, diagnose).
+
+``jaxpt.restore`` and ``jaxpt.generate`` (:mod:`jaxpt.infer.restore`) are the notebook API. Importing jaxpt on a host
+without accelerators selects JAX's CPU backend (:mod:`jaxpt.util.platform`) unless ``JAX_PLATFORMS`` is set.
 """
+
+from jaxpt.util import platform as _platform
+
+_platform.select_cpu_without_accelerators()
 
 __version__ = "0.1.0"
 
