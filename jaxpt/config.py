@@ -113,11 +113,13 @@ class DataConfig:
     """Where training and held-out text come from.
 
     Attributes:
-      source: ``sample`` (the quickstart's first data path: JSON Lines prepared by ``jaxpt.data.prepare``)
-        or ``corpus`` (a corpus version built by ``data_pipelines.build``).
-      train_path: JSON Lines (.jsonl.gz) of training documents (``source='sample'``).
-      heldout_path: JSON Lines of held-out documents for the held-out loss (`source='sample'`; a corpus run uses
-        its corpus version's own held-out split, `<corpus_dir>/heldout/`).
+      source: ``jsonl`` (documents in JSON Lines files: ``train_path`` and ``heldout_path``, one object with a
+        string ``text`` per line, plain, gzip or zstd; what ``python -m jaxpt.data.prepare`` writes; ``sample``,
+        its old name, is read as ``jsonl``) or ``corpus`` (a corpus version built by ``data_pipelines.build``).
+      train_path: the training documents (``source='jsonl'``): a JSON Lines file or a glob of them (read in
+        sorted order), e.g. ``'data/mine/*.jsonl.gz'``.
+      heldout_path: the held-out documents for the held-out loss (``source='jsonl'``; a file or a glob; a corpus
+        run uses its corpus version's own held-out split, ``<corpus_dir>/heldout/``).
       tokenizer_path: SentencePiece model file.
       corpus_dir: a corpus version directory (``source='corpus'``).
       shuffle: shuffle documents (seeded by ``TrainConfig.seed``; a new order each epoch).
@@ -136,7 +138,7 @@ class DataConfig:
         ``start_step`` (1-based; the first stage at 1) on, that stage's weights, e.g. a high-quality mixture for
         the decay phase of WSD. Excludes ``mixture_weights``. Recorded in run.json; realized token shares per
         stage are logged (``mixture/...`` in metrics.jsonl).
-      long_doc_min_chars, long_doc_weight: a length mixture for ``source='sample'`` (e.g. a long-context stage
+      long_doc_min_chars, long_doc_weight: a length mixture for ``source='jsonl'`` (e.g. a long-context stage
         upweighting long documents): with ``long_doc_weight`` > 0, each next document is one of at least
         ``long_doc_min_chars`` characters with probability ``long_doc_weight``, else a shorter one
         (:func:`jaxpt.data.loader.make_train_dataset`); 0: the file's natural proportion.
@@ -150,7 +152,7 @@ class DataConfig:
         is built (naming the key and the domains that exist).
     """
 
-    source: Literal["sample", "corpus"] = "sample"
+    source: Literal["jsonl", "sample", "corpus"] = "jsonl"
     train_path: str = "artifacts/sample/train.jsonl.gz"
     heldout_path: str = "artifacts/sample/heldout.jsonl.gz"
     tokenizer_path: str = "artifacts/sample/tokenizer.model"
@@ -165,6 +167,8 @@ class DataConfig:
 
     def __post_init__(self) -> None:
         check_types(self)
+        if self.source == "sample":  # the old name of 'jsonl': one value in configs, records and comparisons
+            object.__setattr__(self, "source", "jsonl")
         non_negative(self, "num_shards", "long_doc_min_chars")
         require(self, "long_doc_weight", 0.0 <= self.long_doc_weight <= 1.0, "must be in [0, 1]")
         require(self, "long_doc_min_chars", self.long_doc_weight == 0 or self.long_doc_min_chars > 0,
@@ -590,12 +594,17 @@ def check_saved_config(meta: dict[str, Any], where: str) -> list[str]:
     return ignored
 
 
+#: Setting values renamed since earlier versions wrote them: ``{key: {old value: new value}}`` (the same setting).
+RENAMED_VALUES = {"DataConfig.source": {"sample": "jsonl"}}
+
+
 def changed_settings(meta: dict[str, Any], cfg: TrainConfig) -> list[str]:
     """Settings that change numerics and differ between a checkpoint's saved config (its ``meta``) and ``cfg``, as
     ``'changed since the checkpoint: Class.field = old -> new'`` (reported on resume and at a stage start: a
     deliberate change, such as a new learning rate, is allowed, but never silent). ``ModelConfig.vocab_size`` is
     left out (0 in a config means "the tokenizer's"; the admission check compares the params it shapes)."""
-    saved = saved_settings({"config_gin": meta.get("config_gin")})
+    saved = {k: RENAMED_VALUES.get(k, {}).get(v, v) if isinstance(v, str) else v
+             for k, v in saved_settings({"config_gin": meta.get("config_gin")}).items()}
     now = saved_settings({"config_gin": operative_config_str(cfg)})
     return [f"changed since the checkpoint: {k} = {saved[k]!r} -> {now[k]!r}" for k in sorted(now)
             if k in saved and not is_bookkeeping(k) and k != "ModelConfig.vocab_size"

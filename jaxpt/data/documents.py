@@ -33,7 +33,7 @@ from __future__ import annotations
 import os
 from typing import Iterable, Iterator
 
-from jaxpt.util import jsonl
+from jaxpt.util import fs, jsonl
 from jaxpt.util.errors import FileFormatError
 
 REASONS = jsonl.LINE_REASONS + ("missing_text", "bad_id", "missing_field")
@@ -95,11 +95,33 @@ def iter_documents(path: str | os.PathLike, required: Iterable[str] = ()) -> Ite
         yield line_no, record
 
 
+def is_pattern(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a glob (holds ``*``, ``?`` or ``[``)."""
+    return any(c in os.fspath(path) for c in "*?[")
+
+
+def expand(path: str | os.PathLike) -> list[str]:
+    """The document files ``path`` names: itself (a file), or every file a glob matches, sorted (``[]`` when none
+    does or the file is missing)."""
+    path = os.fspath(path)
+    if is_pattern(path):
+        return [p for p in fs.glob_pattern(path) if fs.isfile(p)]
+    return [path] if path and fs.isfile(path) else []
+
+
 def read_documents(path: str | os.PathLike, required: Iterable[str] = ()) -> list[dict]:
-    """Every document of ``path`` in file order (index i = line i + 1); as :func:`iter_documents`."""
-    return [record for _, record in iter_documents(path, required)]
+    """Every document of ``path`` (a file, or a glob of files read in sorted order, their documents concatenated) in
+    file order (index i = line i + 1 of a single file); checked as :func:`iter_documents`.
+
+    Raises:
+      FileNotFoundError: a glob that matches no file (a missing single file: as :func:`iter_documents`).
+    """
+    files = expand(path) if is_pattern(path) else [path]
+    if not files:
+        raise FileNotFoundError(f"{path}: no file matches")
+    return [record for f in files for _, record in iter_documents(f, required)]
 
 
 def read_texts(path: str | os.PathLike) -> list[str]:
-    """The ``text`` of every document of ``path`` in file order; raises as :func:`iter_documents`."""
-    return [record["text"] for _, record in iter_documents(path)]
+    """The ``text`` of every document of ``path`` (a file or a glob, as :func:`read_documents`)."""
+    return [record["text"] for record in read_documents(path)]

@@ -21,6 +21,7 @@ usable without gin.
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any, Mapping
 
@@ -30,6 +31,7 @@ import numpy as np
 
 from jaxpt.data import documents, mixture, packing
 from jaxpt.data.tokenizer import Tokenizer
+from jaxpt.util import fs
 from jaxpt.util.errors import ConfigError
 
 #: Batch keys that go to the devices; `doc_index` stays on the host (for listing a batch's documents).
@@ -37,12 +39,38 @@ DEVICE_KEYS = ("tokens", "segment_ids", "positions")
 
 
 def load_texts(path: str | os.PathLike) -> list[str]:
-    """The `text` of every document of a document file, in file order (index = doc_index).
+    """The `text` of every document of a document file or glob (`jaxpt.data.documents.read_documents`), in file
+    order (index = doc_index). Read once per process and shared by every logical data shard that reads the same
+    unchanged files (:func:`load_documents`).
 
     Raises:
       DocumentFormatError: the file breaks the document contract (`jaxpt.data.documents`; names file:line).
+      FileNotFoundError: a glob that matches no file.
     """
-    return documents.read_texts(path)
+    return [d["text"] for d in load_documents(path)]
+
+
+def load_documents(path: str | os.PathLike) -> tuple[dict, ...]:
+    """Every document of ``path`` (a file or a glob), read once per process for the files as they are now (names,
+    sizes and modification times; the shards of a run share one copy instead of each reading the files).
+
+    Raises: as :func:`jaxpt.data.documents.read_documents`.
+    """
+    files = documents.expand(path) if documents.is_pattern(path) else [os.fspath(path)]
+    return _read_once(os.fspath(path), tuple((f, *_signature(f)) for f in files))
+
+
+def _signature(f: str) -> tuple:
+    try:
+        st = fs.path(f).stat()
+        return st.length, getattr(st, "mtime", None)
+    except OSError:
+        return None, None
+
+
+@functools.lru_cache(maxsize=4)
+def _read_once(path: str, signature: tuple) -> tuple[dict, ...]:
+    return tuple(documents.read_documents(path))
 
 
 def document_ids(path: str | os.PathLike) -> list[str]:
@@ -157,13 +185,12 @@ def sample_mixture_iterator(documents_path: str | os.PathLike, tokenizer: Tokeni
       ConfigError: a group with no documents (names ``key``, the group and the domains the file has), bad
         weights; DocumentFormatError for a malformed file (names file:line).
     """
-    docs = documents.read_documents(documents_path)
+    docs = load_documents(documents_path)
     if not docs:
         raise ConfigError(f"{documents_path}: no documents")
     domains = [str(d.get("domain", "")) for d in docs]
     sources = [str(d.get("source", "")) for d in docs]
     texts = [d["text"] for d in docs]
-    del docs
 
     def fetch(i: int):
         return tokenizer.encode(texts[i]), i

@@ -1,11 +1,14 @@
-"""`python -m jaxpt.data.prepare`: raw sample -> cleaned train/held-out documents + tokenizer.
+"""`python -m jaxpt.data.prepare`: documents -> cleaned train/held-out documents + tokenizer + a data config.
 
     python -m jaxpt.data.prepare --output artifacts/sample [--source data/sample]
         [--vocab-size 4096] [--heldout-fraction 0.05] [--seed 0] [--force]
+    python -m jaxpt.data.prepare --source 'my_docs/*.jsonl' --output artifacts/mine     # your own documents
 
-Reads every `*.jsonl.gz` under `--source` (raw-v1 schema), in file-name then line order, with the document
-reader (`jaxpt.data.documents`: one JSON object per line, a string `text`, and here every field of `SCHEMA`;
-the first line that breaks it stops the run with `DocumentFormatError` naming file and line, exit 2), and:
+Reads the JSON Lines files `--source` names (a folder: its `*.jsonl`, `*.jsonl.gz` and `*.jsonl.zst` files; a file;
+or a glob), in file-name then line order, with the document reader (`jaxpt.data.documents`: one JSON object per
+line with a string `text`; the first line that breaks it stops the run with `DocumentFormatError` naming file and
+line, exit 2). Fields of the raw-v1 schema (`SCHEMA`) a record lacks get defaults (`id`: `<file>:<line>`,
+`source`: the file's name, `domain`: `default`, the others empty), and:
 
 1. cleans: web pages (raw HTML) are reduced to their main text with trafilatura; other text is kept
    byte for byte;
@@ -18,8 +21,9 @@ the first line that breaks it stops the run with `DocumentFormatError` naming fi
    document stays on its side whatever else is in the sample or however it is ordered;
 4. trains the tokenizer on the train split only (held-out text never reaches it);
 5. writes to `--output`: `tokenizer.model`, `train.jsonl.gz`, `heldout.jsonl.gz` (raw-v1 schema,
-   cleaned `text`) and, last, `prepare.json` (settings, source hashes, counts per domain and per
-   drop reason, output hashes, token counts).
+   cleaned `text`), then `prepare.json` (settings, source hashes, counts per domain and per
+   drop reason, output hashes, token counts, the data version) and `data.gin`, the `DataConfig` of these files
+   for `python -m jaxpt.train --config <output>/data.gin`.
 
 Idempotent: when `prepare.json` in `--output` records the same inputs (source file hashes),
 settings and library versions, and the files it lists still have their recorded hashes, it prints
@@ -99,7 +103,8 @@ def clean_and_split(source_files: list[str], settings: PrepareSettings) -> tuple
     seen_texts: set[bytes] = set()
     docs_in = 0
     for path in source_files:
-        for _, doc in documents.iter_documents(path, required=SCHEMA):
+        for _, doc in documents.iter_documents(path):
+            doc = {**_defaults(path), **doc}
             docs_in += 1
             domain = doc["domain"]
             per_domain[domain]["in"] += 1
@@ -135,6 +140,28 @@ def clean_and_split(source_files: list[str], settings: PrepareSettings) -> tuple
     return train, heldout, counts
 
 
+def _defaults(path: str) -> dict[str, str]:
+    """The `SCHEMA` fields a record of ``path`` gets when it lacks them (its `id` comes from the reader)."""
+    name = fs.basename(path)
+    for suffix in (".gz", ".zst", ".jsonl"):
+        name = name[:-len(suffix)] if name.endswith(suffix) else name
+    return {"source": name, "domain": "default", "lang": "", "url_or_path": "", "license": ""}
+
+
+def write_data_config(output: str) -> str:
+    """Write ``output/data.gin``: the ``DataConfig`` of the prepared files (paths as ``output`` was given), for
+    ``python -m jaxpt.train --config`` beside a model config. Returns its path."""
+    path = fs.join(output, "data.gin")
+    fs.write_text_atomic(path, "\n".join([
+        f"# The documents prepared by python -m jaxpt.data.prepare into {output}.",
+        "DataConfig.source = 'jsonl'",
+        f"DataConfig.train_path = {fs.join(output, 'train.jsonl.gz')!r}",
+        f"DataConfig.heldout_path = {fs.join(output, 'heldout.jsonl.gz')!r}",
+        f"DataConfig.tokenizer_path = {fs.join(output, 'tokenizer.model')!r}",
+        "ModelConfig.vocab_size = 0   # the tokenizer's", ""]))
+    return path
+
+
 def _write_jsonl_gz(path: str, docs: list[dict]) -> None:
     buf = io.BytesIO()
     # mtime=0 and no file name: the bytes depend on the documents only (prepare is deterministic).
@@ -147,14 +174,22 @@ def _write_jsonl_gz(path: str, docs: list[dict]) -> None:
     fs.replace_local(path, buf.getvalue())
 
 
-def _source_files(source_dir: str) -> list[str]:
-    return fs.glob(source_dir, "*.jsonl.gz")
+#: The document files of a `--source` folder.
+SOURCE_PATTERNS = ("*.jsonl", "*.jsonl.gz", "*.jsonl.zst")
+
+
+def _source_files(source: str) -> list[str]:
+    """The document files `--source` names: a folder's `SOURCE_PATTERNS` files, a file, or a glob's files."""
+    if fs.isdir(source):
+        return sorted({f for pattern in SOURCE_PATTERNS for f in fs.glob(source, pattern)}, key=fs.basename)
+    return documents.expand(source)
 
 
 def _inputs_record(source_dir: str, settings: PrepareSettings) -> dict[str, Any]:
     files = _source_files(source_dir)
     if not files:
-        raise FileNotFoundError(f"no *.jsonl.gz files in --source {source_dir}")
+        raise FileNotFoundError(f"--source {source_dir}: no JSON Lines files (a folder of "
+                                f"{', '.join(SOURCE_PATTERNS)} files, a file, or a glob)")
     return {
         "format_version": FORMAT_VERSION,
         "settings": dataclasses.asdict(settings),
@@ -200,6 +235,7 @@ def prepare(source_dir: str | os.PathLike, output: str | os.PathLike,
     source_dir, output = os.fspath(source_dir), os.fspath(output)
     inputs = _inputs_record(source_dir, settings)
     if not force and (record := _up_to_date(output, inputs)) is not None:
+        write_data_config(output)
         record["up_to_date"] = True
         return record
     start = time.perf_counter()
@@ -221,7 +257,11 @@ def prepare(source_dir: str | os.PathLike, output: str | os.PathLike,
         "outputs": {name: _sha256_file(fs.join(output, name)) for name in OUTPUT_FILES},
         "seconds": round(time.perf_counter() - start, 2),
     }
+    # The data's identity, from what was written (the same inputs and settings give the same version).
+    record["data_version"] = "prepared:" + hashlib.sha256(
+        json.dumps(record["outputs"], sort_keys=True).encode()).hexdigest()[:16]
     fs.write_text_atomic(fs.join(output, "prepare.json"), json.dumps(record, indent=1, ensure_ascii=False) + "\n")
+    write_data_config(output)
     record["up_to_date"] = False
     return record
 
@@ -236,10 +276,12 @@ def _token_counts(tok, docs: list[dict]) -> dict[str, int]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m jaxpt.data.prepare",
-                                     description="Split the bundled sample and train its tokenizer.")
+                                     description="Split documents into train and held-out sets and train their "
+                                                 "tokenizer (the bundled sample, or your own JSON Lines).")
     parser.add_argument("--output", required=True, help="output folder (local or gs://)")
     parser.add_argument("--source", default="data/sample",
-                        help="folder of raw-v1-schema *.jsonl.gz files, local or gs:// (default: data/sample)")
+                        help="JSON Lines documents: a folder of *.jsonl[.gz|.zst] files, a file or a glob, local or "
+                             "gs:// (default: data/sample, the bundled sample)")
     parser.add_argument("--vocab-size", type=int, default=PrepareSettings.vocab_size)
     parser.add_argument("--heldout-fraction", type=float, default=PrepareSettings.heldout_fraction)
     parser.add_argument("--seed", type=int, default=PrepareSettings.seed)
@@ -256,7 +298,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"prepare: {args.output}: {state}. documents in {c['documents_in']}: train {c['train']}, "
           f"heldout {c['heldout']}, dropped {c['dropped']}; train tokens {record['tokens']['train']['total']}, "
           f"heldout tokens {record['tokens']['heldout']['total']}; tokenizer sha256 "
-          f"{record['tokenizer']['sha256'][:12]}")
+          f"{record['tokenizer']['sha256'][:12]}; data config {fs.join(args.output, 'data.gin')} "
+          f"(python -m jaxpt.train --config configs/quickstart.gin --config {fs.join(args.output, 'data.gin')})")
 
 
 if __name__ == "__main__":

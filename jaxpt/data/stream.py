@@ -14,7 +14,7 @@ import jax
 import numpy as np
 
 from jaxpt import mesh as mesh_lib
-from jaxpt.data import corpus, loader, mixture
+from jaxpt.data import corpus, documents, loader, mixture
 from jaxpt.data.corpus import corpus_mixture_iterator
 from jaxpt.data.shards import ShardedBatches
 from jaxpt.training import batch_ramp
@@ -168,8 +168,8 @@ def to_device(mesh, rules, local_batch: dict[str, np.ndarray]) -> dict[str, jax.
 def data_version(cfg) -> str:
     """An identifier of the training data. A corpus version: its manifest's ``data_version``, else
     ``content:<first 16 hex of its content id>`` (read by :func:`jaxpt.data.corpus.read_corpus_version`). The
-    prepared sample: ``prepare.json``'s ``data_version``, else ``sha256:<first 16 hex>`` of that file. ``unknown``
-    when there is no record.
+    prepared sample: ``prepare.json``'s ``data_version``, else ``sha256:<first 16 hex>`` of that file. Other JSON Lines
+    files: ``files:<first 16 hex>`` of their names and sizes (a cheap identity, not a content hash).
 
     Raises:
       FileNotFoundError, ConfigError: a corpus directory that is not a corpus version (as ``read_corpus_version``).
@@ -182,7 +182,8 @@ def data_version(cfg) -> str:
         return f"content:{version.content_id[:16]}" if version.content_id else "unknown"
     path = fs.join(fs.dirname(d.train_path), "prepare.json")
     if not fs.exists(path):
-        return "unknown"
+        files = [(fs.basename(f), fs.path(f).stat().length) for f in documents.expand(d.train_path)]
+        return f"files:{hashlib.sha256(json.dumps(files).encode()).hexdigest()[:16]}" if files else "unknown"
     raw = fs.read_bytes(path)
     try:
         version = json.loads(raw).get("data_version")

@@ -62,14 +62,19 @@ def read_documents(path: str) -> list[Document]:
 
 
 def resolve_source(source: str, split: str = "heldout") -> list[str]:
-    """The JSON Lines files behind a source: a file, or a directory (a prepared sample or a corpus version) with
-    ``<split>.jsonl.gz``, ``<split>.jsonl`` or ``<split>/*.jsonl[.gz]``.
+    """The JSON Lines files behind a source: a file, a glob of files, or a directory (a prepared sample or a corpus
+    version) with ``<split>.jsonl.gz``, ``<split>.jsonl`` or ``<split>/*.jsonl[.gz]``.
 
     Raises:
       FileNotFoundError: naming the source and what was looked for.
     """
     if fs.isfile(source):
         return [source]
+    if documents.is_pattern(source):
+        files = documents.expand(source)
+        if files:
+            return files
+        raise FileNotFoundError(f"{split} source {source}: no file matches")
     if fs.isdir(source):
         for cand in (fs.join(source, f"{split}.jsonl.gz"), fs.join(source, f"{split}.jsonl")):
             if fs.isfile(cand):

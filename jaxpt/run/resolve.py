@@ -40,6 +40,9 @@ from jaxpt.util.errors import ConfigError
 
 log = logging.getLogger("jaxpt.run.resolve")
 
+#: The quickstart's prepared sample, ``DataConfig``'s default training data.
+DEFAULT_TRAIN_PATH = config_lib.DataConfig().train_path
+
 
 @dataclasses.dataclass(frozen=True)
 class Layout:
@@ -174,7 +177,7 @@ def check_paths(cfg: TrainConfig) -> None:
     """Every input path of the run exists and the workdir can be one.
 
     Raises:
-      ConfigError: naming the key and the path: a missing ``DataConfig.train_path`` (sample source), a
+      ConfigError: naming the key and the path: a ``DataConfig.train_path`` that names no file (jsonl source), a
         ``DataConfig.corpus_dir`` that is not a corpus version (corpus source), or a ``TrainConfig.workdir``
         that is a file. (The tokenizer and held-out set are checked as they are loaded.)
     """
@@ -183,9 +186,13 @@ def check_paths(cfg: TrainConfig) -> None:
                    ("DataConfig.corpus_dir", d.corpus_dir), ("DataConfig.tokenizer_path", d.tokenizer_path),
                    ("DataConfig.heldout_path", d.heldout_path)):
         _check_reachable(key, p)
-    if d.source == "sample" and not fs.isfile(d.train_path):
-        raise ConfigError(f"DataConfig.train_path = {d.train_path!r}: no such file "
-                          "(run `python -m jaxpt.data.prepare --output artifacts/sample` first)")
+    if d.source == "jsonl" and not documents.expand(d.train_path):
+        raise ConfigError(f"DataConfig.train_path = {d.train_path!r}: " + (
+            "no file matches" if documents.is_pattern(d.train_path) else "no such file") + (
+            " (run `python -m jaxpt.data.prepare --output artifacts/sample` first)"
+            if d.train_path == DEFAULT_TRAIN_PATH else " (a JSON Lines file of your documents, one object with a "
+            "string 'text' per line, or a glob of such files; `python -m jaxpt.data.prepare --source FILES "
+            "--output DIR` splits them and trains a tokenizer)"))
     if d.source == "corpus" and not corpus.is_corpus_version(d.corpus_dir):
         raise ConfigError(f"DataConfig.corpus_dir = {d.corpus_dir!r}: not a corpus version directory "
                           "(no mixture.json; build one with `python -m data_pipelines.build`)")

@@ -106,7 +106,7 @@ def document_info(cfg, doc_indices: list[int]) -> list[dict[str, Any]]:
     """``[{"doc_index", "id", "source"}, ...]``: the ``id`` and ``source`` of each document when the training
     data is one document file (its ``doc_index`` is the line index); ``doc_index`` alone otherwise."""
     path = cfg.data.train_path
-    if cfg.data.source == "sample" and path and fs.isfile(path):
+    if cfg.data.source == "jsonl" and path and documents.expand(path):
         docs = documents.read_documents(path)
         return [{"doc_index": i, "id": docs[i].get("id", ""), "source": docs[i].get("source", "")}
                 if 0 <= i < len(docs) else {"doc_index": i} for i in doc_indices]

@@ -2,6 +2,7 @@
 
     python -m jaxpt.tools.evaluate --workdir DIR [--step N] --card configs/eval/card_v1.yaml --output report.json
         [--heldout SRC] [--train SRC] [--mesh data=8] [--no-seqio] [--review-sheet FILE]
+    python -m jaxpt.tools.evaluate heldout --workdir DIR [--step N] [--heldout SRC] [--output FILE]  # any data
     python -m jaxpt.tools.evaluate extrapolation --workdir DIR [--step N] --lengths 512,1024,2048,4096
         [--tolerance 0.05] [--trained-length T] [--heldout SRC] [--max-tokens 16384] [--batch-size 1]
         [--mesh data=8] [--output FILE]
@@ -15,6 +16,10 @@
 The card report (JSON) names the card (name, version, content hash, task-set version) and the checkpoint, and holds
 held-out perplexity per domain, per language and per (domain, language), each probe task's metrics beside its
 chance level and threshold, the decontamination counts, and where the spot-check review sheet went.
+
+``heldout``: held-out perplexity alone, on any documents (the run's held-out set, or ``--heldout`` FILE, glob or
+directory): overall and per domain and language, as the card report computes it, with no task that needs particular
+domains. A model converted from Hugging Face has no held-out set of its own: ``--heldout`` is then required.
 
 ``extrapolation``: the length-extrapolation report (:mod:`jaxpt.eval.extrapolation`): held-out loss by position
 bucket at each length, and the effective extrapolation length (the longest length whose tail loss stays within
@@ -48,7 +53,7 @@ from jaxpt.util import cli, fs, progress as progress_lib
 log = logging.getLogger("jaxpt.tools.evaluate")
 
 #: The subcommands; without one, the command evaluates a checkpoint on an eval card.
-SUBCOMMANDS = ("extrapolation", "compare", "agreement", "card-stamp", "spot-check-build", "export-probes", "lm-eval")
+SUBCOMMANDS = ("heldout", "extrapolation", "compare", "agreement", "card-stamp", "spot-check-build", "export-probes", "lm-eval")
 
 
 # ------------------------------------------------------------------------------------------ sources
@@ -78,9 +83,11 @@ def run_card(restored, card, *, workdir: str = "", heldout: str | None = None, t
     t0 = time.perf_counter()
     cfg = restored.config
     run_heldout, run_train = heldout_lib.run_sources(cfg.data)
-    heldout = heldout or card.heldout_source or run_heldout
+    heldout = heldout or card.heldout_source or heldout_source(restored, None)
     train = train or card.train_source or run_train
     docs = heldout_lib.load_documents(heldout, "heldout")
+    if tasks is None:
+        check_card_domains(card, docs, heldout)
     scorer = scorer_for_restored(restored, batch_size=card.batch_size)
     hset = heldout_lib.HeldoutSet.build(docs, restored.tokenizer, seq_len=scorer.seq_len,
                                         stride=card.stride or None, add_eos=cfg.data.add_eos)
@@ -190,10 +197,66 @@ def cmd_run(args) -> int:
     return 0
 
 
+def check_card_domains(card, docs, source: str) -> None:
+    """Every probe task of ``card`` finds held-out documents of its domain in ``docs`` (checked before anything is
+    scored).
+
+    Raises:
+      ValueError: naming the tasks, the domains they need, the domains ``source`` has, and what to do instead.
+    """
+    have = sorted({d.domain for d in docs})
+    missing = {spec.name: spec.domain for spec in card.tasks if spec.domain not in have}
+    if missing:
+        raise ValueError(f"card {card.ident['name']} v{card.ident['version']}: its tasks need held-out documents of "
+                         f"domains {sorted(set(missing.values()))} ({', '.join(sorted(missing))}); {source} has "
+                         f"{have}. For held-out figures on any data run `python -m jaxpt.tools.evaluate heldout "
+                         "--workdir DIR`; for probe tasks on your data, write a card whose tasks name your domains "
+                         "(configs/eval/card_v1.yaml is the model)")
+
+
+def heldout_source(restored, explicit: str | None) -> str:
+    """The held-out documents to score ``restored`` on: ``explicit``, else its run's (``DataConfig.heldout_path`` or
+    its corpus version's held-out split).
+
+    Raises:
+      ValueError: no ``explicit`` source for a model converted from Hugging Face (its config's held-out path is a
+        default, not data it was trained beside).
+    """
+    if explicit:
+        return explicit
+    if restored.meta.get("params_only"):
+        source = (restored.meta.get("source") or {}).get("path", "Hugging Face")
+        raise ValueError(f"the checkpoint is a model converted from {source}: it has no held-out set of its own; "
+                         "pass --heldout FILE (JSON Lines documents, a glob, or a prepared folder) to score it on")
+    return heldout.run_sources(restored.config.data)[0]
+
+
+def cmd_heldout(args) -> int:
+    """Held-out perplexity alone (module docstring): prints a table, writes the JSON when ``--output`` is given."""
+    restored = _restore(args.workdir, args.step, args.mesh)
+    source = heldout_source(restored, args.heldout)
+    docs = heldout.load_documents(source, "heldout")
+    scorer = scorer_for_restored(restored, batch_size=args.batch_size)
+    hset = heldout.HeldoutSet.build(docs, restored.tokenizer, seq_len=scorer.seq_len,
+                                    add_eos=restored.config.data.add_eos)
+    report = heldout.perplexity_report(scorer, hset, progress="held-out perplexity")
+    report.update(source=source, checkpoint={"workdir": fs.absolute(args.workdir), "step": restored.step,
+                                             "data_version": restored.meta.get("data_version")})
+    _write_json(args.output, report)
+    o = report["overall"]
+    lines = [f"step {restored.step}: held-out loss {o['loss']:.4f}, perplexity {o['perplexity']:.2f} over "
+             f"{o['tokens']:,} tokens of {o['documents']:,} documents ({source})"]
+    for by in ("domain", "lang"):
+        lines += [f"  {by} {g:<16} loss {f['loss']:.4f}  perplexity {f['perplexity']:9.2f}  tokens {f['tokens']:,}"
+                  for g, f in report[f"by_{by}"].items()]
+    print("\n".join(lines + ([f"wrote {args.output}"] if args.output else [])))
+    return 0
+
+
 def cmd_extrapolation(args) -> int:
     """The length-extrapolation report (module docstring); returns the exit status."""
     restored = _restore(args.workdir, args.step, args.mesh)
-    source = args.heldout or heldout.run_sources(restored.config.data)[0]
+    source = heldout_source(restored, args.heldout)
     texts = [d.text for d in heldout.load_documents(source)]
     tol = extrapolation.DEFAULT_TOLERANCE if args.tolerance is None else args.tolerance
     report = extrapolation.measure(restored, args.lengths, texts=texts, trained_length=args.trained_length,
@@ -314,6 +377,16 @@ def _card_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--review-sheet", help="spot-check sheet (default: <output>.review.jsonl)")
 
 
+def _heldout_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--workdir", required=True, help="run directory holding checkpoints/")
+    p.add_argument("--step", type=int, help="checkpoint step (default: the newest committed)")
+    p.add_argument("--heldout", help="held-out documents: a JSON Lines file, a glob or a prepared folder (default: "
+                   "the run's; required for a converted model)")
+    p.add_argument("--batch-size", type=int, default=8, help="windows per device call (default 8)")
+    p.add_argument("--mesh", help="mesh to restore onto, e.g. data=8 (default: the saved one)")
+    p.add_argument("--output", help="report JSON (default: none, the table only)")
+
+
 def _extrapolation_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workdir", required=True, help="run directory holding checkpoints/")
     p.add_argument("--step", type=int, help="checkpoint step (default: the newest committed)")
@@ -365,6 +438,7 @@ def _lm_eval_flags(p: argparse.ArgumentParser) -> None:
 #: Each command's one-line description and its flags.
 _SUBPARSERS = {
     None: ("evaluate a checkpoint on an eval card", _card_flags),
+    "heldout": ("held-out perplexity alone, overall and per domain and language, on any documents", _heldout_flags),
     "extrapolation": ("held-out loss by position at several context lengths; the effective extrapolation length",
                       _extrapolation_flags),
     "compare": ("compare two reports (or workdirs with --card); exit 1 on a regression", _compare_flags),
@@ -390,7 +464,7 @@ def build_parser(sub: str | None = None) -> argparse.ArgumentParser:
     return p
 
 
-_COMMANDS = {None: cmd_run, "extrapolation": cmd_extrapolation, "compare": cmd_compare, "agreement": cmd_agreement,
+_COMMANDS = {None: cmd_run, "heldout": cmd_heldout, "extrapolation": cmd_extrapolation, "compare": cmd_compare, "agreement": cmd_agreement,
              "card-stamp": cmd_card_stamp, "spot-check-build": cmd_spot_check_build, "export-probes": cmd_export_probes,
              "lm-eval": cmd_lm_eval}
 
