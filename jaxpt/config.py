@@ -483,6 +483,24 @@ def write_operative_config(cfg: TrainConfig, write: bool = True) -> str:
     return text
 
 
+def data_named() -> bool:
+    """Whether the gin config :func:`parse` read last names its training data (binds ``DataConfig.source``,
+    ``train_path`` or ``corpus_dir``); without that a run reads ``DataConfig``'s default, the quickstart's sample."""
+    for key in ("DataConfig.source", "DataConfig.train_path", "DataConfig.corpus_dir"):
+        try:
+            gin.query_parameter(key)
+            return True
+        except ValueError:
+            continue
+    return False
+
+
+#: The note a run whose config names no training data gets (logged, and in the dry run's plan).
+DEFAULT_DATA_NOTE = ("no data config: the training data is DataConfig's default, the quickstart's sample "
+                     f"({DataConfig().train_path}); name yours with a data config (--config artifacts/mine/data.gin, "
+                     "from python -m jaxpt.data.prepare) or DataConfig.train_path / corpus_dir")
+
+
 def config_hash(text: str) -> str:
     """sha256 of the operative config text (hex), used in run records."""
     return hashlib.sha256(text.encode()).hexdigest()

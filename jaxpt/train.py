@@ -18,9 +18,26 @@ from jaxpt.checkpoint import CheckpointError
 from jaxpt.run import distributed, resolve as preflight
 from jaxpt.run.preemption import PREEMPTED_EXIT_CODE, Preempted
 from jaxpt.run.session import Run, run_training, setup  # noqa: F401  the trainer's API, as scripts import it
+from jaxpt.tools import compile as compile_lib
 from jaxpt.training.stability import DivergenceError
 from jaxpt.util import cli, progress as progress_lib
 from jaxpt.util.errors import ConfigError
+
+
+def dry_run(cfg, topology: str | None = None, num_slices: int = 1, notes=()) -> str:
+    """The dry run's plan text (:func:`jaxpt.run.resolve.plan`): for this job's devices, or for a target slice
+    (``topology``, :func:`jaxpt.tools.compile.make_target`: compile-only devices, the chip's HBM).
+
+    Raises:
+      ConfigError, CheckpointError: as :func:`jaxpt.run.resolve.resolve`; a topology this host cannot make.
+    """
+    if topology is None:
+        return preflight.format_plan(preflight.plan(preflight.resolve(cfg), notes=notes))
+    target = compile_lib.make_target(topology, num_slices)
+    resolved = preflight.resolve(compile_lib.with_slices(cfg, target.num_slices), devices=target.devices)
+    p = preflight.plan(resolved, devices=target.devices, device_bytes=target.hbm_bytes, notes=notes)
+    p["target"] = {"topology": target.topology or target.name, "chips": target.chips, "num_slices": target.num_slices}
+    return preflight.format_plan(p)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,7 +47,14 @@ def main(argv: list[str] | None = None) -> int:
     distributed.add_arguments(parser)
     cli.add_flag(parser, "--dry-run", "--dry_run", action="store_true", help="check config, mesh, paths, tokenizer "
                  "and the resume target, print the plan; compile and write nothing (jaxpt.run.resolve)")
+    parser.add_argument("--topology", help="with --dry-run: plan for this target slice instead of this host's devices "
+                        "(as python -m jaxpt.tools.compile takes it: v5p-128, v5e-256, v6e-256, v5p:4x4x4, cpu:N; "
+                        "TPU names need the tpu extra)")
+    parser.add_argument("--num-slices", type=int, default=1, help="with --topology: slices over the data-center "
+                        "network (default 1)")
     args = parser.parse_args(argv)
+    if args.topology and not args.dry_run:
+        parser.error("--topology plans a target slice: it goes with --dry-run (on the slice itself, run without it)")
     progress_lib.quiet_startup()
     try:
         cfg = config_lib.from_args(args)  # parse first: a config error needs no cluster
@@ -39,8 +63,11 @@ def main(argv: list[str] | None = None) -> int:
                             format=f"[%(asctime)s p{jax.process_index()}] %(name)s: %(message)s")
         logging.getLogger("jaxpt").setLevel(logging.INFO)
         distributed.log_startup(startup)
+        notes = [] if config_lib.data_named() else [config_lib.DEFAULT_DATA_NOTE]
+        for note in notes:
+            logging.getLogger("jaxpt.train").warning("%s", note)
         if args.dry_run:
-            print(preflight.format_plan(preflight.plan(preflight.resolve(cfg))))
+            print(dry_run(cfg, args.topology, args.num_slices, notes))
         else:
             run_training(cfg)
     except ConfigError as e:

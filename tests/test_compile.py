@@ -5,6 +5,7 @@ import importlib.util
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -152,3 +153,25 @@ def test_mesh_axes_that_split_the_physical_torus_are_laid_out_with_a_warning():
                      "MESH fsdp=16,tensor=4 {'stage': 1, 'data': 1, 'fsdp': 16, 'sequence': 1, 'expert': 1, 'tensor': 4} 64"]
     warnings = [line for line in proc.stderr.splitlines() if "splitting physical axes" in line]
     assert len(warnings) == 1 and "fsdp=8,expert=8" in warnings[0], proc.stderr[-2000:]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
+                    reason="libtpu not installed (pip install -e '.[tpu]'); TPU topology devices need it")
+def test_the_dry_run_plans_a_target_slice_from_any_host_quietly_and_notes_the_default_data(prepared_sample, tmp_path):
+    """``--dry-run --topology v5p-128`` plans the 8B preset for 64 v5p chips (the slice's mesh, its HBM) from a CPU
+    host, where it used to plan for the one local device (682.95 GiB per device) and say every check passed; libtpu
+    prints nothing; a config that names no training data is told it reads the quickstart's sample."""
+    (tmp_path / "artifacts").mkdir()
+    (tmp_path / "artifacts" / "sample").symlink_to(prepared_sample)  # DataConfig's default paths, relative
+    env = {k: v for k, v in os.environ.items() if k not in ("TPU_ACCELERATOR_TYPE", "TPU_WORKER_HOSTNAMES")}
+    r = subprocess.run([sys.executable, "-m", "jaxpt.train", "--config", str(REPO / "configs/models/llama3_8b.gin"),
+                        "--config", str(REPO / "configs/slices/v5p-128.gin"), "--workdir", str(tmp_path / "w"),
+                        "--dry-run", "--topology", "v5p-128"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "target v5p:4x4x4: 64 chips in 1 slice(s)" in r.stdout and "mesh fsdp=64 over 64 x TPU v5" in r.stdout
+    gib = float(re.search(r"memory per device \(estimate, a floor\): ([0-9.]+) GiB \(fits\)", r.stdout).group(1))
+    assert 5 < gib < 95  # the 8B preset's per-chip share, against v5p's 95 GiB, not one device's whole model
+    assert "note: no data config: the training data is DataConfig's default" in r.stdout
+    assert not any(s in r.stderr for s in ("Failed to find host bounds", "E0000", "INVALID_ARGUMENT")), r.stderr[-2000:]
+    assert not (tmp_path / "w").exists()

@@ -69,15 +69,16 @@ def data_shard_count(cfg, saved_shards: int | None = None) -> int:
     return default_shard_count(cfg)
 
 
-def check_shards(cfg, num_shards: int, recorded: bool = False) -> None:
-    """This process count can run ``num_shards`` logical data shards of ``cfg`` (``recorded``: the count comes from
-    the run's checkpoints, so it cannot change); checked before a run writes anything.
+def check_shards(cfg, num_shards: int, recorded: bool = False, processes: int | None = None) -> None:
+    """``processes`` (default: this run's process count) can run ``num_shards`` logical data shards of ``cfg``
+    (``recorded``: the count comes from the run's checkpoints, so it cannot change); checked before a run writes
+    anything.
 
     Raises:
       ConfigError: the process count does not divide the shard count (saying what to resume on, and what to set
         when starting a run that must grow), or the shard count does not divide the (loader) batch.
     """
-    P, unit = jax.process_count(), loader_batch_size(cfg)
+    P, unit = processes or jax.process_count(), loader_batch_size(cfg)
     if num_shards % P:
         held = (f"the {num_shards} logical data shards this run's checkpoints record (fixed for the life of a run, so "
                 "its data position carries over exactly)" if recorded else

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any
+from typing import Any, Sequence
 
 import jax
 
@@ -113,14 +113,21 @@ class Resolved:
         return config_lib.start_step(self.cfg) + 1
 
 
-def resolve(cfg: TrainConfig) -> Resolved:
+def resolve(cfg: TrainConfig, devices: Sequence[Any] | None = None) -> Resolved:
     """Every check of the module docstring, in order, each once; creates and compiles nothing.
+
+    Args:
+      devices: the devices the run will have (default: this job's, ``jax.devices()``); compile-only devices of a
+        target slice (``python -m jaxpt.train --dry-run --topology v5p-128``) plan that slice from any host: its
+        device count, and its host count for the data-shard rule.
 
     Raises:
       ConfigError: naming the key, file or line (exit 2).
       CheckpointError: the resumed checkpoint or the parent cannot continue this run (exit 3).
     """
-    given, sizes = cfg, validate(cfg, jax.device_count())
+    num_devices = len(devices) if devices is not None else jax.device_count()
+    processes = len({getattr(d, "process_index", 0) for d in devices}) if devices is not None else None
+    given, sizes = cfg, validate(cfg, num_devices)
     check_paths(cfg)
     check_mixture_groups(cfg)
     docs = inloop.load_heldout(cfg)  # a missing or malformed held-out set fails now, not after the last step
@@ -132,7 +139,7 @@ def resolve(cfg: TrainConfig) -> Resolved:
         log.warning("%s", note)
     saved_shards = lineage.resume.meta.get("data_shards") if lineage.resume is not None else None
     shards = stream.data_shard_count(cfg, saved_shards)
-    stream.check_shards(cfg, shards, recorded=bool(saved_shards) and not cfg.data.num_shards)
+    stream.check_shards(cfg, shards, recorded=bool(saved_shards) and not cfg.data.num_shards, processes=processes)
     return Resolved(given, Layout(cfg, sizes), tokenizer, docs, hset, lineage, stream.data_version(cfg), shards)
 
 
@@ -238,21 +245,25 @@ def check_mixture_groups(cfg: TrainConfig) -> None:
                           groups, key)
 
 
-def plan(r: Resolved) -> dict[str, Any]:
+def plan(r: Resolved, devices: Sequence[Any] | None = None, device_bytes: int | None = None,
+         notes: Sequence[str] = ()) -> dict[str, Any]:
     """What the resolved run will cost, without compiling: parameters, the per-device memory estimate of
-    :func:`jaxpt.training.memory.estimate_memory` (against the device's memory when the runtime reports it), tokens
-    per step, steps and tokens left to train, and the held-out tokens scored by each full evaluation."""
+    :func:`jaxpt.training.memory.estimate_memory` (against ``device_bytes``, else the device's memory when the runtime
+    reports it), tokens per step, steps and tokens left to train, and the held-out tokens scored by each full
+    evaluation. ``devices``: those :func:`resolve` planned for (default ``jax.devices()``); ``notes``: more notes."""
     c = r.cfg
-    try:
-        stats = jax.devices()[0].memory_stats() or {}
-    except Exception:  # some backends (CPU) report no memory statistics
-        stats = {}
-    mem = memory_lib.estimate_memory(c, r.sizes, stats.get("bytes_limit"))
+    devices = list(jax.devices() if devices is None else devices)
+    if device_bytes is None:
+        try:
+            device_bytes = (devices[0].memory_stats() or {}).get("bytes_limit")
+        except Exception:  # some backends (CPU, compile-only devices) report no memory statistics
+            device_bytes = None
+    mem = memory_lib.estimate_memory(c, r.sizes, device_bytes)
     tokens_per_step = c.global_batch_size * c.seq_len
     ramp = batch_ramp.from_config(c)  # a batch-size ramp's steps before the full batch hold fewer tokens
     start, parent = r.lineage.start_step, r.lineage.parent
     return {"workdir": fs.absolute(c.workdir), "mesh": mesh_lib.format_mesh(r.sizes),
-            "devices": {"count": jax.device_count(), "kind": jax.devices()[0].device_kind},
+            "devices": {"count": len(devices), "kind": devices[0].device_kind},
             "params": count_params(c.model)["total"], "vocab_size": c.model.vocab_size,
             "memory_per_device": mem.as_dict(), "tokens_per_step": tokens_per_step,
             "resume_step": start, "target_steps": c.steps, "steps_to_train": c.steps - start,
@@ -260,7 +271,7 @@ def plan(r: Resolved) -> dict[str, Any]:
             **({"stage_parent": parent.spec} if parent is not None else {}),
             "heldout_tokens": int(sum(w.num_scored for w in r.heldout_set.windows)),
             "data_source": c.data.corpus_dir if c.data.source == "corpus" else c.data.train_path,
-            "tokenizer_sha256": r.tokenizer.sha256, "notes": r.notes}
+            "tokenizer_sha256": r.tokenizer.sha256, "notes": [*r.notes, *notes]}
 
 
 def format_plan(p: dict[str, Any]) -> str:
@@ -276,4 +287,8 @@ def format_plan(p: dict[str, Any]) -> str:
              f"  held-out tokens per full evaluation {p['heldout_tokens']:,}"]
     if "stage_parent" in p:
         lines.append(f"  a new stage from {p['stage_parent']} (jaxpt.run.lineage)")
+    if "target" in p:
+        t = p["target"]
+        lines.insert(1, f"  target {t['topology']}: {t['chips']} chips in {t['num_slices']} slice(s), planned from this "
+                        "host (compile it with python -m jaxpt.tools.compile --topology ...)")
     return "\n".join(lines + [f"  note: {n}" for n in p["notes"]])

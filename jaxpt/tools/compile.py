@@ -36,6 +36,7 @@ import argparse
 import dataclasses
 import json
 import math
+import os
 import re
 import sys
 import time
@@ -46,6 +47,7 @@ from jaxpt.model import attention_auto
 from jaxpt.model.decoder import count_params
 from jaxpt.run import build as builder
 from jaxpt.training import memory
+from jaxpt.util import platform
 from jaxpt.util.errors import ConfigError, report_cli_error
 
 GIB = 2 ** 30
@@ -145,6 +147,7 @@ def tpu_devices(kind: TpuKind, dims: tuple[int, ...], num_slices: int) -> list:
     """
     from jax.experimental import topologies
     topology = f"{kind.prefix}:{'x'.join(map(str, dims))}"
+    _quiet_libtpu_off_tpu(f"{kind.prefix}-{math.prod(dims) * kind.cores_per_chip}")
     host = tuple(min(2, d) for d in dims[:2]) + (1,)  # 4 chips per host; only memory per chip matters here
     try:
         desc = topologies.get_topology_desc(platform="tpu", topology_name=topology, chip_config_name=kind.chip_config,
@@ -154,6 +157,17 @@ def tpu_devices(kind: TpuKind, dims: tuple[int, ...], num_slices: int) -> list:
                 "another process has libtpu loaded; set ALLOW_MULTIPLE_LIBTPU_LOAD=1" if "lockfile" in str(e) else "")
         raise ConfigError(f"--topology {topology}: cannot make TPU devices: {e}" + (f" ({hint})" if hint else "")) from None
     return list(desc.devices)
+
+
+def _quiet_libtpu_off_tpu(accelerator_type: str) -> None:
+    """On a host without TPU chips, libtpu (loaded to make compile-only devices) looks for the TPU VM it runs on and
+    prints ``Failed to find host bounds`` and ``E0000 ... INVALID_ARGUMENT`` lines; telling it the target's type and a
+    local worker name (defaults only, never on a TPU VM) keeps it quiet. The compile does not depend on them."""
+    vendors = platform.pci_vendors()
+    if vendors is not None and "0x1ae0" in vendors:  # a Google TPU on this host: libtpu knows its own
+        return
+    os.environ.setdefault("TPU_ACCELERATOR_TYPE", accelerator_type)
+    os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
 
 
 def make_target(name: str, num_slices: int = 1, hbm_gib: float | None = None) -> Target:
