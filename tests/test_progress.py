@@ -110,3 +110,40 @@ def test_quiet_startup_sets_only_unset_variables(monkeypatch):
 def test_duration_format():
     assert progress.format_duration(3725.4) == "1:02:05"
     assert progress.format_duration(float("inf")) == "?"
+
+
+def test_a_phase_says_when_it_starts_beats_while_it_runs_and_says_when_it_ends():
+    """A long step of unknown length (an 8B compile printed nothing for 18 minutes on a busy host) reports itself."""
+    import io
+    import time as time_lib
+
+    from jaxpt.util.progress import Phase
+    out = io.StringIO()
+    with Phase("compiling the train step for v5p:4x4x4 (64 chips)", stream=out, every_s=0.05) as phase:
+        time_lib.sleep(0.18)
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "compiling the train step for v5p:4x4x4 (64 chips) ..."
+    assert len([ln for ln in lines if ln.startswith("... still compiling (0:00:0")]) >= 2
+    assert lines[-1].startswith("... done in 0:00:0") and 0.18 <= phase.seconds < 5
+
+
+def test_greedy_generation_reports_its_prompts(monkeypatch, capsys):
+    """Evaluation's spot-check generations ran 109 s without a line; greedy decoding now reports its prompts."""
+    import numpy as np
+
+    from jaxpt.infer import decode
+
+    class Step:  # a DecodeStep whose next token is always 3
+        seq_len, batch_size = 16, 2
+
+        def prefill(self, prompts):
+            return len(prompts), np.eye(5)[[3] * len(prompts)]
+
+        def extend(self, state, tokens):
+            return state, np.eye(5)[[3] * state]
+
+    monkeypatch.setenv("JAXPT_PROGRESS", "lines")
+    gens = decode.greedy(Step(), [[1, 2], [1], [2, 2, 2]], 4, progress="spot-check generations")
+    assert [g.ids for g in gens] == [[3, 3, 3, 3]] * 3
+    err = capsys.readouterr().err
+    assert "spot-check generations: 3/3 prompts (100.0%)" in err

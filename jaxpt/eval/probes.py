@@ -386,11 +386,13 @@ def score_choice_rows(scorer, tokenizer, rows: Sequence[Mapping[str, Any]]) -> l
     return [lp for lp, _ in scorer.loglikelihood(reqs)]
 
 
-def next_line_greedy(step, tokenizer, prompts: Sequence[np.ndarray], max_new_tokens: int) -> list[decode.Generation]:
+def next_line_greedy(step, tokenizer, prompts: Sequence[np.ndarray], max_new_tokens: int,
+                     progress: str | None = None) -> list[decode.Generation]:
     """Greedy continuations of prompt ids (:func:`jaxpt.infer.decode.greedy` on ``step``, a
-    :class:`jaxpt.infer.decode.DecodeStep`), each stopped at EOS or at its first newline (``text`` cut before it)."""
+    :class:`jaxpt.infer.decode.DecodeStep`), each stopped at EOS or at its first newline (``text`` cut before it);
+    ``progress``: as :func:`jaxpt.infer.decode.greedy`."""
     return decode.greedy(step, prompts, max_new_tokens, eos_id=tokenizer.eos_id,
-                         stop_strings=[("\n",)] * len(prompts), tokenizer=tokenizer)
+                         stop_strings=[("\n",)] * len(prompts), tokenizer=tokenizer, progress=progress)
 
 
 def evaluate_task(scorer, tokenizer, task: TaskExamples, *, max_new_tokens: int = 32,
@@ -404,5 +406,6 @@ def evaluate_task(scorer, tokenizer, task: TaskExamples, *, max_new_tokens: int 
         return choice_metrics([choice_target(r) for r in rows], score_choice_rows(scorer, tokenizer, rows))
     rows = generate_rows(task.examples)
     prompts = [with_prefix(tokenizer, tokenizer.encode(r["inputs"])) for r in rows]
-    gens = next_line_greedy(generator or scorer.decode_step(), tokenizer, prompts, max_new_tokens)
+    gens = next_line_greedy(generator or scorer.decode_step(), tokenizer, prompts, max_new_tokens,
+                            progress=f"{task.spec.name} generations")
     return exact_match([first_line(r["targets"]) for r in rows], [first_line(g.text) for g in gens])

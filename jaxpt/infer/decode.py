@@ -40,6 +40,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxpt import mesh as mesh_lib
+from jaxpt.util import progress as progress_lib
 
 
 class DecodeStep(Protocol):
@@ -90,7 +91,7 @@ class Generation:
 
 def greedy(step: DecodeStep, prompts: Sequence[Sequence[int] | np.ndarray], max_new_tokens: int, *,
            eos_id: int | None = None, stop_strings: Sequence[Sequence[str]] | None = None,
-           tokenizer: Any = None) -> list[Generation]:
+           tokenizer: Any = None, progress: str | None = None) -> list[Generation]:
     """Greedy continuations of ``prompts``, ``step.batch_size`` rows per batch, each new token the argmax of
     its row's logits (ties to the lowest id). See the module docstring for the truncation rule and stops.
 
@@ -102,6 +103,8 @@ def greedy(step: DecodeStep, prompts: Sequence[Sequence[int] | np.ndarray], max_
       stop_strings: per row, the strings that stop it (``stop_strings[i]`` for ``prompts[i]``; empty strings
         are ignored). Needs ``tokenizer``.
       tokenizer: anything with ``decode(ids) -> str``; when given, each result's ``text`` is filled.
+      progress: when given, the prompts done so far are reported under this name (:class:`jaxpt.util.progress.Progress`:
+        a bar on a terminal, a line every 30 s elsewhere).
 
     Returns: one :class:`Generation` per prompt, in order.
 
@@ -115,9 +118,14 @@ def greedy(step: DecodeStep, prompts: Sequence[Sequence[int] | np.ndarray], max_
     stops = _row_stops(stop_strings, len(rows), tokenizer)
     decode = None if tokenizer is None else tokenizer.decode
     out: list[Generation] = []
+    bar = progress_lib.Progress(len(rows), progress, "prompts") if progress else None
     for b0 in range(0, len(rows), step.batch_size):
         b1 = b0 + step.batch_size
         out += _greedy_batch(step, rows[b0:b1], max_new_tokens, eos_id, stops[b0:b1], decode)
+        if bar is not None:
+            bar.update(len(rows[b0:b1]))
+    if bar is not None:
+        bar.close()
     return out
 
 

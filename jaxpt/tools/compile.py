@@ -39,7 +39,6 @@ import math
 import os
 import re
 import sys
-import time
 from typing import Any, Sequence
 
 from jaxpt import config as config_lib, mesh as mesh_lib
@@ -47,7 +46,7 @@ from jaxpt.model import attention_auto
 from jaxpt.model.decoder import count_params
 from jaxpt.run import build as builder
 from jaxpt.training import memory
-from jaxpt.util import platform
+from jaxpt.util import platform, progress as progress_lib
 from jaxpt.util.errors import ConfigError, report_cli_error
 
 GIB = 2 ** 30
@@ -261,11 +260,11 @@ def compile_report(cfg, target: Target) -> dict[str, Any]:
     # Donated, as on the accelerator the report stands for, also on a cpu:N topology (where a run would not donate).
     built = builder.build_for(with_slices(cfg, target.num_slices), devices=target.devices, donate_state=True)
     attention = attention_auto.resolve_for(built.cfg.model, built.cfg.seq_len, target.devices)
-    t0 = time.perf_counter()
-    lowered = built.lower_train_step()
-    t1 = time.perf_counter()
-    compiled = lowered.compile()
-    t2 = time.perf_counter()
+    where = f"{target.topology or target.name} ({target.chips} chips)"
+    with progress_lib.Phase(f"lowering the train step for {where}") as lowering:
+        lowered = built.lower_train_step()
+    with progress_lib.Phase(f"compiling the train step for {where}") as compiling:
+        compiled = lowered.compile()
     b = memory_bytes(compiled)
     estimate = memory.estimate_memory(built.cfg, built.sizes)
     planned = estimate.total
@@ -277,7 +276,7 @@ def compile_report(cfg, target: Target) -> dict[str, Any]:
         "headroom_bytes": None if hbm is None else hbm - b["total"],
         "headroom_fraction": None if hbm is None else (hbm - b["total"]) / hbm,
         "fits": None if hbm is None else b["total"] <= hbm,
-        "lower_seconds": round(t1 - t0, 2), "compile_seconds": round(t2 - t1, 2),
+        "lower_seconds": round(lowering.seconds, 2), "compile_seconds": round(compiling.seconds, 2),
         "planner_bytes_per_chip": planned, "planner_ratio": planned / max(b["total"], 1),
         "params": count_params(built.cfg.model)["total"],
         "global_batch_size": built.cfg.global_batch_size, "seq_len": built.cfg.seq_len,

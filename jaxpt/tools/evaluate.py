@@ -148,7 +148,8 @@ def write_review_sheet(restored, card, step, path: str, workdir: str) -> dict[st
     need = -(-(max(len(i) for i in ids) + spot.max_new_tokens) // 8) * 8
     if need < step.seq_len:
         step = type(step).for_restored(restored, seq_len=need, batch_size=step.batch_size)
-    gens = [g.text for g in decode.greedy(step, ids, spot.max_new_tokens, eos_id=tok.eos_id, tokenizer=tok)]
+    gens = [g.text for g in decode.greedy(step, ids, spot.max_new_tokens, eos_id=tok.eos_id, tokenizer=tok,
+                                          progress="spot-check generations")]
     rows = review.review_rows(prompts, gens, card=card, checkpoint=fs.absolute(workdir) if workdir else "",
                               step=restored.step, labels=spot.labels)
     fs.makedirs(fs.dirname(fs.absolute(path)))

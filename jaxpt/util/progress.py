@@ -140,6 +140,51 @@ class Progress:
         self.close()
 
 
+class Phase:
+    """A long step of unknown length (a compile, a lowering) reported as it goes: a line when it starts, a heartbeat
+    line every ``every_s`` seconds while it runs (from a background thread), and a line with its time when it ends.
+
+        with Phase("compiling the train step for v5p:4x4x4 (64 chips)"):
+            compiled = lowered.compile()
+
+    prints ``compiling the train step for v5p:4x4x4 (64 chips) ...``, then ``... still compiling (0:00:30)`` and
+    ``... done in 0:01:12``. Silent under ``JAXPT_PROGRESS=off``; ``every_s`` defaults to ``JAXPT_PROGRESS_EVERY_S``
+    or 30. ``seconds`` holds the phase's wall time (seconds) once it ended.
+    """
+
+    def __init__(self, desc: str, *, stream: TextIO | None = None, every_s: float | None = None):
+        self.desc, self.stream = desc, stream if stream is not None else sys.stderr
+        self.every_s = every_s if every_s is not None else float(os.environ.get("JAXPT_PROGRESS_EVERY_S",
+                                                                               DEFAULT_EVERY_S))
+        self.quiet = choose_mode(self.stream) == "off"
+        self.seconds = 0.0
+
+    def _say(self, text: str) -> None:
+        if not self.quiet:
+            print(text, file=self.stream, flush=True)
+
+    def __enter__(self) -> "Phase":
+        import threading
+        self._t0, self._stop = time.perf_counter(), threading.Event()
+        verb = self.desc.split()[0]
+        self._say(f"{self.desc} ...")
+
+        def beat():
+            while not self._stop.wait(self.every_s):
+                self._say(f"... still {verb} ({format_duration(time.perf_counter() - self._t0)})")
+
+        self._thread = threading.Thread(target=beat, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.seconds = time.perf_counter() - self._t0
+        if exc[0] is None:
+            self._say(f"... done in {format_duration(self.seconds)}")
+
+
 def track(items: Iterable[T], desc: str, unit: str = "items", total: int | None = None, **kw) -> Iterator[T]:
     """Yields ``items``, reporting progress (one unit per item; ``total`` defaults to ``len(items)``)."""
     if total is None and hasattr(items, "__len__"):
