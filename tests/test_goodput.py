@@ -109,3 +109,27 @@ def test_checkpoint_time_is_not_step_time(prepared_sample, tmp_path, monkeypatch
     assert all(r["step_time_s"] < SAVE_SLEEP_S - 1.0 for r in records if r["step"] >= 3), times
     g = json.loads((tmp_path / "run.json").read_text())["sessions"][0]["goodput"]
     assert g["checkpoint_s"] >= 3 * SAVE_SLEEP_S  # saves at 2 and 4, and the final one at 5
+
+
+def test_the_runs_plot_shows_held_out_losses_readable_axes_and_a_legend_for_events(tmp_path):
+    import json
+
+    from jaxpt.tools import runs
+    lines = [{"step": s, "loss": 3.4 - 0.02 * s, "grad_norm": 1.0, "learning_rate": 1e-3} for s in range(1, 31)]
+    lines += [{"step": 10, "loss": 3.2, "heldout_partial_loss": 3.3, "heldout_partial_tokens": 100},
+              {"step": 30, "event": "final", "heldout_loss": 2.9, "heldout_tokens": 1000}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    events = [{"step": 12, "event": "spike_skip"}, {"step": 20, "event": "rollback"},
+              {"step": 25, "event": "spike_skip", "superseded_at": 20}]
+    fig = runs.make_figure([{"workdir": str(tmp_path), "run_id": "r1", "events": events}])
+    fig.canvas.draw()
+    loss_ax = fig.axes[0]
+    labels = [ln.get_label() for ln in loss_ax.get_lines()]
+    assert {"r1 train", "r1 held-out (partial)", "r1 held-out"} <= set(labels)
+    held = {ln.get_label(): list(zip(*ln.get_data())) for ln in loss_ax.get_lines()}
+    assert held["r1 held-out"] == [(30, 2.9)] and held["r1 held-out (partial)"] == [(10, 3.3)]
+    legend = [t.get_text() for t in loss_ax.get_legend().get_texts()]
+    assert legend.count("spike skipped") == 1 and "rollback" in legend  # one entry per kind; superseded left out
+    assert loss_ax.get_yscale() == "linear"  # 2.8-3.4: a log axis there showed unreadable labels
+    ticks = [t.get_text() for t in loss_ax.get_yticklabels() if t.get_text()]
+    assert ticks and not any("$" in t or "times" in t for t in ticks)

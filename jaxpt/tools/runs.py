@@ -66,11 +66,12 @@ def read_curves(workdir: str) -> dict[str, list[tuple[int, float]]]:
     when there is none), one value per step in step order: :func:`jaxpt.run.monitor.read_metrics` leaves out records a
     resume or rollback superseded, and of any step still logged twice (a log written before supersede markers)
     the last value is kept. Raises MetricsFormatError as :func:`jaxpt.run.monitor.read_metrics`."""
-    curves: dict[str, dict[int, float]] = {"loss": {}, "grad_norm": {}, "learning_rate": {}}
+    curves: dict[str, dict[int, float]] = {"loss": {}, "grad_norm": {}, "learning_rate": {}, "heldout_loss": {},
+                                           "heldout_partial_loss": {}}
     if fs.exists(monitor.metrics_path(workdir)):
         for rec in monitor.read_metrics(workdir):
             for k in curves:
-                if isinstance(rec.get(k), (int, float)) and "event" not in rec:
+                if isinstance(rec.get(k), (int, float)) and ("event" not in rec or k.startswith("heldout")):
                     curves[k][rec["step"]] = float(rec[k])
     return {k: sorted(v.items()) for k, v in curves.items()}
 
@@ -248,29 +249,61 @@ def cmd_compare(a: dict[str, Any], b: dict[str, Any]) -> str:
     return table(rows, ["field", "A", "B", "diff"])
 
 
-def cmd_plot(recs: list[dict[str, Any]], output: str) -> str:
-    """Draw loss, grad norm and learning rate against step for each run into ``output`` (PNG)."""
+#: Event lines of the plot: ``{event: (colour, line style, legend label)}``.
+EVENT_STYLES = {"rollback": ("red", "-", "rollback"), "spike_skip": ("orange", "--", "spike skipped"),
+                "nonfinite_skip": ("purple", ":", "non-finite step skipped")}
+
+
+def make_figure(recs: list[dict[str, Any]]):
+    """The plot of :func:`cmd_plot` (a matplotlib figure): per run, the training loss with its held-out losses
+    (``heldout_partial_loss`` of the in-loop evaluations, ``heldout_loss`` of full ones) as markers in the run's
+    colour, the grad norm and the learning rate against step; skip and rollback events as vertical lines, one legend
+    entry per kind. A loss axis spanning less than a factor of 4 stays linear, and every axis labels its ticks as
+    plain numbers (``3.2``, not ``3.2 x 10^0``)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
     fig, axes = plt.subplots(3, 1, figsize=(8, 9), sharex=True)
-    for rec in recs:
-        curves = read_curves(rec["workdir"])
-        for ax, (name, pts) in zip(axes, curves.items()):
-            if pts:
-                xs, ys = zip(*pts)
-                ax.plot(xs, ys, label=rec.get("run_id", rec["workdir"]))
+    seen_events, losses = set(), []
+    for i, rec in enumerate(recs):
+        curves, colour, name = read_curves(rec["workdir"]), f"C{i}", rec.get("run_id", rec["workdir"])
+        for ax, key in zip(axes, ("loss", "grad_norm", "learning_rate")):
+            if curves[key]:
+                ax.plot(*zip(*curves[key]), color=colour, label=f"{name} train" if key == "loss" else name)
+        for key, marker, what in (("heldout_partial_loss", "o", "held-out (partial)"), ("heldout_loss", "s",
+                                                                                        "held-out")):
+            if curves[key]:
+                axes[0].plot(*zip(*curves[key]), color=colour, marker=marker, ls=":", ms=5, label=f"{name} {what}")
+        losses += [v for key in ("loss", "heldout_loss", "heldout_partial_loss") for _, v in curves[key]]
         for ev in rec.get("events", []):
-            if ev.get("event") in ("rollback", "spike_skip", "nonfinite_skip") and "superseded_at" not in ev:
-                for ax in axes:
-                    ax.axvline(ev["step"], color="red", alpha=0.3, lw=0.8)
-    for ax, name in zip(axes, ["loss", "grad norm", "learning rate"]):
+            style = EVENT_STYLES.get(ev.get("event"))
+            if style is None or "superseded_at" in ev:
+                continue
+            for ax in axes:
+                ax.axvline(ev["step"], color=style[0], ls=style[1], alpha=0.5, lw=0.8,
+                           label=style[2] if ax is axes[0] and style[2] not in seen_events else None)
+            seen_events.add(style[2])
+    for ax, name in zip(axes, ["loss (nats)", "grad norm", "learning rate"]):
         ax.set_ylabel(name)
         ax.grid(alpha=0.3)
-    axes[0].set_yscale("log")
+    if losses and min(losses) > 0 and max(losses) / min(losses) > 4:
+        axes[0].set_yscale("log")
+    plain = FuncFormatter(lambda v, _: f"{v:.3g}")
+    for ax in axes:
+        ax.yaxis.set_major_formatter(plain)
+        ax.yaxis.set_minor_formatter(plain if ax.get_yscale() == "log" else ax.yaxis.get_minor_formatter())
     axes[-1].set_xlabel("step")
-    axes[0].legend(fontsize=8)
+    if axes[0].get_legend_handles_labels()[0]:
+        axes[0].legend(fontsize=7)
     fig.tight_layout()
+    return fig
+
+
+def cmd_plot(recs: list[dict[str, Any]], output: str) -> str:
+    """Draw :func:`make_figure` of the runs into ``output`` (PNG, local or ``gs://``)."""
+    import matplotlib.pyplot as plt
+    fig = make_figure(recs)
     fs.write_figure(fig, output, dpi=100)
     plt.close(fig)
     return output
