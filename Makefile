@@ -27,17 +27,27 @@ export XLA_FLAGS
 JAX_PLATFORMS ?= cpu
 export JAX_PLATFORMS
 
-.PHONY: quickstart test test-fast prepare venv clean
+.PHONY: quickstart test test-fast prepare venv venv-core clean
 
-$(VENV)/.installed: pyproject.toml
+# The quickstart installs the core (about 1.1 GB); the tests install the dev extra on top (TensorFlow, torch, libtpu,
+# Beam, lm-eval: about 5.7 GB). pip prints little: each step says what it installs first.
+$(VENV)/.core: pyproject.toml
 	test -x $(VPY) || $(PYEXE) -m venv $(VENV)
+	@echo "installing jaxpt's core into $(VENV): about 1.1 GB, 2-5 minutes on a fresh host"
 	$(VPY) -m pip install -q --upgrade pip
+	$(VPY) -m pip install -q -e .
+	touch $@
+
+$(VENV)/.installed: $(VENV)/.core
+	@echo "installing the test set (jaxpt[dev]) into $(VENV): about 4.5 GB more, 5-10 minutes on a fresh host"
 	$(VPY) -m pip install -q -e '.[dev]'
 	touch $@
 
+venv-core: $(VENV)/.core
+
 venv: $(VENV)/.installed
 
-prepare: venv
+prepare: venv-core
 	$(VPY) -m jaxpt.data.prepare --output $(ARTIFACTS)/sample
 
 quickstart: prepare
