@@ -33,9 +33,9 @@ export JAX_PLATFORMS
 # Beam, lm-eval: about 5.7 GB). pip prints little: each step says what it installs first.
 $(VENV)/.core: pyproject.toml
 	test -x $(VPY) || $(PYEXE) -m venv $(VENV)
-	@echo "installing jaxpt's core into $(VENV): about 1.1 GB, 2-5 minutes on a fresh host"
+	@echo "installing jaxpt's core and the prepare extra into $(VENV): about 1.1 GB, 2-5 minutes on a fresh host"
 	$(VPY) -m pip install -q --upgrade pip
-	$(VPY) -m pip install -q -e .
+	$(VPY) -m pip install -q -e '.[prepare]'
 	touch $@
 
 $(VENV)/.installed: $(VENV)/.core

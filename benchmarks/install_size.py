@@ -1,6 +1,7 @@
-"""What ``make quickstart`` installs: a fresh venv with jaxpt's core, its size on disk and the time pip took.
+"""What ``make quickstart`` installs: a fresh venv with jaxpt's core and the prepare extra, its size on disk and the
+time pip took.
 
-    python benchmarks/install_size.py [--python python3] [--extra ''] [--keep DIR]
+    python benchmarks/install_size.py [--python python3] [--extra prepare] [--keep DIR]
 
 Creates a new virtual environment in a temporary folder, installs this checkout (``pip install .``, plus
 ``[EXTRA]`` when given: ``--extra dev`` measures the test set), prints the venv's size (MiB, ``du``-style: the sum
@@ -30,7 +31,8 @@ def tree_bytes(path: pathlib.Path) -> int:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--python", default=sys.executable, help="the interpreter of the venv (default: this one)")
-    p.add_argument("--extra", default="", help="an extra to install beside the core (e.g. dev)")
+    p.add_argument("--extra", default="prepare", help="extras to install beside the core (default prepare, what the "
+                   "quickstart installs; dev: the test set; '': the core alone)")
     p.add_argument("--keep", help="build the venv in this folder and keep it")
     args = p.parse_args(argv)
     root = pathlib.Path(args.keep or tempfile.mkdtemp(prefix="jaxpt-venv-"))

@@ -50,6 +50,7 @@ def test_core_dependencies_leave_the_heavy_ones_to_extras():
     extras = project["optional-dependencies"]
     assert {"data", "eval", "tpu", "cuda", "test", "dev"} <= set(extras)
     assert any("apache-beam" in d for d in extras["data"]) and any("seqio" in d for d in extras["eval"])
+    assert any("trafilatura" in d for d in extras["prepare"]) and any("tensorboard" in d for d in extras["viz"])
     # each EXTRA_MODULES entry names an existing extra and an existing module file
     for module, extra in EXTRA_MODULES.items():
         assert extra in extras

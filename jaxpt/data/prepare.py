@@ -86,7 +86,11 @@ def _library_versions() -> dict[str, str]:
 
 def extract_main_text(html: str) -> str:
     """Main text of an HTML page (trafilatura 2.x, tables kept, no comments); '' if none found."""
-    import trafilatura  # pylint: disable=g-import-not-at-top  (slow import; only web pages need it)
+    try:
+        import trafilatura  # slow to import; only web pages need it (the `prepare` extra)
+    except ImportError:
+        raise ValueError("a web page (domain 'web', raw HTML) needs trafilatura to extract its main text: "
+                         "pip install 'jaxpt[prepare]'") from None
 
     text = trafilatura.extract(html, include_comments=False, include_tables=True, favor_recall=True,
                                deduplicate=False, with_metadata=False)
