@@ -302,8 +302,9 @@ def estimate_memory(cfg, sizes: Mapping[str, int], device_bytes: float | None = 
     Params are sharded by their logical axes and ``cfg.logical_axis_rules``; gradients have the params'
     shape, dtype and sharding; AdamW keeps two moments per param in the param dtype (optax ``adamw``
     with ``mu_dtype=None``); the optimizer's update is one more param-sized tree, alive with the old
-    params until the step commits (or skips) it. With ``TrainConfig.shard_optimizer_state`` the moments and the
-    update are split a further :func:`zero_factor` ways.
+    params until the step commits (or skips) it. With ``TrainConfig.shard_optimizer_state`` the moments are split a
+    further :func:`zero_factor` ways; the gradients and the update are not: the compiled step (XLA on CPU; measured
+    in ``tests/test_plan.py``) keeps them whole-size as temporaries, all-reducing the gradients and slicing after.
     Weights sharded over the batch's axes (FSDP) are all-gathered for compute;
     their gathered copies (in the compute dtype) are counted for every layer at once, because XLA keeps
     the forward pass's gathered weights for the backward pass unless a remat policy makes it re-gather,
@@ -333,7 +334,7 @@ def estimate_memory(cfg, sizes: Mapping[str, int], device_bytes: float | None = 
     return MemoryEstimate(
         stash=pipeline_buffer_bytes(m, cfg.global_batch_size, cfg.seq_len, rules, sizes),
         pipeline=None if pipe is None else pipe.as_dict(),
-        params=p, grads=p, opt_state=2 * p // z, update=p // z,
+        params=p, grads=p, opt_state=2 * p // z, update=p,
         gathered_params=gathered * DTYPE_BYTES[m.compute_dtype] + lookup * DTYPE_BYTES[m.param_dtype],
         activations=activation_bytes(m, cfg.global_batch_size, cfg.seq_len, rules, sizes),
         logits=logits_bytes(m, cfg.global_batch_size, cfg.seq_len, rules, sizes),
