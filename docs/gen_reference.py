@@ -465,8 +465,9 @@ PAGES: dict[str, Callable[[], str]] = {
 
 
 def pages() -> dict[str, str]:
-    """``{path under docs/: Markdown}`` of every generated page."""
-    return {path: make() + "\n" for path, make in PAGES.items()}
+    """``{path under docs/: Markdown}`` of every generated page. A path under the checkout (a default some program
+    computes from its own location) is written relative to it, as a user's checkout would have it."""
+    return {path: make().replace(f"{ROOT}/", "") + "\n" for path, make in PAGES.items()}
 
 
 def on_files(files, config):
