@@ -189,8 +189,12 @@ class TrainConfig:
     """Everything a run needs. Nested configs are built from their own gin bindings.
 
     Attributes:
-      model, optimizer, data, checkpoint, stability, heldout_eval: sub-configs (``heldout_eval``: the
-        loop's per-domain held-out figures, :class:`HeldoutEvalConfig`).
+      model: the model's shape and numerics (:class:`jaxpt.model.config.ModelConfig`).
+      optimizer: AdamW and the learning-rate schedule (:class:`jaxpt.training.optim.OptimizerConfig`).
+      data: where training and held-out text come from (:class:`DataConfig`).
+      checkpoint: when to save and what to keep (:class:`jaxpt.checkpoint.CheckpointConfig`).
+      stability: spike skipping and divergence rollback (:class:`jaxpt.training.stability.StabilityConfig`).
+      heldout_eval: the loop's per-domain held-out figures (:class:`HeldoutEvalConfig`).
       mesh: mesh sizes, e.g. ``'data=2,fsdp=2,tensor=2'``; one axis may be -1 (the remaining devices).
         With ``dcn_mesh`` set, these are the sizes *within* a slice (ICI). An axis of size > 1 must be
         used by some ``logical_axis_rules`` entry (:func:`validate`).
@@ -212,13 +216,6 @@ class TrainConfig:
       progress_bar: show a tqdm bar on the terminal.
       log_batch_documents: append, per step, the indices of the documents in this process's rows to
         ``<workdir>/batches/process_<i>.jsonl`` (an audit trail for resumption and data debugging).
-
-    Raises:
-      ConfigError: at construction, naming ``TrainConfig.<field> = <value>``: a wrong type (sub-configs
-        included), a malformed ``mesh``/``dcn_mesh`` (unknown axis, non-integer or non-positive size, two
-        -1s; -1 at all in ``dcn_mesh``), an unknown axis in ``logical_axis_rules``, a count out of range, an
-        ``init_from`` whose ``@step`` is not a positive integer, or ``reset_optimizer`` without ``init_from``.
-        Checks against the other configs and the devices are :func:`validate`'s.
       init_from: start this run as a new *stage* from another run's checkpoint: ``'<run dir>[@step]'`` (the newest
         committed step without ``@step``); params and optimizer state are taken from it, the step count goes on
         from its step, and the learning-rate schedule starts afresh with horizon ``steps - step``
@@ -251,6 +248,13 @@ class TrainConfig:
       compilation_cache_dir: the persistent compilation cache, so a restart loads its compiled programs instead of
         recompiling: ``'auto'`` (JAX's own setting, e.g. ``JAX_COMPILATION_CACHE_DIR``, else ``<workdir>/jax_cache``,
         shared by every host of the run), a path, or ``''`` for none (:mod:`jaxpt.run.compile_cache`).
+
+    Raises:
+      ConfigError: at construction, naming ``TrainConfig.<field> = <value>``: a wrong type (sub-configs
+        included), a malformed ``mesh``/``dcn_mesh`` (unknown axis, non-integer or non-positive size, two
+        -1s; -1 at all in ``dcn_mesh``), an unknown axis in ``logical_axis_rules``, a count out of range, an
+        ``init_from`` whose ``@step`` is not a positive integer, or ``reset_optimizer`` without ``init_from``.
+        Checks against the other configs and the devices are :func:`validate`'s.
     """
 
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
