@@ -220,6 +220,8 @@ RUN_ELSEWHERE = {
     "make quickstart": "the fresh-clone check (shared/tools/fresh-clone-check quickstart)",
     "make test": "CI (.ci/run) and the fresh-clone check",
     "pip install -e .[dev]": "make venv, which make test runs in CI (the Makefile's install line)",
+    "pip install -e .[prepare]": "make venv-core, which make quickstart runs (the fresh-clone check; the Makefile's "
+                                 "install line)",
     "python -m jaxpt.data.prepare --output artifacts/sample": "make quickstart (the fresh-clone check); "
                                                               "tests/test_data_prepare.py::test_cli_on_the_bundled_sample",
     "python -m jaxpt.train --config configs/quickstart.gin --workdir workdirs/quickstart": "make quickstart (the fresh-clone check)",
