@@ -14,8 +14,8 @@ import os
 import sys
 import time
 
-import gin
 
+from jaxpt import config as jaxpt_config
 from jaxpt.util import progress as progress_lib
 from jaxpt.util import fs
 from jaxpt.data import documents
@@ -30,11 +30,10 @@ OUTPUT_SUBDIRS = ("tfds", "heldout", "decisions", "review", "_stats")
 
 def load_config(config_files: list[str], bindings: list[str]) -> config_lib.BuildConfig:
     """Parses gin files + bindings and returns the validated BuildConfig."""
-    gin.clear_config()
     fs.register_gin_reader()  # --config gs://b/build.gin
-    # Not finalized: a locked gin config would refuse configurables registered later in the same process
-    # (the tokenizer CLI's, jaxpt's), so what ran first would decide what can run next.
-    gin.parse_config_files_and_bindings(config_files, bindings, finalize_config=False)
+    # Checked first (a gin file is code: jaxpt.config.check_gin_text), and not finalized: a locked gin config would
+    # refuse configurables registered later in the same process (the tokenizer CLI's, jaxpt's).
+    jaxpt_config.parse_gin(config_files, bindings)
     cfg = config_lib.BuildConfig()
     cfg.registry()
     return cfg

@@ -51,6 +51,7 @@ from typing import Any, Sequence
 import gin
 import numpy as np
 
+from jaxpt import config as jaxpt_config
 from jaxpt.util import fs
 from jaxpt.data import corpus as corpus_lib
 from jaxpt.data import documents
@@ -131,20 +132,8 @@ def load_config(config_files: Sequence[str | os.PathLike], bindings: Sequence[st
     global _GIN_CONFIG
     if _GIN_CONFIG is None:  # registered on first use, so `python -m` (module run as __main__) registers once
         _GIN_CONFIG = gin.external_configurable(TokenizerConfig, name="TokenizerConfig", module="data_pipelines")
-    gin.clear_config()
     fs.register_gin_reader()  # --config gs://b/tokenizer.gin
-    for path in config_files:
-        if not fs.exists(path):
-            raise ConfigError(f"--config {path}: no such file")
-        try:
-            gin.parse_config_file(str(path))
-        except (ValueError, SyntaxError) as e:
-            raise ConfigError(f"in config file {path}: {e}") from None
-    for binding in bindings:
-        try:
-            gin.parse_config(binding)
-        except (ValueError, SyntaxError) as e:
-            raise ConfigError(f"binding {binding!r}: {e}") from None
+    jaxpt_config.parse_gin([str(p) for p in config_files], bindings)  # checked first: a gin file is code
     cfg = _GIN_CONFIG()
     cfg.validate()
     return cfg

@@ -35,6 +35,7 @@ import typing
 from typing import Any, Literal, Sequence
 
 import gin
+from gin import config_parser
 
 from jaxpt import mesh as mesh_lib
 from jaxpt.checkpoint import CheckpointConfig
@@ -402,6 +403,89 @@ def build_config() -> TrainConfig:
 
 fs.register_gin_reader()  # --config gs://b/x.gin, include 'gs://b/y.gin'
 
+# ------------------------------------------------------------------------------------------ gin is code
+
+#: Modules a gin file may import (the corpus build's configs name its config classes so). Any other import statement,
+#: ``from __gin__ import dynamic_registration`` included, is refused: importing runs a module's code.
+GIN_IMPORTS = frozenset({"data_pipelines.config"})
+#: The packages whose gin configurables a config may bind: jaxpt's configs and the corpus build's.
+GIN_PACKAGES = ("jaxpt", "data_pipelines")
+#: Includes deeper than this are refused (a file that includes itself, directly or not).
+MAX_GIN_INCLUDE_DEPTH = 16
+
+
+class _RefusingDelegate(config_parser.ParserDelegate):
+    """Parses values as gin does, refusing configurable references (``@name``, ``@name()``): evaluated at build time,
+    a reference calls whatever was registered under the name."""
+
+    def __init__(self, where: str):
+        self.where = where
+
+    def configurable_reference(self, name, evaluate):
+        raise ConfigError(f"{self.where}: the reference @{name}{'()' if evaluate else ''} is refused: a gin "
+                          "reference calls registered code; jaxpt's configs bind plain values")
+
+    def macro(self, name):
+        return name
+
+
+def check_gin_text(text: str, where: str, depth: int = 0) -> None:
+    """Refuse what would make a gin config run code other than jaxpt's own configs (a gin file is code: gin
+    imports modules, registers callables and calls what a reference names): import statements of modules outside
+    :data:`GIN_IMPORTS` (``from __gin__ import dynamic_registration`` too), configurable references, and bindings of
+    configurables that packages other than :data:`GIN_PACKAGES` registered; included files are checked the same way.
+    Plain bindings, macros and includes of checked files pass. Nothing is imported or run by the check.
+
+    Raises:
+      ConfigError: naming ``where`` (a file and line, or a binding) and what was refused.
+    """
+    try:
+        statements = list(config_parser.ConfigParser(text, _RefusingDelegate(where)))
+    except SyntaxError:
+        return  # not gin: gin's own parse reports it, with the file and line
+    for st in statements:
+        at = f"{where}:{st.location.line_num}" if st.location and st.location.line_num else where
+        if isinstance(st, config_parser.ImportStatement):
+            if st.module not in GIN_IMPORTS:
+                raise ConfigError(f"{at}: `{st.location.line_content.strip()}` is refused: a gin import runs a module's "
+                                  f"code (allowed: {', '.join(sorted(GIN_IMPORTS))})")
+        elif isinstance(st, config_parser.IncludeStatement):
+            if depth >= MAX_GIN_INCLUDE_DEPTH:
+                raise ConfigError(f"{at}: include {st.filename!r}: includes nest deeper than {MAX_GIN_INCLUDE_DEPTH}")
+            if fs.exists(st.filename):
+                check_gin_text(fs.read_text(st.filename), st.filename, depth + 1)
+        elif isinstance(st, config_parser.BindingStatement) and st.arg_name:
+            match = gin.config._REGISTRY.get_match(st.selector)  # noqa: SLF001  gin's registry has no public lookup
+            if match is not None and not match.module.split(".")[0] in GIN_PACKAGES:
+                raise ConfigError(f"{at}: binding {st.selector}.{st.arg_name} is refused: {st.selector} is registered "
+                                  f"by {match.module}, not by jaxpt's configs")
+
+
+def parse_gin(config_files: Sequence[str], bindings: Sequence[str]) -> None:
+    """Check (:func:`check_gin_text`) and parse gin files, then bindings, into gin's config (cleared first).
+
+    Raises:
+      ConfigError: a missing file; a refused statement; a file or binding gin cannot parse (with the file and line, or
+        the binding, and :func:`did_you_mean`'s suggestion).
+    """
+    gin.clear_config()
+    for path in config_files:
+        if not fs.exists(path):
+            raise ConfigError(f"--config {path}: no such file")
+        check_gin_text(fs.read_text(path), str(path))
+        try:
+            gin.parse_config_file(str(path))
+        except OSError as e:  # an included file that no reader finds
+            raise ConfigError(f"in config file {path}: {e}") from None
+        except (ValueError, SyntaxError) as e:
+            raise ConfigError(f"in config file {path}: {e}{did_you_mean(str(e))}") from None
+    for binding in bindings:
+        check_gin_text(binding, f"binding {binding!r}")
+        try:
+            gin.parse_config(binding)
+        except (ValueError, SyntaxError) as e:
+            raise ConfigError(f"binding {binding!r}: {e}{did_you_mean(str(e))}") from None
+
 
 def parse(config_files: Sequence[str] = (), bindings: Sequence[str] = (), *,
           workdir: str | None = None, steps: int | None = None, mesh: str | None = None) -> TrainConfig:
@@ -414,16 +498,6 @@ def parse(config_files: Sequence[str] = (), bindings: Sequence[str] = (), *,
       ConfigError: missing file, unknown configurable or parameter, a malformed binding (with the file
         and line, or the binding text), or a field a config refuses (``ClassName.field = value: ...``).
     """
-    gin.clear_config()
-    for path in config_files:
-        if not fs.exists(path):
-            raise ConfigError(f"--config {path}: no such file")
-        try:
-            gin.parse_config_file(path)
-        except OSError as e:  # an included file that no reader finds
-            raise ConfigError(f"in config file {path}: {e}") from None
-        except (ValueError, SyntaxError) as e:
-            raise ConfigError(f"in config file {path}: {e}{did_you_mean(str(e))}") from None
     flag_bindings = []
     if workdir is not None:
         flag_bindings.append(f"TrainConfig.workdir = {workdir!r}")
@@ -431,11 +505,7 @@ def parse(config_files: Sequence[str] = (), bindings: Sequence[str] = (), *,
         flag_bindings.append(f"TrainConfig.steps = {int(steps)}")
     if mesh is not None:
         flag_bindings.append(f"TrainConfig.mesh = {mesh!r}")
-    for binding in [*flag_bindings, *bindings]:
-        try:
-            gin.parse_config(binding)
-        except (ValueError, SyntaxError) as e:
-            raise ConfigError(f"binding {binding!r}: {e}{did_you_mean(str(e))}") from None
+    parse_gin(config_files, [*flag_bindings, *bindings])
     try:
         return build_config()
     except ConfigError as e:
@@ -550,8 +620,6 @@ def saved_settings(meta: dict[str, Any]) -> dict[str, Any]:
     Raises:
       CheckpointError: the config text is not gin.
     """
-    from gin import config_parser
-
     class Delegate(config_parser.ParserDelegate):
         def configurable_reference(self, name, evaluate):
             return _Literal(f"@{name}{'()' if evaluate else ''}")
