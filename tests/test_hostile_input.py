@@ -73,3 +73,48 @@ def test_the_repository_configs_and_plain_bindings_still_parse():
         C.check_gin_text(path.read_text(), str(path))
     cfg = C.parse([str(root / "configs" / "quickstart.gin")], ["TrainConfig.seed = 3", "A = 5", "TrainConfig.steps = %A"])
     assert (cfg.seed, cfg.steps) == (3, 5)
+
+
+# ------------------------------------------------------------------------------------------ shared machines
+
+
+def _cfg(prepared, workdir, **extra):
+    from conftest import tiny_bindings
+    return C.parse(["configs/quickstart.gin"], tiny_bindings(prepared, workdir, **extra), mesh="data=8")
+
+
+def test_a_workdir_or_compilation_cache_others_can_write_is_refused_before_anything_runs(prepared_sample, tmp_path):
+    """A compilation cache is code the run loads: a program planted in a workdir (or cache directory) another user
+    made, or can write, ran as this user's. Such a directory is refused by the pre-start checks, naming it."""
+    from jaxpt.run import resolve
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o777)
+    with pytest.raises(ConfigError, match=r"TrainConfig.workdir = .*shared' is writable by its group and everyone"):
+        resolve.resolve(_cfg(prepared_sample, shared))
+    mine = tmp_path / "mine"
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    os.chmod(cache, 0o775)
+    with pytest.raises(ConfigError, match=r"TrainConfig.compilation_cache_dir = .*cache' is writable by its group"):
+        resolve.resolve(_cfg(prepared_sample, mine, **{"TrainConfig.compilation_cache_dir": repr(str(cache))}))
+    os.chmod(cache, 0o700)
+    resolve.resolve(_cfg(prepared_sample, mine, **{"TrainConfig.compilation_cache_dir": repr(str(cache))}))
+    assert not mine.exists()  # the checks wrote nothing
+
+
+@pytest.mark.skipif(not hasattr(os, "getuid") or os.getuid() != 0, reason="needs root to give a folder to another uid")
+def test_a_workdir_another_user_owns_is_refused(prepared_sample, tmp_path):
+    from jaxpt.run import resolve
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o755)
+    os.chown(theirs, 12345, 12345)
+    with pytest.raises(ConfigError, match=r"owned by uid 12345, not by this user"):
+        resolve.resolve(_cfg(prepared_sample, theirs))
+
+
+def test_the_trainer_makes_its_compilation_cache_private(tmp_path):
+    from jaxpt.run import compile_cache
+    with compile_cache.persistent_cache(str(tmp_path / "new_cache")):
+        pass
+    assert (tmp_path / "new_cache").stat().st_mode & 0o777 == 0o700

@@ -11,8 +11,10 @@ each host, and only host 0 would ever fill its own.)
 :func:`persistent_cache` turns the cache on for a block (the trainer's whole run) and restores the process's
 previous setting after it, so two runs in one process (tests, notebooks) never share a cache directory unasked.
 
-Security, from JAX's own warning: a cache directory is trusted code; do not point it at a directory others can
-write to.
+Security: a cache directory is trusted code (JAX's own warning). A local cache directory, and the workdir that holds
+the default one, must belong to the user running and be writable by nobody else
+(:func:`jaxpt.util.fs.check_private_dir`, checked before anything is written: a program planted in a directory another
+user made would otherwise run as this user's); the trainer creates a missing one readable by its owner alone.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from typing import Iterator
 
 import jax
 from jax.experimental.compilation_cache import compilation_cache as jax_cache
+
+from jaxpt.util import fs
 
 log = logging.getLogger("jaxpt.run.compile_cache")
 
@@ -49,6 +53,13 @@ def resolve_cache_dir(setting: str, workdir: str) -> str | None:
     if setting == "auto":
         return jax.config.jax_compilation_cache_dir or os.path.join(workdir, WORKDIR_SUBDIR)
     return setting if "://" in setting else os.path.expanduser(setting)
+
+
+def setting_name(setting: str) -> str:
+    """Where the cache directory of ``TrainConfig.compilation_cache_dir = setting`` comes from, as errors name it."""
+    if setting == "auto" and jax.config.jax_compilation_cache_dir:
+        return "jax_compilation_cache_dir (JAX_COMPILATION_CACHE_DIR)"
+    return "TrainConfig.compilation_cache_dir"
 
 
 @dataclasses.dataclass
@@ -96,6 +107,7 @@ def persistent_cache(directory: str | None) -> Iterator[CacheStats | None]:
             jax.config.update("jax_compilation_cache_dir", previous)
             jax_cache.reset_cache()
         return
+    fs.check_private_dir(directory, "the compilation cache directory", create=True)
     stats = CacheStats(directory)
 
     def count(event: str, **_) -> None:

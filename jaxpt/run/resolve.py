@@ -32,6 +32,7 @@ from jaxpt.data import corpus, documents, mixture, stream
 from jaxpt.data.tokenizer import Tokenizer
 from jaxpt.eval import inloop
 from jaxpt.model.decoder import count_params
+from jaxpt.run import compile_cache
 from jaxpt.run import lineage as lineage_lib
 from jaxpt.run.validate import validate
 from jaxpt.training import batch_ramp, memory as memory_lib
@@ -205,6 +206,10 @@ def check_paths(cfg: TrainConfig) -> None:
                           "(no mixture.json; build one with `python -m data_pipelines.build`)")
     if fs.isfile(cfg.workdir):
         raise ConfigError(f"TrainConfig.workdir = {cfg.workdir!r}: a file, not a directory")
+    fs.check_private_dir(cfg.workdir, "TrainConfig.workdir")  # what it resumes and loads must be this user's
+    cache = compile_cache.resolve_cache_dir(cfg.compilation_cache_dir, cfg.workdir)
+    if cache is not None:  # a compilation cache is code the run loads
+        fs.check_private_dir(cache, compile_cache.setting_name(cfg.compilation_cache_dir))
 
 
 def _check_reachable(key: str, path: str) -> None:

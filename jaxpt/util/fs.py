@@ -38,6 +38,8 @@ from typing import IO, Iterator
 
 from etils import epath
 
+from jaxpt.util.errors import ConfigError
+
 _SCHEME = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
 
 
@@ -232,6 +234,36 @@ def replace_local(p: str | os.PathLike, data: bytes) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def check_private_dir(p: str | os.PathLike, what: str, *, create: bool = False) -> None:
+    """Refuse a local directory that another user could have put files in: owned by someone else, or writable by
+    its group or by everyone (a compilation cache is code the process runs; a run directory holds what it resumes).
+    With ``create``, a missing directory is made, readable and writable by its owner alone (mode 0700). Object storage
+    (``gs://``) has no owner to check here: its bucket's permissions decide.
+
+    Raises:
+      ConfigError: naming ``what``, the path, its owner and mode, and what to do.
+    """
+    if is_remote(p):
+        return
+    p = os.fspath(p)
+    if not os.path.exists(p):
+        if create:
+            os.makedirs(p, mode=0o700, exist_ok=True)
+            os.chmod(p, 0o700)
+        return
+    st = os.stat(p)
+    problems = []
+    if hasattr(os, "getuid") and st.st_uid != os.getuid():
+        problems.append(f"owned by uid {st.st_uid}, not by this user (uid {os.getuid()})")
+    if st.st_mode & 0o022:
+        problems.append(f"writable by {'its group' if st.st_mode & 0o020 else ''}"
+                        f"{' and ' if st.st_mode & 0o020 and st.st_mode & 0o002 else ''}"
+                        f"{'everyone' if st.st_mode & 0o002 else ''} (mode {oct(st.st_mode & 0o777)})")
+    if problems:
+        raise ConfigError(f"{what} = {p!r} is {' and '.join(problems)}: another user could have put files there for "
+                          "this run to load; use a directory of your own that only you can write (chmod go-w)")
 
 
 def write_text_atomic(p: str | os.PathLike, text: str) -> None:
