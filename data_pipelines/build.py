@@ -66,8 +66,27 @@ def load_eval_index(cfg: config_lib.BuildConfig) -> stages.EvalIndex:
     return index
 
 
-def run(cfg: config_lib.BuildConfig, out_dir: str, beam_args: list[str] | None = None) -> dict:
-    """Builds the corpus version into `out_dir` and returns the manifest dict."""
+def check_output(out_dir: str, overwrite: bool = False) -> None:
+    """The build may write into ``out_dir``: missing, empty, or holding only what a build writes (a corpus version, or
+    one cut short); a folder holding anything else is refused unless ``overwrite`` (the build deletes its outputs'
+    names there first, and a mistyped --output once pointed it at a folder of other files).
+
+    Raises:
+      ConfigError: naming the folder, what it holds, and --overwrite.
+    """
+    if not fs.isdir(out_dir):
+        return
+    ours = set(OUTPUT_SUBDIRS) | {"manifest.json", "mixture.json"}
+    other = sorted(set(fs.listdir(out_dir)) - ours)
+    if other and not overwrite:
+        shown = ", ".join(other[:5]) + (f" and {len(other) - 5} more" if len(other) > 5 else "")
+        raise config_lib.ConfigError(f"--output {out_dir}: holds {shown}, which is not a corpus version; choose an "
+                                     "empty or new folder, or pass --overwrite to build there anyway")
+
+
+def run(cfg: config_lib.BuildConfig, out_dir: str, beam_args: list[str] | None = None,
+        overwrite: bool = False) -> dict:
+    """Builds the corpus version into `out_dir` (:func:`check_output` first) and returns the manifest dict."""
     import apache_beam as beam
     from apache_beam.options.pipeline_options import PipelineOptions
 
@@ -78,6 +97,7 @@ def run(cfg: config_lib.BuildConfig, out_dir: str, beam_args: list[str] | None =
     writer.SentencePieceEncoder(cfg.output.tokenizer_path)  # fail before the pipeline starts
     eval_index = load_eval_index(cfg) if cfg.decontam.enabled else None
     sink.check_credentials(out_dir)
+    check_output(out_dir, overwrite)
     fs.makedirs(out_dir)
     for sub in OUTPUT_SUBDIRS:
         fs.rmtree(fs.join(out_dir, sub))
@@ -262,13 +282,14 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", action="append", required=True, help="gin file (repeatable)")
     ap.add_argument("--gin", action="append", default=[], help="gin binding, e.g. 'RuleConfig.min_words=10'")
-    ap.add_argument("--output", required=True, help="corpus version directory")
+    ap.add_argument("--output", required=True, help="corpus version directory (new, empty, or an earlier version)")
+    ap.add_argument("--overwrite", action="store_true", help="build into --output even if it holds other files")
     args, beam_args = ap.parse_known_args(argv)
     progress_lib.quiet_startup()
     try:
         cfg = load_config(args.config, args.gin)
         t = time.time()
-        m = run(cfg, args.output, beam_args)
+        m = run(cfg, args.output, beam_args, overwrite=args.overwrite)
     except (config_lib.ConfigError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -24,6 +24,7 @@ import os
 import numpy as np
 
 from jaxpt.util import fs, jsonl
+from jaxpt.util.errors import ConfigError
 
 DATASET_VERSION = "1.0.0"
 
@@ -78,8 +79,16 @@ def tfds_dir(out_dir: str, dataset_name: str) -> str:
 
 
 def shard_filename(dataset_name: str, domain: str, index: int, count: int) -> str:
-    """TFDS default template ``{DATASET}-{SPLIT}.{FILEFORMAT}-{SHARD_X_OF_Y}``."""
-    return f"{dataset_name}-{domain}.array_record-{index:05d}-of-{count:05d}"
+    """TFDS default template ``{DATASET}-{SPLIT}.{FILEFORMAT}-{SHARD_X_OF_Y}``.
+
+    Raises:
+      ConfigError: a name that would put the file in another folder (:func:`jaxpt.util.fs.contained`).
+    """
+    name = f"{dataset_name}-{domain}.array_record-{index:05d}-of-{count:05d}"
+    if "/" in name or "\\" in name or name.startswith("."):
+        raise ConfigError(f"shard file name {name!r} (dataset {dataset_name!r}, domain {domain!r}) would land in "
+                          "another folder; refused")
+    return name
 
 
 def write_array_record(path: str, records: list[bytes]) -> None:
@@ -103,7 +112,7 @@ def write_array_record(path: str, records: list[bytes]) -> None:
 def heldout_path(out_dir: str, domain: str) -> str:
     """``DIR/heldout/<domain>.jsonl.gz``: the held-out documents of one domain (id, source, domain, lang, text,
     n_tokens), sorted by id. `jaxpt.eval.heldout.resolve_source` and the trainer read this layout."""
-    return fs.join(out_dir, "heldout", f"{domain}.jsonl.gz")
+    return fs.join(out_dir, "heldout", fs.contained(out_dir, f"{domain}.jsonl.gz"))
 
 
 def write_jsonl_gz(path: str, rows: list[dict]) -> None:

@@ -118,3 +118,75 @@ def test_the_trainer_makes_its_compilation_cache_private(tmp_path):
     with compile_cache.persistent_cache(str(tmp_path / "new_cache")):
         pass
     assert (tmp_path / "new_cache").stat().st_mode & 0o777 == 0o700
+
+
+# ------------------------------------------------------------------------------------------ writes outside their folder
+
+
+@pytest.mark.parametrize("name", ["../../x", "/etc/passwd", "a/../../b", "..", ""])
+def test_a_name_from_data_never_leaves_its_folder(name):
+    from jaxpt.util import fs
+    with pytest.raises(ConfigError, match="would land outside the folder"):
+        fs.contained("/out", name)
+    assert fs.contained("/out", "a/b/../c.json") == "a/c.json"
+
+
+def test_object_names_that_climb_out_of_a_downloaded_folder_are_refused_before_anything_is_written(
+        tmp_path, monkeypatch):
+    """A `gs://` model folder with an object named `../../x` wrote it outside the download cache (and conversion
+    exited 0)."""
+    from jaxpt.util import fs
+    monkeypatch.setenv("JAXPT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(fs, "tree_listing", lambda root: [("config.json", 2, 0.0), ("../../escaped.txt", 3, 0.0)])
+    with pytest.raises(ConfigError, match=r"'../../escaped.txt' would land outside the folder"):
+        fs.local_tree("gs://bucket/model")
+    assert not (tmp_path / "escaped.txt").exists() and not list((tmp_path / "cache").rglob("*.json"))
+
+
+def test_the_download_cache_is_the_users_own_and_downloads_are_checked(tmp_path, monkeypatch):
+    """`<tmp>/jaxpt-cache` was shared by every user of the host and trusted a `.complete` marker, so another user's
+    planted weights were converted as the bucket's."""
+    from jaxpt.util import fs
+    shared = tmp_path / "shared-cache"
+    shared.mkdir()
+    os.chmod(shared, 0o777)
+    monkeypatch.setenv("JAXPT_CACHE_DIR", str(shared))
+    with pytest.raises(ConfigError, match="download cache .* is writable by its group and everyone"):
+        fs.cache_dir()
+    monkeypatch.delenv("JAXPT_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "home_cache"))
+    assert fs.cache_dir() == str(tmp_path / "home_cache" / "jaxpt")
+    assert (tmp_path / "home_cache" / "jaxpt").stat().st_mode & 0o777 == 0o700
+    src = tmp_path / "src.bin"
+    src.write_bytes(b"12345")
+    with pytest.raises(OSError, match="downloaded 5 bytes, the listing says 9"):
+        fs._copy_verified(str(src), str(tmp_path / "out" / "x.bin"), 9)
+    assert not (tmp_path / "out" / "x.bin").exists() and not list((tmp_path / "out").iterdir())
+
+
+def test_an_eval_card_task_named_like_a_path_is_refused(tmp_path):
+    import yaml
+
+    from jaxpt.eval.card import CardError, content_hash, load_card
+    root = pathlib.Path(__file__).resolve().parents[1]
+    raw = yaml.safe_load((root / "configs" / "eval" / "card_v1.yaml").read_text())
+    raw["tasks"]["../../x"] = next(iter(raw["tasks"].values()))
+    raw["content_sha256"] = content_hash(raw)  # a stamped card: only the task name is wrong
+    (tmp_path / "card.yaml").write_text(yaml.safe_dump(raw))
+    with pytest.raises(CardError, match=r"task name '\.\./\.\./x' is not a plain name"):
+        load_card(str(tmp_path / "card.yaml"))
+
+
+def test_a_corpus_build_refuses_a_folder_that_is_not_a_corpus_version(tmp_path):
+    """`--output` pointed at a folder of other files deleted what was there."""
+    pytest.importorskip("apache_beam")
+    from data_pipelines import build
+    (tmp_path / "thesis").mkdir()
+    (tmp_path / "thesis" / "chapter1.tex").write_text("keep me")
+    with pytest.raises(ConfigError, match=r"holds chapter1.tex, which is not a corpus version.*--overwrite"):
+        build.check_output(str(tmp_path / "thesis"))
+    build.check_output(str(tmp_path / "thesis"), overwrite=True)
+    (tmp_path / "v1" / "tfds").mkdir(parents=True)
+    (tmp_path / "v1" / "manifest.json").write_text("{}")
+    build.check_output(str(tmp_path / "v1"))  # an earlier version: rebuilt in place
+    assert (tmp_path / "thesis" / "chapter1.tex").read_text() == "keep me"

@@ -111,6 +111,9 @@ def _get(raw: Mapping[str, Any], key: str, typ, where: str, default: Any = ...):
 
 def _task(name: str, t: Mapping[str, Any], where: str) -> TaskSpec:
     w = f"{where}.tasks.{name}"
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", str(name)):
+        raise CardError(f"{where}.tasks: the task name {name!r} is not a plain name (letters, digits, _ . -): it names "
+                        "files the evaluation writes")
     if not isinstance(t, dict):
         raise CardError(f"{w}: a task is a mapping")
     kind = _get(t, "kind", str, w)

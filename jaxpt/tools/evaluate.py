@@ -327,7 +327,7 @@ def cmd_export_probes(args) -> int:
                               heldout.training_texts(args.train))
     fs.makedirs(args.output)
     for name, te in tasks.items():
-        path = fs.join(args.output, f"{name}.jsonl")
+        path = fs.join(args.output, fs.contained(args.output, f"{name}.jsonl"))  # a card's task name is data
         with fs.open(path, "w", encoding="utf-8") as f:
             for ex in te.examples:
                 text = (ex["contexts"][ex["label"]] + ex["continuations"][ex["label"]] if te.spec.is_choice

@@ -13,7 +13,8 @@ What object storage changes, and how each function handles it:
   new text at its end (one small object per log, so O(size) per append is fine); a write replaces an object
   atomically, so :func:`write_text_atomic` needs no temporary file there.
 * Libraries that only read local files (ArrayRecord's C++ reader, SentencePiece) get a local copy through
-  :func:`local_copy`, cached under ``$JAXPT_CACHE_DIR`` (default ``<tmp>/jaxpt-cache``) by the object's URI.
+  :func:`local_copy`, cached under ``$JAXPT_CACHE_DIR`` (default ``~/.cache/jaxpt``, private to the user) by the
+  object's URI.
 * ``os.path.abspath`` would turn ``gs://b/x`` into ``<cwd>/gs:/b/x``: use :func:`absolute`.
 
 Emulators: with ``STORAGE_EMULATOR_HOST=http://host:port`` set (the variable the Google Cloud clients,
@@ -30,6 +31,7 @@ import contextlib
 import glob as _glob
 import gzip
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -383,8 +385,52 @@ def walk(p: str | os.PathLike) -> Iterator[tuple[str, list[str], list[str]]]:
 
 
 def cache_dir() -> str:
-    """Where :func:`local_copy` keeps downloaded objects: ``$JAXPT_CACHE_DIR`` or ``<tmp>/jaxpt-cache``."""
-    return os.environ.get("JAXPT_CACHE_DIR") or os.path.join(tempfile.gettempdir(), "jaxpt-cache")
+    """Where :func:`local_copy` and :func:`local_tree` keep downloaded objects: ``$JAXPT_CACHE_DIR``, else the user's
+    own cache folder (``$XDG_CACHE_HOME/jaxpt``, default ``~/.cache/jaxpt``), created readable by its owner alone and
+    refused when another user owns it or can write it (:func:`check_private_dir`): a download cache shared under a
+    predictable temporary name let another user plant the files a conversion then read as the bucket's.
+
+    Raises:
+      ConfigError: the folder is not private to this user.
+    """
+    d = os.environ.get("JAXPT_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "jaxpt")
+    check_private_dir(d, "the download cache (JAXPT_CACHE_DIR)", create=True)
+    return d
+
+
+def contained(root: str, rel: str) -> str:
+    """``rel`` (a name from a listing, an archive or a data file) as a relative path that stays inside ``root``.
+
+    Raises:
+      ConfigError: ``rel`` is absolute, empty, or climbs out of ``root`` (``..``).
+    """
+    norm = os.path.normpath(rel.replace("\\", "/")) if rel else ""
+    if not rel or os.path.isabs(rel) or norm == ".." or norm.startswith("../") or norm.startswith("/"):
+        raise ConfigError(f"{root}: the name {rel!r} would land outside the folder; refused")
+    return norm
+
+
+def _copy_verified(src: str, target: str, size: int) -> None:
+    """Download ``src`` to ``target`` through a temporary file beside it, checking the byte count against the
+    listing's ``size``.
+
+    Raises:
+      OSError: the download holds another number of bytes than the listing said (nothing is left behind).
+    """
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(target))
+    try:
+        with os.fdopen(fd, "wb") as fo, open(src, "rb") as fi:
+            shutil.copyfileobj(fi, fo, 1 << 20)
+        got = os.path.getsize(tmp)
+        if size is not None and got != size:
+            raise OSError(f"{src}: downloaded {got} bytes, the listing says {size}")
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def local_copy(p: str | os.PathLike) -> str:
@@ -392,47 +438,54 @@ def local_copy(p: str | os.PathLike) -> str:
 
     For readers that only open local files (ArrayRecord, SentencePiece). The cache key is the URI plus the
     object's size and modification time, so a re-written object is fetched again; the download goes to a
-    temporary name first, so concurrent processes never read half a file.
+    temporary name first and its size is checked, so concurrent processes never read half a file; a cached copy is
+    used only while its size still matches.
     """
     if not is_remote(p):
         return os.fspath(p)
     st = path(p).stat()
     key = hashlib.sha256(f"{os.fspath(p)}|{st.length}|{st.mtime}".encode()).hexdigest()[:24]
     out = os.path.join(cache_dir(), key, basename(p))
-    if not os.path.isfile(out):
-        os.makedirs(os.path.dirname(out), exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(out))
-        with os.fdopen(fd, "wb") as fo, open(p, "rb") as fi:
-            shutil.copyfileobj(fi, fo, 1 << 20)
-        os.replace(tmp, out)
+    if not (os.path.isfile(out) and os.path.getsize(out) == st.length):
+        _copy_verified(os.fspath(p), out, st.length)
     return out
 
 
-
-
-def local_tree(p: str | os.PathLike) -> str:
-    """A local directory with the contents of directory ``p``: ``p`` itself when local; else a cached download
-    of every file under it (as :func:`local_copy`, keyed by the URI and every file's size and mtime; a
-    ``.complete`` marker is written last, so a download cut short is redone)."""
-    if not is_remote(p):
-        return os.fspath(p)
-    root = os.fspath(p).rstrip("/")
+def tree_listing(root: str) -> list[tuple[str, int, float]]:
+    """``(name relative to root, size in bytes, mtime)`` of every object under the remote directory ``root``."""
     files = []
     for d, _, names in walk(root):
         for name in names:
             full = join(d, name)
             st = path(full).stat()
             files.append((full[len(root):].lstrip("/"), st.length, st.mtime))
+    return files
+
+
+def local_tree(p: str | os.PathLike) -> str:
+    """A local directory with the contents of directory ``p``: ``p`` itself when local; else a cached download
+    of every file under it (as :func:`local_copy`, keyed by the URI and every file's size and mtime). Every name must
+    stay inside the folder (:func:`contained`; checked before anything is written) and every download must have its
+    listed size; a ``.complete`` marker listing the files and sizes is written last, and a cached tree is used only
+    while every file still has its listed size (else it is fetched again).
+
+    Raises:
+      ConfigError: an object name would land outside the folder.
+      OSError: a download's size differs from the listing's.
+    """
+    if not is_remote(p):
+        return os.fspath(p)
+    root = os.fspath(p).rstrip("/")
+    files = [(contained(root, rel), size, mtime) for rel, size, mtime in tree_listing(root)]
     key = hashlib.sha256(repr((root, sorted(files))).encode()).hexdigest()[:24]
     out = os.path.join(cache_dir(), key, basename(root))
     marker = os.path.join(cache_dir(), key, ".complete")
-    if not os.path.isfile(marker):
-        for rel, _, _ in files:
-            target = os.path.join(out, rel)
-            os.makedirs(os.path.dirname(target), exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=os.path.dirname(target))
-            with os.fdopen(fd, "wb") as fo, open(join(root, rel), "rb") as fi:
-                shutil.copyfileobj(fi, fo, 1 << 20)
-            os.replace(tmp, target)
-        builtins.open(marker, "w").close()
+    listed = json.dumps(sorted([rel, size] for rel, size, _ in files))
+    intact = os.path.isfile(marker) and builtins.open(marker).read() == listed and all(
+        os.path.isfile(os.path.join(out, rel)) and os.path.getsize(os.path.join(out, rel)) == size
+        for rel, size, _ in files)
+    if not intact:
+        for rel, size, _ in files:
+            _copy_verified(join(root, rel), os.path.join(out, rel), size)
+        replace_local(marker, listed.encode())
     return out
