@@ -190,3 +190,70 @@ def test_a_corpus_build_refuses_a_folder_that_is_not_a_corpus_version(tmp_path):
     (tmp_path / "v1" / "manifest.json").write_text("{}")
     build.check_output(str(tmp_path / "v1"))  # an earlier version: rebuilt in place
     assert (tmp_path / "thesis" / "chapter1.tex").read_text() == "keep me"
+
+
+# ------------------------------------------------------------------------------------------ malformed files
+
+
+def _safetensors(path, header_edit=None, raw_header=None, tail=b""):
+    """A valid two-tensor safetensors file, then its header edited (``header_edit(header)``) or replaced."""
+    import json
+
+    import numpy as np
+
+    from jaxpt.tools import convert
+    convert.write_safetensors(path, {"a": np.arange(6, dtype=np.float32).reshape(2, 3), "b": np.ones(4, np.float32)})
+    data = pathlib.Path(path).read_bytes()
+    n = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + n])
+    if header_edit is not None:
+        header_edit(header)
+    blob = raw_header if raw_header is not None else json.dumps(header).encode()
+    pathlib.Path(path).write_bytes(len(blob).to_bytes(8, "little") + blob + data[8 + n:] + tail)
+
+
+def _set(key, value):
+    def edit(h):
+        h["a"][key] = value
+    return edit
+
+
+@pytest.mark.parametrize("edit, raw, tail, message", [
+    (_set("data_offsets", [0, 12]), None, b"", "hold 12 bytes, its dtype and shape"),
+    (_set("data_offsets", [8, 32]), None, b"", "starts at byte"),
+    (_set("shape", [2, -3]), None, b"", "a malformed entry"),
+    (_set("dtype", "F128"), None, b"", "a malformed entry"),
+    (lambda h: h["b"].update(data_offsets=[20, 36]), None, b"", "starts at byte"),
+    (None, b"{not json", b"", "the header is not JSON"),
+    (None, None, b"trailing", "the tensors cover 40 bytes of data, the file holds 48"),
+    (lambda h: h.update(__metadata__={"format": 3}), None, b"", "__metadata__ must map strings to strings"),
+])
+def test_a_malformed_safetensors_header_is_refused_before_any_tensor_is_read(tmp_path, edit, raw, tail, message):
+    """Headers with bad offsets or sizes ended in tracebacks, or converted silently from the wrong bytes."""
+    from jaxpt.tools import convert
+    _safetensors(tmp_path / "model.safetensors", edit, raw, tail)
+    with pytest.raises(convert.ConvertError, match=message):
+        convert.SafetensorsFolder(tmp_path)
+
+
+def test_a_huge_header_length_is_refused(tmp_path):
+    from jaxpt.tools import convert
+    (tmp_path / "model.safetensors").write_bytes((10 ** 12).to_bytes(8, "little") + b"{}")
+    with pytest.raises(convert.ConvertError, match="header of 1000000000000 bytes"):
+        convert.SafetensorsFolder(tmp_path)
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("hidden_size", "64", "hidden_size = '64': not an integer"),
+    ("num_hidden_layers", 2.5, "not an integer"),
+    ("num_attention_heads", True, "not an integer"),
+    ("vocab_size", -5, "not an integer >= 1"),
+    ("rms_norm_eps", "tiny", "rms_norm_eps = 'tiny': not a finite positive number"),
+    ("rope_theta", "ten thousand", "RoPE settings"),
+])
+def test_a_non_numeric_config_value_is_a_named_error(key, value, message):
+    from jaxpt.tools import convert
+    hf = {"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2,
+          "intermediate_size": 128, "vocab_size": 256, key: value}
+    with pytest.raises(convert.ConvertError, match=message):
+        convert.model_config_from_hf(hf)

@@ -60,6 +60,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import sys
 from typing import Any, Callable, Mapping, Sequence
@@ -107,8 +108,11 @@ class SafetensorsFolder:
     Format (``safetensors`` README): 8-byte little-endian header size N, N bytes of JSON
     ``{name: {"dtype", "shape", "data_offsets": [begin, end]}}``, then the data (offsets relative to its start).
 
+    Every file's header is checked as the ``safetensors`` library checks it (:func:`check_header`) before a tensor is
+    mapped: a header with bad offsets or sizes would otherwise map the wrong bytes.
+
     Raises:
-      ConvertError: no safetensors file, or a tensor named twice.
+      ConvertError: no safetensors file, a malformed header (naming the file and the tensor), or a tensor named twice.
     """
 
     def __init__(self, folder: str | os.PathLike):
@@ -120,10 +124,7 @@ class SafetensorsFolder:
         self._where: dict[str, tuple[str, dict, int]] = {}
         for f in files:
             path = os.path.join(self.folder, f)
-            with open(path, "rb") as fh:
-                n = int.from_bytes(fh.read(8), "little")
-                header = json.loads(fh.read(n))
-            header.pop("__metadata__", None)
+            header, n = read_header(path)
             for name, info in header.items():
                 if name in self._where:
                     raise ConvertError(f"{self.folder}: tensor {name!r} is in two files")
@@ -149,6 +150,69 @@ class SafetensorsFolder:
         if end == begin:
             return np.zeros(shape, dtype)
         return np.memmap(path, dtype=dtype, mode="r", offset=base + begin, shape=shape)
+
+
+#: The largest header a safetensors file may have (the ``safetensors`` library's limit).
+MAX_HEADER_BYTES = 100_000_000
+
+
+def read_header(path: str) -> tuple[dict[str, dict], int]:
+    """``(tensors, header bytes N)`` of a safetensors file, checked by :func:`check_header` (``__metadata__`` left out).
+
+    Raises:
+      ConvertError: naming ``path`` and what is wrong.
+    """
+    size = os.path.getsize(path)
+    with open(path, "rb") as fh:
+        if size < 8:
+            raise ConvertError(f"{path}: {size} bytes, too short for a safetensors header")
+        n = int.from_bytes(fh.read(8), "little")
+        if n > min(MAX_HEADER_BYTES, size - 8):
+            raise ConvertError(f"{path}: header of {n} bytes in a file of {size} (or over {MAX_HEADER_BYTES})")
+        try:
+            header = json.loads(fh.read(n))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ConvertError(f"{path}: the header is not JSON ({e})") from None
+    return check_header(header, size - 8 - n, path), n
+
+
+def check_header(header: Any, data_bytes: int, where: str) -> dict[str, dict]:
+    """The tensors of a safetensors header, checked as the ``safetensors`` library checks them: a JSON object of
+    ``{"dtype": known, "shape": [non-negative ints], "data_offsets": [begin, end]}`` entries (and a string-valued
+    ``__metadata__``) whose byte ranges hold exactly their shape's bytes and tile the ``data_bytes`` after the header,
+    in order, with no gap or overlap.
+
+    Raises:
+      ConvertError: naming ``where``, the tensor and the rule it breaks.
+    """
+    if not isinstance(header, dict):
+        raise ConvertError(f"{where}: the header is not a JSON object")
+    meta = header.pop("__metadata__", {})
+    if not isinstance(meta, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in meta.items()):
+        raise ConvertError(f"{where}: __metadata__ must map strings to strings")
+    spans = []
+    for name, info in header.items():
+        ok = (isinstance(info, dict) and info.get("dtype") in _ST_DTYPES and isinstance(info.get("shape"), list)
+              and all(isinstance(d, int) and d >= 0 for d in info["shape"])
+              and isinstance(info.get("data_offsets"), list) and len(info["data_offsets"]) == 2
+              and all(isinstance(o, int) and o >= 0 for o in info["data_offsets"]))
+        if not ok:
+            raise ConvertError(f"{where}: tensor {name!r}: a malformed entry {info!r}")
+        begin, end = info["data_offsets"]
+        expected = math.prod(info["shape"]) * _np_dtype(info["dtype"]).itemsize
+        if end - begin != expected:
+            raise ConvertError(f"{where}: tensor {name!r}: data_offsets [{begin}, {end}] hold {end - begin} bytes, its "
+                               f"dtype and shape {info['shape']} need {expected}")
+        spans.append((begin, end, name))
+    at = 0
+    for begin, end, name in sorted(spans):
+        if begin != at:
+            raise ConvertError(f"{where}: tensor {name!r} starts at byte {begin} of the data, not {at}: the offsets "
+                               "leave a gap or overlap")
+        at = end
+    if at != data_bytes:
+        raise ConvertError(f"{where}: the tensors cover {at} bytes of data, the file holds {data_bytes}")
+    return header
 
 
 def write_safetensors(path: str | os.PathLike, tensors: Mapping[str, np.ndarray],
@@ -207,6 +271,38 @@ def _rope_from_hf(hf: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+_MISSING = object()
+
+
+def _int(hf: Mapping[str, Any], key: str, default: Any = _MISSING, minimum: int = 1) -> int:
+    """``config.json``'s integer ``key`` (``default`` when absent or null, if given), at least ``minimum``.
+
+    Raises:
+      ConvertError: absent without a default, not an integer (a string, a float with a fraction, a bool), or below
+        ``minimum``; naming the key and the value.
+    """
+    v = hf.get(key)
+    if v is None:
+        if default is _MISSING:
+            raise ConvertError(f"config.json has no {key}")
+        return default
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or int(v) != v or v < minimum:
+        raise ConvertError(f"config.json {key} = {v!r}: not an integer >= {minimum}")
+    return int(v)
+
+
+def _float(hf: Mapping[str, Any], key: str, default: float) -> float:
+    """``config.json``'s number ``key`` (``default`` when absent), finite and positive.
+
+    Raises:
+      ConvertError: not a finite positive number, naming the key and the value.
+    """
+    v = hf.get(key, default)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+        raise ConvertError(f"config.json {key} = {v!r}: not a finite positive number")
+    return float(v)
+
+
 def model_config_from_hf(hf: Mapping[str, Any], *, max_seq_len: int = 0, scan_layers: bool = False,
                          tensors: SafetensorsFolder | None = None):
     """The :class:`jaxpt.model.ModelConfig` of an HF ``config.json`` (a dict), float32 params and compute.
@@ -239,20 +335,33 @@ def model_config_from_hf(hf: Mapping[str, Any], *, max_seq_len: int = 0, scan_la
                            "rather than converted with the biases dropped")
     if hf.get("mlp_bias"):
         raise ConvertError("config.json mlp_bias = True: jaxpt's MLP has no biases")
-    D, H = int(hf["hidden_size"]), int(hf["num_attention_heads"])
-    head_dim = int(hf.get("head_dim") or D // H)
-    max_pos = int(hf.get("max_position_embeddings") or 4096)
-    window = hf.get("sliding_window") if hf.get("use_sliding_window", True) else None
-    L = max_seq_len or (min(max_pos, int(window)) if window else max_pos)
+    D, H = _int(hf, "hidden_size"), _int(hf, "num_attention_heads")
+    head_dim = _int(hf, "head_dim", D // H)
+    max_pos = _int(hf, "max_position_embeddings", 4096)
+    window = _int(hf, "sliding_window", None) if hf.get("use_sliding_window", True) else None
+    L = max_seq_len or (min(max_pos, window) if window else max_pos)
     if window and L > int(window):
         raise ConvertError(f"config.json sliding_window = {window}: jaxpt attends over the whole row, which equals "
                            f"sliding-window attention only up to {window} tokens; --max-seq-len {L} is longer")
     return ModelConfig(
-        vocab_size=int(hf["vocab_size"]), d_model=D, num_layers=int(hf["num_hidden_layers"]), num_heads=H,
-        num_kv_heads=int(hf.get("num_key_value_heads") or H), head_dim=head_dim,
-        mlp_dim=int(hf["intermediate_size"]), max_seq_len=L, norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+        vocab_size=_int(hf, "vocab_size"), d_model=D, num_layers=_int(hf, "num_hidden_layers"), num_heads=H,
+        num_kv_heads=_int(hf, "num_key_value_heads", H), head_dim=head_dim,
+        mlp_dim=_int(hf, "intermediate_size"), max_seq_len=L, norm_eps=_float(hf, "rms_norm_eps", 1e-6),
         tie_embeddings=bool(hf.get("tie_word_embeddings", False)), scan_layers=scan_layers,
-        **_rope_from_hf(hf))
+        **_checked_rope(hf))
+
+
+def _checked_rope(hf: Mapping[str, Any]) -> dict[str, Any]:
+    """:func:`_rope_from_hf`, with a value that is not a number (or a missing ``factor``) a ConvertError naming the
+    RoPE settings, not a traceback."""
+    try:
+        out = _rope_from_hf(hf)
+    except (TypeError, ValueError, KeyError) as e:
+        raise ConvertError(f"config.json RoPE settings (rope_theta, rope_scaling / rope_parameters): {e!r}") from None
+    bad = {k: v for k, v in out.items() if isinstance(v, float) and not math.isfinite(v)}
+    if bad:
+        raise ConvertError(f"config.json RoPE settings: not finite: {bad}")
+    return out
 
 
 def hf_config_from_model(cfg, tokenizer=None) -> dict[str, Any]:
@@ -484,7 +593,12 @@ def hf_to_jaxpt(model_dir: str | os.PathLike, output: str | os.PathLike, *, mesh
     model_dir, output = fs.absolute(os.fspath(model_dir)), fs.absolute(os.fspath(output))
     if not fs.isfile(fs.join(model_dir, "config.json")):
         raise FileNotFoundError(f"--model {model_dir}: no config.json")
-    hf = json.loads(fs.read_text(fs.join(model_dir, "config.json")))
+    try:
+        hf = json.loads(fs.read_text(fs.join(model_dir, "config.json")))
+    except ValueError as e:
+        raise ConvertError(f"--model {model_dir}: config.json is not JSON ({e})") from None
+    if not isinstance(hf, dict):
+        raise ConvertError(f"--model {model_dir}: config.json is not a JSON object")
     local_dir = fs.local_tree(model_dir)  # safetensors are memory-mapped: a local file (module docstring)
     tensors = SafetensorsFolder(local_dir)
     cfg = model_config_from_hf(hf, max_seq_len=max_seq_len, scan_layers=scan_layers, tensors=tensors)
