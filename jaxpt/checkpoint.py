@@ -23,6 +23,7 @@ from typing import Any
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+from etils import epath
 from orbax.checkpoint import checkpoint_managers as ocm
 
 from jaxpt.data.shards import DataShardsRestore, DataShardsSave, ShardedBatches
@@ -219,6 +220,22 @@ class Checkpointer:
             return dict(restored["meta"])
         except Exception as e:  # Orbax raises many types; name the checkpoint instead.
             raise CheckpointError(f"checkpoint {self.directory}/{step}: cannot read its metadata: {e}") from e
+
+    def stored_param_count(self, step: int) -> int:
+        """Elements of the ``params`` arrays stored at ``step``, from the ``state`` item's metadata (shapes only; no
+        array is read): what a checkpoint's recorded model config must agree with before a model is built from it.
+
+        Raises:
+          CheckpointError: the metadata cannot be read or holds no params.
+        """
+        try:
+            tree = ocp.StandardCheckpointHandler().metadata(epath.Path(self.directory) / str(step) / "state").tree
+            params = tree["params"]
+        except Exception as e:  # Orbax raises many types; name the checkpoint instead.
+            raise CheckpointError(f"checkpoint {self.directory}/{step}: cannot read its arrays' shapes: "
+                                  f"{type(e).__name__}: {e}") from e
+        leaves = jax.tree.leaves(params, is_leaf=lambda x: hasattr(x, "shape"))
+        return int(sum(int(np.prod(leaf.shape)) for leaf in leaves))
 
     def restore(self, step: int, abstract_state: Any, data_iterator: Any | None,
                 meta: dict[str, Any] | None = None) -> Any:

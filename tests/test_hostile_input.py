@@ -257,3 +257,48 @@ def test_a_non_numeric_config_value_is_a_named_error(key, value, message):
           "intermediate_size": 128, "vocab_size": 256, key: value}
     with pytest.raises(convert.ConvertError, match=message):
         convert.model_config_from_hf(hf)
+
+
+def _converted(prepared, out):
+    """A small params-only checkpoint (as python -m jaxpt.tools.convert writes one) and the path of its meta file."""
+    import jax
+
+    from conftest import tiny_bindings
+    from jaxpt.data.tokenizer import Tokenizer
+    from jaxpt.run import build
+    from jaxpt.tools import convert
+    cfg = C.parse(["configs/quickstart.gin"], tiny_bindings(prepared, out), mesh="data=8")
+    tok = Tokenizer.load(cfg.data.tokenizer_path)
+    built = build.build_for(cfg, tokenizer=tok)
+    convert.write_params_checkpoint(str(out), built.cfg, jax.device_get(built.init_state().params), built.mesh, tok,
+                                    {"path": "a test"})
+    (meta,) = (out / "checkpoints" / "0" / "meta").glob("*metadata*")
+    return meta
+
+
+def test_checkpoint_metadata_is_checked_before_anything_is_read_or_built(prepared_sample, tmp_path):
+    """A checkpoint whose metadata named /dev/zero or a FIFO as its tokenizer hung the notebook restore helper; one
+    recording 20,000 layers filled memory building them. Files named by metadata must be regular and of a bounded
+    size, and the recorded model must have the stored arrays' parameter count, before anything is read or built."""
+    import json
+    import time
+
+    import jaxpt
+    from jaxpt.checkpoint import CheckpointError
+    meta_path = _converted(prepared_sample, tmp_path / "ckpt")
+    meta = json.loads(meta_path.read_text())
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for bad in ("/dev/zero", str(fifo)):
+        meta["tokenizer"]["path"] = bad
+        meta_path.write_text(json.dumps(meta))
+        with pytest.raises(CheckpointError, match=rf"{bad} \(not a regular file\)"):
+            jaxpt.restore(tmp_path / "ckpt", tokenizer_path=bad)
+        restored = jaxpt.restore(tmp_path / "ckpt")  # the metadata's path is skipped; the config's one is used
+        assert restored.tokenizer.sha256 == meta["tokenizer"]["sha256"]
+    meta["model"]["num_layers"] = 20000
+    meta_path.write_text(json.dumps(meta))
+    t0 = time.perf_counter()
+    with pytest.raises(CheckpointError, match=r"records a model of [\d,]+ parameters, its arrays hold"):
+        jaxpt.restore(tmp_path / "ckpt")
+    assert time.perf_counter() - t0 < 60

@@ -31,7 +31,7 @@ from jaxpt.checkpoint import CheckpointConfig, Checkpointer, CheckpointError
 from jaxpt.data.tokenizer import Tokenizer
 from jaxpt.infer import decode
 from jaxpt.infer.kv_cache import KVCacheStep
-from jaxpt.model import ModelConfig
+from jaxpt.model import ModelConfig, count_params
 from jaxpt.training import state as state_lib
 from jaxpt.util import fs
 
@@ -94,6 +94,7 @@ def restore(workdir: str | os.PathLike, step: int | None = None,
         meta = ckpt.read_meta(step)
         where = f"{ckpt.directory}/{step}"
         cfg = config_from_meta(meta, where)
+        check_stored_shapes(cfg.model, ckpt.stored_param_count(step), where)  # before a model is built from it
         tokenizer = _load_tokenizer(meta, cfg, tokenizer_path, where)
         mesh = _resolve_mesh(mesh, meta)
         graphdef, abs_params = state_lib.abstract_model(cfg.model)
@@ -148,6 +149,24 @@ def config_from_meta(meta: Mapping[str, Any], where: str = "checkpoint"):
     return dataclasses.replace(cfg, model=ModelConfig(**saved_model))
 
 
+def check_stored_shapes(model_cfg, stored: int, where: str) -> None:
+    """The model a checkpoint's metadata records has as many parameters as its stored arrays hold
+    (:func:`jaxpt.model.count_params`, from shapes alone), checked before anything is built from the record (a
+    record of 20,000 layers beside a small checkpoint built for minutes and filled memory).
+
+    Raises:
+      CheckpointError: naming both counts.
+    """
+    recorded = count_params(model_cfg)["total"]
+    if recorded != stored:
+        raise CheckpointError(f"{where}: its metadata records a model of {recorded:,} parameters, its arrays hold "
+                              f"{stored:,}: the metadata does not describe this checkpoint")
+
+
+#: The largest tokenizer file jaxpt reads (a SentencePiece model or a Hugging Face tokenizer.json is a few MB).
+MAX_TOKENIZER_BYTES = 256 * 2 ** 20
+
+
 def _load_tokenizer(meta: Mapping[str, Any], cfg, explicit, where: str):
 
     want = (meta.get("tokenizer") or {}).get("sha256")
@@ -159,6 +178,10 @@ def _load_tokenizer(meta: Mapping[str, Any], cfg, explicit, where: str):
             continue
         if not fs.exists(path):
             tried.append(f"{path} (missing)")
+            continue
+        problem = fs.regular_file_problem(path, MAX_TOKENIZER_BYTES)
+        if problem:  # a path from metadata: /dev/zero or a FIFO hung the reader
+            tried.append(f"{path} ({problem})")
             continue
         tok = Tokenizer.load(path)
         if want and tok.sha256 != want:

@@ -53,6 +53,7 @@ from jaxpt import config as config_lib, mesh as mesh_lib
 from jaxpt.checkpoint import CheckpointConfig, Checkpointer, library_versions
 from jaxpt.config import TrainConfig
 from jaxpt.model.compat import compare_params, config_from_record
+from jaxpt.model.decoder import count_params
 from jaxpt.training.optim import check_schedule
 from jaxpt.training.stability import init_history
 from jaxpt.training.state import TrainState
@@ -72,6 +73,7 @@ class Checkpoint:
     workdir: str
     step: int
     meta: dict
+    stored_params: int | None = None  # elements of its stored params arrays (shapes only), when read
 
     @property
     def where(self) -> str:
@@ -197,6 +199,7 @@ def admit(candidate: Checkpoint, cfg: TrainConfig, tokenizer, *, resume: bool) -
         raise ConfigError(f"TrainConfig.steps = {cfg.steps} must exceed the parent's step {candidate.step} "
                           f"(TrainConfig.init_from = {cfg.init_from!r}): steps counts on from the parent")
     notes = [f"ignored saved setting {s}" for s in config_lib.check_saved_config(meta, where)]
+    _check_recorded_model(candidate)
     check_compatible(meta, cfg.model, where)
     _check_tokenizer(meta, cfg, tokenizer, where)
     if resume:
@@ -206,6 +209,26 @@ def admit(candidate: Checkpoint, cfg: TrainConfig, tokenizer, *, resume: bool) -
                                   f"{cfg.data.num_shards} (it must stay fixed for a run)")
         _check_ramp_unchanged(meta, cfg, where)
     return notes + config_lib.changed_settings(meta, cfg)
+
+
+def _check_recorded_model(candidate: Checkpoint) -> None:
+    """The model the checkpoint's metadata records has as many params as its stored arrays hold (counted from shapes:
+    :func:`jaxpt.model.decoder.count_params`), before any model is built from the record.
+
+    Raises:
+      CheckpointError: naming both counts.
+    """
+    saved = candidate.meta.get("model")
+    if not saved or candidate.stored_params is None:
+        return
+    try:
+        recorded = count_params(config_from_record(saved))["total"]
+    except Exception as e:  # noqa: BLE001 -- a record that builds no config is reported as such
+        raise CheckpointError(f"{candidate.where}: its recorded model config is unreadable: {type(e).__name__}: {e}") \
+            from e
+    if recorded != candidate.stored_params:
+        raise CheckpointError(f"{candidate.where}: its metadata records a model of {recorded:,} parameters, its arrays "
+                              f"hold {candidate.stored_params:,}: the metadata does not describe this checkpoint")
 
 
 def _check_tokenizer(meta: dict, cfg: TrainConfig, tokenizer, where: str) -> None:
@@ -301,7 +324,7 @@ def _newest_checkpoint(cfg: TrainConfig) -> Checkpoint | None:
             if leftovers:
                 log.warning("only incomplete saves in %s (%s); starting from step 0", ckpt.directory, leftovers)
             return None
-        return Checkpoint(fs.dirname(ckpt.directory), step, ckpt.read_meta(step))
+        return Checkpoint(fs.dirname(ckpt.directory), step, ckpt.read_meta(step), ckpt.stored_param_count(step))
     finally:
         ckpt.close()
 
@@ -323,7 +346,7 @@ def _find_parent(cfg: TrainConfig) -> Parent:
             step = ckpt.committed_step(step)
         except CheckpointError as e:
             raise ConfigError(f"{where}: {e}") from None
-        return Parent(fs.dirname(ckpt.directory), step, ckpt.read_meta(step))
+        return Parent(fs.dirname(ckpt.directory), step, ckpt.read_meta(step), ckpt.stored_param_count(step))
     finally:
         ckpt.close()
 

@@ -35,6 +35,7 @@ import json
 import os
 import re
 import shutil
+import stat as stat_lib
 import tempfile
 from typing import IO, Iterator
 
@@ -236,6 +237,19 @@ def replace_local(p: str | os.PathLike, data: bytes) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def regular_file_problem(p: str | os.PathLike, max_bytes: int) -> str | None:
+    """Why ``p`` is not a file to read whole (``None`` when it is): not a regular file (a device such as
+    ``/dev/zero``, a FIFO, a directory), or larger than ``max_bytes``. For paths taken from data or metadata."""
+    if is_remote(p):
+        size = path(p).stat().length
+    else:
+        st = os.stat(p)
+        if not stat_lib.S_ISREG(st.st_mode):
+            return "not a regular file"
+        size = st.st_size
+    return f"{size:,} bytes, over {max_bytes:,}" if size > max_bytes else None
 
 
 def check_private_dir(p: str | os.PathLike, what: str, *, create: bool = False) -> None:
