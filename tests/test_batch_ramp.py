@@ -88,7 +88,9 @@ def test_ramp_resumed_mid_ramp_equals_uninterrupted_bitwise(prepared_sample, tmp
     from jaxpt.data import stream, tokenizer
     import dataclasses
     plain = dataclasses.replace(cfg, batch_size_schedule="", global_batch_size=8)
-    it = stream.train_batches(plain, tokenizer.Tokenizer.load(cfg.data.tokenizer_path), 1, first_step=1)
+    # the run's logical data shards (the default: one per row of the 8-row loader batch), read without the ramp
+    it = stream.train_batches(plain, tokenizer.Tokenizer.load(cfg.data.tokenizer_path),
+                              stream.default_shard_count(cfg), first_step=1)
     logged = [set(line["doc_index"]) for line in _jsonl(tmp_path / "whole" / "batches" / "process_0.jsonl")]
     for step, docs in enumerate(logged, 1):
         rows = np.concatenate([next(it)["doc_index"] for _ in range(1 if step <= 2 else 2)])

@@ -85,7 +85,7 @@ def test_validation_errors_name_the_key(bindings, flags, key):
     ("OptimizerConfig.peak_learning_rate = 0.0", "OptimizerConfig.peak_learning_rate = 0.0: must be positive"),
     ("OptimizerConfig.warmup_steps = 2000", "OptimizerConfig.warmup_steps = 2000 must be below the decay horizon "
      "OptimizerConfig.decay_steps = 900"),
-    ("DataConfig.source = 'web'", "DataConfig.source = 'web': choose one of ('sample', 'corpus')"),
+    ("DataConfig.source = 'web'", "DataConfig.source = 'web': choose one of ('jsonl', 'sample', 'corpus')"),
     ("DataConfig.source = 'corpus'", "DataConfig.corpus_dir = '': must be set when DataConfig.source = 'corpus'"),
     ("CheckpointConfig.keep_last = 0", "CheckpointConfig.keep_last = 0: must be >= 1 when CheckpointConfig.enabled"),
     ("CheckpointConfig.save_every_steps = -1", "CheckpointConfig.save_every_steps = -1: must be >= 0"),

@@ -370,7 +370,8 @@ def test_convert_hf_to_jaxpt_and_back_on_the_bucket(gcs, tmp_path, monkeypatch):
     assert fs.isdir(f"{jx}/checkpoints/0") and fs.isfile(f"{jx}/tokenizer.model")
     gin_text = fs.read_text(f"{jx}/model.gin")
     assert f"DataConfig.tokenizer_path = '{jx}/tokenizer.model'" in gin_text
-    cfg = C.parse([f"{jx}/model.gin"], [f"TrainConfig.init_from = '{jx}'", "TrainConfig.steps = 10"])
+    cfg = C.parse([f"{jx}/model.gin"], [f"TrainConfig.init_from = '{jx}'", "TrainConfig.steps = 10",
+                                        "OptimizerConfig.warmup_steps = 2"])
     parent = stage.trace(cfg, Tokenizer.load(f"{jx}/tokenizer.model"))[1].parent
     assert (parent.workdir, parent.step, parent.meta["source"]["path"]) == (jx, 0, src)
 
