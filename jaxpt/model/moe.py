@@ -85,12 +85,15 @@ ROUTINGS: tuple[str, ...] = ("train", "causal")
 
 
 def moe_aux_specs(cfg: ModelConfig) -> dict[str, AuxSpec]:
-    """The auxiliary outputs of :class:`MoE` (module docstring), the two losses weighted from ``cfg``."""
-    return {LOAD_BALANCE: AuxSpec("mean", "mean", loss_weight=cfg.moe_load_balance_weight),
-            ROUTER_Z: AuxSpec("mean", "mean", loss_weight=cfg.moe_router_z_loss_weight),
-            DROPPED: AuxSpec("mean", "mean"),
-            SHARE: AuxSpec("stack", "mean", index_names=("layer", "expert")),
-            ROUTER_SHARE: AuxSpec("stack", "mean", index_names=("layer", "expert"))}
+    """The auxiliary outputs of :class:`MoE` (module docstring), the two losses weighted from ``cfg``.
+
+    Each is *summed* over micro-batches: given the whole batch's :class:`BatchTotals`, a call returns its
+    micro-batch's part of the whole batch's value (module docstring)."""
+    return {LOAD_BALANCE: AuxSpec("mean", "sum", loss_weight=cfg.moe_load_balance_weight),
+            ROUTER_Z: AuxSpec("mean", "sum", loss_weight=cfg.moe_router_z_loss_weight),
+            DROPPED: AuxSpec("mean", "sum"),
+            SHARE: AuxSpec("stack", "sum", index_names=("layer", "expert")),
+            ROUTER_SHARE: AuxSpec("stack", "sum", index_names=("layer", "expert"))}
 
 
 def expert_capacity(cfg: ModelConfig, group_size: int) -> int:
