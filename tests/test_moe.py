@@ -533,3 +533,51 @@ def test_causal_routing_is_per_token_top_k_with_every_assignment_kept():
     with pytest.raises(ValueError, match="routing 'grouped'"):
         moe(jnp.asarray(x), routing="grouped")
 
+
+def test_evaluation_scores_moe_causally_and_says_so():
+    """The held-out scorer and the eval step route a mixture of experts token by token: the scores of a window's
+    first 16 tokens do not change when its later tokens do, the perplexity report names the routing, and a
+    dense model's report carries no routing (nothing to say); ``routing='train'`` is there to measure the
+    difference, and moves them."""
+    from jaxpt import mesh as mesh_lib
+    from jaxpt.eval import heldout
+    from jaxpt.eval.scorer import Scorer, Window
+    from jaxpt.model.decoder import eval_routing
+    from jaxpt.training.step import eval_step
+
+    cfg = dataclasses.replace(TINY, **QUICKSTART_ROUTER)
+    model = _random_params(cfg)
+    mesh = mesh_lib.mesh_from_config("data=8")
+    rng = np.random.default_rng(4)
+    first = rng.integers(3, 256, 32).astype(np.int32)
+    second = first.copy()
+    second[16:] = rng.integers(3, 256, 16)
+    assert eval_routing(cfg) == "causal" and eval_routing(dataclasses.replace(cfg, mlp="swiglu")) == "causal"
+    for routing in (None, "train"):
+        scorer = Scorer.from_model(model, mesh, mesh_lib.DEFAULT_RULES, seq_len=32, batch_size=8, routing=routing)
+        res = scorer.score([Window(first, 1), Window(second, 1)], pack=False, keep_tokens=True)
+        moved = np.abs(res.token_logp[0][:15] - res.token_logp[1][:15]).max()
+        assert (moved == 0.0) if routing is None else (moved > 1e-4), (routing, moved)
+        assert scorer.routing == (routing or "causal")
+    hset = heldout.HeldoutSet.build([heldout.Document("d", "abc")], _ByteTokenizer(), seq_len=32)
+    assert heldout.perplexity_report(scorer, hset, group_by=())["routing"] == "train"
+    dense = Scorer.from_model(_random_params(dataclasses.replace(cfg, mlp="swiglu")), mesh, mesh_lib.DEFAULT_RULES,
+                              seq_len=32, batch_size=8)
+    assert "routing" not in heldout.perplexity_report(dense, hset, group_by=())
+    graphdef, params = nnx.split(model, nnx.Param)
+    tokens = jnp.asarray(np.stack([first, second]))
+    batch = {"tokens": tokens, "segment_ids": jnp.ones_like(tokens), "positions": jnp.broadcast_to(jnp.arange(32), (2, 32))}
+    out = jax.jit(lambda p, b: eval_step(p, b, graphdef=graphdef))(params, batch)
+    logits = model(batch["tokens"], batch["segment_ids"], batch["positions"], routing="causal")
+    logp = jax.nn.log_softmax(logits[:, :-1], -1)
+    want = -jnp.take_along_axis(logp, tokens[:, 1:, None], -1).sum()
+    np.testing.assert_allclose(float(out["loss_sum"]), float(want), rtol=1e-5)
+
+
+class _ByteTokenizer:
+    """Bytes as token ids (3..258 clipped into TINY's 256), EOS 2: enough to build a held-out set."""
+
+    eos_id, pad_id = 2, 0
+
+    def encode_batch(self, texts):
+        return [np.asarray([3 + (b % 250) for b in t.encode()], np.int32) for t in texts]

@@ -12,6 +12,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxpt import mesh as mesh_lib
 from jaxpt.model.auxiliary import AuxSpec, BatchTotals, flatten_aux, merge_specs, reduce_aux, weighted_aux_loss
+from jaxpt.model.decoder import eval_routing
 from jaxpt.training.stability import decide_skip
 from jaxpt.training.state import StateSpec, TrainState
 
@@ -339,10 +340,11 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], *, spec: StateSpe
 
 
 def eval_step(params, batch: dict[str, jax.Array], *, graphdef) -> dict[str, jax.Array]:
-    """Summed held-out cross-entropy and target-token count (float32 scalars), so means can be pooled."""
+    """Summed held-out cross-entropy and target-token count (float32 scalars), so means can be pooled. The
+    model routes as evaluation does (:func:`jaxpt.model.decoder.eval_routing`: each token by itself)."""
     model = nnx.merge(graphdef, params)
     targets, weights = targets_and_weights(batch["tokens"], batch["segment_ids"])
-    ce, _, _, _ = model_token_losses(model, batch, targets)
+    ce, _, _, _ = model_token_losses(model, batch, targets, routing=eval_routing(model.cfg))
     return {"loss_sum": jnp.sum(ce * weights), "num_target_tokens": jnp.sum(weights)}
 
 
