@@ -1,6 +1,7 @@
 """Mixture of experts: routing and its losses against hand computation, capacity drops, dropless mode, expert
 shares in the metrics, expert parallelism (all-to-all, equal losses across meshes), checkpoints across
-expert-parallel sizes, parameter accounting and config checks."""
+expert-parallel sizes, parameter accounting and config checks; causal routing (each token by itself: later
+tokens never move earlier logits) and its use by evaluation."""
 
 import dataclasses
 import json
@@ -454,3 +455,129 @@ def test_runs_plot_reads_realized_and_router_shares(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert runs.main(["plot", str(tmp_path), "--expert-shares"]) == 0
     assert (tmp_path / "expert_shares.png").exists() and not (tmp_path / "loss.png").exists()
+
+
+# ------------------------------------------------------------------------------------------ causal routing
+#: The quickstart MoE's router (configs/quickstart_moe.gin): 4 experts, top-2, capacity 1.25, 5 Sinkhorn iterations.
+QUICKSTART_ROUTER = dict(moe_num_experts=4, moe_top_k=2, moe_capacity_factor=1.25, moe_router_sinkhorn_iters=5)
+
+
+def _random_params(cfg, seed=0, std=0.2):
+    """A model of ``cfg`` with every param drawn N(0, std) on the host: routers that route tokens apart."""
+    graphdef, state = nnx.split(nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(seed))))
+    rng = np.random.default_rng(seed)
+    return nnx.merge(graphdef, jax.tree.map(lambda a: jnp.asarray(std * rng.standard_normal(a.shape), a.dtype), state))
+
+
+@pytest.mark.parametrize("variant", [{}, {"moe_group_size": 8}, {"moe_dropless": True}, {"scan_layers": True}])
+def test_causal_routing_keeps_prefix_logits_independent_of_later_tokens(variant):
+    """Replacing the tokens at positions >= 16 of 32-token rows leaves the logits at positions 0-15 bit for bit
+    unchanged under ``routing='causal'`` (per-token top-k, every assignment kept), with the quickstart router,
+    in capacity mode (whole rows or 8-token groups), dropless mode and a scanned stack; under the training
+    routing (capacity slots and Sinkhorn offsets from the whole group) the same replacement moves them (the
+    check can fail)."""
+    cfg = dataclasses.replace(TINY, **QUICKSTART_ROUTER, **variant)
+    model = _random_params(cfg)
+    b = _batch(4, 32, 256, seed=2)
+    later = np.asarray(b["tokens"]).copy()
+    later[:, 16:] = (later[:, 16:] * 7 + 3) % 256
+    graphdef, state = nnx.split(model)
+    fwd = jax.jit(lambda st, t, routing: nnx.merge(graphdef, st)(t, b["segment_ids"], b["positions"], routing=routing),
+                  static_argnums=2)
+    for routing in ("causal", "train"):
+        a, c = np.asarray(fwd(state, b["tokens"], routing)), np.asarray(fwd(state, jnp.asarray(later), routing))
+        moved = np.abs(a[:, :16] - c[:, :16]).max()
+        if routing == "causal":
+            assert moved == 0.0, moved
+        elif not cfg.moe_group_size and not cfg.moe_dropless:   # groups of 8 never mix the halves; dropless
+            assert moved > 1e-3, moved                            # mixes them through Sinkhorn only
+
+
+def test_causal_routing_is_per_token_top_k_with_every_assignment_kept():
+    """One MoE layer under causal routing against a hand computation per token: the top-2 of its router
+    probabilities (no Sinkhorn offsets), gates renormalized, each chosen expert's SwiGLU output times its gate,
+    nothing dropped at capacity factor 0.5 (which drops under the training routing), padding 0 and out of every
+    statistic; the dropless layer gives the same outputs."""
+    cfg = dataclasses.replace(TINY, **dict(QUICKSTART_ROUTER, moe_capacity_factor=0.5))
+    moe = MoE(cfg, rngs=nnx.Rngs(3))
+    rng = np.random.default_rng(3)
+    for name in ("w_router", "w_gate", "w_up", "w_down"):
+        p = getattr(moe, name)
+        p[...] = jnp.asarray(0.3 * rng.standard_normal(p.shape), jnp.float32)
+    x = rng.standard_normal((2, 16, cfg.d_model)).astype(np.float32)
+    seg = np.ones((2, 16), np.int32)
+    seg[1, 11:] = 0
+    y, aux = moe(jnp.asarray(x), jnp.asarray(seg), routing="causal")
+    _, aux_train = moe(jnp.asarray(x), jnp.asarray(seg))
+    assert float(aux_train["moe/dropped_fraction"]) > 0 and float(aux["moe/dropped_fraction"]) == 0.0
+    wr, wg, wu, wd = (np.asarray(getattr(moe, n)[...], np.float64) for n in ("w_router", "w_gate", "w_up", "w_down"))
+    logits = x.astype(np.float64) @ wr
+    p = np.exp(logits - logits.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    want = np.zeros_like(x, np.float64)
+    counts = np.zeros(4)
+    for b in range(2):
+        for t in range(16):
+            if not seg[b, t]:
+                continue
+            top = np.argsort(-p[b, t])[:2]
+            counts[top] += 1
+            for e in top:
+                h = x[b, t] @ wg[e]
+                want[b, t] += p[b, t, e] / p[b, t, top].sum() * ((h / (1 + np.exp(-h))) * (x[b, t] @ wu[e])) @ wd[e]
+    np.testing.assert_allclose(np.asarray(y), want, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(aux["moe/expert_share"]), counts / counts.sum(), rtol=1e-6)
+    moe.cfg = dataclasses.replace(cfg, moe_dropless=True)
+    np.testing.assert_allclose(np.asarray(moe(jnp.asarray(x), jnp.asarray(seg), routing="causal")[0]), want,
+                               rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="routing 'grouped'"):
+        moe(jnp.asarray(x), routing="grouped")
+
+
+def test_evaluation_scores_moe_causally_and_says_so():
+    """The held-out scorer and the eval step route a mixture of experts token by token: the scores of a window's
+    first 16 tokens do not change when its later tokens do, the perplexity report names the routing, and a
+    dense model's report carries no routing (nothing to say); ``routing='train'`` is there to measure the
+    difference, and moves them."""
+    from jaxpt import mesh as mesh_lib
+    from jaxpt.eval import heldout
+    from jaxpt.eval.scorer import Scorer, Window
+    from jaxpt.model.decoder import eval_routing
+    from jaxpt.training.step import eval_step
+
+    cfg = dataclasses.replace(TINY, **QUICKSTART_ROUTER)
+    model = _random_params(cfg)
+    mesh = mesh_lib.mesh_from_config("data=8")
+    rng = np.random.default_rng(4)
+    first = rng.integers(3, 256, 32).astype(np.int32)
+    second = first.copy()
+    second[16:] = rng.integers(3, 256, 16)
+    assert eval_routing(cfg) == "causal" and eval_routing(dataclasses.replace(cfg, mlp="swiglu")) == "causal"
+    for routing in (None, "train"):
+        scorer = Scorer.from_model(model, mesh, mesh_lib.DEFAULT_RULES, seq_len=32, batch_size=8, routing=routing)
+        res = scorer.score([Window(first, 1), Window(second, 1)], pack=False, keep_tokens=True)
+        moved = np.abs(res.token_logp[0][:15] - res.token_logp[1][:15]).max()
+        assert (moved == 0.0) if routing is None else (moved > 1e-4), (routing, moved)
+        assert scorer.routing == (routing or "causal")
+    hset = heldout.HeldoutSet.build([heldout.Document("d", "abc")], _ByteTokenizer(), seq_len=32)
+    assert heldout.perplexity_report(scorer, hset, group_by=())["routing"] == "train"
+    dense = Scorer.from_model(_random_params(dataclasses.replace(cfg, mlp="swiglu")), mesh, mesh_lib.DEFAULT_RULES,
+                              seq_len=32, batch_size=8)
+    assert "routing" not in heldout.perplexity_report(dense, hset, group_by=())
+    graphdef, params = nnx.split(model, nnx.Param)
+    tokens = jnp.asarray(np.stack([first, second]))
+    batch = {"tokens": tokens, "segment_ids": jnp.ones_like(tokens), "positions": jnp.broadcast_to(jnp.arange(32), (2, 32))}
+    out = jax.jit(lambda p, b: eval_step(p, b, graphdef=graphdef))(params, batch)
+    logits = model(batch["tokens"], batch["segment_ids"], batch["positions"], routing="causal")
+    logp = jax.nn.log_softmax(logits[:, :-1], -1)
+    want = -jnp.take_along_axis(logp, tokens[:, 1:, None], -1).sum()
+    np.testing.assert_allclose(float(out["loss_sum"]), float(want), rtol=1e-5)
+
+
+class _ByteTokenizer:
+    """Bytes as token ids (3..258 clipped into TINY's 256), EOS 2: enough to build a held-out set."""
+
+    eos_id, pad_id = 2, 0
+
+    def encode_batch(self, texts):
+        return [np.asarray([3 + (b % 250) for b in t.encode()], np.int32) for t in texts]

@@ -201,7 +201,9 @@ def perplexity_report(scorer: Scorer, hset: HeldoutSet, *, group_by: Iterable[st
     Returns ``{"overall": figures, "by_<grouping>": {group: figures}, "subset": bool}`` where figures are
     ``documents``, ``tokens`` (scored), ``nll_sum`` (nats), ``loss`` (nats per token), ``perplexity``,
     ``bytes`` and ``bits_per_byte``. Bytes count whole documents, so ``bits_per_byte`` is only reported for
-    full (not subset) evaluations. ``progress``: as :meth:`Scorer.score`.
+    full (not subset) evaluations. For a model whose MLP routes tokens (a mixture of experts) also
+    ``"routing"``: the routing the figures come from (:attr:`Scorer.routing`; ``causal`` unless asked otherwise).
+    ``progress``: as :meth:`Scorer.score`.
     """
     res = scorer.score(hset.windows, pack=pack, progress=progress)
     nd = len(hset.docs)
@@ -218,6 +220,8 @@ def perplexity_report(scorer: Scorer, hset: HeldoutSet, *, group_by: Iterable[st
         return _figures(float(doc_nll[mask].sum()), int(doc_tok[mask].sum()), nbytes, int(mask.sum()))
 
     report: dict[str, Any] = {"overall": pool(seen), "subset": hset.subset}
+    if scorer.routed:
+        report["routing"] = scorer.routing
     for by in group_by:
         keys = np.array([d.group(by) for d in hset.docs])
         report[f"by_{by}"] = {g: pool(seen & (keys == g)) for g in sorted(set(keys[seen].tolist()))}

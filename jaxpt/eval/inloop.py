@@ -8,8 +8,10 @@ of every window reports ``heldout_loss``, ``heldout_perplexity`` and ``heldout_t
 language) groups) is a different quantity, on a subset, and is reported under its own names,
 ``heldout_partial_loss``, ``heldout_partial_perplexity`` and ``heldout_partial_tokens``, so no curve mixes the
 two. The final evaluation scores every window. With ``HeldoutEvalConfig.enabled`` the record also breaks it down
-as ``heldout/<grouping>/<group>/loss`` and ``.../perplexity`` (``heldout_partial/...`` for a bounded one). The
-scorer runs on the run's mesh with the train state's param shardings and the global batch size and compiles once.
+as ``heldout/<grouping>/<group>/loss`` and ``.../perplexity`` (``heldout_partial/...`` for a bounded one). A model
+whose MLP routes tokens (a mixture of experts) is scored with each token routed by itself (``causal``, so no score
+sees a later token; :func:`jaxpt.model.decoder.eval_routing`), and its records say so: ``heldout_routing`` (or
+``heldout_partial_routing``) ``"causal"`` beside the figures. The scorer runs on the run's mesh with the train state's param shardings and the global batch size and compiles once.
 The held-out documents are read and checked at setup (:func:`load_heldout`, :func:`heldout_set`): a set with no
 scored token (empty, or only 1-token documents with ``DataConfig.add_eos = False``) is a config error, never a
 perfect-looking loss of 0.
@@ -119,7 +121,8 @@ class HeldoutEvaluator:
         """Held-out figures of ``params``: ``heldout_loss`` (nats per scored token), ``heldout_perplexity`` and
         ``heldout_tokens`` (scored tokens) when every window is scored, ``heldout_partial_loss``,
         ``heldout_partial_perplexity`` and ``heldout_partial_tokens`` when ``limit`` bounded the windows; plus
-        ``<that prefix>/<grouping>/<group>/loss|perplexity`` when ``HeldoutEvalConfig.enabled``. Over 0 scored
+        ``<that prefix>/<grouping>/<group>/loss|perplexity`` when ``HeldoutEvalConfig.enabled``; for a model whose
+        MLP routes tokens, ``<that prefix>_routing``, the routing the figures come from (a string). Over 0 scored
         tokens the loss and perplexity are NaN (written ``"nan"``) and a warning is logged.
 
         ``limit``: 0 scores every window; else ``limit x global_batch_size`` windows, round-robin over groups.
@@ -139,6 +142,8 @@ class HeldoutEvaluator:
         prefix = "heldout_partial" if hset.subset else "heldout"
         out = {f"{prefix}_loss": overall["loss"], f"{prefix}_perplexity": overall["perplexity"],
                f"{prefix}_tokens": float(overall["tokens"])}
+        if "routing" in report:
+            out[f"{prefix}_routing"] = report["routing"]
         if group_by:
             out.update({k: v for k, v in heldout.flat_figures(report, prefix).items() if "/overall/" not in k})
         return out

@@ -3,8 +3,8 @@
 Core probe tasks are compared on their primary metric: a drop larger than the task's ``regression_tolerance``
 (absolute, in metric units) is flagged. Perplexity is compared for each group of the card's ``core_grouping``
 (e.g. every domain): a rise larger than ``perplexity.regression_tolerance`` (relative) is flagged. Reports made
-with different cards (name, version or content hash), or on different example sets or held-out tokens, are
-refused rather than compared.
+with different cards (name, version or content hash), on different example sets or held-out tokens, or (both
+mixture-of-experts reports) with different routings, are refused rather than compared.
 """
 
 from __future__ import annotations
@@ -29,6 +29,9 @@ def _check_same(base: Mapping[str, Any], new: Mapping[str, Any]) -> None:
         if tn is not None and tb.get("examples_sha256") != tn.get("examples_sha256"):
             raise IncompatibleReports(f"task {name}: the reports were scored on different examples "
                                       "(held-out or training source differ)")
+    rb, rn = base.get("heldout", {}).get("routing"), new.get("heldout", {}).get("routing")
+    if rb is not None and rn is not None and rb != rn:
+        raise IncompatibleReports(f"held-out perplexity from different mixture-of-experts routings: {rb!r} vs {rn!r}")
     hb, hn = base.get("heldout", {}).get("overall", {}), new.get("heldout", {}).get("overall", {})
     if hb.get("tokens") != hn.get("tokens"):
         raise IncompatibleReports(f"held-out perplexity over different text: {hb.get('tokens')} vs "

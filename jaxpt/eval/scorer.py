@@ -30,7 +30,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxpt import mesh as mesh_lib
 from jaxpt.infer.decode import NoCacheStep
-from jaxpt.infer.kv_cache import KVCacheStep
+from jaxpt.infer.kv_cache import KVCacheStep, step_class
+from jaxpt.model.decoder import eval_routing, routed
 from jaxpt.util import progress as progress_lib
 
 
@@ -87,15 +88,17 @@ def rolling_windows(tokens: Sequence[int] | np.ndarray, seq_len: int, stride: in
     return out
 
 
-def token_scores(params, tokens_BxL, segment_ids_BxL, positions_BxL, *, graphdef):
+def token_scores(params, tokens_BxL, segment_ids_BxL, positions_BxL, *, graphdef, routing: str = "causal"):
     """Log-probability of each next token, and the greedy (argmax) token, at every position.
 
     Returns ``(logp_BxL float32, argmax_BxL int32)``: ``logp[b, t] = log p(tokens[b, t+1] | row up to t)``
     (the last column is the log-probability of token 0, meaningless; the host reads only scored positions)
-    and ``argmax[b, t]`` the most likely next token. Log-softmax in float32.
+    and ``argmax[b, t]`` the most likely next token. Log-softmax in float32. ``routing``: how a mixture of
+    experts routes (:meth:`jaxpt.model.Decoder.__call__`); only ``causal`` keeps ``logp[b, t]`` from depending on
+    tokens after ``t + 1``.
     """
     model = nnx.merge(graphdef, params)
-    logits_BxLxV = model(tokens_BxL, segment_ids_BxL, positions_BxL).astype(jnp.float32)
+    logits_BxLxV = model(tokens_BxL, segment_ids_BxL, positions_BxL, routing=routing).astype(jnp.float32)
     next_BxL = jnp.concatenate([tokens_BxL[:, 1:], jnp.zeros_like(tokens_BxL[:, :1])], axis=1)
     logp_BxLxV = jax.nn.log_softmax(logits_BxLxV, axis=-1)
     logp_BxL = jnp.take_along_axis(logp_BxLxV, next_BxL[..., None], axis=-1)[..., 0]
@@ -125,16 +128,29 @@ class Scorer:
       batch_size: rows per call; rounded up to a multiple of the data-parallel size (extra rows are padding).
       pad_id: token id of padding slots.
       place_params: put ``params`` on the mesh now (False: they are abstract; set ``scorer.params`` later).
+      routing: how a mixture of experts routes the scored rows (:meth:`jaxpt.model.Decoder.__call__`); None: as
+        evaluation does (:func:`jaxpt.model.decoder.eval_routing`: ``causal``, each token by itself, so no score
+        sees a later token). ``train`` (capacity and balancing over whole rows) lets later tokens move earlier
+        scores: for measuring that only.
+
+    Attributes:
+      routing: the routing the scores come from; ``routed``: whether the model's MLP routes at all (a mixture of
+        experts), i.e. whether its figures must say which routing produced them.
+
+    Raises:
+      ValueError: ``seq_len < 2``; at the first call, a routing the model's MLP does not run.
     """
 
     def __init__(self, graphdef, params, mesh: Mesh, rules, *, seq_len: int, batch_size: int, pad_id: int = 0,
-                 place_params: bool = True):
+                 place_params: bool = True, routing: str | None = None):
         if seq_len < 2:
             raise ValueError(f"Scorer: seq_len = {seq_len} must be >= 2")
+        cfg = nnx.merge(graphdef, params).cfg
+        self.routing, self.routed = routing or eval_routing(cfg), routed(cfg)
         dp = mesh_lib.data_parallel_size(mesh_lib.mesh_shape(mesh), rules)
         self.batch_size = -(-max(batch_size, 1) // dp) * dp
         self.seq_len, self.pad_id, self.mesh, self.rules = seq_len, pad_id, mesh, rules
-        self.graphdef = graphdef
+        self.graphdef, self.cfg = graphdef, cfg
         replicated = NamedSharding(mesh, PartitionSpec())
         batch_s = mesh_lib.batch_sharding(mesh, rules)
         self._batch_sharding = batch_s
@@ -147,19 +163,21 @@ class Scorer:
 
         def traced(params, tokens, segment_ids, positions):
             with mesh_lib.activation_sharding(mesh, rules):
-                return token_scores(params, tokens, segment_ids, positions, graphdef=graphdef)
+                return token_scores(params, tokens, segment_ids, positions, graphdef=graphdef, routing=self.routing)
 
         self._fn = jax.jit(traced, in_shardings=(param_s, batch_s, batch_s, batch_s),
                            out_shardings=(replicated, replicated))
         self.calls = 0
 
     @classmethod
-    def from_model(cls, model, mesh: Mesh, rules, *, seq_len: int, batch_size: int, pad_id: int = 0) -> "Scorer":
+    def from_model(cls, model, mesh: Mesh, rules, *, seq_len: int, batch_size: int, pad_id: int = 0,
+                   routing: str | None = None) -> "Scorer":
         """A scorer over an ``nnx`` model (e.g. ``jaxpt.restore(...).model``, whose params live on ``mesh``)."""
         if seq_len > model.cfg.max_seq_len:
             raise ValueError(f"Scorer: seq_len = {seq_len} exceeds the model's max_seq_len = {model.cfg.max_seq_len}")
         graphdef, params = nnx.split(model, nnx.Param)
-        return cls(graphdef, params, mesh, rules, seq_len=seq_len, batch_size=batch_size, pad_id=pad_id)
+        return cls(graphdef, params, mesh, rules, seq_len=seq_len, batch_size=batch_size, pad_id=pad_id,
+                   routing=routing)
 
     # ------------------------------------------------------------------------------------------ device calls
 
@@ -264,11 +282,13 @@ class Scorer:
         return [(float(a), bool(b)) for a, b in zip(out_lp, out_greedy)]
 
     def decode_step(self, batch_size: int | None = None, *, kv_cache: bool = True) -> KVCacheStep | NoCacheStep:
-        """A :class:`jaxpt.infer.kv_cache.KVCacheStep` (``kv_cache=False``: the cache-free reference
-        :class:`jaxpt.infer.decode.NoCacheStep`) over this scorer's params, mesh, rules, ``seq_len`` and pad id
-        (``batch_size`` rows per call, default this scorer's), for :func:`jaxpt.infer.decode.greedy`."""
-        return (KVCacheStep if kv_cache else NoCacheStep)(self.graphdef, self.params, self.mesh, self.rules, seq_len=self.seq_len,
-                           batch_size=batch_size or self.batch_size, pad_id=self.pad_id)
+        """A :class:`jaxpt.infer.kv_cache.KVCacheStep` (``kv_cache=False``, or a model that cannot be decoded token
+        by token: the cache-free :class:`jaxpt.infer.decode.NoCacheStep`, :func:`jaxpt.infer.kv_cache.step_class`)
+        over this scorer's params, mesh, rules, ``seq_len`` and pad id (``batch_size`` rows per call, default this
+        scorer's), for :func:`jaxpt.infer.decode.greedy`. Both route as evaluation does, whatever this scorer's
+        ``routing``."""
+        return step_class(self.cfg, kv_cache)(self.graphdef, self.params, self.mesh, self.rules, seq_len=self.seq_len,
+                                              batch_size=batch_size or self.batch_size, pad_id=self.pad_id)
 
 
 def _tail_windows(seq: np.ndarray, start: int, seq_len: int, stride: int) -> list[Window]:
@@ -282,10 +302,12 @@ def _tail_windows(seq: np.ndarray, start: int, seq_len: int, stride: int) -> lis
     return rolling_windows(seq[s:], seq_len, stride, start=start - s)
 
 
-def scorer_for_restored(restored: Any, *, seq_len: int | None = None, batch_size: int = 8) -> Scorer:
-    """A :class:`Scorer` over a :func:`jaxpt.restore` result (its mesh, rules and, by default, its ``seq_len``)."""
+def scorer_for_restored(restored: Any, *, seq_len: int | None = None, batch_size: int = 8,
+                        routing: str | None = None) -> Scorer:
+    """A :class:`Scorer` over a :func:`jaxpt.restore` result (its mesh, rules and, by default, its ``seq_len``);
+    ``routing`` as :class:`Scorer` takes it."""
     cfg = restored.config
     return Scorer.from_model(restored.model, restored.mesh, cfg.logical_axis_rules,
                              seq_len=seq_len or cfg.seq_len, batch_size=batch_size,
-                             pad_id=restored.tokenizer.pad_id)
+                             pad_id=restored.tokenizer.pad_id, routing=routing)
 

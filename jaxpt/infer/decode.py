@@ -40,6 +40,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxpt import mesh as mesh_lib
+from jaxpt.model.decoder import eval_routing
 from jaxpt.util import progress as progress_lib
 
 
@@ -218,10 +219,11 @@ def next_token_logits(params, tokens_BxL, segment_ids_BxL, positions_BxL, *, gra
     """Logits (float32 [B, V]) of the token after each row's last real token.
 
     Rows are left-aligned: real tokens have segment id 1, padding 0, so a row's last real token is at column
-    ``sum(segment_ids != 0) - 1`` (column 0 for an all-padding row, whose logits mean nothing).
+    ``sum(segment_ids != 0) - 1`` (column 0 for an all-padding row, whose logits mean nothing). The model routes
+    as evaluation does (:func:`jaxpt.model.decoder.eval_routing`: a mixture of experts each token by itself).
     """
     model = nnx.merge(graphdef, params)
-    logits_BxLxV = model(tokens_BxL, segment_ids_BxL, positions_BxL)
+    logits_BxLxV = model(tokens_BxL, segment_ids_BxL, positions_BxL, routing=eval_routing(model.cfg))
     last_B = jnp.maximum(jnp.sum(segment_ids_BxL != 0, axis=1) - 1, 0)
     rows_B = jnp.arange(tokens_BxL.shape[0])
     return logits_BxLxV[rows_B, last_B].astype(jnp.float32)

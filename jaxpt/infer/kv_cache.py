@@ -18,13 +18,19 @@ rules; rows and the cache are never split over ``sequence`` (a one-token query c
 mesh the ``sequence`` devices hold copies). Layers run one after another, never pipelined over ``stage``.
 
 The logits equal the cache-free step's up to float rounding (``tests/test_kv_cache.py``): the same params,
-RoPE (:func:`jaxpt.model.rope.apply_rope`), norms and MLP modules of the model are called; the decode-time
-attention is :func:`jaxpt.model.attention_xla.xla_attention` over the cache with a per-row mask.
+RoPE (:func:`jaxpt.model.rope.apply_rope`), norms and MLP modules of the model are called (the MLP given the
+rows' segment ids, so the prompts' padding is padding to it too); the decode-time attention is
+:func:`jaxpt.model.attention_xla.xla_attention` over the cache with a per-row mask. Both steps route a mixture of
+experts ``causal``ly, each token by itself (:func:`jaxpt.model.decoder.eval_routing`): a token routed alone at its
+extend is then routed as in the forward pass over its whole row. A model whose MLP cannot route token by token
+(one that declares ``routings`` without ``causal``, :mod:`jaxpt.model.mlp`) is refused here, and
+:func:`step_class` decodes it without a cache, saying so once in the log.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import Any, Sequence
 
 import jax
@@ -34,14 +40,40 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxpt import mesh as mesh_lib
-from jaxpt.infer.decode import StepConstructors, place_on_mesh
+from jaxpt.infer.decode import NoCacheStep, StepConstructors, place_on_mesh
 from jaxpt.model.attention import dot_product_attention
 from jaxpt.model.attention_xla import xla_attention
-from jaxpt.model.decoder import Block
+from jaxpt.model.config import ModelConfig
+from jaxpt.model.decoder import Block, eval_routing
 from jaxpt.model.rope import apply_rope, rope_frequencies
+
+log = logging.getLogger("jaxpt.infer.kv_cache")
 
 #: logical axes of one layer's cache [B, L, K, Hd] (the sequence axis deliberately unnamed: never sharded).
 CACHE_AXES = ("batch", None, "kv_heads", "head_dim")
+
+#: ``ModelConfig.mlp`` names whose decoding without a cache :func:`step_class` has logged (once each).
+_LOGGED_NO_CACHE: set[str] = set()
+
+
+def step_class(cfg: ModelConfig, kv_cache: bool = True) -> type:
+    """The decode step for a model of ``cfg``: :class:`KVCacheStep` (``kv_cache``), else or where the model cannot
+    be decoded token by token (its MLP offers no ``causal`` routing, :func:`jaxpt.model.decoder.eval_routing`)
+    :class:`jaxpt.infer.decode.NoCacheStep`, which reruns the model's own forward on each row so far; the
+    latter case is logged once per MLP name.
+
+    Raises:
+      ConfigError: no MLP is named ``cfg.mlp``.
+    """
+    if not kv_cache:
+        return NoCacheStep
+    if eval_routing(cfg) == "causal":
+        return KVCacheStep
+    if cfg.mlp not in _LOGGED_NO_CACHE:
+        _LOGGED_NO_CACHE.add(cfg.mlp)
+        log.warning("ModelConfig.mlp = %r cannot route one token at a time (no 'causal' routing), so a KV cache "
+                    "would not reproduce its forward pass: decoding without a cache (NoCacheStep)", cfg.mlp)
+    return NoCacheStep
 
 
 def _project_qkv(block, x_BxTxD, positions_BxT):
@@ -53,12 +85,12 @@ def _project_qkv(block, x_BxTxD, positions_BxT):
             apply_rope(k_BxTxKxHd, positions_BxT, inv_freq, factor), v_BxTxKxHd)
 
 
-def _finish_block(block, x_BxTxD, out_BxTxHxHd):
-    """Output projection, residual, and the MLP half of the block."""
+def _finish_block(block, x_BxTxD, out_BxTxHxHd, segment_ids_BxT):
+    """Output projection, residual, and the MLP half of the block (:meth:`jaxpt.model.decoder.Block.mlp_half`),
+    routed ``causal``: each token by itself, as in the forward pass over a whole row."""
     cd = block.attn.cfg.jnp_compute_dtype
     x_BxTxD = x_BxTxD + jnp.einsum("blhk,hkd->bld", out_BxTxHxHd, block.attn.wo[...].astype(cd))
-    mlp_out, _ = block.mlp(block.mlp_norm(x_BxTxD))
-    return x_BxTxD + mlp_out
+    return block.mlp_half(x_BxTxD, segment_ids_BxT, routing="causal")[0]
 
 
 def _prefill_block(block, x_BxLxD, segment_ids_BxL, positions_BxL):
@@ -66,7 +98,7 @@ def _prefill_block(block, x_BxLxD, segment_ids_BxL, positions_BxL):
     q, k, v = _project_qkv(block, x_BxLxD, positions_BxL)
     k, v = mesh_lib.constrain(k, CACHE_AXES), mesh_lib.constrain(v, CACHE_AXES)
     out, _ = dot_product_attention(q, k, v, segment_ids_BxL, impl=block.attn.cfg.attention_impl)
-    return _finish_block(block, x_BxLxD, out), k, v
+    return _finish_block(block, x_BxLxD, out, segment_ids_BxL), k, v
 
 
 def _decode_block(block, x_Bx1xD, positions_Bx1, k_BxLxKxHd, v_BxLxKxHd):
@@ -83,7 +115,7 @@ def _decode_block(block, x_Bx1xD, positions_Bx1, k_BxLxKxHd, v_BxLxKxHd):
     kv_segment_ids_BxL = jnp.where(slots_L[None, :] <= positions_Bx1, 1, 2).astype(jnp.int32)
     out, _ = xla_attention(q, k, v, jnp.ones_like(positions_Bx1), kv_segment_ids_BxL,
                            scale=q.shape[-1] ** -0.5, q_index_L=jnp.full((1,), L, jnp.int32), kv_index_M=slots_L)
-    return _finish_block(block, x_Bx1xD, out), k, v
+    return _finish_block(block, x_Bx1xD, out, jnp.ones_like(positions_Bx1)), k, v
 
 
 def _block_stack(model):
@@ -175,13 +207,18 @@ class KVCacheStep(StepConstructors):
       pad_id: token id of padding slots.
 
     Raises:
-      ValueError: ``seq_len < 2``.
+      ValueError: ``seq_len < 2``; a model that cannot be decoded token by token (:func:`step_class` picks the
+        cache-free step for it).
     """
 
     def __init__(self, graphdef, params, mesh: Mesh | None = None, rules=mesh_lib.DEFAULT_RULES, *, seq_len: int,
                  batch_size: int = 1, pad_id: int = 0):
         if seq_len < 2:
             raise ValueError(f"KVCacheStep: seq_len = {seq_len} must be >= 2")
+        cfg = nnx.merge(graphdef, params).cfg
+        if eval_routing(cfg) != "causal":
+            raise ValueError(f"KVCacheStep: ModelConfig.mlp = {cfg.mlp!r} cannot route one token at a time, so a KV "
+                             "cache would not reproduce its forward pass; decode it with NoCacheStep (step_class)")
         self.seq_len, self.pad_id, self.mesh = seq_len, pad_id, mesh
         batch_size = max(batch_size, 1)
         pre = lambda p, t, s, q: prefill(p, t, s, q, graphdef=graphdef)  # noqa: E731

@@ -30,7 +30,7 @@ from jaxpt import config as config_lib, mesh as mesh_lib
 from jaxpt.checkpoint import CheckpointConfig, Checkpointer, CheckpointError
 from jaxpt.data.tokenizer import Tokenizer
 from jaxpt.infer import decode
-from jaxpt.infer.kv_cache import KVCacheStep
+from jaxpt.infer.kv_cache import step_class
 from jaxpt.model import ModelConfig, count_params
 from jaxpt.training import state as state_lib
 from jaxpt.util import fs
@@ -211,7 +211,9 @@ def generate(model, tokenizer, prompt: str, max_new_tokens: int = 32, *, stop_st
              kv_cache: bool = True) -> str:
     """Greedy continuation of ``prompt`` (text in, text out), stopped at EOS or before the first of
     ``stop_strings``: one row of :func:`jaxpt.infer.decode.greedy` over a :class:`jaxpt.infer.kv_cache.KVCacheStep`
-    (``kv_cache=False``: the cache-free :class:`jaxpt.infer.decode.NoCacheStep`) on the model's params wherever they live.
+    (``kv_cache=False``, or a model that cannot be decoded token by token: the cache-free
+    :class:`jaxpt.infer.decode.NoCacheStep`, :func:`jaxpt.infer.kv_cache.step_class`) on the model's params wherever
+    they live.
 
     Truncation (:mod:`jaxpt.infer.decode`): a prompt longer than ``model.cfg.max_seq_len - max_new_tokens`` tokens keeps
     its last that many. The row is only as long as the prompt and new tokens need, at most ``max_seq_len``.
@@ -221,8 +223,7 @@ def generate(model, tokenizer, prompt: str, max_new_tokens: int = 32, *, stop_st
     """
     ids = tokenizer.encode(prompt)
     row = max(2, min(model.cfg.max_seq_len, max(len(ids), 1) + max_new_tokens))
-    cls = KVCacheStep if kv_cache else decode.NoCacheStep
-    step = cls.from_model(model, seq_len=row, pad_id=tokenizer.pad_id)
+    step = step_class(model.cfg, kv_cache).from_model(model, seq_len=row, pad_id=tokenizer.pad_id)
     (gen,) = decode.greedy(step, [ids], max_new_tokens, eos_id=tokenizer.eos_id, stop_strings=[stop_strings],
                            tokenizer=tokenizer)
     return gen.text

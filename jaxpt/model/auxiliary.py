@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from typing import Mapping, Sequence
+from typing import Mapping, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -34,9 +34,11 @@ class AuxSpec:
     Attributes:
       reduce: reduction over layers (one of :data:`REDUCTIONS`).
       over_microbatches: reduction over gradient-accumulation micro-batches; ``None`` means ``reduce``.
-        A per-batch statistic (a load-balancing loss, expert shares) wants ``mean``: each micro-batch holds
-        ``1/grad_accum`` of the global batch's rows, so the mean matches the unaccumulated value (exactly for
-        sums over rows, approximately for nonlinear statistics).
+        ``mean`` matches the unaccumulated value of a per-row statistic (each micro-batch holds ``1/grad_accum``
+        of the global batch's rows) exactly only when it is a plain mean over rows. A statistic over the batch's
+        tokens (a mean over real tokens, a product of batch means such as a load-balancing loss) is exact as
+        ``sum`` of parts, each micro-batch's call given the whole batch's :class:`BatchTotals` (the mixture of
+        experts, :mod:`jaxpt.model.moe`).
       loss_weight: if nonzero, ``loss_weight * value`` is added to the training loss (the value reported as
         a metric stays unweighted). Gradients through a ``max`` over micro-batches cannot be accumulated
         one micro-batch at a time, so a loss must reduce over micro-batches by ``sum`` or ``mean``.
@@ -76,6 +78,28 @@ class AuxSpec:
         """Factor on one micro-batch's loss term so that gradients summed over micro-batches are those of
         the reduced value: ``1/num_microbatches`` for ``mean``, 1 for ``sum``."""
         return 1.0 / num_microbatches if self.microbatch_reduce == "mean" else 1.0
+
+
+class BatchTotals(NamedTuple):
+    """What a layer called on one micro-batch needs to know of the whole (global) batch, so that its statistics
+    come out as parts of the whole batch's values (summed over micro-batches) and gradient accumulation changes
+    no number beyond float rounding (:func:`jaxpt.training.step.batch_totals` computes them).
+
+    Attributes:
+      tokens: float32 scalar, real tokens (segment id > 0) of the whole batch.
+      per_layer: auxiliary output name -> its value over the whole batch (reduced over micro-batches as its
+        :class:`AuxSpec` says). Given to a model: stacked over the layers that produce it, ``[layers, ...]``;
+        given to one layer: that layer's row. Only the names a layer declares in its ``batch_totals``
+        (:mod:`jaxpt.model.mlp`); may be empty (then a layer uses its own call's values for them).
+    """
+
+    tokens: jax.Array
+    per_layer: Mapping[str, jax.Array]
+
+    def layer(self, index: int) -> "BatchTotals":
+        """The totals one layer sees: row ``index`` of each ``per_layer`` value (``index`` counts the layers that
+        produce it)."""
+        return BatchTotals(self.tokens, {k: v[index] for k, v in self.per_layer.items()})
 
 
 def fold(reduction: str, values: Sequence[jax.Array] | jax.Array) -> jax.Array:

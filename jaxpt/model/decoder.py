@@ -14,7 +14,7 @@ from flax import nnx
 from jaxpt.mesh import PIPELINE_AXIS, constrain, current_activation_sharding
 from jaxpt.model import context_parallel, tables
 from jaxpt.model.attention import Attention
-from jaxpt.model.auxiliary import AuxSpec, merge_specs, reduce_aux
+from jaxpt.model.auxiliary import AuxSpec, BatchTotals, merge_specs, reduce_aux
 from jaxpt.model.config import ModelConfig
 from jaxpt.model.layers import RMSNorm, _param
 from jaxpt.model.moe import moe_param_counts
@@ -48,6 +48,48 @@ def aux_specs(cfg: ModelConfig) -> dict[str, AuxSpec]:
                        (f"mlp {mlp.name!r}", mlp.aux_specs(cfg)))
 
 
+def routed(cfg: ModelConfig) -> bool:
+    """Whether ``cfg``'s MLP routes tokens among each other (it declares ``routings``, :mod:`jaxpt.model.mlp`: the
+    mixture of experts), so that its outputs depend on the routing a call asks for; every held-out figure of
+    such a model then says which routing produced it.
+
+    Raises:
+      ConfigError: no MLP is named ``cfg.mlp``.
+    """
+    return bool(getattr(tables.mlp(cfg.mlp).fn, "routings", ()))
+
+
+def eval_routing(cfg: ModelConfig) -> str:
+    """The routing evaluation and decoding call ``cfg``'s model with: ``causal`` (each token routed by itself, so
+    a prefix's outputs never depend on later tokens and a KV cache reproduces the forward pass) where its MLP
+    offers it or routes nothing; else ``train`` (such a model is decoded without a KV cache,
+    :func:`jaxpt.infer.kv_cache.step_class`).
+
+    Raises:
+      ConfigError: no MLP is named ``cfg.mlp``.
+    """
+    routings = getattr(tables.mlp(cfg.mlp).fn, "routings", ())
+    return "causal" if not routings or "causal" in routings else "train"
+
+
+def _mlp_options(mlp, routing: str, totals: BatchTotals | None) -> dict:
+    """The keyword arguments a block gives its MLP: ``routing`` where it declares ``routings``, ``totals`` where
+    it declares ``batch_totals`` and some are given (:mod:`jaxpt.model.mlp`).
+
+    Raises:
+      ValueError: the MLP declares ``routings`` without ``routing``.
+    """
+    options = {}
+    routings = getattr(mlp, "routings", ())
+    if routings:
+        if routing not in routings:
+            raise ValueError(f"routing {routing!r}: the MLP {type(mlp).__name__} routes as one of {tuple(routings)}")
+        options["routing"] = routing
+    if totals is not None and getattr(mlp, "batch_totals", ()):
+        options["totals"] = totals
+    return options
+
+
 def build_mlp(cfg: ModelConfig, *, rngs: nnx.Rngs, layer: int | None = None) -> nnx.Module:
     """The MLP ``cfg.mlp`` names (:data:`jaxpt.model.tables.MLPS`), initialized from ``rngs``; for a mixture of
     experts placed every ``moe_every``-th layer, the dense ``swiglu`` at decoder layer ``layer`` when it is not an
@@ -72,16 +114,27 @@ class Block(nnx.Module):
         self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps, pd)
         self.mlp = build_mlp(cfg, rngs=rngs, layer=layer)  # layer: MoE placement (ModelConfig.moe_every)
 
-    def __call__(self, x_BxLxD, segment_ids_BxL, positions_BxL):
-        """Returns ``(x [B, L, D], aux)``: aux the union of the attention's and the MLP's for this block."""
+    def __call__(self, x_BxLxD, segment_ids_BxL, positions_BxL, *, routing: str = "train",
+                 totals: BatchTotals | None = None):
+        """Returns ``(x [B, L, D], aux)``: aux the union of the attention's and the MLP's for this block.
+
+        ``routing`` and ``totals`` (this layer's) reach an MLP that declares ``routings`` / ``batch_totals``
+        (:mod:`jaxpt.model.mlp`); an MLP that declares no routings treats each token by itself in every routing.
+        Raises ValueError for a routing the MLP does not run."""
         attn_out, attn_aux = self.attn(self.attn_norm(x_BxLxD), segment_ids_BxL, positions_BxL)
         x_BxLxD = constrain(x_BxLxD + attn_out, ("batch", "length", "embed"))
+        x_BxLxD, mlp_aux = self.mlp_half(x_BxLxD, segment_ids_BxL, routing=routing, totals=totals)
+        return constrain(x_BxLxD, ("batch", "length", "embed")), {**attn_aux, **mlp_aux}
+
+    def mlp_half(self, x_BxLxD, segment_ids_BxL, *, routing: str = "train", totals: BatchTotals | None = None):
+        """The block's second half, ``x + mlp(mlp_norm(x))``: ``(x [B, L, D], the MLP's aux)``, the MLP given the
+        segment ids (int32 [B, L], 0 = padding), ``routing`` and ``totals`` as it declares
+        (:mod:`jaxpt.model.mlp`). Decoding with a KV cache calls it too (:mod:`jaxpt.infer.kv_cache`)."""
         h_BxLxD = self.mlp_norm(x_BxLxD)
         # An MLP that must tell padding from tokens (a mixture of experts: padding takes no capacity) says so.
         seg = (segment_ids_BxL,) if getattr(self.mlp, "takes_segment_ids", False) else ()
-        mlp_out, mlp_aux = self.mlp(h_BxLxD, *seg)
-        x_BxLxD = x_BxLxD + mlp_out
-        return constrain(x_BxLxD, ("batch", "length", "embed")), {**attn_aux, **mlp_aux}
+        mlp_out, mlp_aux = self.mlp(h_BxLxD, *seg, **_mlp_options(self.mlp, routing, totals))
+        return x_BxLxD + mlp_out, mlp_aux
 
 
 class Decoder(nnx.Module):
@@ -163,36 +216,59 @@ class Decoder(nnx.Module):
                             microbatches=cfg.pipeline_microbatches or stages, repeats=cfg.pipeline_repeats,
                             aux_specs=self.aux_specs())
 
-    def _run_blocks(self, x_BxLxD, segment_ids_BxL, positions_BxL):
-        """All blocks in order. Returns ``(x [B, L, D], aux reduced over layers)``.
+    def _run_blocks(self, x_BxLxD, segment_ids_BxL, positions_BxL, routing: str = "train",
+                    totals: BatchTotals | None = None):
+        """All blocks in order. Returns ``(x [B, L, D], aux reduced over layers)``; ``routing`` and ``totals`` as
+        :meth:`__call__` takes them (each block gets its layer's row of ``totals``).
 
-        Under a mesh with ``stage > 1`` (see :meth:`_pipeline_mesh`) the blocks run as a pipeline."""
+        Under a mesh with ``stage > 1`` (see :meth:`_pipeline_mesh`) the blocks run as a pipeline (in their
+        training routing, with no totals: a routed MLP does not run there, :func:`jaxpt.run.validate.validate`)."""
         cfg = self.cfg
         mesh = self._pipeline_mesh(x_BxLxD.shape[0])
         if mesh is not None:
             return self._run_pipelined(mesh, x_BxLxD, segment_ids_BxL, positions_BxL)
 
-        def run_block(block: Block, x):
-            return block(x, segment_ids_BxL, positions_BxL)
+        def run_block(block: Block, x, layer_totals):
+            return block(x, segment_ids_BxL, positions_BxL, routing=routing, totals=layer_totals)
 
         if cfg.remat_policy != "none":
             run_block = nnx.remat(run_block, policy=_remat_policy(cfg.remat_policy), prevent_cse=not cfg.scan_layers)
-        if cfg.scan_layers:
+        if cfg.scan_layers and totals is None:
+            def run_scanned(block, x):
+                return run_block(block, x, None)
             # Per-layer aux values come out stacked on a leading [num_layers] axis.
-            x_BxLxD, per_layer = nnx.scan(run_block, in_axes=(0, nnx.Carry), out_axes=(nnx.Carry, 0),
+            x_BxLxD, per_layer = nnx.scan(run_scanned, in_axes=(0, nnx.Carry), out_axes=(nnx.Carry, 0),
                                           transform_metadata=_LAYERS_AXIS)(self.blocks, x_BxLxD)
+        elif cfg.scan_layers:  # every layer has the same MLP: each gets its row of the stacked totals
+            def run_scanned_with(block, x, rows):
+                return run_block(block, x, BatchTotals(totals.tokens, rows))
+            x_BxLxD, per_layer = nnx.scan(run_scanned_with, in_axes=(0, nnx.Carry, 0), out_axes=(nnx.Carry, 0),
+                                          transform_metadata=_LAYERS_AXIS)(self.blocks, x_BxLxD,
+                                                                           dict(totals.per_layer))
         else:
-            per_layer = {}
+            per_layer, j = {}, 0   # j counts the layers whose MLP takes totals (the rows of totals.per_layer)
             for block in self.blocks:
-                x_BxLxD, aux = run_block(block, x_BxLxD)
+                layer_totals = None
+                if totals is not None and getattr(block.mlp, "batch_totals", ()):
+                    layer_totals, j = totals.layer(j), j + 1
+                x_BxLxD, aux = run_block(block, x_BxLxD, layer_totals)
                 for name, value in aux.items():
                     per_layer.setdefault(name, []).append(value)
         return x_BxLxD, reduce_aux(self.aux_specs(), per_layer, over="layers")
 
-    def hidden(self, tokens_BxL: jax.Array, segment_ids_BxL: jax.Array, positions_BxL: jax.Array):
+    def batch_totals(self) -> tuple[str, ...]:
+        """The auxiliary outputs whose whole-batch values the model's MLPs take under gradient accumulation
+        (their ``batch_totals``, :mod:`jaxpt.model.mlp`): ``("moe/expert_share",)`` for a mixture of experts,
+        ``()`` when no layer needs any (then no call needs :class:`BatchTotals`)."""
+        blocks = [self.blocks] if self.cfg.scan_layers else list(self.blocks)
+        return tuple(dict.fromkeys(n for b in blocks for n in getattr(b.mlp, "batch_totals", ())))
+
+    def hidden(self, tokens_BxL: jax.Array, segment_ids_BxL: jax.Array, positions_BxL: jax.Array, *,
+               routing: str = "train", totals: BatchTotals | None = None):
         """The final hidden states, before the output projection: ``(x [B, L, D] in the compute dtype,
         after the final norm; aux as in :meth:`__call__`)``. With :meth:`output_weights` this lets a loss
-        compute the logits a chunk at a time (:func:`jaxpt.training.step.chunked_token_losses`).
+        compute the logits a chunk at a time (:func:`jaxpt.training.step.chunked_token_losses`). ``routing``,
+        ``totals``: as :meth:`__call__` takes them.
 
         With context parallelism (the ``length`` axis sharded, :mod:`jaxpt.model.context_parallel`) the blocks
         run on the row in load-balanced (zigzag) order; the hidden states come back in the natural order."""
@@ -207,7 +283,7 @@ class Decoder(nnx.Module):
         table_VxD = constrain(self.embedding[...], (None, None))
         x_BxLxD = jnp.take(table_VxD, tokens_BxL, axis=0).astype(cd)
         x_BxLxD = constrain(x_BxLxD, ("batch", "length", "embed"))
-        x_BxLxD, aux = self._run_blocks(x_BxLxD, segment_ids_BxL, positions_BxL)
+        x_BxLxD, aux = self._run_blocks(x_BxLxD, segment_ids_BxL, positions_BxL, routing, totals)
         x_BxLxD = self.final_norm(x_BxLxD)
         if shards > 1:
             x_BxLxD = constrain(context_parallel.from_zigzag(x_BxLxD, shards), ("batch", "length", "embed"))
@@ -219,10 +295,21 @@ class Decoder(nnx.Module):
         return w_DxV.astype(self.cfg.jnp_compute_dtype)
 
     def __call__(self, tokens_BxL: jax.Array, segment_ids_BxL: jax.Array, positions_BxL: jax.Array,
-                 *, return_aux: bool = False):
+                 *, return_aux: bool = False, routing: str = "train", totals: BatchTotals | None = None):
         """Logits [B, L, V] float32; with ``return_aux``, ``(logits, aux)``: each output of
-        :meth:`aux_specs` reduced over layers (``{"max_attention_logit": float32 scalar}`` by default)."""
-        x_BxLxD, aux = self.hidden(tokens_BxL, segment_ids_BxL, positions_BxL)
+        :meth:`aux_specs` reduced over layers (``{"max_attention_logit": float32 scalar}`` by default).
+
+        Args:
+          routing: how an MLP that routes tokens among each other (a mixture of experts) routes them: ``train``
+            (as configured: the training routing) or ``causal`` (each token by itself: what evaluation and
+            decoding use, :func:`eval_routing`); other MLPs ignore it.
+          totals: the whole batch's statistics when this call sees one micro-batch of it (gradient
+            accumulation, :func:`jaxpt.training.step.batch_totals`); ``per_layer`` stacked over the layers whose
+            MLP takes them. None: the call is the whole batch.
+        Raises:
+          ValueError: a routing an MLP does not run.
+        """
+        x_BxLxD, aux = self.hidden(tokens_BxL, segment_ids_BxL, positions_BxL, routing=routing, totals=totals)
         logits_BxLxV = jnp.einsum("bld,dv->blv", x_BxLxD, self.output_weights(),
                                   preferred_element_type=jnp.float32)
         logits_BxLxV = constrain(logits_BxLxV, ("batch", "length", "vocab"))

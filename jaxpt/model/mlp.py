@@ -6,7 +6,17 @@ An MLP is an ``nnx.Module`` class (or factory) called as ``cls(cfg, rngs=rngs)``
 mixture-of-experts MLP would return e.g. a load-balancing loss declared with a ``loss_weight``
 (:class:`jaxpt.model.auxiliary.AuxSpec`), which the train step adds to the loss. An MLP class whose
 ``takes_segment_ids`` is True is called as ``mlp(x, segment_ids [B, L] int32)`` instead (0 marks padding: the
-mixture of experts gives it no capacity and leaves it out of its statistics). Params carry
+mixture of experts gives it no capacity and leaves it out of its statistics).
+
+An MLP whose output for a token may depend on *other* tokens of the call (the mixture of experts: capacity and
+balancing within a routing group) must name the routing modes it runs in ``routings``: ``train`` (its configured routing, which training
+uses) and, where it can route each token by itself, ``causal``; the block then calls it with ``routing=<name>`` (:func:`jaxpt.model.decoder.eval_routing`:
+``causal``, each token by itself, for evaluation and decoding, where the MLP offers it; without it a KV cache
+cannot reproduce the model's forward, and decoding runs without one). An MLP without ``routings`` is taken to
+treat each token by itself (like ``swiglu``). An MLP whose statistics need the whole batch under gradient
+accumulation names those auxiliary outputs in ``batch_totals``; the block then passes ``totals=``, a
+:class:`jaxpt.model.auxiliary.BatchTotals` (or None), and its aux outputs must be parts that sum over
+micro-batches to the whole batch's value. Params carry
 ``logical_axes`` metadata like every other param (see :mod:`jaxpt.mesh`). The mixture of experts is
 :mod:`jaxpt.model.moe`; :func:`jaxpt.model.decoder.build_mlp` builds the one a layer has.
 """

@@ -21,8 +21,23 @@ Routing (Shazeer et al. 2017; GShard, Lepikhin et al. 2021; Switch, Fedus et al.
 * Dropless mode (``moe_dropless``): the ``G S k`` assignments are sorted by expert and multiplied group by
   group with ``jax.lax.ragged_dot`` (MegaBlocks, Gale et al. 2023, in spirit); nothing is dropped.
 
+Routing modes (``routing``, a keyword of the call; :data:`ROUTINGS`):
+
+* ``train`` (default): as configured above: Sinkhorn offsets from each whole routing group and capacity slots
+  given first choices before second choices, so a token's output depends on the other tokens of its group,
+  later ones included. Training uses it.
+* ``causal``: each token by itself: the plain top-k of its router probabilities (no Sinkhorn offsets) and every
+  assignment kept (no capacity, no group), so a token's output depends on that token alone: a prefix's outputs
+  never change with later tokens, and decoding one token at a time against a KV cache reproduces the forward
+  pass over the whole row. Evaluation and decoding use it (:func:`jaxpt.model.decoder.eval_routing`). Capacity
+  mode then runs every expert on every token (:meth:`MoE._every_expert`: ``E / k`` times the expert FLOPs of a
+  routed call, without the dispatch einsums); dropless mode keeps its sorted ``ragged_dot``.
+
 Auxiliary outputs (:class:`jaxpt.model.auxiliary.AuxSpec`), each computed per MoE layer over all the tokens of
-the (micro-)batch:
+the call, or, given the whole batch's :class:`jaxpt.model.auxiliary.BatchTotals` (gradient accumulation: one call
+per micro-batch), this micro-batch's part of the whole batch's value, so that the parts *sum* over micro-batches
+to the value of one call on the whole batch (``T`` then counts the whole batch's real tokens, and ``f_i`` below
+is the whole batch's, from a forward pass over every micro-batch: :func:`jaxpt.training.step.batch_totals`):
 
 * ``moe/load_balance_loss``: ``E * sum_i f_i P_i`` (Fedus et al. 2021, eq. 4) with ``f_i`` the fraction of
   the ``T k`` routed assignments that chose expert i (before capacity; k = 1 is eq. 4 exactly) and ``P_i``
@@ -34,7 +49,7 @@ the (micro-)batch:
 * ``moe/expert_share``: ``f_i`` per MoE layer, ``[num_moe_layers, E]`` (each row sums to 1), reported as
   ``moe/expert_share/layer{j}/expert{i}`` where j counts MoE layers (decoder layer ``(j + 1) moe_every - 1``).
 * ``moe/router_share``: the same fraction for the plain top-k of the router's probabilities, ``[num_moe_layers,
-  E]``: what the router alone prefers, and how tokens route when decoding one at a time. It equals
+  E]``: what the router alone prefers, and how ``causal`` routing (evaluation, decoding) routes them. It equals
   ``moe/expert_share`` without Sinkhorn selection; with it, it shows a router drifting or a forced bias that
   the balanced selection hides.
 
@@ -52,7 +67,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxpt.mesh import constrain
-from jaxpt.model.auxiliary import AuxSpec
+from jaxpt.model.auxiliary import AuxSpec, BatchTotals
 from jaxpt.model.config import DTYPES, ModelConfig
 from jaxpt.model.layers import _param
 from jaxpt.model.mlp import SwiGLU
@@ -64,14 +79,21 @@ DROPPED = "moe/dropped_fraction"
 SHARE = "moe/expert_share"
 ROUTER_SHARE = "moe/router_share"
 
+#: Routing modes of :class:`MoE` (module docstring): ``train`` (groups, capacity, Sinkhorn as configured) and
+#: ``causal`` (each token by itself).
+ROUTINGS: tuple[str, ...] = ("train", "causal")
+
 
 def moe_aux_specs(cfg: ModelConfig) -> dict[str, AuxSpec]:
-    """The auxiliary outputs of :class:`MoE` (module docstring), the two losses weighted from ``cfg``."""
-    return {LOAD_BALANCE: AuxSpec("mean", "mean", loss_weight=cfg.moe_load_balance_weight),
-            ROUTER_Z: AuxSpec("mean", "mean", loss_weight=cfg.moe_router_z_loss_weight),
-            DROPPED: AuxSpec("mean", "mean"),
-            SHARE: AuxSpec("stack", "mean", index_names=("layer", "expert")),
-            ROUTER_SHARE: AuxSpec("stack", "mean", index_names=("layer", "expert"))}
+    """The auxiliary outputs of :class:`MoE` (module docstring), the two losses weighted from ``cfg``.
+
+    Each is *summed* over micro-batches: given the whole batch's :class:`BatchTotals`, a call returns its
+    micro-batch's part of the whole batch's value (module docstring)."""
+    return {LOAD_BALANCE: AuxSpec("mean", "sum", loss_weight=cfg.moe_load_balance_weight),
+            ROUTER_Z: AuxSpec("mean", "sum", loss_weight=cfg.moe_router_z_loss_weight),
+            DROPPED: AuxSpec("mean", "sum"),
+            SHARE: AuxSpec("stack", "sum", index_names=("layer", "expert")),
+            ROUTER_SHARE: AuxSpec("stack", "sum", index_names=("layer", "expert"))}
 
 
 def expert_capacity(cfg: ModelConfig, group_size: int) -> int:
@@ -132,8 +154,8 @@ def sinkhorn_offsets(logits_GxSxE: jax.Array, w_GxS: jax.Array, iters: int) -> j
     return jax.lax.stop_gradient(b)
 
 
-def route(logits_GxSxE: jax.Array, k: int, valid_GxS: jax.Array | None = None, sinkhorn_iters: int = 0
-          ) -> Routing:
+def route(logits_GxSxE: jax.Array, k: int, valid_GxS: jax.Array | None = None, sinkhorn_iters: int = 0, *,
+          num_tokens: jax.Array | None = None, balance_share: jax.Array | None = None) -> Routing:
     """Softmax top-k routing and its balance statistics from float32 router logits ``[G, S, E]``.
 
     Load-balancing loss: Fedus et al. 2021 (Switch Transformer), eq. 4, ``E * sum_i f_i P_i``, with ``f_i`` over
@@ -153,12 +175,16 @@ def route(logits_GxSxE: jax.Array, k: int, valid_GxS: jax.Array | None = None, s
         (``f_i``, ``P_i``, the z-loss mean, ``share``, ``router_share``) are over real tokens only, so padding neither pulls the
         balancing loss nor shows in the shares; with no real token at all they are 0.
       sinkhorn_iters: 0: plain top-k of the probabilities; else Sinkhorn-balanced selection (above).
+      num_tokens: float32 scalar, the real tokens the statistics are normalized by; None: this call's. Given the
+        whole batch's count, each statistic is this call's part of the whole batch's (they sum over the calls).
+      balance_share: float32 [E], the ``f_i`` of the balancing loss (the whole batch's ``share``); None: this
+        call's ``share``. With both, the loss is this call's part of the whole batch's ``E sum_i f_i P_i``.
     """
     E = logits_GxSxE.shape[-1]
     logits = logits_GxSxE.astype(jnp.float32)
     probs = jax.nn.softmax(logits, axis=-1)
     w_GxS = jnp.ones(logits.shape[:2], jnp.float32) if valid_GxS is None else valid_GxS.astype(jnp.float32)
-    n = jnp.maximum(jnp.sum(w_GxS), 1.0)
+    n = jnp.maximum(jnp.sum(w_GxS), 1.0) if num_tokens is None else num_tokens
 
     def share_of(experts_GxSxK):
         chosen_GxSxE = jnp.sum(jax.nn.one_hot(experts_GxSxK, E, dtype=jnp.float32), axis=-2)
@@ -174,7 +200,8 @@ def route(logits_GxSxE: jax.Array, k: int, valid_GxS: jax.Array | None = None, s
     gates = top_p if k == 1 else top_p / jnp.sum(top_p, axis=-1, keepdims=True)
     share = share_of(experts) if balanced else router_share
     mean_prob = jnp.einsum("gse,gs->e", probs, w_GxS) / n
-    load_balance = E * jnp.sum(jax.lax.stop_gradient(share) * mean_prob)
+    f = share if balance_share is None else balance_share
+    load_balance = E * jnp.sum(jax.lax.stop_gradient(f) * mean_prob)
     z = jnp.sum(jnp.square(jax.nn.logsumexp(logits, axis=-1)) * w_GxS) / n
     return Routing(probs, experts.astype(jnp.int32), gates, load_balance, z, share, router_share)
 
@@ -248,7 +275,8 @@ class MoE(nnx.Module):
     ``shared`` (a :class:`SwiGLU` of width ``moe_shared_expert_dim``) if nonzero.
 
     Call: ``x [B, L, D]`` (compute dtype) -> ``(y [B, L, D] compute dtype, aux)``, aux as
-    :func:`moe_aux_specs` declares (scalars float32; ``moe/expert_share`` float32 [E] for this layer).
+    :func:`moe_aux_specs` declares (scalars float32; ``moe/expert_share`` float32 [E] for this layer); the
+    ``routing`` mode and the whole batch's ``totals`` as :meth:`__call__` says.
     """
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
@@ -268,42 +296,62 @@ class MoE(nnx.Module):
 
     #: The block passes the token's segment ids (0 = padding) to this MLP (see :mod:`jaxpt.model.mlp`).
     takes_segment_ids = True
+    #: The routing modes ``__call__`` takes as ``routing=`` (module docstring; :mod:`jaxpt.model.mlp`).
+    routings = ROUTINGS
+    #: Of its auxiliary outputs, those it needs over the whole batch when called on one micro-batch of it
+    #: (``totals=``, :class:`jaxpt.model.auxiliary.BatchTotals`): ``f_i`` of the balancing loss.
+    batch_totals = (SHARE,)
 
     def router_logits(self, x_BxLxD: jax.Array) -> jax.Array:
         """float32 [B, L, E] router logits, computed in float32."""
         return (jnp.einsum("bld,de->ble", x_BxLxD.astype(jnp.float32), self.w_router[...].astype(jnp.float32))
                 + self.router_bias[...].astype(jnp.float32))
 
-    def __call__(self, x_BxLxD, segment_ids_BxL=None):
+    def __call__(self, x_BxLxD, segment_ids_BxL=None, *, routing: str = "train", totals: BatchTotals | None = None):
         """``x [B, L, D]``, optional ``segment_ids [B, L]`` int32 (0 marks padding) -> ``(y [B, L, D], aux)``.
 
         Padding tokens are routed (their router output is computed) but take no expert capacity, get a zero
         output, and count in none of the statistics: shares, losses and the dropped fraction are over real
-        tokens."""
+        tokens.
+
+        Args:
+          routing: ``train`` or ``causal`` (:data:`ROUTINGS`, module docstring).
+          totals: the whole batch's real-token count and ``moe/expert_share`` row of this layer (``per_layer``
+            may lack it: then this call's shares weight the balancing loss); None: this call is the whole batch.
+        Raises:
+          ValueError: an unknown ``routing``; ``moe_group_size`` not dividing ``L`` (``train`` routing).
+        """
         cfg = self.cfg
         B, L, _ = x_BxLxD.shape
+        if routing not in ROUTINGS:
+            raise ValueError(f"MoE routing {routing!r}: choose one of {ROUTINGS}")
+        causal = routing == "causal"
         valid_BxL = None if segment_ids_BxL is None else segment_ids_BxL > 0
-        S = cfg.moe_group_size or L   # routing group: Sinkhorn balances within it, capacity counts within it
+        # routing group: Sinkhorn balances within it, capacity counts within it (causal routing has neither)
+        S = L if causal else cfg.moe_group_size or L
         if L % S:
             raise ValueError(f"ModelConfig.moe_group_size = {S} does not divide the row length {L}")
         G = B * L // S
-        routing = route(self.router_logits(x_BxLxD).reshape(G, S, -1), cfg.moe_top_k,
-                        None if valid_BxL is None else valid_BxL.reshape(G, S), cfg.moe_router_sinkhorn_iters)
-        routing = routing._replace(**{f: getattr(routing, f).reshape(B, L, -1)
-                                      for f in ("probs", "experts", "gates")})
+        n_total = None if totals is None else totals.tokens
+        share = None if totals is None else totals.per_layer.get(SHARE)
+        routed = route(self.router_logits(x_BxLxD).reshape(G, S, -1), cfg.moe_top_k,
+                       None if valid_BxL is None else valid_BxL.reshape(G, S),
+                       0 if causal else cfg.moe_router_sinkhorn_iters, num_tokens=n_total, balance_share=share)
+        routed = routed._replace(**{f: getattr(routed, f).reshape(B, L, -1) for f in ("probs", "experts", "gates")})
         if valid_BxL is not None:
-            routing = routing._replace(gates=routing.gates * valid_BxL[..., None].astype(routing.gates.dtype))
-        if cfg.moe_dropless:
-            y_BxLxD = self._dropless(x_BxLxD, routing)
+            routed = routed._replace(gates=routed.gates * valid_BxL[..., None].astype(routed.gates.dtype))
+        if cfg.moe_dropless or causal:
+            y_BxLxD = (self._dropless if cfg.moe_dropless else self._every_expert)(x_BxLxD, routed)
             dropped = jnp.zeros((), jnp.int32)
         else:
-            y_BxLxD, dropped = self._capacity(x_BxLxD, routing, valid_BxL)
+            y_BxLxD, dropped = self._capacity(x_BxLxD, routed, valid_BxL)
         if cfg.moe_shared_expert_dim:
             y_BxLxD = y_BxLxD + self.shared(x_BxLxD)[0]
-        n_real = B * L if valid_BxL is None else jnp.maximum(jnp.sum(valid_BxL.astype(jnp.float32)), 1.0)
-        aux = {LOAD_BALANCE: routing.load_balance_loss, ROUTER_Z: routing.router_z_loss,
-               DROPPED: dropped.astype(jnp.float32) / (n_real * cfg.moe_top_k), SHARE: routing.share,
-               ROUTER_SHARE: routing.router_share}
+        if n_total is None:
+            n_total = B * L if valid_BxL is None else jnp.maximum(jnp.sum(valid_BxL.astype(jnp.float32)), 1.0)
+        aux = {LOAD_BALANCE: routed.load_balance_loss, ROUTER_Z: routed.router_z_loss,
+               DROPPED: dropped.astype(jnp.float32) / (n_total * cfg.moe_top_k), SHARE: routed.share,
+               ROUTER_SHARE: routed.router_share}
         return constrain(y_BxLxD, ("batch", "length", "embed")), aux
 
     def _expert_weights(self):
@@ -335,6 +383,23 @@ class MoE(nnx.Module):
         out_ExGxCxD = constrain(jnp.einsum("egcf,efd->egcd", h_ExGxCxF, w_down), ebcd)
         y_GxSxD = jnp.einsum("gsec,egcd->gsd", combine.astype(cd), out_ExGxCxD)
         return y_GxSxD.reshape(B, L, D), dropped
+
+    def _every_expert(self, x_BxLxD, routing: Routing):
+        """Causal routing in capacity mode: every expert runs on every token, and a token's output is the sum of
+        its experts' outputs times its gates (the other experts' weight is 0): no capacity and no group, so each
+        token's output depends on that token alone, up to the order of float sums within its own matmuls.
+        Costs ``E / k`` times the expert FLOPs of a routed call (evaluation and decoding only). The ``[E, B, L,
+        .]`` activations shard their experts over ``expert`` as the dispatched ones do."""
+        cfg = self.cfg
+        cd = cfg.jnp_compute_dtype
+        onehot_BxLxKxE = jax.nn.one_hot(routing.experts, cfg.moe_num_experts, dtype=jnp.float32)
+        weight_BxLxE = jnp.einsum("blke,blk->ble", onehot_BxLxKxE, routing.gates).astype(cd)
+        w_gate, w_up, w_down = self._expert_weights()
+        gate_ExBxLxF = jnp.einsum("bld,edf->eblf", x_BxLxD, w_gate)
+        up_ExBxLxF = jnp.einsum("bld,edf->eblf", x_BxLxD, w_up)
+        h_ExBxLxF = constrain(jax.nn.silu(gate_ExBxLxF) * up_ExBxLxF, ("exp", "batch", "length", "mlp"))
+        out_ExBxLxD = constrain(jnp.einsum("eblf,efd->ebld", h_ExBxLxF, w_down), ("exp", "batch", "length", "embed"))
+        return jnp.einsum("ebld,ble->bld", out_ExBxLxD, weight_BxLxE)
 
     def _dropless(self, x_BxLxD, routing: Routing):
         """Assignments sorted by expert, ``jax.lax.ragged_dot`` per expert group, scattered back and summed."""

@@ -3,6 +3,7 @@
     python -m jaxpt.tools.evaluate --workdir DIR [--step N] --card configs/eval/card_v1.yaml --output report.json
         [--heldout SRC] [--train SRC] [--mesh data=8] [--no-seqio] [--review-sheet FILE]
     python -m jaxpt.tools.evaluate heldout --workdir DIR [--step N] [--heldout SRC] [--output FILE]  # any data
+        [--routing causal|train]
     python -m jaxpt.tools.evaluate extrapolation --workdir DIR [--step N] --lengths 512,1024,2048,4096
         [--tolerance 0.05] [--trained-length T] [--heldout SRC] [--max-tokens 16384] [--batch-size 1]
         [--mesh data=8] [--output FILE]
@@ -19,7 +20,10 @@ chance level and threshold, the decontamination counts, and where the spot-check
 
 ``heldout``: held-out perplexity alone, on any documents (the run's held-out set, or ``--heldout`` FILE, glob or
 directory): overall and per domain and language, as the card report computes it, with no task that needs particular
-domains. A model converted from Hugging Face has no held-out set of its own: ``--heldout`` is then required.
+domains. A model converted from Hugging Face has no held-out set of its own: ``--heldout`` is then required. A
+mixture of experts is scored with each token routed by itself (``causal``) and every report says which routing
+produced its figures; ``--routing train`` scores it as it trains (capacity and balancing over whole rows, so later
+tokens move earlier scores), to measure that difference.
 
 ``extrapolation``: the length-extrapolation report (:mod:`jaxpt.eval.extrapolation`): held-out loss by position
 bucket at each length, and the effective extrapolation length (the longest length whose tail loss stays within
@@ -164,9 +168,10 @@ def format_report(report: dict[str, Any]) -> str:
     """Plain-text summary: perplexity per group and each task's score beside its chance level."""
     c = report["card"]
     h = report["heldout"]
+    routing = f", {h['routing']} routing" if "routing" in h else ""
     lines = [f"card {c['name']} v{c['version']} ({c['task_set_version']}), step {report['checkpoint']['step']}",
              f"held-out perplexity {h['overall']['perplexity']:.2f} over {h['overall']['tokens']} tokens "
-             f"({h['overall']['bits_per_byte']:.3f} bits/byte)"]
+             f"({h['overall']['bits_per_byte']:.3f} bits/byte{routing})"]
     for key in ("by_domain", "by_lang"):
         for g, f in h.get(key, {}).items():
             lines.append(f"  {key[3:]:<7} {g:<14} ppl {f['perplexity']:>10.2f}  tokens {f['tokens']:>7}  "
@@ -237,7 +242,7 @@ def cmd_heldout(args) -> int:
     restored = _restore(args.workdir, args.step, args.mesh)
     source = heldout_source(restored, args.heldout)
     docs = heldout.load_documents(source, "heldout")
-    scorer = scorer_for_restored(restored, batch_size=args.batch_size)
+    scorer = scorer_for_restored(restored, batch_size=args.batch_size, routing=args.routing)
     hset = heldout.HeldoutSet.build(docs, restored.tokenizer, seq_len=scorer.seq_len,
                                     add_eos=restored.config.data.add_eos)
     report = heldout.perplexity_report(scorer, hset, progress="held-out perplexity")
@@ -245,8 +250,9 @@ def cmd_heldout(args) -> int:
                                              "data_version": restored.meta.get("data_version")})
     _write_json(args.output, report)
     o = report["overall"]
+    routing = f", {report['routing']} routing" if "routing" in report else ""
     lines = [f"step {restored.step}: held-out loss {o['loss']:.4f}, perplexity {o['perplexity']:.2f} over "
-             f"{o['tokens']:,} tokens of {o['documents']:,} documents ({source})"]
+             f"{o['tokens']:,} tokens of {o['documents']:,} documents ({source}{routing})"]
     for by in ("domain", "lang"):
         lines += [f"  {by} {g:<16} loss {f['loss']:.4f}  perplexity {f['perplexity']:9.2f}  tokens {f['tokens']:,}"
                   for g, f in report[f"by_{by}"].items()]
@@ -386,6 +392,10 @@ def _heldout_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, default=8, help="windows per device call (default 8)")
     p.add_argument("--mesh", help="mesh to restore onto, e.g. data=8 (default: the saved one)")
     p.add_argument("--output", help="report JSON (default: none, the table only)")
+    p.add_argument("--routing", choices=("causal", "train"), default=None,
+                   help="how a mixture of experts routes the scored windows: causal (default; each token by itself, "
+                        "no score sees a later token) or train (capacity and balancing over whole rows, as in "
+                        "training: later tokens move earlier scores; to measure by how much)")
 
 
 def _extrapolation_flags(p: argparse.ArgumentParser) -> None:

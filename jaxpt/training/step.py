@@ -11,7 +11,8 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxpt import mesh as mesh_lib
-from jaxpt.model.auxiliary import AuxSpec, flatten_aux, merge_specs, reduce_aux, weighted_aux_loss
+from jaxpt.model.auxiliary import AuxSpec, BatchTotals, flatten_aux, merge_specs, reduce_aux, weighted_aux_loss
+from jaxpt.model.decoder import eval_routing
 from jaxpt.training.stability import decide_skip
 from jaxpt.training.state import StateSpec, TrainState
 
@@ -87,23 +88,26 @@ def chunked_token_losses(x_BxLxD: jax.Array, w_DxV: jax.Array, targets_BxL: jax.
     return ce, log_z, jnp.max(jax.lax.stop_gradient(row_max))
 
 
-def model_token_losses(model, batch: dict[str, jax.Array], targets_BxL: jax.Array, *, return_aux: bool = False):
+def model_token_losses(model, batch: dict[str, jax.Array], targets_BxL: jax.Array, *, return_aux: bool = False,
+                       routing: str = "train", totals: BatchTotals | None = None):
     """Per-token cross-entropy of ``model`` on ``batch``: whole logits, or in chunks of
-    ``ModelConfig.loss_chunk_size`` positions (:func:`chunked_token_losses`).
+    ``ModelConfig.loss_chunk_size`` positions (:func:`chunked_token_losses`). ``routing``, ``totals``: as
+    :meth:`jaxpt.model.Decoder.__call__` takes them.
 
     Returns: ``(ce float32 [B, L], log_z float32 [B, L], max_logit float32 scalar, model aux)``; the aux is
     the model's auxiliary outputs when ``return_aux``, else ``{}``.
     """
     args = (batch["tokens"], batch["segment_ids"], batch["positions"])
+    options = {"routing": routing, "totals": totals}
     chunk = model.cfg.loss_chunk_size
     if chunk:
-        x_BxLxD, aux = model.hidden(*args)
+        x_BxLxD, aux = model.hidden(*args, **options)
         ce, log_z, max_logit = chunked_token_losses(x_BxLxD, model.output_weights(), targets_BxL, chunk)
         return ce, log_z, max_logit, (aux if return_aux else {})
     if return_aux:
-        logits, aux = model(*args, return_aux=True)
+        logits, aux = model(*args, return_aux=True, **options)
     else:
-        logits, aux = model(*args), {}
+        logits, aux = model(*args, **options), {}
     ce, log_z, row_max = token_losses(logits, targets_BxL, return_row_max=True)
     return ce, log_z, jnp.max(row_max), aux
 
@@ -126,7 +130,7 @@ def aux_specs(graphdef, params) -> dict[str, AuxSpec]:
 
 
 def loss_fn(params, graphdef, batch: dict[str, jax.Array], z_loss_weight: float, num_target_tokens=None,
-            num_microbatches: int = 1):
+            num_microbatches: int = 1, totals: BatchTotals | None = None):
     """Mean next-token cross-entropy (+ z-loss, + the model's weighted auxiliary losses) over the batch's
     target tokens.
 
@@ -140,6 +144,8 @@ def loss_fn(params, graphdef, batch: dict[str, jax.Array], z_loss_weight: float,
       num_microbatches: how many micro-batches make up the global batch: an auxiliary loss reduced by
         ``mean`` over micro-batches enters each one's objective divided by this
         (:meth:`jaxpt.model.auxiliary.AuxSpec.microbatch_loss_scale`).
+      totals: the global batch's :class:`BatchTotals` when ``batch`` is one micro-batch of it
+        (:func:`batch_totals`); the model's statistics are then this micro-batch's parts of the global values.
 
     Returns: ``(total_loss, aux)``; aux holds float32 scalars ``loss`` (cross-entropy), ``z_loss``,
     ``num_target_tokens`` (of this batch), ``max_logit`` (output), and the model's auxiliary outputs
@@ -150,7 +156,7 @@ def loss_fn(params, graphdef, batch: dict[str, jax.Array], z_loss_weight: float,
     """
     model = nnx.merge(graphdef, params)
     targets, weights = targets_and_weights(batch["tokens"], batch["segment_ids"])
-    ce, log_z, max_logit, model_aux = model_token_losses(model, batch, targets, return_aux=True)
+    ce, log_z, max_logit, model_aux = model_token_losses(model, batch, targets, return_aux=True, totals=totals)
     n = jnp.sum(weights) if num_target_tokens is None else num_target_tokens
     denom = jnp.maximum(n, 1.0)
     loss = jnp.sum(ce * weights) / denom
@@ -178,12 +184,43 @@ def split_microbatches(batch: dict[str, jax.Array], num: int) -> dict[str, jax.A
     return out
 
 
+def batch_totals(params, graphdef, batch: dict[str, jax.Array], micro: dict[str, jax.Array]) -> BatchTotals | None:
+    """The global batch's statistics a model's layers need when they see it one micro-batch at a time.
+
+    None for a model whose layers need none (:meth:`jaxpt.model.Decoder.batch_totals` empty: a dense model).
+    Otherwise the real-token count of ``batch`` and, for each name the layers declare (a mixture of experts'
+    ``moe/expert_share``, the ``f_i`` of its balancing loss), its value over the global batch, from a forward
+    pass of the blocks over every micro-batch of ``micro`` (its routing decisions), without gradients: the cost of
+    exact balancing under accumulation, one more forward pass of the blocks per step.
+
+    Args:
+      batch: the global batch, int32 [B, L] arrays; micro: it split by :func:`split_microbatches`.
+    Returns: ``BatchTotals(tokens float32 scalar, per_layer {name: float32 [layers, ...]})`` or None.
+    """
+    names = nnx.merge(graphdef, params).batch_totals()
+    if not names:
+        return None
+    tokens = jnp.sum((batch["segment_ids"] > 0).astype(jnp.float32))
+
+    def body(_, mb):
+        mb = {k: mesh_lib.constrain(v, ("batch", "length")) for k, v in mb.items()}
+        model = nnx.merge(graphdef, params)
+        _, aux = model.hidden(mb["tokens"], mb["segment_ids"], mb["positions"], totals=BatchTotals(tokens, {}))
+        return None, {k: aux[k] for k in names}
+
+    _, per_microbatch = jax.lax.scan(body, None, micro)
+    summed = reduce_aux(aux_specs(graphdef, params), per_microbatch, over="microbatches")
+    return BatchTotals(tokens, jax.lax.stop_gradient(summed))
+
+
 def loss_and_grads(params, graphdef, batch, z_loss_weight: float, grad_accum: int = 1, grad_shardings=None):
     """Gradients of the global-batch mean loss, optionally accumulated over ``grad_accum`` micro-batches.
 
     Every micro-batch's loss is normalized by the target-token count of the *whole* global batch, so the
     sum over micro-batches equals the unaccumulated loss and gradients exactly (up to float rounding),
-    whatever the number of real tokens in each micro-batch. Accumulation changes memory, not math.
+    whatever the number of real tokens in each micro-batch. Accumulation changes memory, not math: a model
+    whose layers keep statistics of the whole batch (a mixture of experts' balancing loss, a product of batch
+    means) gets them first (:func:`batch_totals`, one more forward pass) and returns each micro-batch's part.
     Each aux output is reduced over micro-batches, in order, as its :class:`AuxSpec` declares
     (:func:`aux_specs`): e.g. ``max_attention_logit`` by max.
 
@@ -201,10 +238,11 @@ def loss_and_grads(params, graphdef, batch, z_loss_weight: float, grad_accum: in
     _, weights = targets_and_weights(batch["tokens"], batch["segment_ids"])
     n_total = jnp.sum(weights)
     micro = split_microbatches(batch, grad_accum)
+    totals = batch_totals(params, graphdef, batch, micro)
 
     def body(g_acc, mb):
         mb = {k: mesh_lib.constrain(v, ("batch", "length")) for k, v in mb.items()}
-        (_, aux), g = grad_fn(params, graphdef, mb, z_loss_weight, n_total, grad_accum)
+        (_, aux), g = grad_fn(params, graphdef, mb, z_loss_weight, n_total, grad_accum, totals)
         return _placed(jax.tree.map(jnp.add, g_acc, g), grad_shardings), aux
 
     zeros = _placed(jax.tree.map(jnp.zeros_like, params), grad_shardings)
@@ -302,10 +340,11 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], *, spec: StateSpe
 
 
 def eval_step(params, batch: dict[str, jax.Array], *, graphdef) -> dict[str, jax.Array]:
-    """Summed held-out cross-entropy and target-token count (float32 scalars), so means can be pooled."""
+    """Summed held-out cross-entropy and target-token count (float32 scalars), so means can be pooled. The
+    model routes as evaluation does (:func:`jaxpt.model.decoder.eval_routing`: each token by itself)."""
     model = nnx.merge(graphdef, params)
     targets, weights = targets_and_weights(batch["tokens"], batch["segment_ids"])
-    ce, _, _, _ = model_token_losses(model, batch, targets)
+    ce, _, _, _ = model_token_losses(model, batch, targets, routing=eval_routing(model.cfg))
     return {"loss_sum": jnp.sum(ce * weights), "num_target_tokens": jnp.sum(weights)}
 
 
