@@ -165,10 +165,17 @@ def _stage_records(cfg, operative: dict, eval_index, decontam: dict, stat, out_d
 
 
 def damaged_input_files(rows: list[dict]) -> list[dict]:
-    """Input files cut short or corrupt (the ``admission:truncated_file`` decision rows): ``file``, ``source`` and
-    ``lines_read`` (complete lines admitted before the damage), sorted by file."""
-    return sorted(({"file": r["file"], "source": r["source"], "lines_read": r["lines_read"]}
-                   for r in rows if r.get("reason") == "truncated_file"), key=lambda d: d["file"])
+    """Input files cut short or corrupt (the ``admission:truncated_file`` decision rows), and files whose reading
+    stopped at a bound (``decompressed_cap``, ``compression_ratio``; then with ``reason``): ``file``, ``source``
+    and ``lines_read`` (complete lines admitted before), sorted by file."""
+    out = []
+    for r in rows:
+        if r.get("reason") in ("truncated_file", "decompressed_cap", "compression_ratio") and "lines_read" in r:
+            entry = {"file": r["file"], "source": r["source"], "lines_read": r["lines_read"]}
+            if r["reason"] != "truncated_file":
+                entry["reason"] = r["reason"]
+            out.append(entry)
+    return sorted(out, key=lambda d: d["file"])
 
 
 def language_label_origins(rows: list[dict]) -> dict[str, dict[str, int]]:

@@ -100,12 +100,26 @@ class AdmissionConfig:
     ``binary``. (IRC colour codes put a few percent of STX/ETX bytes into real fortune cookies.)
 
     A compressed JSON Lines file cut short keeps the records read before the damage and counts one
-    ``truncated_file`` drop naming the file; `fail_on_damaged_file` stops the build instead (exit 2, naming it)."""
+    ``truncated_file`` drop naming the file; `fail_on_damaged_file` stops the build instead (exit 2, naming it).
+
+    Bounds on hostile input (each hit is counted under its own reason, never held first):
+      max_file_bytes: a JSON Lines file that decompresses past this many bytes keeps the lines read before and
+        counts one ``decompressed_cap`` drop for the rest; a Parquet row group whose text column is larger
+        (uncompressed, from the file's metadata) is one ``decompressed_cap`` drop per row, undecoded.
+      max_compression_ratio: a compressed file whose decompressed bytes pass this many times the compressed bytes
+        read (judged after 64 MiB decompressed) stops there with one ``compression_ratio`` drop (a decompression
+        bomb: gzip reaches ~1000:1 on one repeated line; text corpora compress 3-10:1).
+      extraction_seconds: main-text extraction of one HTML page that runs past this many seconds is stopped
+        and the page counted ``extraction_timeout`` (0: no budget).
+    """
 
     max_record_bytes: int = 4 << 20
     max_binary_fraction: float = 0.1
     samples_per_reason: int = 5
     fail_on_damaged_file: bool = False
+    max_file_bytes: int = 16 << 30
+    max_compression_ratio: float = 100.0
+    extraction_seconds: float = 30.0
 
 
 @gin.configurable

@@ -87,7 +87,7 @@ def texts_for(ids: set[str], cfg: BuildConfig) -> dict[str, str]:
             if "verdict" in rec:
                 found[rec["id"]] = rec.get("sample", "")
                 continue
-            rec = readers.extract_main_text(rec)
+            rec = readers.extract_main_text(rec, cfg.admission.extraction_seconds)
             text = rec.get("text", rec.get("sample", ""))
             found[rec["id"]] = stages.normalize(text, cfg.normalize)
     return found

@@ -80,7 +80,7 @@ class CleanBatch(beam.DoFn):
     def process(self, batch):
         docs = []
         for doc in batch:
-            doc = readers.extract_main_text(doc)
+            doc = readers.extract_main_text(doc, self.cfg.admission.extraction_seconds)
             if "verdict" in doc:
                 yield beam.pvalue.TaggedOutput(DROPS, doc)
                 continue

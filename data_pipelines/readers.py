@@ -7,7 +7,17 @@ Every record a reader meets becomes exactly one element: a document dict
 or a drop dict (see `drop`) with ``stage="admission"`` and one of the reasons below. Nothing is
 skipped silently. Reasons: ``oversized``, ``binary``, ``blank_line``, ``invalid_utf8``, ``bad_json``,
 ``not_an_object``, ``missing_text``, ``empty`` (a text of only whitespace), ``truncated_file`` (a compressed
-file cut short: one drop for the damaged tail, naming the file), ``extraction_empty`` (HTML with no main text).
+file cut short: one drop for the damaged tail, naming the file), ``decompressed_cap`` and ``compression_ratio``
+(a file that decompresses past `AdmissionConfig.max_file_bytes`, or at a ratio above
+`AdmissionConfig.max_compression_ratio`: a decompression bomb; one drop for the unread rest, naming the file),
+``extraction_empty`` (HTML with no main text), ``extraction_timeout`` (HTML whose main-text extraction ran past
+`AdmissionConfig.extraction_seconds`).
+
+Every reader bounds its work before it holds it: a line is not accumulated past ``max_record_bytes`` (it is
+counted ``oversized`` from its first bytes and its length), a web page's HTTP body is decoded to at most one byte
+past the cap, a Parquet row group's text is checked against the caps from the file's metadata before it is
+decoded, and decompression runs in bounded steps. A build's memory is thus set by its configuration (the caps, and
+the runner's own buffering), not by one hostile file.
 
 A web page's bytes are decoded by what the page declares (:func:`decode_page`): the HTTP ``Content-Type`` charset,
 else an HTML ``<meta charset>`` (or ``http-equiv`` Content-Type) in its head, else UTF-8 when the bytes are valid
@@ -129,12 +139,17 @@ def read_jsonl(path: str, source: Source, cfg: AdmissionConfig) -> Iterator[dict
     """
     base = os.path.basename(path)
     try:
-        for lineno, raw, _ in jsonl.iter_lines(path, DocumentFormatError):
+        for lineno, raw, _ in jsonl.iter_lines(path, DocumentFormatError, max_line_bytes=cfg.max_record_bytes,
+                                               max_bytes=cfg.max_file_bytes, max_ratio=cfg.max_compression_ratio):
+            if isinstance(raw, jsonl.LongLine):  # never held: its first bytes and its length only
+                yield drop(f"{source.name}/{base}:{lineno}", source, "admission", "oversized",
+                           f"{raw.length} bytes: {raw.head!r}", bytes=raw.length)
+                continue
             yield _admit_line(raw, f"{source.name}/{base}:{lineno}", source, cfg)
-    except DocumentFormatError as e:  # truncated_file: the one error iter_lines raises
+    except DocumentFormatError as e:  # truncated_file, decompressed_cap or compression_ratio (iter_lines)
         if cfg.fail_on_damaged_file:
             raise
-        yield drop(f"{source.name}/{base}:{e.line + 1}", source, "admission", "truncated_file", str(e),
+        yield drop(f"{source.name}/{base}:{e.line + 1}", source, "admission", e.reason, str(e),
                    file=path, lines_read=e.line)
 
 
@@ -149,22 +164,77 @@ def _damaged(path: str, source: Source, cfg: AdmissionConfig, n_read: int, detai
 def read_parquet(path: str, source: Source, cfg: AdmissionConfig) -> Iterator[dict]:
     """Rows of a Parquet file, one element per row. A file that cannot be read to its end (cut short, corrupt
     footer or page) keeps the rows read before the damage and adds one ``truncated_file`` drop naming it
-    (``lines_read``: rows read), unless `AdmissionConfig.fail_on_damaged_file`, which raises."""
+    (``lines_read``: rows read), unless `AdmissionConfig.fail_on_damaged_file`, which raises.
+
+    Only the text and id columns are read. Their size is checked before a value is decoded: a row group whose
+    text column is larger than `AdmissionConfig.max_file_bytes` uncompressed (the file's metadata) gives one
+    ``decompressed_cap`` drop per row, unread; the text column is read dictionary-encoded, so a value repeated
+    over many rows is held once, and a value longer than ``max_record_bytes`` is an ``oversized`` drop from its
+    length, never turned into a Python string.
+    """
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     base = os.path.basename(path)
     row = 0
     try:
-        pf = pq.ParquetFile(fs.open(path, "rb") if fs.is_remote(path) else path)
-        for batch in pf.iter_batches(batch_size=1024):
-            for rec in batch.to_pylist():
-                fallback_id = f"{source.name}/{base}:{row}"
-                row += 1
-                doc_id = str(rec.get(source.id_field) or fallback_id) if source.id_field else fallback_id
-                yield _admit_text(rec.get(source.text_field), doc_id, source, cfg, rec)
+        pf = pq.ParquetFile(fs.open(path, "rb") if fs.is_remote(path) else path,
+                            read_dictionary=[source.text_field])
+        columns = [c for c in dict.fromkeys([source.text_field, source.id_field]) if c in pf.schema_arrow.names]
+        text_chunk = _parquet_column_index(pf, source.text_field)
+        for g in range(pf.num_row_groups):
+            meta = pf.metadata.row_group(g)
+            size = meta.column(text_chunk).total_uncompressed_size if text_chunk is not None else 0
+            if size > cfg.max_file_bytes:
+                for _ in range(meta.num_rows):
+                    yield drop(f"{source.name}/{base}:{row}", source, "admission", "decompressed_cap",
+                               f"row group {g}: text column of {size} bytes uncompressed > max_file_bytes "
+                               f"{cfg.max_file_bytes}", file=path)
+                    row += 1
+                continue
+            for batch in pf.iter_batches(batch_size=256, row_groups=[g], columns=columns):
+                ids = batch.column(source.id_field).to_pylist() if source.id_field in columns else None
+                text = batch.column(source.text_field) if source.text_field in columns else None
+                lengths = _value_bytes(text) if text is not None else None
+                for i in range(batch.num_rows):
+                    fallback_id = f"{source.name}/{base}:{row}"
+                    row += 1
+                    doc_id = str(ids[i] or fallback_id) if ids is not None else fallback_id
+                    if lengths is not None and lengths[i] > cfg.max_record_bytes:
+                        yield drop(doc_id, source, "admission", "oversized", f"{lengths[i]} bytes",
+                                   bytes=int(lengths[i]))
+                        continue
+                    value = text[i].as_py() if text is not None else None
+                    yield _admit_text(value, doc_id, source, cfg, {source.id_field: doc_id})
     except (pa.ArrowException, OSError) as e:
         yield _damaged(path, source, cfg, row, f"unreadable Parquet data ({e})")
+
+
+def _parquet_column_index(pf, name: str) -> int | None:
+    """The index of the Parquet leaf column ``name`` in the file's row-group metadata (None: not a column)."""
+    for j in range(pf.metadata.num_columns):
+        if pf.metadata.schema.column(j).path == name:
+            return j
+    return None
+
+
+def _value_bytes(column) -> list[int]:
+    """Bytes of each value of a string/binary Arrow column (0 for a null or a non-string value), computed from
+    the column's offsets (a dictionary column's from its dictionary): no value is decoded."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    column = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    if pa.types.is_dictionary(column.type):
+        if not (pa.types.is_string(column.type.value_type) or pa.types.is_binary(column.type.value_type)
+                or pa.types.is_large_string(column.type.value_type)):
+            return [0] * len(column)
+        lengths = pc.binary_length(column.dictionary).to_pylist()
+        return [0 if k is None else (lengths[k] or 0) for k in column.indices.to_pylist()]
+    if not (pa.types.is_string(column.type) or pa.types.is_binary(column.type)
+            or pa.types.is_large_string(column.type) or pa.types.is_large_binary(column.type)):
+        return [0] * len(column)
+    return [n or 0 for n in pc.binary_length(column).to_pylist()]
 
 
 def gzip_intact_end(path: str) -> tuple[int, str | None]:
@@ -184,7 +254,9 @@ def gzip_intact_end(path: str) -> tuple[int, str | None]:
             data = chunk
             while data:
                 try:
-                    d.decompress(data)
+                    # at most 1 MiB out per call (a record's member may be a decompression bomb); the input not
+                    # yet decompressed waits in unconsumed_tail
+                    d.decompress(data, 1 << 20)
                 except zlib.error as e:
                     return good_end, f"corrupt gzip data ({e})"
                 started = True
@@ -193,6 +265,9 @@ def gzip_intact_end(path: str) -> tuple[int, str | None]:
                     offset += used
                     good_end = offset
                     data, d, started = d.unused_data, zlib.decompressobj(31), False
+                elif d.unconsumed_tail:
+                    offset += len(data) - len(d.unconsumed_tail)
+                    data = d.unconsumed_tail
                 else:
                     offset += len(data)
                     data = b""
@@ -266,22 +341,26 @@ def read_warc(path: str, source: Source, cfg: AdmissionConfig) -> Iterator[dict]
         it = ArchiveIterator(f)
         try:
             for rec in it:
-                body = rec.content_stream().read() if rec.rec_type == "response" else None
+                # At most one byte past the cap is decoded (an HTTP body may be gzip- or brotli-encoded: a few MB
+                # can inflate to GiB); the rest of the record is skipped by the iterator, not held.
+                body = (rec.content_stream().read(cfg.max_record_bytes + 1) if rec.rec_type == "response"
+                        else None)
                 # (get_record_offset reads the record to its end, so only after the body was read)
                 if damage and it.get_record_offset() >= good_end:
                     break  # this record's gzip member is the damaged one
                 if body is None:
                     continue
+                uri = rec.rec_headers.get_header("WARC-Target-URI") or rec.rec_headers.get_header("WARC-Record-ID")
+                doc_id = f"{source.name}/{uri}"
+                if len(body) > cfg.max_record_bytes:  # (not read to its end: a cut-short record shows at the next)
+                    n += 1
+                    yield drop(doc_id, source, "admission", "oversized", repr(body[:200]))
+                    continue
                 missing = getattr(rec.raw_stream, "limit", 0)  # declared block bytes the file does not hold
                 if missing > 0:
                     damage = damage or f"WARC record {n + 1} cut short: {missing} of its Content-Length bytes missing"
                     break
-                uri = rec.rec_headers.get_header("WARC-Target-URI") or rec.rec_headers.get_header("WARC-Record-ID")
-                doc_id = f"{source.name}/{uri}"
                 n += 1
-                if len(body) > cfg.max_record_bytes:
-                    yield drop(doc_id, source, "admission", "oversized", repr(body[:200]))
-                    continue
                 yield _admit_page(body, rec, doc_id, source, cfg)
         except Exception as e:  # warcio raises ArchiveLoadFailed, zlib.error, EOFError, ValueError on bad input
             damage = damage or f"unparseable WARC data ({type(e).__name__}: {e})"
@@ -332,16 +411,52 @@ def read_file(path: str, source: Source, cfg: AdmissionConfig) -> Iterator[dict]
     raise ValueError(f"source '{source.name}': no file reader for format '{source.format}'")
 
 
-def extract_main_text(doc: dict) -> dict:
-    """Replaces HTML by its main text (trafilatura: navigation, headers, footers removed); an
-    empty result becomes an ``extraction_empty`` drop."""
-    if not doc.get("html"):
-        return doc
+_EXTRACTOR = None  # the worker process budgeted extraction runs in (made on first use, replaced after a timeout)
+
+
+def _trafilatura_main_text(html: str) -> str | None:
     import trafilatura
 
-    text = trafilatura.extract(doc["text"], include_comments=False, include_tables=True, deduplicate=False)
+    return trafilatura.extract(html, include_comments=False, include_tables=True, deduplicate=False)
+
+
+def _main_text_within(html: str, seconds: float) -> str | None:
+    """trafilatura's main text of ``html``, computed in a worker process that is killed after ``seconds``.
+
+    Raises:
+      TimeoutError: the extraction ran past ``seconds`` (the worker was terminated; the next call starts one).
+    """
+    import multiprocessing
+
+    global _EXTRACTOR
+    if _EXTRACTOR is None:
+        _EXTRACTOR = multiprocessing.get_context("spawn").Pool(1)
+    try:
+        return _EXTRACTOR.apply_async(_trafilatura_main_text, (html,)).get(seconds)
+    except multiprocessing.TimeoutError:
+        _EXTRACTOR.terminate()
+        _EXTRACTOR = None
+        raise TimeoutError(f"main-text extraction ran past {seconds:g} s") from None
+
+
+def extract_main_text(doc: dict, seconds: float = 0.0) -> dict:
+    """Replaces HTML by its main text (trafilatura: navigation, headers, footers removed); an
+    empty result becomes an ``extraction_empty`` drop.
+
+    ``seconds``: the time budget of one page (`AdmissionConfig.extraction_seconds`); above 0 the extraction runs
+    in a worker process that is killed when the budget is spent, and the page is an ``extraction_timeout`` drop
+    (HTML within the size cap can still take the extractor minutes). 0: in this process, unbounded.
+    """
+    if not doc.get("html"):
+        return doc
+    src = {"name": doc["source"], "domain": doc["domain"]}
+    if seconds > 0:
+        try:
+            text = _main_text_within(doc["text"], seconds)
+        except TimeoutError as e:
+            return drop(doc["id"], src, "admission", "extraction_timeout", f"{e}: {doc['text'][:200]!r}")
+    else:
+        text = _trafilatura_main_text(doc["text"])
     if not text or not text.strip():
-        return drop(doc["id"], {"name": doc["source"], "domain": doc["domain"]}, "admission",
-                    "extraction_empty", doc["text"])
-    out = dict(doc, text=text, html=False)
-    return out
+        return drop(doc["id"], src, "admission", "extraction_empty", doc["text"])
+    return dict(doc, text=text, html=False)

@@ -302,3 +302,165 @@ def test_checkpoint_metadata_is_checked_before_anything_is_read_or_built(prepare
     with pytest.raises(CheckpointError, match=r"records a model of [\d,]+ parameters, its arrays hold"):
         jaxpt.restore(tmp_path / "ckpt")
     assert time.perf_counter() - t0 < 60
+
+
+# --- Bounded corpus builds: a reader bounds its work before it holds it --------------------------------------------
+
+def _source(fmt="jsonl", **kw):
+    from data_pipelines.config import Source
+    return Source(name="s", domain="web", path="x", format=fmt, license="CC0-1.0", acquired="2026-12-03", **kw)
+
+
+def _reasons(elements):
+    return [e.get("reason", "kept") for e in elements]
+
+
+def test_a_long_line_is_counted_oversized_in_linear_time_without_being_held(tmp_path):
+    """A 256 MiB line between two good ones: the good ones are kept, the long one is one ``oversized`` drop
+    carrying its length; the reader never holds it (the old reader glued each 1 MiB chunk onto the partial
+    line, time quadratic in its length, and held all of it)."""
+    import gzip
+    import resource
+    from data_pipelines import readers
+    from data_pipelines.config import AdmissionConfig
+
+    path = tmp_path / "long.jsonl.gz"
+    n = 256 << 20
+    with gzip.open(path, "wb", compresslevel=1) as f:
+        f.write(b'{"text": "a first good line"}\n')
+        for _ in range(n >> 20):
+            f.write(os.urandom(1 << 19).hex().encode())   # text that compresses as text does, not 1000:1
+        f.write(b'\n{"text": "a last good line"}\n')
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    out = list(readers.read_jsonl(str(path), _source(), AdmissionConfig(max_record_bytes=1 << 20)))
+    grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    assert _reasons(out) == ["kept", "oversized", "kept"]
+    assert out[1]["bytes"] == n and out[1]["id"] == "s/long.jsonl.gz:2"
+    assert grown_mib < 64, f"peak RSS grew {grown_mib:.0f} MiB while reading a 256 MiB line"
+
+
+@pytest.mark.parametrize("codec", ["gzip", "zstd"])
+def test_a_decompression_bomb_stops_at_the_ratio_cap_with_one_named_drop(tmp_path, codec):
+    """One repeated line, 1 GiB decompressed from ~1 MB: the lines before the ratio cap is judged are read, the
+    rest is one ``compression_ratio`` drop naming the file; memory does not follow the decompressed size."""
+    import gzip
+    import resource
+    import zstandard
+    from data_pipelines import readers
+    from data_pipelines.config import AdmissionConfig
+
+    line = b'{"text": "' + b"spam " * 200 + b'"}\n'
+    block = line * ((4 << 20) // len(line))
+    path = tmp_path / f"bomb.jsonl.{codec}"
+    with (gzip.open(path, "wb", compresslevel=9) if codec == "gzip"
+          else zstandard.ZstdCompressor(level=19).stream_writer(open(path, "wb"))) as f:
+        for _ in range(256):
+            f.write(block)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    counts, last = {}, None
+    for e in readers.read_jsonl(str(path), _source(), AdmissionConfig()):
+        r = e.get("reason", "kept")
+        counts[r] = counts.get(r, 0) + 1
+        last = e
+    grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    assert set(counts) == {"kept", "compression_ratio"} and counts["compression_ratio"] == 1
+    assert last["file"] == str(path) and last["lines_read"] == counts["kept"]
+    assert counts["kept"] * len(line) < 80 << 20     # stopped soon after the 64 MiB the ratio is judged from
+    assert grown_mib < 200, grown_mib               # the kept docs themselves are held by this test: ~70 MiB
+
+
+def test_a_file_past_the_decompressed_cap_keeps_what_came_before(tmp_path):
+    import gzip
+    from data_pipelines import readers
+    from data_pipelines.config import AdmissionConfig
+
+    lines = [b'{"text": "line %d %s"}' % (i, os.urandom(16).hex().encode()) for i in range(30000)]
+    path = tmp_path / "big.jsonl.gz"
+    path.write_bytes(gzip.compress(b"\n".join(lines) + b"\n"))
+    out = list(readers.read_jsonl(str(path), _source(), AdmissionConfig(max_file_bytes=1 << 20)))
+    assert _reasons(out)[-1] == "decompressed_cap" and set(_reasons(out)[:-1]) == {"kept"}
+    # the cap is checked per decompressed step: lines within the first 1 MiB only, and at least one step's worth
+    kept = len(out) - 1
+    assert 0 < kept and sum(len(x) + 1 for x in lines[:kept]) <= 1 << 20
+    assert out[-1]["lines_read"] == kept and out[-1]["id"] == f"s/big.jsonl.gz:{kept + 1}"
+
+
+def test_a_warc_body_that_inflates_is_decoded_only_to_the_cap(tmp_path):
+    """A WARC response whose HTTP body is gzip Content-Encoding of 512 MiB (0.5 MB on disk): one ``oversized``
+    drop, and the next page is read; the body is never inflated past the cap."""
+    import gzip
+    import io
+    import resource
+    from warcio.statusandheaders import StatusAndHeaders
+    from warcio.warcwriter import WARCWriter
+    from data_pipelines import readers
+    from data_pipelines.config import AdmissionConfig
+
+    bomb = io.BytesIO()
+    with gzip.GzipFile(fileobj=bomb, mode="wb", compresslevel=9) as g:
+        for _ in range(512):
+            g.write(b"<p>" + b"a" * ((1 << 20) - 3))
+    path = tmp_path / "pages.warc.gz"
+    with open(path, "wb") as f:
+        w = WARCWriter(f, gzip=True)
+        for uri, body, enc in (("http://x/bomb", bomb.getvalue(), [("Content-Encoding", "gzip")]),
+                               ("http://x/ok", b"<html><body><p>" + b"Hello world. " * 30 + b"</p></body></html>", [])):
+            http = StatusAndHeaders("200 OK", [("Content-Type", "text/html; charset=utf-8")] + enc,
+                                    protocol="HTTP/1.1")
+            w.write_record(w.create_warc_record(uri, "response", payload=io.BytesIO(body), http_headers=http))
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    out = list(readers.read_warc(str(path), _source("warc"), AdmissionConfig(max_record_bytes=1 << 20)))
+    grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    assert _reasons(out) == ["oversized", "kept"] and out[0]["id"] == "s/http://x/bomb"
+    assert grown_mib < 64, grown_mib
+
+
+def test_a_parquet_value_is_checked_from_its_length_before_it_is_decoded(tmp_path):
+    """A 64 MiB value dictionary-encoded over 2,000 rows (128 GB if each row were decoded; the file is small):
+    each of those rows is an ``oversized`` drop from the value's length; the good rows around are kept. A row
+    group whose text column is past ``max_file_bytes`` uncompressed is dropped as ``decompressed_cap``, unread."""
+    import resource
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from data_pipelines import readers
+    from data_pipelines.config import AdmissionConfig
+
+    values = pa.array(["a good row of text", "b" * (64 << 20), "another good row"])
+    column = pa.DictionaryArray.from_arrays(pa.array([0] + [1] * 2000 + [2], pa.int32()), values)
+    path = tmp_path / "bomb.parquet"
+    pq.write_table(pa.table({"text": column}), path, compression="zstd")
+    assert path.stat().st_size < 4 << 20
+    del values, column
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    out = list(readers.read_parquet(str(path), _source("parquet"), AdmissionConfig(max_record_bytes=1 << 20)))
+    grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    assert _reasons(out) == ["kept"] + ["oversized"] * 2000 + ["kept"]
+    assert out[1]["bytes"] == 64 << 20
+    assert grown_mib < 512, grown_mib   # the dictionary's one value (64 MiB) and Arrow's buffers, not 2,000 copies
+
+    plain = tmp_path / "plain.parquet"
+    pq.write_table(pa.table({"text": ["x" * 1000] * 3000}), plain, row_group_size=1000, use_dictionary=False)
+    out = list(readers.read_parquet(str(plain), _source("parquet"), AdmissionConfig(max_file_bytes=200_000)))
+    assert _reasons(out) == ["decompressed_cap"] * 3000
+
+
+def test_html_extraction_past_its_time_budget_is_counted_and_the_next_page_is_extracted():
+    """A page whose extraction takes longer than the budget is an ``extraction_timeout`` drop (the worker is
+    killed); the next page is extracted in a fresh worker. The slow page takes > 1 s here (a 2 MB table)."""
+    import time
+    from data_pipelines import readers
+
+    cells = "".join(f"<tr><td>{i}</td><td>cell text {i}</td></tr>" for i in range(40000))
+    slow = {"id": "slow", "source": "s", "domain": "web", "html": True,
+            "text": f"<html><body><table>{cells}</table></body></html>"}
+    ok = {"id": "ok", "source": "s", "domain": "web", "html": True,
+          "text": "<html><body><article><p>" + "A sentence of main text. " * 40 + "</p></article></body></html>"}
+    readers.extract_main_text(ok, 60.0)                      # the worker started (spawn: imports take a moment)
+    t = time.monotonic()
+    timed_out = readers.extract_main_text(slow, 0.3)
+    assert time.monotonic() - t < 5
+    assert timed_out["reason"] == "extraction_timeout" and timed_out["id"] == "slow"
+    assert "A sentence of main text." in readers.extract_main_text(ok, 60.0)["text"]
+    t = time.monotonic()
+    unbounded = readers.extract_main_text(slow, 0)           # the same page without a budget: it does finish
+    assert time.monotonic() - t > 0.3 and "cell text" in unbounded["text"]

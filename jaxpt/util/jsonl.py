@@ -23,6 +23,7 @@ classifies each line with the same :func:`parse_object` and counts it instead.
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 import os
@@ -86,51 +87,141 @@ def _gzip_chunks(f: BinaryIO) -> Iterator[bytes]:
         raise _Damaged(f"corrupt gzip data ({e})") from None
 
 
+# Compressed bytes handed to the zstd decoder per call. Its decompress() returns everything the input makes, and
+# one zstd block of at least 4 compressed bytes (an RLE block) makes at most 128 KiB, so 256 bytes make at most
+# 8 MiB: memory stays bounded on a decompression bomb (6 KB of zstd can hold 200 MB of one byte).
+_ZSTD_STEP = 256
+
+
 def _zstd_chunks(f: BinaryIO) -> Iterator[bytes]:
     import zstandard  # only zstd files need it
 
     dctx = zstandard.ZstdDecompressor()
-    obj, pending = dctx.decompressobj(), b""
+    obj, buf, pos = dctx.decompressobj(), b"", 0
     try:
-        while data := pending or f.read(_CHUNK):
-            pending = b""
+        while True:
+            if pos >= len(buf):
+                buf, pos = f.read(_CHUNK), 0
+                if not buf:
+                    break
+            data, pos = buf[pos:pos + _ZSTD_STEP], pos + _ZSTD_STEP
             out = obj.decompress(data)
             if out:
                 yield out
             if obj.eof:  # a frame ended: whatever follows starts the next frame
-                pending, obj = obj.unused_data, dctx.decompressobj()
-                if not pending and not (pending := f.read(_CHUNK)):
+                rest = obj.unused_data
+                obj = dctx.decompressobj()
+                buf, pos = rest + buf[pos:], 0
+                if not buf and not (buf := f.read(_CHUNK)):
                     return
     except zstandard.ZstdError as e:
         raise _Damaged(f"corrupt zstd data ({e})") from None
     raise _Damaged("the zstd frame ends before its end (file cut short)")
 
 
-def iter_lines(path: str | os.PathLike, error: type[FileFormatError] = FileFormatError
-               ) -> Iterator[tuple[int, bytes, bool]]:
+@dataclasses.dataclass(frozen=True)
+class LongLine:
+    """A line longer than the reader's ``max_line_bytes``, yielded in place of its bytes, which are never held.
+
+    Attributes:
+      head: its first :data:`LONG_LINE_HEAD` bytes (for a review sample).
+      length: its length in bytes (without the line end).
+    """
+    head: bytes
+    length: int
+
+
+LONG_LINE_HEAD = 200
+BOUND_REASONS = ("decompressed_cap", "compression_ratio")
+# The compression ratio is judged only once this many bytes were decompressed: a small file of repeated text
+# may legitimately compress 1000:1; what must not pass is a large stream at that ratio (a decompression bomb).
+RATIO_MIN_BYTES = 64 << 20
+
+
+class _Line:
+    """The line being read, held as its pieces (joined once, at its end: linear time), or, once it is past
+    ``cap`` bytes, only its first bytes and its length."""
+
+    def __init__(self, cap: int | None):
+        self.cap, self.pieces, self.held, self.long_head, self.long_len = cap, [], 0, None, 0
+
+    def add(self, part: bytes) -> None:
+        if self.long_head is not None:
+            self.long_len += len(part)
+            return
+        self.pieces.append(part)
+        self.held += len(part)
+        if self.cap is not None and self.held > self.cap + 1:  # (+1: a CR before the LF is not counted)
+            self.long_head, self.long_len = b"".join(self.pieces)[:LONG_LINE_HEAD], self.held
+            self.pieces = []
+
+    def pending(self) -> bool:
+        return bool(self.held) or self.long_head is not None
+
+    def end(self) -> bytes | LongLine:
+        if self.long_head is not None:
+            out = LongLine(self.long_head, self.long_len)
+        else:
+            raw = b"".join(self.pieces)
+            out = raw[:-1] if raw.endswith(b"\r") else raw
+        self.pieces, self.held, self.long_head, self.long_len = [], 0, None, 0
+        return out
+
+
+def _check_bounds(path, error, line_no: int, total: int, packed: int, max_bytes, max_ratio) -> None:
+    if max_bytes is not None and total > max_bytes:
+        raise error.at(path, line_no, "decompressed_cap",
+                       f"decompresses past {max_bytes} bytes (the reader's cap); the rest is not read")
+    if max_ratio is not None and packed and total > RATIO_MIN_BYTES and total > max_ratio * packed:
+        raise error.at(path, line_no, "compression_ratio",
+                       f"{total} bytes from {packed} compressed (ratio {total / packed:.0f} > {max_ratio:g}: a "
+                       "decompression bomb?); the rest is not read")
+
+
+def iter_lines(path: str | os.PathLike, error: type[FileFormatError] = FileFormatError, *,
+               max_line_bytes: int | None = None, max_bytes: int | None = None,
+               max_ratio: float | None = None) -> Iterator[tuple[int, bytes | LongLine, bool]]:
     """``(line number, bytes without the line end, whether an LF ended it)`` for every line of ``path``.
 
-    Only the last line can lack its LF. Decompresses gzip and zstd (by magic bytes).
+    Only the last line can lack its LF. Decompresses gzip and zstd (by magic bytes). Time is linear in the
+    file's decompressed size, and memory is bounded by the longest line held: a line longer than
+    ``max_line_bytes`` is yielded as a :class:`LongLine` (its first bytes and its length), its bytes dropped as
+    they are read.
+
+    Args:
+      path: the file.
+      error: the FileFormatError subclass to raise (the file format's own).
+      max_line_bytes: lines above this many bytes come as :class:`LongLine` (None: no limit).
+      max_bytes: stop with reason ``decompressed_cap`` when the file would decompress past this many bytes (the
+        lines wholly within the decompressed steps that fit are read).
+      max_ratio: stop with reason ``compression_ratio`` once decompressed bytes exceed ``max_ratio`` times the
+        compressed bytes read, judged past :data:`RATIO_MIN_BYTES` decompressed (a decompression bomb).
 
     Raises:
       error: reason ``truncated_file``, after the last complete line was yielded (``error.line`` is its number;
-        the damaged tail, complete lines or not, is not yielded).
+        the damaged tail, complete lines or not, is not yielded); reason ``decompressed_cap`` or
+        ``compression_ratio`` (:data:`BOUND_REASONS`) after the lines before the bound was passed.
       FileNotFoundError, OSError: the file cannot be opened.
     """
     kind = compression(path)
     chunks = {"gzip": _gzip_chunks, "zstd": _zstd_chunks, "none": _plain_chunks}[kind]
-    line_no, tail = 0, b""
+    line_no, total, line = 0, 0, _Line(max_line_bytes)
     with fs.open(path, "rb") as f:
         try:
             for chunk in chunks(f):
-                *lines, tail = (tail + chunk).split(b"\n")
-                for raw in lines:
+                total += len(chunk)
+                _check_bounds(path, error, line_no, total, f.tell() if kind != "none" else 0, max_bytes, max_ratio)
+                start = 0
+                while (nl := chunk.find(b"\n", start)) >= 0:
+                    line.add(chunk[start:nl])
                     line_no += 1
-                    yield line_no, raw[:-1] if raw.endswith(b"\r") else raw, True
+                    yield line_no, line.end(), True
+                    start = nl + 1
+                line.add(chunk[start:])
         except _Damaged as e:
             raise error.at(path, line_no, "truncated_file", str(e)) from None
-    if tail:
-        yield line_no + 1, tail[:-1] if tail.endswith(b"\r") else tail, False
+    if line.pending():
+        yield line_no + 1, line.end(), False
 
 
 def parse_object(raw: bytes) -> dict:
