@@ -86,7 +86,10 @@ def test_heldout_set_with_no_token_to_score_is_a_config_error_before_anything_is
 
 
 class _NoWindows:
-    """A scorer for an empty window list (never called on a device)."""
+    """A scorer for an empty window list (never called on a device); a dense model, so nothing routes."""
+
+    routed = False
+    routing = None
 
     def score(self, windows, pack=True, progress=None):
         from jaxpt.eval.scorer import WindowScores
