@@ -107,7 +107,7 @@ class AdmissionConfig:
         counts one ``decompressed_cap`` drop for the rest; a Parquet row group whose text column is larger
         (uncompressed, from the file's metadata) is one ``decompressed_cap`` drop per row, undecoded.
       max_compression_ratio: a compressed file whose decompressed bytes pass this many times the compressed bytes
-        read (judged after 64 MiB decompressed) stops there with one ``compression_ratio`` drop (a decompression
+        read (judged after 16 MiB decompressed) stops there with one ``compression_ratio`` drop (a decompression
         bomb: gzip reaches ~1000:1 on one repeated line; text corpora compress 3-10:1).
       extraction_seconds: main-text extraction of one HTML page that runs past this many seconds is stopped
         and the page counted ``extraction_timeout`` (0: no budget).

@@ -193,3 +193,24 @@ def test_own_documents_with_text_only_are_prepared_with_defaults_and_a_data_conf
     assert "DataConfig.source = 'jsonl'" in gin_text and record["data_version"].startswith("prepared:")
     same = prepare_lib.prepare(str(src), tmp_path / "out2", prepare_lib.PrepareSettings(vocab_size=300))
     assert same["data_version"] == record["data_version"]  # the same documents, from the folder this time
+
+
+def test_too_many_pieces_for_little_text_names_the_flag_and_leaves_the_folder(tmp_path):
+    """A 4096-piece tokenizer on 300 short documents: the error names --vocab-size and the most the text supports
+    (SentencePiece's figure), and the folder a previous prepare completed is left as it was (prepare.json too);
+    that figure then works."""
+    import re
+    src = tmp_path / "few.jsonl"
+    words = "the river runs past old mills and new bridges under a grey northern sky".split()
+    src.write_text("".join(json.dumps({"text": " ".join(words[(i + j) % len(words)] for j in range(30 + i % 9))})
+                           + "\n" for i in range(300)))
+    out = tmp_path / "out"
+    prepare_lib.prepare(str(src), out, prepare_lib.PrepareSettings(vocab_size=300))
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    with pytest.raises(ValueError, match=r"pass --vocab-size (\d+) or less; .* was left as it was") as e:
+        prepare_lib.prepare(str(src), out, prepare_lib.PrepareSettings(vocab_size=4096))
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    most = int(re.search(r"--vocab-size (\d+)", str(e.value)).group(1))
+    assert 300 <= most < 4096
+    rec = prepare_lib.prepare(str(src), out, prepare_lib.PrepareSettings(vocab_size=most))
+    assert rec["tokenizer"]["vocab_size"] == most

@@ -229,6 +229,11 @@ RUN_ELSEWHERE = {
         "tests/test_own_data.py::test_the_own_data_recipe_runs_as_the_page_gives_it",
     "python -m jaxpt.train --config configs/quickstart.gin --config artifacts/mine/data.gin --workdir workdirs/mine":
         "tests/test_own_data.py::test_the_own_data_recipe_runs_as_the_page_gives_it",
+    "python -m jaxpt.data.prepare --source my_docs.jsonl --output artifacts/mine --vocab-size 400":
+        "tests/test_own_data.py::test_a_first_try_on_little_text_runs_as_the_page_gives_it",
+    "python -m jaxpt.train --config configs/quickstart.gin --config artifacts/mine/data.gin --workdir workdirs/try "
+    "--steps 10 --gin OptimizerConfig.warmup_steps = 2 --gin OptimizerConfig.decay_steps = 10":
+        "tests/test_own_data.py::test_a_first_try_on_little_text_runs_as_the_page_gives_it",
     "python -m jaxpt.tools.evaluate heldout --workdir workdirs/mine":
         "tests/test_own_data.py::test_the_own_data_recipe_runs_as_the_page_gives_it",
 }

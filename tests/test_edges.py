@@ -428,3 +428,20 @@ def test_mfu_never_exceeds_one_with_a_measured_peak():
     spec = monitor.Throughput(1000, 2e6, 1, 1e9)
     assert spec.figures(1.0)["mfu"] == pytest.approx(2.0) and spec.peak == 1e9
     assert t.tokens_seen(7) == 7000
+
+
+def test_a_model_vocabulary_far_past_the_tokenizer_is_noted_in_the_plan():
+    """A preset's vocabulary kept over a data config's ``vocab_size = 0`` (the order of ``--config`` files): the dry
+    run's plan notes the unused rows and says what to bind; padding (within 1,024 rows) and equal sizes are not noted."""
+    import dataclasses
+    from types import SimpleNamespace
+    from jaxpt import config as C
+    from jaxpt.run import resolve
+
+    cfg = C.parse(["configs/quickstart.gin"], ["ModelConfig.vocab_size = 128256"])
+    notes = resolve._vocab_notes(cfg, SimpleNamespace(vocab_size=512))
+    assert len(notes) == 1 and "128,256" in notes[0] and "127,744 embedding rows" in notes[0]
+    assert "ModelConfig.vocab_size = 0" in notes[0]
+    for model_vocab in (512, 512 + 1024):
+        same = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, vocab_size=model_vocab))
+        assert resolve._vocab_notes(same, SimpleNamespace(vocab_size=512)) == []

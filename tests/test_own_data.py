@@ -28,11 +28,11 @@ TINY = ["--steps", "12", "--mesh", "data=8", "--gin", "ModelConfig.d_model = 64"
         "--gin", "OptimizerConfig.decay_steps = 12", "--gin", "OptimizerConfig.warmup_steps = 2"]
 
 
-def page_commands() -> list[list[str]]:
-    """The commands of the page's marked block (``$`` prompts and continuation lines joined)."""
+def page_commands(marker: str = MARKER) -> list[list[str]]:
+    """The commands of the page's block after ``marker`` (``$`` prompts and continuation lines joined)."""
     text = PAGE.read_text()
-    assert MARKER in text, f"{PAGE}: no {MARKER} block"
-    block = re.search(r"```[a-z]*\n(.*?)```", text[text.index(MARKER):], re.S).group(1)
+    assert marker in text, f"{PAGE}: no {marker} block"
+    block = re.search(r"```[a-z]*\n(.*?)```", text[text.index(marker):], re.S).group(1)
     block = re.sub(r"\\\n\s*", " ", block)
     return [shlex.split(line, comments=True) for line in block.splitlines() if line.strip() and not
             line.lstrip().startswith("#")]
@@ -110,3 +110,22 @@ def test_a_card_on_data_without_its_domains_says_what_to_do_before_scoring():
                                          r"\['markets', 'rivers'\].*python -m jaxpt.tools.evaluate heldout"):
         evaluate.check_card_domains(card, docs, "mine.jsonl")
     evaluate.check_card_domains(card, [SimpleNamespace(domain=s.domain) for s in card.tasks], "ok.jsonl")
+
+
+def test_a_first_try_on_little_text_runs_as_the_page_gives_it(tmp_path):
+    """The page's first try on a few hundred documents: its --vocab-size fits them, and its short schedule (10 steps,
+    warmup 2) runs to the end (the quickstart's 30-step warmup would be refused against a 10-step decay)."""
+    commands = page_commands("<!-- commands: tests/test_own_data.py::little -->")
+    assert [c[:3] for c in commands] == [["python", "-m", "jaxpt.data.prepare"], ["python", "-m", "jaxpt.train"]]
+    _documents(tmp_path / "my_docs.jsonl", n=300)
+    replace = {"my_docs.jsonl": str(tmp_path / "my_docs.jsonl"), "artifacts/mine": str(tmp_path / "prepared"),
+               "workdirs/try": str(tmp_path / "run")}
+    tiny = TINY[2:-4]  # the small model, not TINY's steps and schedule: the page's own are under test
+    assert tiny[0] == "--mesh" and "OptimizerConfig" not in " ".join(tiny)
+    for i, cmd in enumerate(commands):
+        argv = [sys.executable] + [_substitute(a, replace) for a in cmd[1:]] + ([] if i == 0 else tiny)
+        r = subprocess.run(argv, cwd=REPO_ROOT, capture_output=True, text=True, timeout=900)
+        assert r.returncode == 0, f"{' '.join(cmd)}\n{r.stderr[-3000:]}"
+    assert json.loads((tmp_path / "prepared" / "prepare.json").read_text())["tokenizer"]["vocab_size"] == 400
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r for r in records if r.get("event") == "final"][-1]["step"] == 10

@@ -40,7 +40,9 @@ import hashlib
 import io
 import json
 import os
+import re
 import sys
+import tempfile
 import time
 from importlib import metadata
 from typing import Any
@@ -243,11 +245,12 @@ def prepare(source_dir: str | os.PathLike, output: str | os.PathLike,
         record["up_to_date"] = True
         return record
     start = time.perf_counter()
+    train, heldout, counts = clean_and_split(_source_files(source_dir), settings)
+    model_bytes = _train_tokenizer(train, settings, output)  # before anything in `output` is touched
     fs.makedirs(output)
     fs.remove(fs.join(output, "prepare.json"))  # written last: its presence means complete
-    train, heldout, counts = clean_and_split(_source_files(source_dir), settings)
-    model_path = tokenizer_lib.train_sentencepiece(
-        (d["text"] for d in train), fs.join(output, "tokenizer.model"), settings.vocab_size, seed=settings.seed)
+    model_path = fs.join(output, "tokenizer.model")
+    fs.write_bytes(model_path, model_bytes)
     tok = tokenizer_lib.Tokenizer.load(model_path)
     _write_jsonl_gz(fs.join(output, "train.jsonl.gz"), train)
     _write_jsonl_gz(fs.join(output, "heldout.jsonl.gz"), heldout)
@@ -270,6 +273,26 @@ def prepare(source_dir: str | os.PathLike, output: str | os.PathLike,
     return record
 
 
+def _train_tokenizer(train: list[dict], settings: PrepareSettings, output: str) -> bytes:
+    """The SentencePiece model's bytes, trained on the train split in a scratch folder.
+
+    Raises:
+      ValueError: the text cannot support ``settings.vocab_size`` pieces, naming ``--vocab-size`` and the most
+        the text supports (SentencePiece's figure); ``output`` is left as it was.
+    """
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            path = tokenizer_lib.train_sentencepiece((d["text"] for d in train), os.path.join(tmp, "tokenizer.model"),
+                                                     settings.vocab_size, seed=settings.seed)
+        except ValueError as e:
+            most = re.search(r"value <= (\d+)", str(e))
+            hint = f"pass --vocab-size {most.group(1)} or less" if most else "pass a smaller --vocab-size"
+            raise ValueError(f"a {settings.vocab_size}-piece tokenizer does not fit this little text ({len(train)} "
+                             f"training documents): {hint}; {output} was left as it was "
+                             f"(SentencePiece said: {str(e).split(': ', 1)[-1]})") from None
+        return path.read_bytes()
+
+
 def _token_counts(tok, docs: list[dict]) -> dict[str, int]:
     """Tokens per domain (EOS not included)."""
     counts: collections.Counter = collections.Counter()
@@ -286,9 +309,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--source", default="data/sample",
                         help="JSON Lines documents: a folder of *.jsonl[.gz|.zst] files, a file or a glob, local or "
                              "gs:// (default: data/sample, the bundled sample)")
-    parser.add_argument("--vocab-size", type=int, default=PrepareSettings.vocab_size)
-    parser.add_argument("--heldout-fraction", type=float, default=PrepareSettings.heldout_fraction)
-    parser.add_argument("--seed", type=int, default=PrepareSettings.seed)
+    parser.add_argument("--vocab-size", type=int, default=PrepareSettings.vocab_size,
+                        help="tokenizer pieces, at least 300; a small text supports fewer (a few hundred "
+                             f"documents: about 500) (default: {PrepareSettings.vocab_size})")
+    parser.add_argument("--heldout-fraction", type=float, default=PrepareSettings.heldout_fraction,
+                        help="share of documents held out, by a hash of their id "
+                             f"(default: {PrepareSettings.heldout_fraction})")
+    parser.add_argument("--seed", type=int, default=PrepareSettings.seed,
+                        help=f"the tokenizer trainer's seed (the held-out split is by id, unseeded) (default: {PrepareSettings.seed})")
     parser.add_argument("--force", action="store_true", help="redo even if the output is up to date")
     args = parser.parse_args(argv)
     settings = PrepareSettings(args.vocab_size, args.heldout_fraction, args.seed)

@@ -276,7 +276,22 @@ def plan(r: Resolved, devices: Sequence[Any] | None = None, device_bytes: int | 
             **({"stage_parent": parent.spec} if parent is not None else {}),
             "heldout_tokens": int(sum(w.num_scored for w in r.heldout_set.windows)),
             "data_source": c.data.corpus_dir if c.data.source == "corpus" else c.data.train_path,
-            "tokenizer_sha256": r.tokenizer.sha256, "notes": [*r.notes, *notes]}
+            "tokenizer_sha256": r.tokenizer.sha256, "notes": [*r.notes, *_vocab_notes(c, r.tokenizer), *notes]}
+
+
+#: Model vocabulary rows past the tokenizer's pieces that pass as padding (a table rounded up for sharding).
+VOCAB_PADDING = 1024
+
+
+def _vocab_notes(cfg: TrainConfig, tokenizer) -> list[str]:
+    """A note when the model's vocabulary is far larger than the tokenizer's (a model preset's own vocabulary kept
+    over a data config's ``vocab_size = 0``, say, by the order of ``--config`` files): rows no token id reaches."""
+    extra = cfg.model.vocab_size - tokenizer.vocab_size
+    if extra <= VOCAB_PADDING:
+        return []
+    return [f"ModelConfig.vocab_size = {cfg.model.vocab_size:,} but the tokenizer ({cfg.data.tokenizer_path}) has "
+            f"{tokenizer.vocab_size:,} pieces: {extra:,} embedding rows no token uses; bind ModelConfig.vocab_size = "
+            "0 (after the model's config file) to follow the tokenizer"]
 
 
 def format_plan(p: dict[str, Any]) -> str:

@@ -135,7 +135,7 @@ LONG_LINE_HEAD = 200
 BOUND_REASONS = ("decompressed_cap", "compression_ratio")
 # The compression ratio is judged only once this many bytes were decompressed: a small file of repeated text
 # may legitimately compress 1000:1; what must not pass is a large stream at that ratio (a decompression bomb).
-RATIO_MIN_BYTES = 64 << 20
+RATIO_MIN_BYTES = 16 << 20
 
 
 class _Line:
