@@ -249,7 +249,8 @@ def test_declared_sources_take_their_declared_language_without_detection():
 
     src = {n: Source(name=n, domain="reference", path="x", format="jsonl", license="x", acquired="2026-11-30",
                     languages=("en",)) for n in ("dict", "wiki")}
-    cfg = types.SimpleNamespace(normalize=BuildConfig().normalize, rules=RuleConfig(min_words=1, min_chars=1),
+    cfg = types.SimpleNamespace(normalize=BuildConfig().normalize, admission=AdmissionConfig(),
+                                rules=RuleConfig(min_words=1, min_chars=1),
                                 langid=LangIdConfig(declared_sources=("dict",)))
     clean = pipeline.CleanBatch(cfg, src)
     clean.lid, clean.rules = _AlwaysGerman(), {}
