@@ -17,7 +17,7 @@ import time
 
 from jaxpt import config as jaxpt_config
 from jaxpt.util import progress as progress_lib
-from jaxpt.util import fs
+from jaxpt.util import fs, jsonl
 from jaxpt.data import documents
 
 from data_pipelines import config as config_lib
@@ -170,7 +170,7 @@ def damaged_input_files(rows: list[dict]) -> list[dict]:
     and ``lines_read`` (complete lines admitted before), sorted by file."""
     out = []
     for r in rows:
-        if r.get("reason") in ("truncated_file", "decompressed_cap", "compression_ratio") and "lines_read" in r:
+        if r.get("reason") in ("truncated_file", *jsonl.BOUND_REASONS) and "lines_read" in r:
             entry = {"file": r["file"], "source": r["source"], "lines_read": r["lines_read"]}
             if r["reason"] != "truncated_file":
                 entry["reason"] = r["reason"]

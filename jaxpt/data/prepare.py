@@ -174,10 +174,7 @@ def _write_jsonl_gz(path: str, docs: list[dict]) -> None:
     with gzip.GzipFile(filename="", mode="wb", fileobj=buf, compresslevel=6, mtime=0) as gz:
         for doc in docs:
             gz.write((json.dumps({k: doc[k] for k in SCHEMA}, ensure_ascii=False) + "\n").encode("utf-8"))
-    if fs.is_remote(path):  # one object upload is atomic
-        fs.write_bytes(path, buf.getvalue())
-        return
-    fs.replace_local(path, buf.getvalue())
+    fs.write_bytes_atomic(path, buf.getvalue())
 
 
 #: The document files of a `--source` folder.
@@ -250,7 +247,7 @@ def prepare(source_dir: str | os.PathLike, output: str | os.PathLike,
     fs.makedirs(output)
     fs.remove(fs.join(output, "prepare.json"))  # written last: its presence means complete
     model_path = fs.join(output, "tokenizer.model")
-    fs.write_bytes(model_path, model_bytes)
+    fs.write_bytes_atomic(model_path, model_bytes)
     tok = tokenizer_lib.Tokenizer.load(model_path)
     _write_jsonl_gz(fs.join(output, "train.jsonl.gz"), train)
     _write_jsonl_gz(fs.join(output, "heldout.jsonl.gz"), heldout)

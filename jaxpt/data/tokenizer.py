@@ -385,10 +385,7 @@ def train(texts: Iterable[str], model_path: str | os.PathLike, settings: Trainer
         )
     except RuntimeError as e:
         raise ValueError(f"SentencePiece training for {model_path} failed: {e}") from e
-    if fs.is_remote(model_path):  # one object upload is atomic already
-        model_path.write_bytes(buf.getvalue())
-        return model_path
-    fs.replace_local(model_path, buf.getvalue())
+    fs.write_bytes_atomic(model_path, buf.getvalue())
     return model_path
 
 

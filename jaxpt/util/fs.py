@@ -282,13 +282,18 @@ def check_private_dir(p: str | os.PathLike, what: str, *, create: bool = False) 
                           "this run to load; use a directory of your own that only you can write (chmod go-w)")
 
 
-def write_text_atomic(p: str | os.PathLike, text: str) -> None:
-    """Write ``text`` (UTF-8) to ``p`` so a reader never sees half of it: :func:`replace_local` locally; one object
-    upload remotely (which replaces an object atomically)."""
+def write_bytes_atomic(p: str | os.PathLike, data: bytes) -> None:
+    """Write ``data`` to ``p`` so a reader never sees half of it: :func:`replace_local` locally; one object upload
+    remotely (which replaces an object atomically)."""
     if is_remote(p):
-        path(p).write_text(text)
+        path(p).write_bytes(data)
         return
-    replace_local(p, text.encode("utf-8"))
+    replace_local(p, data)
+
+
+def write_text_atomic(p: str | os.PathLike, text: str) -> None:
+    """Write ``text`` (UTF-8) to ``p`` so a reader never sees half of it (:func:`write_bytes_atomic`)."""
+    write_bytes_atomic(p, text.encode("utf-8"))
 
 
 def write_bytes(p: str | os.PathLike, data: bytes) -> None:
