@@ -3,11 +3,12 @@ never emits an id the tokenizer cannot decode (issue #34).
 
 The tokenizer (400 pieces) is trained here on sample text; the model has 512 logits, and its padded ids are made
 to win every argmax by a large margin (a constant direction in the residual stream, read by the output columns of
-the padded ids only). Checked: greedy decoding with and without a KV cache, ``jaxpt.generate``, and the lm-eval
-adapter (generation, log-likelihood, rolling log-likelihood) run without error and produce only ids below the
-tokenizer's size; scoring renormalises over the tokenizer's ids (the
-next-token probabilities of the real ids sum to 1, and a continuation the masked argmax picks counts as greedy);
-and ``Tokenizer.decode`` refuses an out-of-range id with a ValueError naming the id and the tokenizer's size.
+the padded ids only). Checked: greedy decoding with and without a KV cache, ``jaxpt.generate`` (greedy and
+sampled), sampling at temperature 1 under several seeds (and, from fixed logits, in the masked softmax's
+proportions), and the lm-eval adapter (generation, log-likelihood, rolling log-likelihood) run without error and
+produce only ids below the tokenizer's size; scoring renormalises over the tokenizer's ids (the next-token
+probabilities of the real ids sum to 1, and a continuation the masked argmax picks counts as greedy); and
+``Tokenizer.decode`` refuses an out-of-range id with a ValueError naming the id and the tokenizer's size.
 """
 
 import gzip
@@ -52,8 +53,8 @@ def tok(tmp_path_factory) -> Tokenizer:
 def model() -> Decoder:
     """Random params (drawn on the host), then: dimension 0 of every embedding is 100 (the blocks add O(1) to the
     residual), the final norm's gain 1, so after the norm dimension 0 is about sqrt(D) > 0 at every position; the
-    output's row 0 is 2 for the padded ids and 0 for the real ones. Padded logits lead by about 2 sqrt(32) = 11 (the real ids
-    keep about 4e-5 of the mass)."""
+    output's row 0 is 2 for the padded ids and 0 for the real ones. Padded logits lead by about 2 sqrt(32) = 11
+    (the real ids keep about 4e-5 of the mass)."""
     cfg = ModelConfig(vocab_size=MODEL_VOCAB, d_model=32, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=16,
                       mlp_dim=64, max_seq_len=32)
     graphdef, state = nnx.split(nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0))))
@@ -85,6 +86,49 @@ def test_greedy_decoding_never_emits_a_padded_id(tok, model, step_cls):
     _assert_in_range(gens, tok)
     assert all(len(g.ids) == 8 or g.stop_reason == "eos" for g in gens)
     assert isinstance(jaxpt.generate(model, tok, PROMPTS[0], 6), str)
+
+
+def test_sampling_never_emits_a_padded_id(tok, model):
+    """Temperature 1 under several seeds (the padded ids hold all but about 4e-5 of each unmasked distribution, so
+    unmasked they are all that is drawn): every sampled id is real, seeds differ, the same seed repeats, and a row's
+    draws do not depend on the batch."""
+    step = KVCacheStep.from_model(model, seq_len=32, batch_size=3, pad_id=tok.pad_id)
+    unmasked = decode.sample(step, _prompt_ids(tok), 4, seed=0, num_ids=MODEL_VOCAB)  # ids only: no tokenizer
+    assert all(i >= TOKENIZER_SIZE for g in unmasked for i in g.ids)  # what the mask is up against
+    runs = [decode.sample(step, _prompt_ids(tok), 8, temperature=1.0, seed=s, eos_id=tok.eos_id, tokenizer=tok)
+            for s in range(4)]
+    for gens in runs:
+        _assert_in_range(gens, tok)
+    assert len({tuple(tuple(g.ids) for g in gens) for gens in runs}) > 1
+    one_row = KVCacheStep.from_model(model, seq_len=32, batch_size=1, pad_id=tok.pad_id)
+    again = decode.sample(one_row, _prompt_ids(tok), 8, temperature=1.0, seed=2, eos_id=tok.eos_id, tokenizer=tok)
+    assert [g.ids for g in again] == [g.ids for g in runs[2]]
+    text = jaxpt.generate(model, tok, PROMPTS[1], 6, temperature=1.0, seed=3)
+    assert isinstance(text, str)
+
+
+class FixedLogits:
+    """A :class:`jaxpt.infer.decode.DecodeStep` whose every row's next-token logits are ``logits``."""
+
+    seq_len = 4
+
+    def __init__(self, logits, batch_size):
+        self.logits, self.batch_size = np.asarray(logits, np.float32), batch_size
+
+    def prefill(self, prompts):
+        return None, np.tile(self.logits, (len(prompts), 1))
+
+
+def test_sampling_draws_the_softmax_of_the_real_ids():
+    """4,000 rows (each its own generator), one token each, at temperature 0.5 from logits whose two padded ids
+    lead: the real ids' frequencies are softmax(2 * logits[:4]) within 4 standard errors, the padded never drawn."""
+    logits = np.array([0.0, 1.0, 2.0, 0.5, 9.0, 9.0])
+    n = 4000
+    gens = decode.sample(FixedLogits(logits, batch_size=1000), [[1]] * n, 1, temperature=0.5, seed=7, num_ids=4)
+    counts = np.bincount([g.ids[0] for g in gens], minlength=6)
+    p = np.exp(2 * logits[:4]) / np.exp(2 * logits[:4]).sum()
+    assert counts[4:].sum() == 0
+    np.testing.assert_array_less(np.abs(counts[:4] / n - p), 4 * np.sqrt(p * (1 - p) / n))
 
 
 def _restored(model, tok):

@@ -1,11 +1,12 @@
-"""Greedy decoding: the one decoding loop behind ``jaxpt.generate``, the probe tasks, the seqio and lm-eval
-adapters and the spot-check sheet, over a *step* that turns the tokens so far into next-token logits.
+"""Greedy and sampled decoding: the one decoding loop behind ``jaxpt.generate``, the probe tasks, the seqio and
+lm-eval adapters and the spot-check sheet, over a *step* that turns the tokens so far into next-token logits.
 
     from jaxpt.infer import decode
     step = decode.NoCacheStep.from_model(model, batch_size=8)       # rows of model.cfg.max_seq_len tokens
     gens = decode.greedy(step, prompts, 16, eos_id=tok.eos_id, stop_strings=[["\\n"]] * len(prompts),
                          tokenizer=tok)
     gens[0].ids, gens[0].text, gens[0].stop_reason
+    gens = decode.sample(step, prompts, 16, temperature=0.8, seed=1, eos_id=tok.eos_id, tokenizer=tok)
 
 Truncation rule
   A row holds at most ``L = step.seq_len`` tokens, the prompt and every new token together, so
@@ -20,7 +21,7 @@ Stops
   on the other rows, so batched results equal one-at-a-time results.
 
 Steps
-  :func:`greedy` talks to the model only through :class:`DecodeStep`: ``prefill(prompts)``, then
+  :func:`greedy` and :func:`sample` talk to the model only through :class:`DecodeStep`: ``prefill(prompts)``, then
   ``extend(state, tokens)`` once per new token, each returning every row's next-token logits.
   :class:`NoCacheStep` reruns the model on the whole fixed ``[B, L]`` batch at every call (one compiled program
   for every prompt length and step); :class:`jaxpt.infer.kv_cache.KVCacheStep` (prefill, then one token per row per
@@ -37,6 +38,7 @@ The padded vocabulary
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Protocol, Sequence
 
 import jax
@@ -51,8 +53,8 @@ from jaxpt.util import progress as progress_lib
 
 
 class DecodeStep(Protocol):
-    """What :func:`greedy` needs of a model: next-token logits for up to ``batch_size`` rows of at most
-    ``seq_len`` tokens each."""
+    """What :func:`greedy` and :func:`sample` need of a model: next-token logits for up to ``batch_size`` rows of
+    at most ``seq_len`` tokens each."""
 
     batch_size: int
     seq_len: int
@@ -126,13 +128,51 @@ def greedy(step: DecodeStep, prompts: Sequence[Sequence[int] | np.ndarray], max_
                    tokenizer=tokenizer, num_ids=num_ids, progress=progress, name="greedy")
 
 
+def sample(step: DecodeStep, prompts: Sequence[Sequence[int] | np.ndarray], max_new_tokens: int, *,
+           temperature: float = 1.0, seed: int = 0, eos_id: int | None = None,
+           stop_strings: Sequence[Sequence[str]] | None = None, tokenizer: Any = None, num_ids: int | None = None,
+           progress: str | None = None) -> list[Generation]:
+    """Sampled continuations of ``prompts``: each new token drawn from ``softmax(logits / temperature)`` over the
+    ids the tokenizer can decode (the padded ones masked, :func:`mask_padded_ids`), by the Gumbel-max trick on the
+    host in float64. Truncation, stops and the other arguments as :func:`greedy`.
+
+    Row ``i`` (``prompts[i]``) draws from its own generator, ``numpy.random.default_rng([seed, i])``, one draw of
+    ``V`` Gumbel variates per new token, so a call's results depend on ``seed`` and the row's index only: not on
+    ``step.batch_size`` or the other rows.
+
+    Args:
+      temperature: > 0 (for temperature 0 call :func:`greedy`); 1 samples the model's own distribution.
+      seed: the generators' seed (an int >= 0).
+
+    Returns: one :class:`Generation` per prompt, in order.
+
+    Raises:
+      ValueError: ``temperature`` not a finite number > 0, a negative ``seed``, or as :func:`greedy` does.
+    """
+    if not (math.isfinite(temperature) and temperature > 0):
+        raise ValueError(f"sample: temperature = {temperature} must be finite and > 0 (greedy decodes at 0)")
+    if seed < 0:
+        raise ValueError(f"sample: seed = {seed} must be >= 0")
+    rngs = [np.random.default_rng([seed, i]) for i in range(len(prompts))]
+
+    def picker(first: int):
+        def pick(logits_nxV: np.ndarray) -> np.ndarray:
+            scaled_nxV = logits_nxV.astype(np.float64) / temperature  # a masked id stays -inf
+            return np.asarray([np.argmax(row + rngs[first + r].gumbel(size=row.shape)) for r, row in
+                               enumerate(scaled_nxV)], np.int32)
+        return pick
+
+    return _decode(step, prompts, max_new_tokens, picker, eos_id=eos_id, stop_strings=stop_strings,
+                   tokenizer=tokenizer, num_ids=num_ids, progress=progress, name="sample")
+
+
 def _argmax(logits_nxV: np.ndarray) -> np.ndarray:
     return np.argmax(logits_nxV, axis=-1).astype(np.int32)
 
 
 def _decode(step: DecodeStep, prompts, max_new_tokens: int, picker, *, eos_id, stop_strings, tokenizer, num_ids,
             progress, name: str) -> list[Generation]:
-    """The decoding loop of :func:`greedy`: ``picker(first)`` gives the token chooser of the
+    """The decoding loop of :func:`greedy` and :func:`sample`: ``picker(first)`` gives the token chooser of the
     batch whose first row is prompt ``first``, called on that batch's masked float32 logits [n, V]."""
     if not 0 <= max_new_tokens < step.seq_len:
         raise ValueError(f"{name}: max_new_tokens = {max_new_tokens} must be in [0, seq_len = {step.seq_len})")
@@ -162,7 +202,7 @@ def mask_padded_ids(logits_xV, num_ids: int | None):
     of 128 for speed, or a converted model's padded embedding): its ids ``num_ids .. V - 1`` have logits but no
     piece, and no text decodes from them. Masked, such an id is never the argmax, never sampled (``exp(-inf) = 0``)
     and takes no mass from a softmax over the row, which becomes a proper distribution over the tokenizer's ids:
-    every pick of a next token (:func:`greedy`) and every score (:func:`jaxpt.eval.scorer.token_scores`)
+    every pick of a next token (:func:`greedy`, :func:`sample`) and every score (:func:`jaxpt.eval.scorer.token_scores`)
     goes through this. Training's loss still normalises over all ``V`` logits (a padded id is never a target, so
     training pushes its logit down; a trained model gives it little mass, an untrained one ``(V - num_ids) / V``).
 
