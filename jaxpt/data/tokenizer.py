@@ -220,8 +220,18 @@ class Tokenizer:
         return [np.asarray(x, dtype=np.int32) for x in ids]
 
     def decode(self, ids: Sequence[int] | np.ndarray) -> str:
-        """Text of `ids` (any int array or sequence, shape [n]). Special ids decode to ''."""
-        return self._sp.decode([int(i) for i in np.asarray(ids).reshape(-1)])
+        """Text of `ids` (any int array or sequence, shape [n]). Special ids decode to ''.
+
+        Raises:
+          ValueError: an id outside [0, vocab_size), named with the tokenizer's size (e.g. a padded id of a
+            model whose `vocab_size` is larger than this tokenizer's; decoding masks those, `jaxpt.infer.decode`).
+        """
+        ids = [int(i) for i in np.asarray(ids).reshape(-1)]
+        n = self.vocab_size
+        bad = next((i for i in ids if not 0 <= i < n), None)
+        if bad is not None:
+            raise ValueError(f"Tokenizer.decode: id {bad} is outside this tokenizer's {n} pieces (ids 0..{n - 1})")
+        return self._sp.decode(ids)
 
     def learned_ids(self) -> np.ndarray:
         """Ids of the trained pieces: int32 [n], every id that is neither special nor a byte piece."""

@@ -100,7 +100,7 @@ def _window_nll(restored, graphdef, params, stream: np.ndarray, L: int, batch_si
     cfg = restored.config
     # The Scorer is built directly (not Scorer.from_model): measuring beyond max_seq_len is the point.
     scorer = Scorer(graphdef, params, restored.mesh, cfg.logical_axis_rules, seq_len=L,
-                    batch_size=batch_size, pad_id=restored.tokenizer.pad_id)
+                    batch_size=batch_size, pad_id=restored.tokenizer.pad_id, num_ids=restored.tokenizer.vocab_size)
     windows = [Window(stream[s:s + L], 1) for s in range(0, len(stream) - L + 1, L)]
     scores = scorer.score(windows, pack=False, keep_tokens=True, progress=f"length {L}")
     nll = np.zeros((len(windows), L), np.float64)

@@ -12,7 +12,9 @@ The three request types of lm-eval's ``LM`` interface (lm-eval 0.4, ``lm_eval/ap
   ``(log p(continuation | context), is_greedy)`` with the pair tokenized as
   :func:`jaxpt.eval.probes.encode_pair` does (the continuation's ids come from the joined text's encoding);
   an empty context is the EOS token. Scored by :meth:`jaxpt.eval.scorer.Scorer.loglikelihood`, the same call
-  jaxpt's own probe tasks use, so both give the same numbers for the same text.
+  jaxpt's own probe tasks use, so both give the same numbers for the same text. Probabilities are over the
+  tokenizer's ids: a model whose ``vocab_size`` is padded past the tokenizer's is renormalised without the padded
+  ids (no text holds them), and ``is_greedy`` means what generation would produce.
 ``loglikelihood_rolling((text,))``
   log-likelihood of every token of ``text`` after an EOS prefix (lm-eval's convention), in rolling windows of
   the run's ``seq_len`` with ``seq_len // 2`` tokens of context at least.
@@ -20,7 +22,7 @@ The three request types of lm-eval's ``LM`` interface (lm-eval 0.4, ``lm_eval/ap
   greedy continuation (no sampling: ``do_sample`` must be false and ``temperature`` 0) by :func:`jaxpt.infer.decode.greedy`,
   stopped at EOS, at the first of the request's own ``until`` strings (cut before it), or after ``max_gen_toks``
   tokens; a context longer than ``max_length - max_gen_toks`` tokens keeps its last ones. Requests are decoded in
-  batches; each gives what it would alone.
+  batches; each gives what it would alone. A padded id is never emitted (:func:`jaxpt.infer.decode.mask_padded_ids`).
 
 Importing this module registers the model name ``jaxpt`` with lm-eval's registry.
 """

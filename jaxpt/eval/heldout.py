@@ -11,6 +11,11 @@ exactly the document's tokens after its first one: padding and the first token o
 and neither the batch size nor packing changes which tokens are scored or what context they see. Per group we
 report the summed negative log-likelihood (nats), scored tokens, mean loss, perplexity ``exp(loss)`` and
 bits per UTF-8 byte (``nll / ln 2 / bytes``, comparable across tokenizers; Gao et al. 2020, "The Pile", sec. 3).
+
+Probabilities are over the tokenizer's ids: a model whose ``vocab_size`` is padded past its tokenizer's is scored
+with the padded ids masked (:class:`jaxpt.eval.scorer.Scorer`'s ``num_ids``), as in every other jaxpt evaluation.
+The training loss normalises over all the model's ids, so for such a model the held-out loss is that loss on the
+same text less ``-log(1 - m)``, ``m`` the mass on padded ids (near 0 once trained: no padded id is ever a target).
 """
 
 from __future__ import annotations

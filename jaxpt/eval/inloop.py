@@ -106,7 +106,7 @@ class HeldoutEvaluator:
         self.tokenizer, self.docs = tokenizer, docs
         self.scorer = Scorer(graphdef, abstract_params, mesh, train_cfg.logical_axis_rules,
                              seq_len=train_cfg.seq_len, batch_size=train_cfg.global_batch_size,
-                             pad_id=tokenizer.pad_id, place_params=False)
+                             pad_id=tokenizer.pad_id, num_ids=tokenizer.vocab_size, place_params=False)
         self._sets: dict[int, heldout.HeldoutSet] = {} if full_set is None else {0: full_set}
 
     def _windows(self, limit: int) -> heldout.HeldoutSet:

@@ -29,7 +29,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxpt import mesh as mesh_lib
-from jaxpt.infer.decode import NoCacheStep
+from jaxpt.infer.decode import NoCacheStep, mask_padded_ids
 from jaxpt.infer.kv_cache import KVCacheStep, step_class
 from jaxpt.model.decoder import eval_routing, routed
 from jaxpt.util import progress as progress_lib
@@ -88,17 +88,21 @@ def rolling_windows(tokens: Sequence[int] | np.ndarray, seq_len: int, stride: in
     return out
 
 
-def token_scores(params, tokens_BxL, segment_ids_BxL, positions_BxL, *, graphdef, routing: str = "causal"):
+def token_scores(params, tokens_BxL, segment_ids_BxL, positions_BxL, *, graphdef, routing: str = "causal",
+                 num_ids: int | None = None):
     """Log-probability of each next token, and the greedy (argmax) token, at every position.
 
     Returns ``(logp_BxL float32, argmax_BxL int32)``: ``logp[b, t] = log p(tokens[b, t+1] | row up to t)``
     (the last column is the log-probability of token 0, meaningless; the host reads only scored positions)
     and ``argmax[b, t]`` the most likely next token. Log-softmax in float32. ``routing``: how a mixture of
     experts routes (:meth:`jaxpt.model.Decoder.__call__`); only ``causal`` keeps ``logp[b, t]`` from depending on
-    tokens after ``t + 1``.
+    tokens after ``t + 1``. ``num_ids``: the tokenizer's size; the logits of ids ``>= num_ids`` (a padded
+    vocabulary's, :func:`jaxpt.infer.decode.mask_padded_ids`) are -inf first, so ``p`` is renormalised over the ids
+    the tokenizer has and ``argmax`` is what decoding would pick; None: over all ``V`` ids.
     """
     model = nnx.merge(graphdef, params)
-    logits_BxLxV = model(tokens_BxL, segment_ids_BxL, positions_BxL, routing=routing).astype(jnp.float32)
+    logits_BxLxV = model(tokens_BxL, segment_ids_BxL, positions_BxL, routing=routing)
+    logits_BxLxV = mask_padded_ids(logits_BxLxV, num_ids)  # float32
     next_BxL = jnp.concatenate([tokens_BxL[:, 1:], jnp.zeros_like(tokens_BxL[:, :1])], axis=1)
     logp_BxLxV = jax.nn.log_softmax(logits_BxLxV, axis=-1)
     logp_BxL = jnp.take_along_axis(logp_BxLxV, next_BxL[..., None], axis=-1)[..., 0]
@@ -127,6 +131,10 @@ class Scorer:
       seq_len: row length L (at most the model's ``max_seq_len``).
       batch_size: rows per call; rounded up to a multiple of the data-parallel size (extra rows are padding).
       pad_id: token id of padding slots.
+      num_ids: the tokenizer's size (:func:`token_scores`): scores are log-probabilities over the ids
+        ``[0, num_ids)`` only, renormalised without a padded vocabulary's ids (a model whose ``vocab_size`` is rounded
+        up past its tokenizer's), which no text ever holds and decoding never emits; ``greedy`` then means what
+        decoding would produce. None: over all the model's ids (the same when the sizes match).
       place_params: put ``params`` on the mesh now (False: they are abstract; set ``scorer.params`` later).
       routing: how a mixture of experts routes the scored rows (:meth:`jaxpt.model.Decoder.__call__`); None: as
         evaluation does (:func:`jaxpt.model.decoder.eval_routing`: ``causal``, each token by itself, so no score
@@ -142,7 +150,7 @@ class Scorer:
     """
 
     def __init__(self, graphdef, params, mesh: Mesh, rules, *, seq_len: int, batch_size: int, pad_id: int = 0,
-                 place_params: bool = True, routing: str | None = None):
+                 num_ids: int | None = None, place_params: bool = True, routing: str | None = None):
         if seq_len < 2:
             raise ValueError(f"Scorer: seq_len = {seq_len} must be >= 2")
         cfg = nnx.merge(graphdef, params).cfg
@@ -150,6 +158,7 @@ class Scorer:
         dp = mesh_lib.data_parallel_size(mesh_lib.mesh_shape(mesh), rules)
         self.batch_size = -(-max(batch_size, 1) // dp) * dp
         self.seq_len, self.pad_id, self.mesh, self.rules = seq_len, pad_id, mesh, rules
+        self.num_ids = num_ids
         self.graphdef, self.cfg = graphdef, cfg
         replicated = NamedSharding(mesh, PartitionSpec())
         batch_s = mesh_lib.batch_sharding(mesh, rules)
@@ -163,7 +172,8 @@ class Scorer:
 
         def traced(params, tokens, segment_ids, positions):
             with mesh_lib.activation_sharding(mesh, rules):
-                return token_scores(params, tokens, segment_ids, positions, graphdef=graphdef, routing=self.routing)
+                return token_scores(params, tokens, segment_ids, positions, graphdef=graphdef, routing=self.routing,
+                                    num_ids=num_ids)
 
         self._fn = jax.jit(traced, in_shardings=(param_s, batch_s, batch_s, batch_s),
                            out_shardings=(replicated, replicated))
@@ -171,13 +181,13 @@ class Scorer:
 
     @classmethod
     def from_model(cls, model, mesh: Mesh, rules, *, seq_len: int, batch_size: int, pad_id: int = 0,
-                   routing: str | None = None) -> "Scorer":
+                   num_ids: int | None = None, routing: str | None = None) -> "Scorer":
         """A scorer over an ``nnx`` model (e.g. ``jaxpt.restore(...).model``, whose params live on ``mesh``)."""
         if seq_len > model.cfg.max_seq_len:
             raise ValueError(f"Scorer: seq_len = {seq_len} exceeds the model's max_seq_len = {model.cfg.max_seq_len}")
         graphdef, params = nnx.split(model, nnx.Param)
         return cls(graphdef, params, mesh, rules, seq_len=seq_len, batch_size=batch_size, pad_id=pad_id,
-                   routing=routing)
+                   num_ids=num_ids, routing=routing)
 
     # ------------------------------------------------------------------------------------------ device calls
 
@@ -304,10 +314,10 @@ def _tail_windows(seq: np.ndarray, start: int, seq_len: int, stride: int) -> lis
 
 def scorer_for_restored(restored: Any, *, seq_len: int | None = None, batch_size: int = 8,
                         routing: str | None = None) -> Scorer:
-    """A :class:`Scorer` over a :func:`jaxpt.restore` result (its mesh, rules and, by default, its ``seq_len``);
-    ``routing`` as :class:`Scorer` takes it."""
+    """A :class:`Scorer` over a :func:`jaxpt.restore` result (its mesh, rules, its tokenizer's pad id and size, and by
+    default its ``seq_len``); ``routing`` as :class:`Scorer` takes it."""
     cfg = restored.config
     return Scorer.from_model(restored.model, restored.mesh, cfg.logical_axis_rules,
-                             seq_len=seq_len or cfg.seq_len, batch_size=batch_size,
-                             pad_id=restored.tokenizer.pad_id, routing=routing)
+                             seq_len=seq_len or cfg.seq_len, batch_size=batch_size, pad_id=restored.tokenizer.pad_id,
+                             num_ids=restored.tokenizer.vocab_size, routing=routing)
 

@@ -1,11 +1,12 @@
-"""Greedy decoding: the one decoding loop behind ``jaxpt.generate``, the probe tasks, the seqio and lm-eval
-adapters and the spot-check sheet, over a *step* that turns the tokens so far into next-token logits.
+"""Greedy and sampled decoding: the one decoding loop behind ``jaxpt.generate``, the probe tasks, the seqio and
+lm-eval adapters and the spot-check sheet, over a *step* that turns the tokens so far into next-token logits.
 
     from jaxpt.infer import decode
     step = decode.NoCacheStep.from_model(model, batch_size=8)       # rows of model.cfg.max_seq_len tokens
     gens = decode.greedy(step, prompts, 16, eos_id=tok.eos_id, stop_strings=[["\\n"]] * len(prompts),
                          tokenizer=tok)
     gens[0].ids, gens[0].text, gens[0].stop_reason
+    gens = decode.sample(step, prompts, 16, temperature=0.8, seed=1, eos_id=tok.eos_id, tokenizer=tok)
 
 Truncation rule
   A row holds at most ``L = step.seq_len`` tokens, the prompt and every new token together, so
@@ -20,17 +21,24 @@ Stops
   on the other rows, so batched results equal one-at-a-time results.
 
 Steps
-  :func:`greedy` talks to the model only through :class:`DecodeStep`: ``prefill(prompts)``, then
+  :func:`greedy` and :func:`sample` talk to the model only through :class:`DecodeStep`: ``prefill(prompts)``, then
   ``extend(state, tokens)`` once per new token, each returning every row's next-token logits.
   :class:`NoCacheStep` reruns the model on the whole fixed ``[B, L]`` batch at every call (one compiled program
   for every prompt length and step); :class:`jaxpt.infer.kv_cache.KVCacheStep` (prefill, then one token per row per
   call against a per-layer KV cache) replaces it without changing any caller and is what ``jaxpt.generate`` and
   evaluation's greedy tasks use; this step stays as the reference it is tested against.
+
+The padded vocabulary
+  A model's ``vocab_size`` may exceed its tokenizer's (rounded up to a multiple of 128, say): the ids past the
+  tokenizer's have logits but decode to nothing (``Tokenizer.decode`` refuses them). Every next token is picked
+  from the logits with those ids masked to -inf (:func:`mask_padded_ids`; ``num_ids``, by default the tokenizer's
+  ``vocab_size``), so no decoding ever emits one, whatever the model's weights.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Protocol, Sequence
 
 import jax
@@ -45,8 +53,8 @@ from jaxpt.util import progress as progress_lib
 
 
 class DecodeStep(Protocol):
-    """What :func:`greedy` needs of a model: next-token logits for up to ``batch_size`` rows of at most
-    ``seq_len`` tokens each."""
+    """What :func:`greedy` and :func:`sample` need of a model: next-token logits for up to ``batch_size`` rows of
+    at most ``seq_len`` tokens each."""
 
     batch_size: int
     seq_len: int
@@ -92,9 +100,10 @@ class Generation:
 
 def greedy(step: DecodeStep, prompts: Sequence[Sequence[int] | np.ndarray], max_new_tokens: int, *,
            eos_id: int | None = None, stop_strings: Sequence[Sequence[str]] | None = None,
-           tokenizer: Any = None, progress: str | None = None) -> list[Generation]:
+           tokenizer: Any = None, num_ids: int | None = None, progress: str | None = None) -> list[Generation]:
     """Greedy continuations of ``prompts``, ``step.batch_size`` rows per batch, each new token the argmax of
-    its row's logits (ties to the lowest id). See the module docstring for the truncation rule and stops.
+    its row's logits over the ids the tokenizer can decode (ties to the lowest id). See the module docstring for
+    the truncation rule, stops and the padded vocabulary.
 
     Args:
       step: a :class:`DecodeStep` (e.g. :class:`NoCacheStep`).
@@ -104,6 +113,8 @@ def greedy(step: DecodeStep, prompts: Sequence[Sequence[int] | np.ndarray], max_
       stop_strings: per row, the strings that stop it (``stop_strings[i]`` for ``prompts[i]``; empty strings
         are ignored). Needs ``tokenizer``.
       tokenizer: anything with ``decode(ids) -> str``; when given, each result's ``text`` is filled.
+      num_ids: only ids in [0, num_ids) are emitted (:func:`mask_padded_ids`); default: the tokenizer's
+        ``vocab_size`` when it has one, else every id of the logits.
       progress: when given, the prompts done so far are reported under this name (:class:`jaxpt.util.progress.Progress`:
         a bar on a terminal, a line every 30 s elsewhere).
 
@@ -111,10 +122,64 @@ def greedy(step: DecodeStep, prompts: Sequence[Sequence[int] | np.ndarray], max_
 
     Raises:
       ValueError: ``max_new_tokens`` out of range, an empty prompt, ``stop_strings`` of the wrong length or
-        given as a bare string, or stop strings without a tokenizer.
+        given as a bare string, stop strings without a tokenizer, or ``num_ids < 1``.
     """
+    return _decode(step, prompts, max_new_tokens, lambda first: _argmax, eos_id=eos_id, stop_strings=stop_strings,
+                   tokenizer=tokenizer, num_ids=num_ids, progress=progress, name="greedy")
+
+
+def sample(step: DecodeStep, prompts: Sequence[Sequence[int] | np.ndarray], max_new_tokens: int, *,
+           temperature: float = 1.0, seed: int = 0, eos_id: int | None = None,
+           stop_strings: Sequence[Sequence[str]] | None = None, tokenizer: Any = None, num_ids: int | None = None,
+           progress: str | None = None) -> list[Generation]:
+    """Sampled continuations of ``prompts``: each new token drawn from ``softmax(logits / temperature)`` over the
+    ids the tokenizer can decode (the padded ones masked, :func:`mask_padded_ids`), by the Gumbel-max trick on the
+    host in float64. Truncation, stops and the other arguments as :func:`greedy`.
+
+    Row ``i`` (``prompts[i]``) draws from its own generator, ``numpy.random.default_rng([seed, i])``, one draw of
+    ``V`` Gumbel variates per new token, so a call's results depend on ``seed`` and the row's index only: not on
+    ``step.batch_size`` or the other rows.
+
+    Args:
+      temperature: > 0 (for temperature 0 call :func:`greedy`); 1 samples the model's own distribution.
+      seed: the generators' seed (an int >= 0).
+
+    Returns: one :class:`Generation` per prompt, in order.
+
+    Raises:
+      ValueError: ``temperature`` not a finite number > 0, a negative ``seed``, or as :func:`greedy` does.
+    """
+    if not (math.isfinite(temperature) and temperature > 0):
+        raise ValueError(f"sample: temperature = {temperature} must be finite and > 0 (greedy decodes at 0)")
+    if seed < 0:
+        raise ValueError(f"sample: seed = {seed} must be >= 0")
+    rngs = [np.random.default_rng([seed, i]) for i in range(len(prompts))]
+
+    def picker(first: int):
+        def pick(logits_nxV: np.ndarray) -> np.ndarray:
+            scaled_nxV = logits_nxV.astype(np.float64) / temperature  # a masked id stays -inf
+            return np.asarray([np.argmax(row + rngs[first + r].gumbel(size=row.shape)) for r, row in
+                               enumerate(scaled_nxV)], np.int32)
+        return pick
+
+    return _decode(step, prompts, max_new_tokens, picker, eos_id=eos_id, stop_strings=stop_strings,
+                   tokenizer=tokenizer, num_ids=num_ids, progress=progress, name="sample")
+
+
+def _argmax(logits_nxV: np.ndarray) -> np.ndarray:
+    return np.argmax(logits_nxV, axis=-1).astype(np.int32)
+
+
+def _decode(step: DecodeStep, prompts, max_new_tokens: int, picker, *, eos_id, stop_strings, tokenizer, num_ids,
+            progress, name: str) -> list[Generation]:
+    """The decoding loop of :func:`greedy` and :func:`sample`: ``picker(first)`` gives the token chooser of the
+    batch whose first row is prompt ``first``, called on that batch's masked float32 logits [n, V]."""
     if not 0 <= max_new_tokens < step.seq_len:
-        raise ValueError(f"greedy: max_new_tokens = {max_new_tokens} must be in [0, seq_len = {step.seq_len})")
+        raise ValueError(f"{name}: max_new_tokens = {max_new_tokens} must be in [0, seq_len = {step.seq_len})")
+    if num_ids is None:
+        num_ids = getattr(tokenizer, "vocab_size", None)
+    if num_ids is not None and num_ids < 1:
+        raise ValueError(f"{name}: num_ids = {num_ids} must be >= 1")
     rows = [truncate_prompt(p, step.seq_len, max_new_tokens, index=i) for i, p in enumerate(prompts)]
     stops = _row_stops(stop_strings, len(rows), tokenizer)
     decode = None if tokenizer is None else tokenizer.decode
@@ -122,12 +187,43 @@ def greedy(step: DecodeStep, prompts: Sequence[Sequence[int] | np.ndarray], max_
     bar = progress_lib.Progress(len(rows), progress, "prompts") if progress else None
     for b0 in range(0, len(rows), step.batch_size):
         b1 = b0 + step.batch_size
-        out += _greedy_batch(step, rows[b0:b1], max_new_tokens, eos_id, stops[b0:b1], decode)
+        out += _decode_batch(step, rows[b0:b1], max_new_tokens, eos_id, stops[b0:b1], decode, picker(b0), num_ids)
         if bar is not None:
             bar.update(len(rows[b0:b1]))
     if bar is not None:
         bar.close()
     return out
+
+
+def mask_padded_ids(logits_xV, num_ids: int | None):
+    """``logits_xV`` (float, shape [..., V]) as float32 with the logit of every id ``>= num_ids`` set to -inf.
+
+    A model's ``ModelConfig.vocab_size`` may be larger than its tokenizer's ``vocab_size`` (rounded up to a multiple
+    of 128 for speed, or a converted model's padded embedding): its ids ``num_ids .. V - 1`` have logits but no
+    piece, and no text decodes from them. Masked, such an id is never the argmax, never sampled (``exp(-inf) = 0``)
+    and takes no mass from a softmax over the row, which becomes a proper distribution over the tokenizer's ids:
+    every pick of a next token (:func:`greedy`, :func:`sample`) and every score (:func:`jaxpt.eval.scorer.token_scores`)
+    goes through this. Training's loss still normalises over all ``V`` logits (a padded id is never a target, so
+    training pushes its logit down; a trained model gives it little mass, an untrained one ``(V - num_ids) / V``).
+
+    Args:
+      logits_xV: a numpy array (the result is numpy, computed on the host) or a jax array (the result is jax;
+        traceable under ``jit``).
+      num_ids: the tokenizer's size; ``None`` or ``>= V``: nothing is masked.
+
+    Returns: float32, the shape of ``logits_xV``.
+
+    Raises:
+      ValueError: ``num_ids < 1`` (a row of -inf only has no argmax, and its softmax is NaN).
+    """
+    if num_ids is not None and num_ids < 1:
+        raise ValueError(f"mask_padded_ids: num_ids = {num_ids} must be >= 1")
+    xp = np if isinstance(logits_xV, np.ndarray) else jnp
+    logits_xV = logits_xV.astype(xp.float32)
+    V = logits_xV.shape[-1]
+    if num_ids is None or num_ids >= V:
+        return logits_xV
+    return xp.where(xp.arange(V) < num_ids, logits_xV, xp.float32(-np.inf))
 
 
 def truncate_prompt(prompt: Sequence[int] | np.ndarray, seq_len: int, max_new_tokens: int, *,
@@ -195,14 +291,16 @@ def first_stop(text: str, stops: Sequence[str]) -> int | None:
     return min(found) if found else None
 
 
-def _greedy_batch(step: DecodeStep, prompts: list[np.ndarray], max_new_tokens: int, eos_id: int | None,
-                  stops: list[tuple[str, ...]], decode) -> list[Generation]:
+def _decode_batch(step: DecodeStep, prompts: list[np.ndarray], max_new_tokens: int, eos_id: int | None,
+                  stops: list[tuple[str, ...]], decode, pick, num_ids: int | None) -> list[Generation]:
+    """One batch of rows decoded to their stops; ``pick(logits float32 [n, V]) -> int32 [n]`` chooses each row's
+    token from its logits with the ids ``>= num_ids`` masked (:func:`mask_padded_ids`)."""
     rows = [_Row(s) for s in stops]
     if max_new_tokens == 0:
         return [r.result(decode) for r in rows]
     state, logits = step.prefill(prompts)
     for k in range(max_new_tokens):
-        tokens = np.argmax(np.asarray(logits), axis=-1).astype(np.int32)
+        tokens = pick(mask_padded_ids(np.asarray(logits), num_ids))
         for row, t in zip(rows, tokens):
             row.push(int(t), eos_id, decode, max_new_tokens)
         if k == max_new_tokens - 1 or all(r.reason is not None for r in rows):

@@ -208,22 +208,27 @@ def _resolve_mesh(mesh, meta: Mapping[str, Any]) -> jax.sharding.Mesh:
 
 
 def generate(model, tokenizer, prompt: str, max_new_tokens: int = 32, *, stop_strings: Sequence[str] = (),
-             kv_cache: bool = True) -> str:
-    """Greedy continuation of ``prompt`` (text in, text out), stopped at EOS or before the first of
-    ``stop_strings``: one row of :func:`jaxpt.infer.decode.greedy` over a :class:`jaxpt.infer.kv_cache.KVCacheStep`
-    (``kv_cache=False``, or a model that cannot be decoded token by token: the cache-free
-    :class:`jaxpt.infer.decode.NoCacheStep`, :func:`jaxpt.infer.kv_cache.step_class`) on the model's params wherever
-    they live.
+             kv_cache: bool = True, temperature: float = 0.0, seed: int = 0) -> str:
+    """Continuation of ``prompt`` (text in, text out), stopped at EOS or before the first of ``stop_strings``: one
+    row of :func:`jaxpt.infer.decode.greedy` (``temperature`` 0) or :func:`jaxpt.infer.decode.sample` (``temperature``
+    > 0, drawn with ``seed``) over a :class:`jaxpt.infer.kv_cache.KVCacheStep` (``kv_cache=False``, or a model that
+    cannot be decoded token by token: the cache-free :class:`jaxpt.infer.decode.NoCacheStep`,
+    :func:`jaxpt.infer.kv_cache.step_class`) on the model's params wherever they live. Only ids the tokenizer has are
+    emitted, however far the model's ``vocab_size`` is padded past it.
 
     Truncation (:mod:`jaxpt.infer.decode`): a prompt longer than ``model.cfg.max_seq_len - max_new_tokens`` tokens keeps
     its last that many. The row is only as long as the prompt and new tokens need, at most ``max_seq_len``.
 
     Raises:
-      ValueError: the prompt encodes to no tokens, or ``max_new_tokens`` is not in [0, max_seq_len).
+      ValueError: the prompt encodes to no tokens, ``max_new_tokens`` is not in [0, max_seq_len), or a negative or
+        non-finite ``temperature``.
     """
     ids = tokenizer.encode(prompt)
     row = max(2, min(model.cfg.max_seq_len, max(len(ids), 1) + max_new_tokens))
     step = step_class(model.cfg, kv_cache).from_model(model, seq_len=row, pad_id=tokenizer.pad_id)
-    (gen,) = decode.greedy(step, [ids], max_new_tokens, eos_id=tokenizer.eos_id, stop_strings=[stop_strings],
-                           tokenizer=tokenizer)
+    kwargs = dict(eos_id=tokenizer.eos_id, stop_strings=[stop_strings], tokenizer=tokenizer)
+    if temperature == 0:
+        (gen,) = decode.greedy(step, [ids], max_new_tokens, **kwargs)
+    else:
+        (gen,) = decode.sample(step, [ids], max_new_tokens, temperature=temperature, seed=seed, **kwargs)
     return gen.text
