@@ -161,3 +161,37 @@ def test_the_stage_data_choice_is_in_the_dry_run_plan(prepared_sample, data, par
     r = preflight.resolve(_stage(prepared_sample, data, tmp_path / "plan", parent))
     assert r.data_start.choice == "continue" and r.data_shards == 8
     assert "data: continue" in preflight.format_plan(preflight.plan(r, devices=jax.devices()))
+
+
+def test_a_token_mixture_reads_on_per_group_under_the_stages_own_schedule():
+    """'continue' with a token mixture (a corpus version, or the sample with weights): the carried per-group positions
+    stay and the stage's schedule is followed from the stage's first step, not from the parent's batch count
+    (:meth:`jaxpt.data.shards.ShardedBatches.restart_step_count`)."""
+    from jaxpt.data import mixture
+    n = 400
+    domains, sources = ["a" if i % 2 else "b" for i in range(n)], [""] * n
+
+    def fetch(i):
+        return np.full(3 + i % 5, 7, np.int32), i
+
+    def stream_of(schedule, first_step):
+        return mixture.mixture_iterator(domains, sources, fetch, mixture.parse_schedule(schedule), key="k", seed=0,
+                                        shuffle=True, shard=0, num_shards=1, rows=2, seq_len=16, eos_id=1,
+                                        first_step=first_step)
+
+    def docs(batch):
+        return {int(d) for d in np.unique(batch["doc_index"]) if d >= 0}
+
+    parent = stream_of(((1, (("a", 0.5), ("b", 0.5))),), 1)
+    window = set().union(*(docs(next(parent)) for _ in range(STEPS)))
+    state = json.loads(json.dumps(parent.get_state()))  # as a checkpoint holds it
+    reference = [docs(next(parent)) for _ in range(3)]  # what the parent would have read next, same mixture
+
+    # the stage's schedule: the same mixture for steps 7-9, only 'a' from step 10
+    stage = stream_of(((1, (("a", 0.5), ("b", 0.5))), (10, (("a", 1.0),))), STEPS + 1)
+    stage.set_state(state)
+    stage.restart_step_count()
+    got = [docs(next(stage)) for _ in range(STEPS)]
+    assert got[:3] == reference  # steps 7-9: read on exactly
+    assert all(i % 2 for d in got[3:] for i in d - window)  # steps 10-12: the stage's second mixture, 'a' only
+    assert len(set().union(*got) & window) <= 2  # at most each group's document open at the boundary
