@@ -6,10 +6,10 @@ A run starts in one of four ways, each decided once, before anything is written 
 * **fresh**: no checkpoint in the workdir and no ``TrainConfig.init_from``;
 * **resume**: the workdir's newest committed checkpoint (:class:`Checkpoint`), continued exactly;
 * **stage**: a fresh workdir with ``TrainConfig.init_from = '<run dir>[@step]'`` (the newest committed step
-  without ``@step``), ``TrainConfig.stage_name`` and ``TrainConfig.reset_optimizer``: a new stage from another run's
-  checkpoint (:class:`Parent`), e.g. a long-context extension. Everything else may change, within what the parent's
-  params allow (e.g. ``seq_len``, ``ModelConfig.max_seq_len``, RoPE settings, the data mixture, the schedule; not
-  ``d_model``);
+  without ``@step``), ``TrainConfig.stage_name``, ``TrainConfig.reset_optimizer`` and ``TrainConfig.stage_data``: a
+  new stage from another run's checkpoint (:class:`Parent`), e.g. a long-context extension. Everything else may
+  change, within what the parent's params allow (e.g. ``seq_len``, ``ModelConfig.max_seq_len``, RoPE settings, the
+  data mixture, the schedule; not ``d_model``);
 * **converted**: a stage whose parent is a model converted from Hugging Face (``python -m jaxpt.tools.convert
   hf-to-jaxpt``), a checkpoint of params only (meta ``params_only``, step 0).
 
