@@ -265,6 +265,21 @@ class Checkpointer:
         # whose cause was not found; it did not stop that abort.
         return jax.block_until_ready(restored["state"])
 
+    def restore_data(self, step: int, data_iterator: Any, meta: dict[str, Any] | None = None) -> None:
+        """Set ``data_iterator``'s position to the data-iterator state of ``step`` alone (no array is read): a new
+        stage reading on from where its parent stopped (:func:`jaxpt.run.lineage.begin_stage`).
+
+        Raises:
+          CheckpointError: naming the checkpoint and what failed (e.g. another data layout).
+        """
+        meta = self.read_meta(step) if meta is None else meta
+        args = _data_restore_args(data_iterator, meta, f"{self.directory}/{step}")
+        try:
+            self.manager.restore(step, args=ocp.args.Composite(data=args))
+        except Exception as e:  # Orbax raises many types; name the checkpoint instead.
+            raise CheckpointError(f"checkpoint {self.directory}/{step}: cannot restore its data position: "
+                                  f"{type(e).__name__}: {e}") from e
+
     def restore_params(self, step: int, abstract_params: Any) -> dict[str, Any]:
         """Restore only ``params`` and ``step`` of ``step`` (an Orbax partial restore: optimizer state and
         other train-state fields are not read), placed by ``abstract_params``' shardings.

@@ -218,12 +218,25 @@ class TrainConfig:
       log_batch_documents: append, per step, the indices of the documents in this process's rows to
         ``<workdir>/batches/process_<i>.jsonl`` (an audit trail for resumption and data debugging).
       init_from: start this run as a new *stage* from another run's checkpoint: ``'<run dir>[@step]'`` (the newest
-        committed step without ``@step``); params and optimizer state are taken from it, the step count goes on
-        from its step, and the learning-rate schedule starts afresh with horizon ``steps - step``
-        (:mod:`jaxpt.run.lineage`). Empty: start from scratch (or resume this workdir's own checkpoints).
+        committed step without ``@step``); params and optimizer state are taken from it (``reset_optimizer``), the
+        step count goes on from its step, the learning-rate schedule starts afresh with horizon ``steps - step``,
+        and the data stream starts where ``stage_data`` says (:mod:`jaxpt.run.lineage`). Empty: start from scratch (or resume this workdir's own checkpoints).
       stage_name: the stage's name in ``run.json`` and checkpoint meta (default ``base``, or ``extension`` with
         ``init_from``).
-      reset_optimizer: with ``init_from``: a fresh optimizer state instead of the parent's moments.
+      reset_optimizer: with ``init_from``: a fresh optimizer state instead of the parent's moments. Default False:
+        the parent's Adam moments and their count are carried (a converted model has none: always fresh). The
+        learning-rate schedule restarts either way; its re-warmup is ``OptimizerConfig.warmup_steps``, counted from
+        the stage's start (0: the stage starts at the peak).
+      stage_data: with ``init_from``: where the stage's data stream starts (:func:`jaxpt.run.lineage.data_start`).
+        ``'continue'``: the parent checkpoint's data-iterator state is carried, so the stage reads on from where the
+        parent stopped (its data version, seed, order settings and logical data shards must be the parent's);
+        ``'fresh'``: the stage's data from its start, for data other than the parent's (refused on the parent's own
+        data version, where it would re-read the parent's documents); ``'replay'``: the stage's data from its start
+        even though it is the parent's: the documents the parent trained on come again (in the same order when the
+        order settings are the same). Default ``'auto'``: ``'continue'`` when the stage's data version is the
+        parent's, ``'fresh'`` when it differs (or the parent is a converted model); refused when the data is the
+        parent's but its order changed (seed, shuffle, length mixture, mixture or not), asking for a choice. The
+        choice is logged and recorded in the stage's record (run.json, checkpoint meta).
       profile_steps: ``'START:STOP'``: trace steps START..STOP (inclusive) with ``jax.profiler`` into
         ``<workdir>/profile`` (TensorBoard's profile plugin, Perfetto); empty: no trace.
       offload_optimizer_state: keep the optimizer state (Adam moments, counts) in the host's pinned memory
@@ -254,7 +267,8 @@ class TrainConfig:
       ConfigError: at construction, naming ``TrainConfig.<field> = <value>``: a wrong type (sub-configs
         included), a malformed ``mesh``/``dcn_mesh`` (unknown axis, non-integer or non-positive size, two
         -1s; -1 at all in ``dcn_mesh``), an unknown axis in ``logical_axis_rules``, a count out of range, an
-        ``init_from`` whose ``@step`` is not a positive integer, or ``reset_optimizer`` without ``init_from``.
+        ``init_from`` whose ``@step`` is not a positive integer, or ``reset_optimizer`` or ``stage_data`` without
+        ``init_from``.
         Checks against the other configs and the devices are :func:`validate`'s.
     """
 
@@ -283,6 +297,7 @@ class TrainConfig:
     init_from: str = ""
     stage_name: str = ""
     reset_optimizer: bool = False
+    stage_data: Literal["auto", "continue", "fresh", "replay"] = "auto"
     offload_optimizer_state: bool = False
     batch_size_schedule: str = ""
     batch_lr_scaling: str = "sqrt"
@@ -296,6 +311,8 @@ class TrainConfig:
         except ValueError as e:
             raise field_error(self, "init_from", f"'<run dir>[@step]': {e}") from None
         require(self, "reset_optimizer", self.init_from or not self.reset_optimizer,
+                "only means something with TrainConfig.init_from (a stage starting from a checkpoint)")
+        require(self, "stage_data", self.init_from or self.stage_data == "auto",
                 "only means something with TrainConfig.init_from (a stage starting from a checkpoint)")
         if self.profile_steps:
             try:

@@ -38,7 +38,8 @@ def _stage2(prepared, workdir, parent, steps=10, **overrides):
     return _cfg(prepared, workdir, steps, **{
         "TrainConfig.seq_len": 64, "ModelConfig.rope_theta": 500000.0, "TrainConfig.init_from": repr(parent),
         "TrainConfig.stage_name": "'long'", "DataConfig.long_doc_min_chars": 2000, "DataConfig.long_doc_weight": 0.8,
-        **overrides})
+        # the parent's data in another order (long documents upweighted): re-read on purpose (tests/test_stage_data.py)
+        "TrainConfig.stage_data": "'replay'", **overrides})
 
 
 def _capture(into: dict):
@@ -104,7 +105,7 @@ def test_extension_stage_keeps_params_and_optimizer(prepared_sample, parent_run,
     assert base["parent"] is None and base["workdir"] == str(parent_run.resolve())
     assert long["name"] == "long" and long["start_step"] == 6 and long["target_steps"] == 10
     assert long["parent"] == {"path": str(parent_run.resolve()), "step": 6}
-    assert long["reset_optimizer"] is False and long["seq_len"] == 64
+    assert long["reset_optimizer"] is False and long["seq_len"] == 64 and long["stage_data"] == "replay"
     # each stage names its data version (here both the prepared sample's, which prepare.json records)
     sample_version = json.loads((prepared_sample / "prepare.json").read_text())["data_version"]
     assert sample_version.startswith("prepared:")

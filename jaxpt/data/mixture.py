@@ -339,6 +339,14 @@ class TokenMixIterator:
             else:
                 self._carried[g] = [int(pos), int(offset)]
 
+    def restart_step_count(self) -> None:
+        """The next batch feeds this iterator's first step (a state carried from a parent run counts the parent's
+        batches): the per-group positions and open documents stay, the schedule's stage follows the new count."""
+        stage = stage_at(self.schedule, self._step_of(0))
+        if stage != self.stage:
+            self.stage_tokens = {g: 0 for g in self.groups}
+        self.batches, self.stage = 0, stage
+
 
 def mixture_iterator(domains: Sequence[str], sources: Sequence[str], fetch: Callable[[int], tuple[np.ndarray, int]],
                      schedule, *, key: str, seed: int, shuffle: bool, shard: int, num_shards: int, rows: int,

@@ -62,6 +62,14 @@ class ShardedBatches:
         for k, st in states.items():
             self.iterators[k].set_state(st)
 
+    def restart_step_count(self) -> None:
+        """After a state carried from another run (a new stage reading on from its parent's data position): the
+        next batch feeds this stream's first step. The read positions stay; a shard whose state counts steps (a
+        token mixture, for its schedule) counts from that step again."""
+        for it in self.iterators.values():
+            if hasattr(it, "restart_step_count"):
+                it.restart_step_count()
+
 
 def _shard_file(directory: epath.Path, k: int, n: int) -> epath.Path:
     return directory / f"shard_{k:05d}-of-{n:05d}.json"

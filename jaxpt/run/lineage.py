@@ -6,10 +6,10 @@ A run starts in one of four ways, each decided once, before anything is written 
 * **fresh**: no checkpoint in the workdir and no ``TrainConfig.init_from``;
 * **resume**: the workdir's newest committed checkpoint (:class:`Checkpoint`), continued exactly;
 * **stage**: a fresh workdir with ``TrainConfig.init_from = '<run dir>[@step]'`` (the newest committed step
-  without ``@step``), ``TrainConfig.stage_name`` and ``TrainConfig.reset_optimizer``: a new stage from another run's
-  checkpoint (:class:`Parent`), e.g. a long-context extension. Everything else may change, within what the parent's
-  params allow (e.g. ``seq_len``, ``ModelConfig.max_seq_len``, RoPE settings, the data mixture, the schedule; not
-  ``d_model``);
+  without ``@step``), ``TrainConfig.stage_name``, ``TrainConfig.reset_optimizer`` and ``TrainConfig.stage_data``: a
+  new stage from another run's checkpoint (:class:`Parent`), e.g. a long-context extension. Everything else may
+  change, within what the parent's params allow (e.g. ``seq_len``, ``ModelConfig.max_seq_len``, RoPE settings, the
+  data mixture, the schedule; not ``d_model``);
 * **converted**: a stage whose parent is a model converted from Hugging Face (``python -m jaxpt.tools.convert
   hf-to-jaxpt``), a checkpoint of params only (meta ``params_only``, step 0).
 
@@ -30,7 +30,10 @@ The stage's first state (:func:`first_state`), from the parent checkpoint at ste
   ``steps - P`` (``OptimizerConfig.decay_steps``, when set, counts from the stage's start): a fresh schedule.
 * ``rng``: the parent's (a converted model: from ``TrainConfig.seed``); ``lr_scale``: 1; spike-detection history:
   empty (the new length's losses are another distribution). The data stream is the stage's own (its ``seq_len``,
-  paths and mixture), from its seed, feeding steps ``P + 1`` on.
+  paths and mixture), feeding steps ``P + 1`` on, and starts where ``TrainConfig.stage_data`` says
+  (:func:`data_start`): on the parent's data it reads on from the parent checkpoint's data-iterator state
+  (``continue``, the default), so no document of the parent's window comes again unless the config asks for it
+  (``replay``); other data is read from its start (``fresh``).
 
 The run's identity (:func:`identity`) is built here, once: the checkpoint ``meta`` item every save records and the
 ``stage`` and ``stages`` entries of ``run.json`` (:mod:`jaxpt.run.record`): the parent (absolute path and step),
@@ -373,6 +376,128 @@ def _check_resumed_stage(cfg: TrainConfig, resume: Checkpoint) -> str:
                                         "is of a run that began from scratch: start the stage in a new --workdir"))
 
 
+# ------------------------------------------------------------------------------------------ a stage's data
+
+
+#: Settings that fix a data stream's document order: a data-iterator position names the same documents only under
+#: the same values (and the same data version and logical data shard count).
+ORDER_SETTINGS = ("TrainConfig.seed", "DataConfig.source", "DataConfig.shuffle", "DataConfig.long_doc_min_chars",
+                  "DataConfig.long_doc_weight")
+
+
+@dataclasses.dataclass(frozen=True)
+class DataStart:
+    """Where a new stage's data stream starts: ``TrainConfig.stage_data`` resolved (:func:`data_start`).
+
+    Attributes:
+      choice: ``continue`` (the parent checkpoint's data-iterator state carried), ``fresh`` or ``replay`` (the
+        stage's data from its start).
+      note: why, in words (logged once, and in the stage record as ``stage_data_note``).
+      shards: with ``continue``, the parent's logical data shard count, which the stage keeps.
+    """
+
+    choice: str
+    note: str
+    shards: int | None = None
+
+    @property
+    def carries(self) -> bool:
+        """The stage sets its stream to the parent's data position."""
+        return self.choice == "continue"
+
+
+def data_start(cfg: TrainConfig, parent: Parent | None, data_version: str) -> DataStart | None:
+    """The stage's :class:`DataStart` from ``TrainConfig.stage_data`` (None: no new stage). ``'auto'`` is
+    ``'continue'`` when ``data_version`` (:func:`jaxpt.data.stream.data_version`) is the one the parent checkpoint
+    records, ``'fresh'`` when it differs or the parent is a converted model.
+
+    Raises:
+      ConfigError: naming ``TrainConfig.stage_data``: ``'fresh'`` on the parent's data (a replay by another name);
+        ``'auto'`` on the parent's data in another order, or with a parent that records no data version (a choice
+        is needed); ``'continue'`` that cannot carry the parent's position (:func:`_check_carry`).
+    """
+    if parent is None:
+        return None
+    key, choice = f"TrainConfig.stage_data = {cfg.stage_data!r}", cfg.stage_data
+    theirs = None if parent.params_only else parent.meta.get("data_version")
+    same = theirs == data_version
+    if choice == "auto" and not parent.params_only and not theirs:
+        raise ConfigError(f"{key}: the parent checkpoint {parent.where} records no data version, so whether the "
+                          "stage's data is the parent's cannot be told: set 'continue', 'fresh' or 'replay'")
+    if choice == "auto" and same:
+        changes = _order_changes(cfg, parent)
+        if changes:
+            raise ConfigError(
+                f"{key}: the stage trains on its parent's data (data version {theirs}) in another order "
+                f"({'; '.join(changes)}): the parent's data position cannot be carried into it, and reading it from its "
+                "start would re-read documents the parent trained on; keep the parent's settings to read on from "
+                "its position, or set TrainConfig.stage_data = 'replay' to re-read on purpose")
+    if choice == "auto":
+        choice = "continue" if same else "fresh"
+    if choice == "fresh" and same:
+        raise ConfigError(f"{key}, but the stage's data is the parent's data (data version {theirs}): reading it from "
+                          "its start re-reads the documents the parent trained on; set 'continue' to read on from the "
+                          "parent's data position, or 'replay' to re-read them on purpose")
+    if choice == "continue":
+        shards = _check_carry(cfg, parent, data_version, key)
+        return DataStart("continue", f"the parent's data version {theirs}: reading on from the data position of "
+                                     f"{parent.where}", shards)
+    source = "a converted model, with no data position" if parent.params_only else f"data version {theirs}"
+    if choice == "fresh":
+        return DataStart("fresh", f"data version {data_version}, the parent's {source}: read from its start")
+    return DataStart("replay", f"data version {data_version} read from its start on request; the parent's {source}"
+                     + (": the documents of the parent's steps come again" if same else ""))
+
+
+def _check_carry(cfg: TrainConfig, parent: Parent, data_version: str, key: str) -> int:
+    """The parent's data position can feed this stage: the same data version, document order and logical data
+    shards (a converted model has no position). Returns the shard count.
+
+    Raises:
+      ConfigError: naming ``key`` and what differs.
+    """
+    theirs = parent.meta.get("data_version")
+    if parent.params_only:
+        raise ConfigError(f"{key}: the parent {parent.spec} is a converted model, with no data position to carry; "
+                          "set 'fresh'")
+    if theirs != data_version:
+        raise ConfigError(f"{key}: the stage's data version {data_version} is not the parent's {theirs}: the parent's "
+                          "data position means nothing in other data; set 'fresh'")
+    changes = _order_changes(cfg, parent)
+    if changes:
+        raise ConfigError(f"{key}: {'; '.join(changes)} changes the document order, so the parent's data position "
+                          "would name other documents; keep the parent's settings, or set 'replay'")
+    shards = parent.meta.get("data_shards")
+    if not shards:
+        raise ConfigError(f"{key}: the parent checkpoint {parent.where} records no logical data shards (written "
+                          "before them), so its data position cannot be carried; set 'replay' or 'fresh'")
+    if (cfg.data.num_shards and cfg.data.num_shards != shards) or cfg.global_batch_size % shards:
+        raise ConfigError(
+            f"{key}: the parent's data position is held by its {shards} logical data shards, which the stage must "
+            f"keep, but DataConfig.num_shards = {cfg.data.num_shards} and TrainConfig.global_batch_size = "
+            f"{cfg.global_batch_size}: leave num_shards at 0 (or {shards}) with a batch it divides, or set 'replay'")
+    return int(shards)
+
+
+def _order_changes(cfg: TrainConfig, parent: Parent) -> list[str]:
+    """The :data:`ORDER_SETTINGS` (and whether the stream is a token mixture) the stage changes, as
+    ``'Class.field = old -> new'``."""
+    defaults = config_lib.config_fields()
+    saved = config_lib.saved_settings({"config_gin": parent.meta.get("config_gin")})
+    now = config_lib.saved_settings({"config_gin": config_lib.operative_config_str(cfg)})
+    out = []
+    for k in ORDER_SETTINGS:
+        old, new = (config_lib.RENAMED_VALUES.get(k, {}).get(v, v) if isinstance(v, str) else v
+                    for v in (saved.get(k, defaults[k]["default"]), now.get(k, defaults[k]["default"])))
+        if not config_lib.same_value(old, new):
+            out.append(f"{k} = {old!r} -> {new!r}")
+    mixed = [bool(s.get("DataConfig.mixture_weights") or s.get("DataConfig.mixture_schedule")) for s in (saved, now)]
+    if mixed[0] != mixed[1]:
+        out.append("DataConfig.mixture_weights / mixture_schedule: " + " -> ".join(
+            "a token mixture" if m else "none" for m in mixed))
+    return out
+
+
 # ------------------------------------------------------------------------------------------ the run's identity
 
 
@@ -396,11 +521,12 @@ class Identity:
 
 
 def identity(cfg: TrainConfig, lin: Lineage, mesh, tokenizer, config_text: str, data_version: str,
-             data_shards: int) -> Identity:
+             data_shards: int, start: DataStart | None = None) -> Identity:
     """The run's :class:`Identity`. A resumed run keeps the stage its checkpoint recorded; a new one records its
-    stage (:func:`stage_record`) after its parent's stages (:func:`parent_stages`)."""
+    stage (:func:`stage_record`, with where its data started, ``start``) after its parent's stages
+    (:func:`parent_stages`)."""
     stage = (lin.resume.meta.get("stage") if lin.resume is not None else None) or \
-        stage_record(cfg, lin.parent, data_version)
+        stage_record(cfg, lin.parent, data_version, start)
     stages = [*(parent_stages(lin.parent) if lin.parent is not None else []), stage]
     meta = checkpoint_meta(cfg, mesh, tokenizer, config_text, data_version, data_shards)
     meta["stage"] = stage
@@ -430,10 +556,12 @@ def checkpoint_meta(cfg: TrainConfig, mesh, tokenizer, config_text: str, data_ve
     }
 
 
-def stage_record(cfg: TrainConfig, parent: Parent | None, data_version: str | None = None) -> dict[str, Any]:
-    """The ``stage`` entry of checkpoint meta and run.json: name, start step, parent, optimizer handling, and the
+def stage_record(cfg: TrainConfig, parent: Parent | None, data_version: str | None = None,
+                 start: DataStart | None = None) -> dict[str, Any]:
+    """The ``stage`` entry of checkpoint meta and run.json: name, start step, parent, optimizer handling, the
     stage's ``data_version`` (:func:`jaxpt.data.stream.data_version`; a continued-pretraining stage trains on
-    another corpus version than its parent, and a data path is bookkeeping, so no changed setting would say so)."""
+    another corpus version than its parent, and a data path is bookkeeping, so no changed setting would say so) and
+    where its data started (``stage_data``, ``stage_data_note``: :func:`data_start`)."""
     record: dict[str, Any] = {"name": cfg.stage_name or ("extension" if parent else "base"),
                               "workdir": fs.absolute(cfg.workdir), "start_step": parent.step if parent else 0,
                               "target_steps": cfg.steps, "seq_len": cfg.seq_len,
@@ -443,6 +571,8 @@ def stage_record(cfg: TrainConfig, parent: Parent | None, data_version: str | No
     if parent:
         record["reset_optimizer"] = cfg.reset_optimizer or parent.params_only
         record["changed_settings"] = list(parent.changed)
+        if start is not None:
+            record["stage_data"], record["stage_data_note"] = start.choice, start.note
         if parent.meta.get("source"):
             record["source"] = parent.meta["source"]
     return record
@@ -470,9 +600,10 @@ def parent_stages(parent: Parent) -> list[dict[str, Any]]:
 # ------------------------------------------------------------------------------------------ the first state
 
 
-def first_state(lin: Lineage, built, ckpt: Checkpointer | None, batches) -> TrainState:
+def first_state(lin: Lineage, built, ckpt: Checkpointer | None, batches, start: DataStart | None = None) -> TrainState:
     """The state the run's first step starts from: the resumed checkpoint (``batches`` set to its data position),
-    a new stage's (:func:`begin_stage`), or a fresh one (:meth:`jaxpt.run.build.Built.init_state`).
+    a new stage's (:func:`begin_stage`; ``batches`` set to the parent's data position when ``start`` carries it), or
+    a fresh one (:meth:`jaxpt.run.build.Built.init_state`).
 
     Raises:
       CheckpointError: the checkpoint cannot be restored onto this run's state.
@@ -484,7 +615,7 @@ def first_state(lin: Lineage, built, ckpt: Checkpointer | None, batches) -> Trai
         log.info("restored step %d from %s in %.1f s", lin.resume.step, ckpt.directory, time.perf_counter() - t0)
         return state
     if lin.parent is not None:
-        return begin_stage(built, lin.parent)
+        return begin_stage(built, lin.parent, batches if start is not None and start.carries else None)
     return built.init_state()
 
 
@@ -498,16 +629,20 @@ def restart_schedule(opt_state: Any) -> Any:
     return jax.tree.map(reset, opt_state, is_leaf=lambda x: isinstance(x, optax.ScaleByScheduleState))
 
 
-def begin_stage(built, parent: Parent) -> TrainState:
+def begin_stage(built, parent: Parent, batches=None) -> TrainState:
     """The stage's first :class:`jaxpt.training.state.TrainState` from ``parent`` (module docstring), placed in
-    ``built``'s shardings (the parent may have been saved on another mesh).
+    ``built``'s shardings (the parent may have been saved on another mesh). ``batches`` (the stage's stream, when it
+    carries the parent's data position): set to that position, its next batch feeding the stage's first step.
 
     Raises:
-      CheckpointError: the parent's state cannot be restored onto this run's state.
+      CheckpointError: the parent's state or data position cannot be restored onto this run's.
     """
     spec, cfg = built.spec, built.cfg
     ckpt = Checkpointer(parent.workdir, CheckpointConfig(enabled=False), read_only=True)
     try:
+        if batches is not None:
+            ckpt.restore_data(parent.step, batches, parent.meta)
+            batches.restart_step_count()
         if parent.params_only:  # a converted model: params alone (module docstring)
             saved = {"params": ckpt.restore_params(parent.step, spec.abstract.params)["params"],
                      "opt_state": None, "rng": jax.random.key_data(jax.random.key(cfg.seed + 1))}

@@ -9,8 +9,9 @@ before anything is written or compiled, so a bad input costs seconds, not a book
 3. the held-out documents (with a token to score) and the tokenizer; the vocabulary (:func:`resolve_vocab`);
 4. the run's lineage (:func:`jaxpt.run.lineage.trace`): the resumed checkpoint or the new stage's parent, read once
    and admitted by the one admission check;
-5. the data's identity (:func:`jaxpt.data.stream.data_version`) and its logical shard count, which this process
-   count must divide (:func:`jaxpt.data.stream.check_shards`).
+5. the data's identity (:func:`jaxpt.data.stream.data_version`), where a new stage's data starts
+   (:func:`jaxpt.run.lineage.data_start`, ``TrainConfig.stage_data``) and the logical shard count, which this
+   process count must divide (:func:`jaxpt.data.stream.check_shards`).
 
 The builder (:mod:`jaxpt.run.build`) validates nothing: it builds a :class:`Layout`, which a run gets from
 :func:`resolve` and a compile-only or benchmark build from :func:`layout` (steps 1 and 3's vocabulary only).
@@ -82,8 +83,9 @@ class Resolved:
       heldout_docs, heldout_set: the held-out documents and all their scoring windows.
       lineage: what the run continues, admitted (:class:`jaxpt.run.lineage.Lineage`).
       data_version: the training data's identifier (:func:`jaxpt.data.stream.data_version`).
-      data_shards: the run's logical data shard count (``DataConfig.num_shards``, else the resumed checkpoint's,
-        else one per process).
+      data_shards: the run's logical data shard count (``DataConfig.num_shards``, else the resumed checkpoint's or
+        the parent's whose data position a new stage carries, else :func:`jaxpt.data.stream.default_shard_count`).
+      data_start: where a new stage's data starts (:func:`jaxpt.run.lineage.data_start`; None: no new stage).
     """
 
     given: TrainConfig
@@ -94,6 +96,7 @@ class Resolved:
     lineage: lineage_lib.Lineage
     data_version: str
     data_shards: int
+    data_start: lineage_lib.DataStart | None = None
 
     @property
     def cfg(self) -> TrainConfig:
@@ -138,10 +141,15 @@ def resolve(cfg: TrainConfig, devices: Sequence[Any] | None = None) -> Resolved:
     cfg, lineage = lineage_lib.trace(cfg, tokenizer)
     for note in lineage.notes:
         log.warning("%s", note)
-    saved_shards = lineage.resume.meta.get("data_shards") if lineage.resume is not None else None
+    version = stream.data_version(cfg)
+    start = lineage_lib.data_start(cfg, lineage.parent, version)
+    if start is not None:
+        (log.warning if start.choice == "replay" else log.info)("stage data: %s (%s)", start.choice, start.note)
+    saved_shards = lineage.resume.meta.get("data_shards") if lineage.resume is not None else (
+        start.shards if start is not None else None)
     shards = stream.data_shard_count(cfg, saved_shards)
     stream.check_shards(cfg, shards, recorded=bool(saved_shards) and not cfg.data.num_shards, processes=processes)
-    return Resolved(given, Layout(cfg, sizes), tokenizer, docs, hset, lineage, stream.data_version(cfg), shards)
+    return Resolved(given, Layout(cfg, sizes), tokenizer, docs, hset, lineage, version, shards, start)
 
 
 def load_tokenizer(cfg: TrainConfig):
@@ -274,6 +282,7 @@ def plan(r: Resolved, devices: Sequence[Any] | None = None, device_bytes: int | 
             "resume_step": start, "target_steps": c.steps, "steps_to_train": c.steps - start,
             "tokens_to_train": (ramp.rows_through(c.steps) - ramp.rows_through(start)) * c.seq_len,
             **({"stage_parent": parent.spec} if parent is not None else {}),
+            **({"stage_data": f"{r.data_start.choice} ({r.data_start.note})"} if r.data_start is not None else {}),
             "heldout_tokens": int(sum(w.num_scored for w in r.heldout_set.windows)),
             "data_source": c.data.corpus_dir if c.data.source == "corpus" else c.data.train_path,
             "tokenizer_sha256": r.tokenizer.sha256, "notes": [*r.notes, *_vocab_notes(c, r.tokenizer), *notes]}
@@ -306,7 +315,8 @@ def format_plan(p: dict[str, Any]) -> str:
              f"({p['steps_to_train']:,} steps, {p['tokens_to_train']:,} tokens)",
              f"  held-out tokens per full evaluation {p['heldout_tokens']:,}"]
     if "stage_parent" in p:
-        lines.append(f"  a new stage from {p['stage_parent']} (jaxpt.run.lineage)")
+        lines.append(f"  a new stage from {p['stage_parent']} (jaxpt.run.lineage)"
+                     + (f"; data: {p['stage_data']}" if "stage_data" in p else ""))
     if "target" in p:
         t = p["target"]
         lines.insert(1, f"  target {t['topology']}: {t['chips']} chips in {t['num_slices']} slice(s), planned from this "

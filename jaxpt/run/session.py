@@ -128,8 +128,9 @@ def _start(r: resolve.Resolved, is_main: bool):
     cfg, lin = run.cfg, r.lineage
     ckpt = Checkpointer(cfg.workdir, cfg.checkpoint) if cfg.checkpoint.enabled else None
     batches = stream.train_batches(cfg, run.tokenizer, r.data_shards, first_step=r.first_step)
-    run.state = lineage_lib.first_state(lin, run.built, ckpt, batches)
-    ident = lineage_lib.identity(cfg, lin, run.mesh, run.tokenizer, config_text, r.data_version, batches.num_shards)
+    run.state = lineage_lib.first_state(lin, run.built, ckpt, batches, r.data_start)
+    ident = lineage_lib.identity(cfg, lin, run.mesh, run.tokenizer, config_text, r.data_version, batches.num_shards,
+                                 r.data_start)
     return run, ckpt, batches, ident
 
 
