@@ -72,8 +72,12 @@ def check_output(out_dir: str, overwrite: bool = False) -> None:
     names there first, and a mistyped --output once pointed it at a folder of other files).
 
     Raises:
-      ConfigError: naming the folder, what it holds, and --overwrite.
+      ConfigError: naming the folder, what it holds, and --overwrite; or naming a file ``out_dir`` is (never
+        overwritten, --overwrite or not).
     """
+    if fs.exists(out_dir) and not fs.isdir(out_dir):
+        raise config_lib.ConfigError(f"--output {out_dir}: is a file, not a folder; a corpus version is a folder: "
+                                     "choose a new or empty folder")
     if not fs.isdir(out_dir):
         return
     ours = set(OUTPUT_SUBDIRS) | {"manifest.json", "mixture.json"}

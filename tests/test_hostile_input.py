@@ -3,6 +3,7 @@ folder, and never takes a shared machine's word for what it is. One test (or a f
 
 import os
 import pathlib
+import subprocess
 import sys
 
 import gin
@@ -90,7 +91,8 @@ def test_a_workdir_or_compilation_cache_others_can_write_is_refused_before_anyth
     shared = tmp_path / "shared"
     shared.mkdir()
     os.chmod(shared, 0o777)
-    with pytest.raises(ConfigError, match=r"TrainConfig.workdir = .*shared' is writable by its group and everyone"):
+    with pytest.raises(ConfigError, match=r"TrainConfig.workdir = .*shared' is writable by its group and everyone "
+                                          r"\(owner uid \d+, mode 0o777\)"):
         resolve.resolve(_cfg(prepared_sample, shared))
     mine = tmp_path / "mine"
     cache = tmp_path / "cache"
@@ -109,7 +111,7 @@ def test_a_workdir_another_user_owns_is_refused(prepared_sample, tmp_path):
     theirs = tmp_path / "theirs"
     theirs.mkdir(mode=0o755)
     os.chown(theirs, 12345, 12345)
-    with pytest.raises(ConfigError, match=r"owned by uid 12345, not by this user"):
+    with pytest.raises(ConfigError, match=r"owned by uid 12345, not by this user .* \(owner uid 12345, mode 0o7"):
         resolve.resolve(_cfg(prepared_sample, theirs))
 
 
@@ -190,6 +192,11 @@ def test_a_corpus_build_refuses_a_folder_that_is_not_a_corpus_version(tmp_path):
     (tmp_path / "v1" / "manifest.json").write_text("{}")
     build.check_output(str(tmp_path / "v1"))  # an earlier version: rebuilt in place
     assert (tmp_path / "thesis" / "chapter1.tex").read_text() == "keep me"
+    (tmp_path / "notes.txt").write_text("keep me too")     # a file, not a folder: a named error, not a traceback
+    for overwrite in (False, True):
+        with pytest.raises(ConfigError, match=r"notes.txt: is a file, not a folder"):
+            build.check_output(str(tmp_path / "notes.txt"), overwrite=overwrite)
+    assert (tmp_path / "notes.txt").read_text() == "keep me too"
 
 
 # ------------------------------------------------------------------------------------------ malformed files
@@ -480,3 +487,39 @@ def test_html_extraction_past_its_time_budget_is_counted_and_the_next_page_is_ex
     t = time.monotonic()
     unbounded = readers.extract_main_text(slow, 0)           # the same page without a budget: it does finish
     assert time.monotonic() - t > 0.3 and "cell text" in unbounded["text"]
+
+
+def test_a_document_line_past_the_limit_is_refused_before_it_is_held_wherever_documents_are_read(tmp_path):
+    """The readers of document files outside the corpus build (prepare, the trainer's and evaluation's
+    `documents.read_documents`) refuse a line past their limit as ``oversized``, naming file and line, without
+    holding it: a 16 MiB line read with a 4 MiB limit grows memory by far less than the line. Before, prepare held
+    any line and tokenized it (a 48 MiB line took it past 14 GB), and the trainer's reader the same."""
+    import gzip
+    import resource
+
+    from jaxpt.data import documents, prepare
+    from jaxpt.util.errors import FileFormatError
+
+    path = tmp_path / "docs.jsonl.gz"
+    with gzip.open(path, "wb", compresslevel=1) as f:
+        f.write(b'{"text": "a good document before the long one"}\n{"text": "')
+        for _ in range(16):
+            f.write(os.urandom(1 << 19).hex().encode())
+        f.write(b'"}\n{"text": "a good document after it"}\n')
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(documents.DocumentFormatError) as e:
+        prepare.clean_and_split([str(path)], prepare.PrepareSettings())
+    grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    assert e.value.reason == "oversized" and e.value.line == 2 and str(path) in str(e.value)
+    assert f"{(16 << 20) + 12:,} bytes" in str(e.value) and "--max-document-bytes" in str(e.value), str(e.value)
+    assert grown_mib < 12, grown_mib
+    with pytest.raises(FileFormatError, match=r"docs.jsonl.gz:2: oversized"):
+        documents.read_documents(path)
+    small = tmp_path / "small.jsonl"
+    small.write_text('{"text": "' + "x" * 2000 + '"}\n')
+    assert len(documents.read_documents(small)) == 1
+    with pytest.raises(documents.DocumentFormatError, match="small.jsonl:1: oversized"):
+        prepare.clean_and_split([str(small)], prepare.PrepareSettings(), max_document_bytes=1000)
+    proc = subprocess.run([sys.executable, "-m", "jaxpt.data.prepare", "--source", str(small), "--output",
+                           str(tmp_path / "out"), "--max-document-bytes", "1000"], capture_output=True, text=True)
+    assert proc.returncode == 2 and "small.jsonl:1: oversized" in proc.stderr and not (tmp_path / "out").exists()

@@ -9,7 +9,9 @@ eval sets of the corpus build.
 The contract. A document file is a JSON Lines file (:mod:`jaxpt.util.jsonl`: plain, gzip or zstd by magic bytes;
 one trailing newline or none). Each line is one JSON object with
 
-- ``text``: a string (any length, ``""`` included) that encodes as UTF-8;
+- ``text``: a string (``""`` included) that encodes as UTF-8, on a line of at most :data:`MAX_DOCUMENT_BYTES`
+  (4 MiB, the corpus build's ``AdmissionConfig.max_record_bytes``; ``prepare --max-document-bytes`` changes it
+  there): a longer line is never held, since tokenizing one costs hundreds of times its size in memory;
 - ``id``: optional; a string when present. A record without one gets ``"<file name>:<line>"``;
 - any other fields (``domain``, ``lang``, ``source``, ...), passed through untouched.
 
@@ -22,7 +24,8 @@ of the reasons (:data:`REASONS`):
 - ``missing_text``: no ``text``, or not a string; ``invalid_utf8`` also for a ``text`` holding a lone
   surrogate (a ``\\ud800`` escape), which cannot be written as UTF-8;
 - ``bad_id``: an ``id`` that is not a string;
-- ``missing_field``: a field a caller requires (``required``) is absent.
+- ``missing_field``: a field a caller requires (``required``) is absent;
+- ``oversized``: a line past the size limit (split such a document into smaller ones).
 
 The corpus build reads its raw inputs with the same line rules but counts each bad line as a drop by the
 same reason instead of raising (``data_pipelines.readers``).
@@ -36,7 +39,8 @@ from typing import Iterable, Iterator
 from jaxpt.util import fs, jsonl
 from jaxpt.util.errors import FileFormatError
 
-REASONS = jsonl.LINE_REASONS + ("missing_text", "bad_id", "missing_field")
+REASONS = jsonl.LINE_REASONS + ("missing_text", "bad_id", "missing_field", "oversized")
+MAX_DOCUMENT_BYTES = 4 << 20  # bytes of one document's JSON line (4 MiB)
 
 
 class DocumentFormatError(FileFormatError):
@@ -69,12 +73,14 @@ def _check_document(record: dict, required: Iterable[str]) -> None:
         raise jsonl.LineError("missing_field", f"no {missing} (this file needs fields {list(required)})")
 
 
-def iter_documents(path: str | os.PathLike, required: Iterable[str] = ()) -> Iterator[tuple[int, dict]]:
+def iter_documents(path: str | os.PathLike, required: Iterable[str] = (),
+                   max_bytes: int = MAX_DOCUMENT_BYTES) -> Iterator[tuple[int, dict]]:
     """``(line number, record)`` for every document of ``path``, in file order, checked line by line.
 
     Args:
       path: a document JSON Lines file (plain, gzip or zstd).
       required: further fields every record must hold (any JSON value), e.g. the raw-v1 schema.
+      max_bytes: the longest line (bytes) read; a longer one raises reason ``oversized`` without being held.
 
     Returns:
       Records as parsed (dicts), each with a string ``text`` and a string ``id`` (``"<file name>:<line>"``
@@ -86,7 +92,7 @@ def iter_documents(path: str | os.PathLike, required: Iterable[str] = ()) -> Ite
     """
     required = tuple(required)
     name = os.path.basename(os.fspath(path))
-    for line_no, record in jsonl.iter_objects(path, error=DocumentFormatError):
+    for line_no, record in jsonl.iter_objects(path, error=DocumentFormatError, max_line_bytes=max_bytes):
         try:
             _check_document(record, required)
         except jsonl.LineError as e:

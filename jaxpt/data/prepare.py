@@ -6,9 +6,9 @@
 
 Reads the JSON Lines files `--source` names (a folder: its `*.jsonl`, `*.jsonl.gz` and `*.jsonl.zst` files; a file;
 or a glob), in file-name then line order, with the document reader (`jaxpt.data.documents`: one JSON object per
-line with a string `text`; the first line that breaks it stops the run with `DocumentFormatError` naming file and
-line, exit 2). Fields of the raw-v1 schema (`SCHEMA`) a record lacks get defaults (`id`: `<file>:<line>`,
-`source`: the file's name, `domain`: `default`, the others empty), and:
+line with a string `text`, at most `--max-document-bytes` long; the first line that breaks it stops the run with
+`DocumentFormatError` naming file and line, exit 2). Fields of the raw-v1 schema (`SCHEMA`) a record lacks get
+defaults (`id`: `<file>:<line>`, `source`: the file's name, `domain`: `default`, the others empty), and:
 
 1. cleans: web pages (raw HTML) are reduced to their main text with trafilatura; other text is kept
    byte for byte;
@@ -99,9 +99,15 @@ def extract_main_text(html: str) -> str:
     return text or ""
 
 
-def clean_and_split(source_files: list[str], settings: PrepareSettings) -> tuple[
-        list[dict], list[dict], dict[str, Any]]:
-    """Reads, cleans, drops and splits; returns (train docs, held-out docs, counts)."""
+def clean_and_split(source_files: list[str], settings: PrepareSettings,
+                    max_document_bytes: int = documents.MAX_DOCUMENT_BYTES
+                    ) -> tuple[list[dict], list[dict], dict[str, Any]]:
+    """Reads, cleans, drops and splits; returns (train docs, held-out docs, counts).
+
+    Raises:
+      DocumentFormatError: a line breaks the document contract; a line past ``max_document_bytes`` (reason
+        ``oversized``) is refused before it is held, with what to do.
+    """
     train, heldout = [], []
     drops: collections.Counter = collections.Counter()
     per_domain: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
@@ -109,7 +115,7 @@ def clean_and_split(source_files: list[str], settings: PrepareSettings) -> tuple
     seen_texts: set[bytes] = set()
     docs_in = 0
     for path in source_files:
-        for _, doc in documents.iter_documents(path):
+        for doc in _documents(path, max_document_bytes):
             doc = {**_defaults(path), **doc}
             docs_in += 1
             domain = doc["domain"]
@@ -144,6 +150,20 @@ def clean_and_split(source_files: list[str], settings: PrepareSettings) -> tuple
     if docs_in != len(train) + len(heldout) + sum(drops.values()):
         raise AssertionError(f"counts do not add up: {counts}")
     return train, heldout, counts
+
+
+def _documents(path: str, max_bytes: int):
+    """The records of ``path`` (:func:`jaxpt.data.documents.iter_documents`); an ``oversized`` line's error says what
+    to do."""
+    try:
+        for _, doc in documents.iter_documents(path, max_bytes=max_bytes):
+            yield doc
+    except documents.DocumentFormatError as e:
+        if e.reason != "oversized":
+            raise
+        raise documents.DocumentFormatError.at(
+            e.path, e.line, e.reason, f"{e.detail}: split it into smaller documents, or raise --max-document-bytes "
+            "(tokenizing a document takes hundreds of times its size in memory)") from None
 
 
 def _defaults(path: str) -> dict[str, str]:
@@ -222,9 +242,11 @@ def _up_to_date(output: str, inputs: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def prepare(source_dir: str | os.PathLike, output: str | os.PathLike,
-            settings: PrepareSettings = PrepareSettings(), *, force: bool = False) -> dict[str, Any]:
+            settings: PrepareSettings = PrepareSettings(), *, force: bool = False,
+            max_document_bytes: int = documents.MAX_DOCUMENT_BYTES) -> dict[str, Any]:
     """Runs the steps in the module docstring; returns the prepare.json record. ``source_dir`` and ``output``
-    may be local or object storage (``gs://``, through `jaxpt.util.fs`).
+    may be local or object storage (``gs://``, through `jaxpt.util.fs`). ``max_document_bytes``: the longest
+    document line read (a longer one is refused before it is held; it decides no output, so it is not a setting).
 
     Raises:
       FileNotFoundError: `source_dir` holds no `*.jsonl.gz` file.
@@ -242,7 +264,7 @@ def prepare(source_dir: str | os.PathLike, output: str | os.PathLike,
         record["up_to_date"] = True
         return record
     start = time.perf_counter()
-    train, heldout, counts = clean_and_split(_source_files(source_dir), settings)
+    train, heldout, counts = clean_and_split(_source_files(source_dir), settings, max_document_bytes)
     model_bytes = _train_tokenizer(train, settings, output)  # before anything in `output` is touched
     fs.makedirs(output)
     fs.remove(fs.join(output, "prepare.json"))  # written last: its presence means complete
@@ -314,11 +336,15 @@ def main(argv: list[str] | None = None) -> None:
                              f"(default: {PrepareSettings.heldout_fraction})")
     parser.add_argument("--seed", type=int, default=PrepareSettings.seed,
                         help=f"the tokenizer trainer's seed (the held-out split is by id, unseeded) (default: {PrepareSettings.seed})")
+    parser.add_argument("--max-document-bytes", type=int, default=documents.MAX_DOCUMENT_BYTES,
+                        help="the longest document line read, in bytes; a longer one stops the run naming its file "
+                             f"and line before it is held (default: {documents.MAX_DOCUMENT_BYTES}, 4 MiB)")
     parser.add_argument("--force", action="store_true", help="redo even if the output is up to date")
     args = parser.parse_args(argv)
     settings = PrepareSettings(args.vocab_size, args.heldout_fraction, args.seed)
     try:
-        record = prepare(args.source, args.output, settings, force=args.force)
+        record = prepare(args.source, args.output, settings, force=args.force,
+                         max_document_bytes=args.max_document_bytes)
     except (ValueError, FileNotFoundError) as e:  # ConfigError (a malformed source line) is a ValueError
         print(f"prepare: error: {e}", file=sys.stderr)
         sys.exit(2)

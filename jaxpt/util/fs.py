@@ -276,10 +276,11 @@ def check_private_dir(p: str | os.PathLike, what: str, *, create: bool = False) 
     if st.st_mode & 0o022:
         problems.append(f"writable by {'its group' if st.st_mode & 0o020 else ''}"
                         f"{' and ' if st.st_mode & 0o020 and st.st_mode & 0o002 else ''}"
-                        f"{'everyone' if st.st_mode & 0o002 else ''} (mode {oct(st.st_mode & 0o777)})")
+                        f"{'everyone' if st.st_mode & 0o002 else ''}")
     if problems:
-        raise ConfigError(f"{what} = {p!r} is {' and '.join(problems)}: another user could have put files there for "
-                          "this run to load; use a directory of your own that only you can write (chmod go-w)")
+        raise ConfigError(f"{what} = {p!r} is {' and '.join(problems)} (owner uid {st.st_uid}, mode "
+                          f"{oct(st.st_mode & 0o777)}): another user could have put files there for this run to load; "
+                          "use a directory of your own that only you can write (chmod go-w)")
 
 
 def write_bytes_atomic(p: str | os.PathLike, data: bytes) -> None:

@@ -246,7 +246,7 @@ def parse_object(raw: bytes) -> dict:
 
 
 def iter_objects(path: str | os.PathLike, *, error: type[FileFormatError] = FileFormatError,
-                 partial_last_line: bool = False) -> Iterator[tuple[int, dict]]:
+                 partial_last_line: bool = False, max_line_bytes: int | None = None) -> Iterator[tuple[int, dict]]:
     """``(line number, object)`` for every line of ``path``, raising at the first line that breaks the rules.
 
     Args:
@@ -255,12 +255,17 @@ def iter_objects(path: str | os.PathLike, *, error: type[FileFormatError] = File
       partial_last_line: if True, a last line that lacks its LF and does not parse is skipped: a writer
         killed in the middle of a line (an appending log such as ``metrics.jsonl``). Any other bad line,
         or a last line that ends with LF, still raises.
+      max_line_bytes: a line above this many bytes raises reason ``oversized`` before its bytes are held (read in
+        linear time, :func:`iter_lines`); None: no limit.
 
     Raises:
-      error: naming the file and the line, with a reason of :data:`LINE_REASONS`.
+      error: naming the file and the line, with a reason of :data:`LINE_REASONS` or ``oversized``.
       FileNotFoundError, OSError: the file cannot be opened.
     """
-    for line_no, raw, terminated in iter_lines(path, error):
+    for line_no, raw, terminated in iter_lines(path, error, max_line_bytes=max_line_bytes):
+        if isinstance(raw, LongLine):
+            raise error.at(path, line_no, "oversized", f"a line of {raw.length:,} bytes, past the limit of "
+                                                       f"{max_line_bytes:,} bytes")
         try:
             obj = parse_object(raw)
         except LineError as e:
