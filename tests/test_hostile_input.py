@@ -103,6 +103,13 @@ def test_a_workdir_or_compilation_cache_others_can_write_is_refused_before_anyth
     os.chmod(cache, 0o700)
     resolve.resolve(_cfg(prepared_sample, mine, **{"TrainConfig.compilation_cache_dir": repr(str(cache))}))
     assert not mine.exists()  # the checks wrote nothing
+    ours = tmp_path / "ours"                   # a private workdir whose checkpoints folder anyone can write
+    (ours / "checkpoints").mkdir(parents=True, mode=0o700)
+    os.chmod(ours, 0o700)
+    os.chmod(ours / "checkpoints", 0o777)
+    with pytest.raises(ConfigError, match=r"TrainConfig.workdir's checkpoints folder = .* is writable by its group "
+                                          r"and everyone"):
+        resolve.resolve(_cfg(prepared_sample, ours))
 
 
 @pytest.mark.skipif(not hasattr(os, "getuid") or os.getuid() != 0, reason="needs root to give a folder to another uid")

@@ -215,6 +215,7 @@ def check_paths(cfg: TrainConfig) -> None:
     if fs.isfile(cfg.workdir):
         raise ConfigError(f"TrainConfig.workdir = {cfg.workdir!r}: a file, not a directory")
     fs.check_private_dir(cfg.workdir, "TrainConfig.workdir")  # what it resumes and loads must be this user's
+    fs.check_private_dir(fs.join(cfg.workdir, "checkpoints"), "TrainConfig.workdir's checkpoints folder")
     cache = compile_cache.resolve_cache_dir(cfg.compilation_cache_dir, cfg.workdir)
     if cache is not None:  # a compilation cache is code the run loads
         fs.check_private_dir(cache, compile_cache.setting_name(cfg.compilation_cache_dir))
