@@ -220,7 +220,8 @@ class TrainConfig:
       init_from: start this run as a new *stage* from another run's checkpoint: ``'<run dir>[@step]'`` (the newest
         committed step without ``@step``); params and optimizer state are taken from it (``reset_optimizer``), the
         step count goes on from its step, the learning-rate schedule starts afresh with horizon ``steps - step``,
-        and the data stream starts where ``stage_data`` says (:mod:`jaxpt.run.lineage`). Empty: start from scratch (or resume this workdir's own checkpoints).
+        and the data stream starts where ``stage_data`` says (:mod:`jaxpt.run.lineage`). Empty: start from scratch
+        (or resume this workdir's own checkpoints).
       stage_name: the stage's name in ``run.json`` and checkpoint meta (default ``base``, or ``extension`` with
         ``init_from``).
       reset_optimizer: with ``init_from``: a fresh optimizer state instead of the parent's moments. Default False:

@@ -158,7 +158,6 @@ class Scorer:
         dp = mesh_lib.data_parallel_size(mesh_lib.mesh_shape(mesh), rules)
         self.batch_size = -(-max(batch_size, 1) // dp) * dp
         self.seq_len, self.pad_id, self.mesh, self.rules = seq_len, pad_id, mesh, rules
-        self.num_ids = num_ids
         self.graphdef, self.cfg = graphdef, cfg
         replicated = NamedSharding(mesh, PartitionSpec())
         batch_s = mesh_lib.batch_sharding(mesh, rules)

@@ -429,8 +429,8 @@ def data_start(cfg: TrainConfig, parent: Parent | None, data_version: str) -> Da
         if changes:
             raise ConfigError(
                 f"{key}: the stage trains on its parent's data (data version {theirs}) in another order "
-                f"({'; '.join(changes)}): the parent's data position cannot be carried into it, and reading it from its "
-                "start would re-read documents the parent trained on; keep the parent's settings to read on from "
+                f"({'; '.join(changes)}): the parent's data position cannot be carried into it, and reading it from "
+                "its start would re-read documents the parent trained on; keep the parent's settings to read on from "
                 "its position, or set TrainConfig.stage_data = 'replay' to re-read on purpose")
     if choice == "auto":
         choice = "continue" if same else "fresh"
