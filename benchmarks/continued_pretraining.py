@@ -121,7 +121,7 @@ def heldout_losses(workdir: str, sources: dict[str, str]) -> dict[str, dict]:
     for name, src in sources.items():
         docs = heldout_lib.load_documents(os.path.join(ROOT, src), "heldout")
         hset = heldout_lib.HeldoutSet.build(docs, restored.tokenizer, seq_len=scorer.seq_len,
-                                            add_eos=restored.config.data.add_eos)
+                                            document_boundary=restored.config.data.document_boundary)
         rep = heldout_lib.perplexity_report(scorer, hset, group_by=("domain",))
         out[name] = {"loss": rep["overall"]["loss"], "tokens": rep["overall"]["tokens"],
                      "documents": rep["overall"]["documents"],

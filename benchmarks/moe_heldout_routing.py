@@ -54,7 +54,7 @@ def main() -> None:
     cfg = r.config
     L, B = cfg.seq_len, args.batch_size
     docs = heldout.load_documents(heldout.run_sources(cfg.data)[0], "heldout")
-    windows = heldout.HeldoutSet.build(docs, r.tokenizer, seq_len=L, add_eos=cfg.data.add_eos).windows[:args.windows]
+    windows = heldout.HeldoutSet.build(docs, r.tokenizer, seq_len=L, document_boundary=cfg.data.document_boundary).windows[:args.windows]
     graphdef, params = nnx.split(r.model, nnx.Param)
     batch_s = mesh_lib.batch_sharding(r.mesh, cfg.logical_axis_rules)
 

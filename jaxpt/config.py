@@ -39,7 +39,7 @@ from gin import config_parser
 
 from jaxpt import mesh as mesh_lib
 from jaxpt.checkpoint import CheckpointConfig
-from jaxpt.data import mixture as mixture_lib
+from jaxpt.data import boundary as boundary_lib, mixture as mixture_lib
 from jaxpt.model.config import ModelConfig
 from jaxpt.training import batch_ramp
 from jaxpt.training.optim import OptimizerConfig
@@ -121,10 +121,17 @@ class DataConfig:
         sorted order), e.g. ``'data/mine/*.jsonl.gz'``.
       heldout_path: the held-out documents for the held-out loss (``source='jsonl'``; a file or a glob; a corpus
         run uses its corpus version's own held-out split, ``<corpus_dir>/heldout/``).
-      tokenizer_path: SentencePiece model file.
+      tokenizer_path: the tokenizer: a SentencePiece model (``tokenizer.model``) or a Hugging Face
+        ``tokenizer.json`` (a base model's, with its ``config.json`` / ``tokenizer_config.json`` beside it naming the
+        special tokens); the backend is picked from the file (:meth:`jaxpt.data.tokenizer.Tokenizer.load`).
       corpus_dir: a corpus version directory (``source='corpus'``).
       shuffle: shuffle documents (seeded by ``TrainConfig.seed``; a new order each epoch).
-      add_eos: append EOS to every document before packing.
+      document_boundary: the special tokens around every document, in training and held-out evaluation
+        (:mod:`jaxpt.data.boundary`): ``'eos'`` (``text EOS``, the default), ``'bos_eos'`` (``BOS text EOS``, the
+        Llama and Mistral convention, which a converted model's ``model.gin`` sets), ``'bos'`` or ``'none'``.
+      add_eos: deprecated (use ``document_boundary``); ``False`` removes EOS from ``document_boundary``
+        (``'eos'`` -> ``'none'``, ``'bos_eos'`` -> ``'bos'``), as it used to stop appending EOS, so configs and
+        checkpoints written before ``document_boundary`` read as they were; ``True`` (the default) changes nothing.
       num_shards: logical data shards (independent pipelines) the global batch is made of; each process
         runs a contiguous block of them. 0: the largest divisor of the global batch (of a batch-size ramp's
         smallest unit) up to 256 (:func:`jaxpt.data.stream.default_shard_count`), recorded in checkpoints. Fixed for
@@ -159,6 +166,7 @@ class DataConfig:
     tokenizer_path: str = "artifacts/sample/tokenizer.model"
     corpus_dir: str = ""
     shuffle: bool = True
+    document_boundary: Literal["eos", "bos", "bos_eos", "none"] = "eos"
     add_eos: bool = True
     num_shards: int = 0
     mixture_weights: tuple = ()
@@ -170,6 +178,8 @@ class DataConfig:
         check_types(self)
         if self.source == "sample":  # the old name of 'jsonl': one value in configs, records and comparisons
             object.__setattr__(self, "source", "jsonl")
+        if not self.add_eos:  # the deprecated switch: folded into the policy (one value everywhere after this)
+            object.__setattr__(self, "document_boundary", boundary_lib.strip_eos(self.document_boundary))
         non_negative(self, "num_shards", "long_doc_min_chars")
         require(self, "long_doc_weight", 0.0 <= self.long_doc_weight <= 1.0, "must be in [0, 1]")
         require(self, "long_doc_min_chars", self.long_doc_weight == 0 or self.long_doc_min_chars > 0,

@@ -200,3 +200,36 @@ def packed_batch(built, rows: int, length: int, vocab: int, seed: int) -> dict:
     host = {"tokens": rng.integers(1, vocab, size=(rows, length), dtype=np.int32), "segment_ids": segs,
             "positions": np.broadcast_to(pos, (rows, length)).copy()}
     return {k: jax.device_put(v, built.batch_shardings()[k]) for k, v in host.items()}
+
+
+def hf_logits(model, tokens):
+    """transformers' logits of ``model`` (a torch CausalLM) for int ``tokens`` [B, L]: float32 numpy [B, L, V]."""
+    import numpy as np
+    import torch
+    with torch.no_grad():
+        return model(torch.from_numpy(tokens.astype(np.int64))).logits.numpy()
+
+
+def jaxpt_logits(restored, tokens):
+    """jaxpt's logits of a restored run's model for ``tokens`` [B, L] (one segment per row): numpy [B, L, V]."""
+    import jax
+    import numpy as np
+    from flax import nnx
+    seg = np.ones_like(tokens)
+    pos = np.broadcast_to(np.arange(tokens.shape[1], dtype=np.int32), tokens.shape)
+    graphdef, state = nnx.split(restored.model)
+    return np.asarray(jax.jit(lambda s, t, g, p: nnx.merge(graphdef, s)(t, g, p))(state, tokens, seg, pos))
+
+
+def word_documents(path, n: int, seed: int, words, max_words: int):
+    """Write ``n`` gzip JSON Lines documents ``{"id", "text"}`` to ``path``: each text 3..max_words-1 words drawn
+    from ``words`` by numpy's default_rng(seed). Returns ``path``."""
+    import gzip
+    import json
+    import numpy as np
+    rng = np.random.default_rng(seed)
+    with gzip.open(path, "wt") as f:
+        for i in range(n):
+            text = " ".join(rng.choice(words, size=int(rng.integers(3, max_words))))
+            f.write(json.dumps({"id": str(i), "text": text}) + "\n")
+    return path

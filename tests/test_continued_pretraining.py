@@ -136,7 +136,7 @@ def test_a_tokenizer_other_than_the_base_models_is_refused(base, tmp_path):
     meta_less = tmp_path / "no_tok"
     convert.write_params_checkpoint(str(meta_less), C.parse([str(base_dir / "model.gin")]), _params(base_dir),
                                     _mesh(), None, source={"format": "huggingface", "path": "x"})
-    with pytest.raises(ConfigError, match="without a SentencePiece tokenizer.model"):
+    with pytest.raises(ConfigError, match="converted without a tokenizer"):
         preflight.resolve(_cfg(meta_less, data, tmp_path / "run2",
                              **{"DataConfig.tokenizer_path": repr(str(base_dir / "tokenizer.model"))}))
 

@@ -15,6 +15,8 @@ transformers = pytest.importorskip("transformers")
 from jaxpt.tools import convert  # noqa: E402
 from jaxpt.tools.convert import ConvertError  # noqa: E402
 
+from conftest import hf_logits, jaxpt_logits  # noqa: E402
+
 V, D, N, H, K, F, L = 384, 64, 2, 4, 2, 128, 32
 
 def _hf_model(tmp_path, *, tied: bool, kv_heads: int = K, name="hf", rope_scaling=None):
@@ -36,16 +38,6 @@ def _hf_model(tmp_path, *, tied: bool, kv_heads: int = K, name="hf", rope_scalin
 def _tokens(batch=2, seed=1):
     return np.random.default_rng(seed).integers(0, V, size=(batch, L)).astype(np.int32)
 
-def _hf_logits(model, tokens):
-    with torch.no_grad():
-        return model(torch.from_numpy(tokens.astype(np.int64))).logits.numpy()
-
-def _jaxpt_logits(restored, tokens):
-    from flax import nnx
-    seg = np.ones_like(tokens)
-    pos = np.broadcast_to(np.arange(tokens.shape[1], dtype=np.int32), tokens.shape)
-    graphdef, state = nnx.split(restored.model)
-    return np.asarray(jax.jit(lambda s, t, g, p: nnx.merge(graphdef, s)(t, g, p))(state, tokens, seg, pos))
 
 LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8, "low_freq_factor": 1.0,
           "high_freq_factor": 4.0}
@@ -64,7 +56,7 @@ def test_hf_to_jaxpt_logits_match_transformers(tmp_path, tied, scan, rope_scalin
     wq = r.params["blocks"]["attn"]["wq"] if scan else r.params["blocks"][0]["attn"]["wq"]
     assert len(wq[...].sharding.device_set) == 8 and not wq[...].sharding.is_fully_replicated
     tokens = _tokens()
-    np.testing.assert_allclose(_jaxpt_logits(r, tokens), _hf_logits(hf_model, tokens), atol=1e-4, rtol=0)
+    np.testing.assert_allclose(jaxpt_logits(r, tokens), hf_logits(hf_model, tokens), atol=1e-4, rtol=0)
     gin_text = (tmp_path / "jx" / "model.gin").read_text()
     assert f"ModelConfig.tie_embeddings = {tied}" in gin_text and "ModelConfig.norm_eps = 1e-05" in gin_text
 
@@ -113,7 +105,7 @@ def test_jaxpt_to_hf_logits_and_tokenizer(tmp_path):
     hf_model = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
     assert hf_model.config.num_key_value_heads == K and not hf_model.config.tie_word_embeddings
     tokens = _tokens()
-    np.testing.assert_allclose(_hf_logits(hf_model, tokens), _jaxpt_logits(r, tokens), atol=1e-4, rtol=0)
+    np.testing.assert_allclose(hf_logits(hf_model, tokens), jaxpt_logits(r, tokens), atol=1e-4, rtol=0)
 
     hf_tok = transformers.AutoTokenizer.from_pretrained(out)
     texts = ["The river flows past the mill.", "  two spaces, 12345 digits\nand a newline", "über café"]
@@ -147,8 +139,6 @@ def test_round_trip_through_both_directions(tmp_path):
 def test_refusals_name_the_key(tmp_path):
     base = {"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2,
             "intermediate_size": 128, "vocab_size": 256}
-    with pytest.raises(ConvertError, match="model_type = 'qwen2'.*biases"):
-        convert.model_config_from_hf({**base, "model_type": "qwen2"})
     with pytest.raises(ConvertError, match="model_type = 'gemma'"):
         convert.model_config_from_hf({**base, "model_type": "gemma"})
     with pytest.raises(ConvertError, match="hidden_act = 'gelu'"):

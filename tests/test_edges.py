@@ -62,9 +62,10 @@ def _small_data(prepared, root: pathlib.Path, heldout_docs: int = 6) -> pathlib.
 
 def test_heldout_set_with_no_token_to_score_is_a_config_error_before_anything_is_written(prepared_sample, tmp_path,
                                                                                          capsys):
-    """1-token documents with add_eos = False score nothing (a document's first token never is): the trainer
-    stops at setup with exit 2 naming the key, instead of logging loss 0.0 / perplexity 1.0 over 0 tokens; the
-    workdir is not even created. With add_eos = True the same documents score one token each (EOS)."""
+    """1-token documents with no EOS appended (the deprecated add_eos = False, read as document_boundary = 'none')
+    score nothing (a document's first token never is): the trainer stops at setup with exit 2 naming the keys,
+    instead of logging loss 0.0 / perplexity 1.0 over 0 tokens; the workdir is not even created. With the default
+    'eos' policy the same documents score one token each (EOS)."""
     from jaxpt.data.tokenizer import Tokenizer
     from jaxpt.eval import heldout, inloop
     tok = Tokenizer.load(str(prepared_sample / "tokenizer.model"))
@@ -77,11 +78,11 @@ def test_heldout_set_with_no_token_to_score_is_a_config_error_before_anything_is
                                                   "DataConfig.add_eos": "False"})
     assert train.main(argv) == 2
     err = capsys.readouterr().err
-    assert "DataConfig.heldout_path" in err and "no token to score" in err and "add_eos = False" in err
+    assert "DataConfig.heldout_path" in err and "no token to score" in err and "document_boundary = 'none'" in err
     assert not workdir.exists()
     cfg = C.parse(["configs/quickstart.gin"], tiny_bindings(prepared_sample, workdir), steps=3)
     docs = heldout.load_documents(str(path))
-    hset = inloop.heldout_set(cfg, docs, tok)  # add_eos = True: EOS is each document's one scored token
+    hset = inloop.heldout_set(cfg, docs, tok)  # 'eos': EOS is each document's one scored token
     assert sum(w.num_scored for w in hset.windows) == len(words)
 
 
@@ -377,24 +378,25 @@ def _with_saved_settings(run6, dst: pathlib.Path, lines: list[str], model: dict 
 
 @pytest.mark.slow
 def test_unknown_saved_settings_follow_one_rule_in_resume_and_restore(run6, tmp_path):
-    """A saved setting this version does not know that changes numerics (ModelConfig.qk_norm = True) is refused,
-    naming it, by both training resume and jaxpt.restore; harmless ones (a bookkeeping setting, a numeric one at
-    its recorded default, an unknown config of an old checkpoint's CheckpointConfig) are reported and ignored by
-    both; a known setting changed since the checkpoint is reported on resume."""
+    """A saved setting this version does not know that changes numerics (ModelConfig.logit_softcap = 30.0: Gemma 2's,
+    which jaxpt has no field for; the test once used qk_norm, until jaxpt gained that setting) is refused, naming it,
+    by both training resume and jaxpt.restore; harmless ones (a bookkeeping setting, a numeric one at its recorded
+    default, an unknown config of an old checkpoint's CheckpointConfig) are reported and ignored by both; a known
+    setting changed since the checkpoint is reported on resume."""
     import jaxpt
-    bad = _with_saved_settings(run6, tmp_path / "bad", ["ModelConfig.qk_norm = True"], {"qk_norm": True},
-                               {"ModelConfig.qk_norm": {"default": False, "bookkeeping": False}})
+    bad = _with_saved_settings(run6, tmp_path / "bad", ["ModelConfig.logit_softcap = 30.0"], {"logit_softcap": 30.0},
+                               {"ModelConfig.logit_softcap": {"default": 0.0, "bookkeeping": False}})
     for attempt in (lambda: preflight.resolve(_cfg(run6, bad, 8)), lambda: train.run_training(_cfg(run6, bad, 8)),
                     lambda: jaxpt.restore(bad)):
-        with pytest.raises(ckpt_lib.CheckpointError, match=r"ModelConfig\.qk_norm = True"):
+        with pytest.raises(ckpt_lib.CheckpointError, match=r"ModelConfig\.logit_softcap = 30\.0"):
             attempt()
-    ok = _with_saved_settings(run6, tmp_path / "ok", ["ModelConfig.qk_norm = False", "TrainConfig.log_hist = 3",
-                                                      "CheckpointConfig.compress = 'zstd'"], {"qk_norm": False},
-                              {"ModelConfig.qk_norm": {"default": False, "bookkeeping": False},
+    ok = _with_saved_settings(run6, tmp_path / "ok", ["ModelConfig.logit_softcap = 0.0", "TrainConfig.log_hist = 3",
+                                                      "CheckpointConfig.compress = 'zstd'"], {"logit_softcap": 0.0},
+                              {"ModelConfig.logit_softcap": {"default": 0.0, "bookkeeping": False},
                                "TrainConfig.log_hist": {"default": 0, "bookkeeping": True}})
     notes = preflight.resolve(_cfg(run6, ok, 8, **{"OptimizerConfig.peak_learning_rate": "0.001"})).notes
     assert notes == ["ignored saved setting CheckpointConfig.compress = 'zstd'",
-                     "ignored saved setting ModelConfig.qk_norm = False",
+                     "ignored saved setting ModelConfig.logit_softcap = 0.0",
                      "ignored saved setting TrainConfig.log_hist = 3",
                      "changed since the checkpoint: OptimizerConfig.peak_learning_rate = 0.003 -> 0.001"]
     restored = jaxpt.restore(ok)

@@ -21,6 +21,7 @@ from flax import nnx
 from conftest import REPO_ROOT
 from jaxpt.infer import decode
 from jaxpt import mesh as mesh_lib
+from jaxpt.data import boundary
 from jaxpt.eval import card as card_lib
 from jaxpt.eval import decontam, probes, regression, review
 from jaxpt.eval.scorer import Scorer, Window, rolling_windows
@@ -113,7 +114,7 @@ def test_empty_context_is_scored_after_eos():
     scorer = Scorer.from_model(bigram_model(P), one_device_mesh(), mesh_lib.DEFAULT_RULES, seq_len=16, batch_size=1)
     ctx, cont = probes.encode_pair(tok, "", "bd")
     assert len(ctx) == 0
-    (lp, greedy), = scorer.loglikelihood([(probes.with_prefix(tok, ctx), cont)])
+    (lp, greedy), = scorer.loglikelihood([(boundary.context_start("eos", tok).apply(ctx), cont)])
     assert lp == pytest.approx(math.log(1 / 8) + math.log(0.4), rel=1e-5)
     assert greedy is False  # after eos every token ties; argmax picks id 0, not b
 
@@ -239,7 +240,8 @@ def test_lm_eval_generate_until_stops_each_request_on_its_own_strings():
     from lm_eval.api.instance import Instance
     from jaxpt.eval.harness import JaxptLM
     tok = CharTokenizer()
-    cfg = types.SimpleNamespace(logical_axis_rules=mesh_lib.DEFAULT_RULES, seq_len=16)
+    cfg = types.SimpleNamespace(logical_axis_rules=mesh_lib.DEFAULT_RULES, seq_len=16,
+                                data=types.SimpleNamespace(document_boundary="eos"))
     restored = types.SimpleNamespace(model=chain_model(CYCLE), mesh=one_device_mesh(), tokenizer=tok, config=cfg)
     lm = JaxptLM(restored=restored, batch_size=2)
     kwargs = [{"until": ["ab"], "max_gen_toks": 8}, {"until": ["c"], "max_gen_toks": 8},
@@ -418,3 +420,24 @@ def test_training_texts_from_corpus_shards(tmp_path):
     assert list(heldout.training_texts(str(tmp_path))) == ["def f():\n    return 1\n", "Zwölf Boxkämpfer jagen Viktor"]
     with pytest.raises(FileNotFoundError, match="train source"):
         list(heldout.training_texts(str(tmp_path / "tfds")))
+
+
+def test_two_heldout_reports_compare_as_figures_and_a_card_report_beside_one_is_refused():
+    """`evaluate compare` of two `evaluate heldout` reports (a new user's crash: the card-report table read
+    result['card']['name'] of None): base -> new per row, the change new - base, nothing flagged; different text or
+    a card report beside a held-out one is IncompatibleReports (exit 2), not a traceback."""
+    from jaxpt.eval import regression
+    base = {"overall": {"loss": 6.0, "perplexity": 403.4, "tokens": 100},
+            "by_domain": {"a": {"loss": 5.0, "tokens": 60}, "b": {"loss": 7.5, "tokens": 40}}}
+    new = {"overall": {"loss": 3.5, "perplexity": 33.1, "tokens": 100},
+           "by_domain": {"a": {"loss": 3.0, "tokens": 60}, "b": {"loss": 4.25, "tokens": 40}}}
+    result = regression.compare(base, new)
+    assert result["ok"] and not result["flagged"]
+    assert [(r["name"], r["change"]) for r in result["rows"]] == [("overall", -2.5), ("domain=a", -2.0),
+                                                                    ("domain=b", -3.25)]
+    text = regression.format_comparison(result)
+    assert "6.0000 ->     3.5000" in text and "domain=b" in text
+    with pytest.raises(regression.IncompatibleReports, match="different text"):
+        regression.compare(base, {**new, "overall": {**new["overall"], "tokens": 99}})
+    with pytest.raises(regression.IncompatibleReports, match="only with another held-out report"):
+        regression.compare(base, {"card": {"name": "c", "version": 1}, "tasks": {}})

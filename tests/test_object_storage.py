@@ -20,7 +20,7 @@ import urllib.request
 import numpy as np
 import pytest
 
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, hf_logits
 
 BUCKET = "bkt"
 
@@ -379,5 +379,5 @@ def test_convert_hf_to_jaxpt_and_back_on_the_bucket(gcs, tmp_path, monkeypatch):
     assert {"config.json", "model.safetensors", "tokenizer.model", "tokenizer_config.json"} <= set(fs.listdir(hf_out))
     back = transformers.AutoModelForCausalLM.from_pretrained(fs.local_tree(hf_out), dtype=torch.float32).eval()
     tokens = tc._tokens()
-    np.testing.assert_allclose(tc._hf_logits(back, tokens), tc._hf_logits(hf_model, tokens), atol=1e-4, rtol=0)
+    np.testing.assert_allclose(hf_logits(back, tokens), hf_logits(hf_model, tokens), atol=1e-4, rtol=0)
     assert os.listdir(work) == []  # nothing written locally under the working directory

@@ -28,10 +28,10 @@ TINY = ["--steps", "12", "--mesh", "data=8", "--gin", "ModelConfig.d_model = 64"
         "--gin", "OptimizerConfig.decay_steps = 12", "--gin", "OptimizerConfig.warmup_steps = 2"]
 
 
-def page_commands(marker: str = MARKER) -> list[list[str]]:
-    """The commands of the page's block after ``marker`` (``$`` prompts and continuation lines joined)."""
-    text = PAGE.read_text()
-    assert marker in text, f"{PAGE}: no {marker} block"
+def page_commands(marker: str = MARKER, page: pathlib.Path = PAGE) -> list[list[str]]:
+    """The commands of ``page``'s block after ``marker`` (``$`` prompts and continuation lines joined)."""
+    text = page.read_text()
+    assert marker in text, f"{page}: no {marker} block"
     block = re.search(r"```[a-z]*\n(.*?)```", text[text.index(marker):], re.S).group(1)
     block = re.sub(r"\\\n\s*", " ", block)
     return [shlex.split(line, comments=True) for line in block.splitlines() if line.strip() and not

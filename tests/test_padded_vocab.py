@@ -132,7 +132,8 @@ def test_sampling_draws_the_softmax_of_the_real_ids():
 
 
 def _restored(model, tok):
-    cfg = types.SimpleNamespace(logical_axis_rules=mesh_lib.DEFAULT_RULES, seq_len=32)
+    cfg = types.SimpleNamespace(logical_axis_rules=mesh_lib.DEFAULT_RULES, seq_len=32,
+                                data=types.SimpleNamespace(document_boundary="eos"))
     mesh = mesh_lib.make_mesh("data=1", devices=jax.devices()[:1])
     return types.SimpleNamespace(model=model, mesh=mesh, tokenizer=tok, config=cfg)
 

@@ -15,14 +15,13 @@ directly (:func:`jaxpt.data.stream.train_batches`, no training):
 Each choice is recorded in run.json's stage; the refusals name ``TrainConfig.stage_data`` before anything is written.
 """
 
-import gzip
 import json
 
 import jax
 import numpy as np
 import pytest
 
-from conftest import tiny_bindings
+from conftest import tiny_bindings, word_documents
 from jaxpt import config as C
 from jaxpt import train
 from jaxpt.data import stream
@@ -35,12 +34,7 @@ STEPS = 6
 
 
 def _jsonl(path, n, seed):
-    rng = np.random.default_rng(seed)
-    with gzip.open(path, "wt") as f:
-        for i in range(n):
-            f.write(json.dumps({"id": str(i), "text": " ".join(rng.choice(WORDS, size=int(rng.integers(3, 12))))})
-                    + "\n")
-    return path
+    return word_documents(path, n, seed, WORDS, 12)
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from sentencepiece import sentencepiece_model_pb2
 
 from jaxpt.data import tokenizer as tokenizer_lib
-from jaxpt.data.tokenizer import SPACE_SYMBOL, Tokenizer
+from jaxpt.data.tokenizer import SPACE_SYMBOL, SentencePieceTokenizer, Tokenizer
 
 SAMPLE = pathlib.Path(__file__).resolve().parents[1] / "data" / "sample"
 EXAMPLES = settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -52,7 +52,7 @@ def legacy_tok(tok):
     """The same model with SentencePiece's dummy prefix switched on, as tokenizers trained before had it."""
     proto = sentencepiece_model_pb2.ModelProto.FromString(tok.path.read_bytes())
     proto.normalizer_spec.add_dummy_prefix = True
-    return Tokenizer(proto.SerializeToString())
+    return SentencePieceTokenizer(proto.SerializeToString())
 
 
 @pytest.fixture(scope="module")
@@ -186,8 +186,23 @@ def test_model_records_exact_text_settings(tok):
     assert len(tok.learned_ids()) == 600 - 4 - 256
 
 
-def test_lossy_models_are_named_as_such(tok):
+def test_a_normalizing_model_is_encoded_without_its_normalizer(tok):
+    """jaxpt encodes without the model's normalizer (as the exported LlamaTokenizer does), so a model that says
+    remove_extra_whitespaces still keeps every whitespace run and is lossless; the model's own record is kept."""
     proto = sentencepiece_model_pb2.ModelProto.FromString(tok.path.read_bytes())
     proto.normalizer_spec.remove_extra_whitespaces = True
-    problems = Tokenizer(proto.SerializeToString()).lossless_problems()
-    assert problems == ["remove_extra_whitespaces collapses and strips whitespace"]
+    collapsing = SentencePieceTokenizer(proto.SerializeToString())
+    assert collapsing.settings()["remove_extra_whitespaces"] and collapsing.lossless_problems() == []
+    for text in ("  lead", "a  b\t\tc\n \n", "trail  "):
+        assert collapsing.encode(text).tolist() == tok.encode(text).tolist()
+        assert collapsing.decode(collapsing.encode(text)) == text
+
+
+def test_lossy_models_are_named_as_such(tok):
+    proto = sentencepiece_model_pb2.ModelProto.FromString(tok.path.read_bytes())
+    proto.trainer_spec.byte_fallback = False
+    for piece in proto.pieces:  # byte pieces turned into plain ones: no byte fallback left
+        if piece.type == piece.BYTE:
+            piece.type = piece.USER_DEFINED
+    problems = SentencePieceTokenizer(proto.SerializeToString()).lossless_problems()
+    assert problems == ["byte fallback needs 256 byte pieces, the model has 0"]

@@ -8,7 +8,7 @@ Layout of a corpus version directory (`CorpusVersion` reads it; nothing else ope
 - ``manifest.json``: the data version record (``data_version``, ``content_id``, counts, hashes); optional here;
 - ``tfds/<name>/<version>/``: a TFDS dataset in the ArrayRecord file format, one split per domain. Each record is
   a serialized ``tf.train.Example`` with features ``id``, ``source``, ``domain``, ``lang``, ``text`` (strings) and
-  ``tokens`` (``int32[n]`` SentencePiece ids, no BOS/EOS). Records are decoded by :mod:`jaxpt.data.example_proto`
+  ``tokens`` (``int32[n]`` token ids of the build's tokenizer, no BOS/EOS: the run's boundary policy adds them). Records are decoded by :mod:`jaxpt.data.example_proto`
   (protobuf and numpy; neither TensorFlow nor TFDS is needed to train);
 - ``heldout/<domain>.jsonl.gz``: the held-out split, document files (`jaxpt.data.documents`).
 
@@ -28,7 +28,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from jaxpt.data import example_proto, mixture
+from jaxpt.data import boundary, example_proto, mixture
 from jaxpt.util import fs
 from jaxpt.util.errors import ConfigError
 
@@ -179,8 +179,8 @@ class _ForPacking:
 
 
 def corpus_mixture_iterator(corpus_dir: str, tokenizer, schedule, *, key: str, seq_len: int, rows: int, seed: int,
-                            shard: int = 0, num_shards: int = 1, add_eos: bool = True, shuffle: bool = True,
-                            first_step: int = 1, step_of_batch=None):
+                            shard: int = 0, num_shards: int = 1, document_boundary: str = "eos",
+                            shuffle: bool = True, first_step: int = 1, step_of_batch=None):
     """The training stream of a corpus version, mixed by tokens (:mod:`jaxpt.data.mixture`): logical shard
     ``shard`` of ``num_shards``, batches of ``rows`` packed rows of ``seq_len`` tokens.
 
@@ -188,10 +188,13 @@ def corpus_mixture_iterator(corpus_dir: str, tokenizer, schedule, *, key: str, s
       schedule: ``[(start_step, {group: weight})]`` (:func:`jaxpt.data.mixture.parse_schedule`); None: the
         corpus's ``mixture.json`` weights (its token shares), groups of weight 0 left out.
       key: the config key of ``schedule`` (errors name it).
+      document_boundary: the BOS/EOS put around each record's tokens (:mod:`jaxpt.data.boundary`).
     Raises:
-      ConfigError: a group the corpus has no documents of (names ``key``, the group and the domains), bad weights.
+      ConfigError: a group the corpus has no documents of (names ``key``, the group and the domains), bad weights,
+        a boundary policy the tokenizer cannot serve.
       FileNotFoundError: as :func:`read_corpus_version`.
     """
+    marks = boundary.for_tokenizer(document_boundary, tokenizer)
     mix = read_mixture(corpus_dir)
     if schedule is None:
         key = f"{corpus_dir}/mixture.json weights"
@@ -219,7 +222,7 @@ def corpus_mixture_iterator(corpus_dir: str, tokenizer, schedule, *, key: str, s
 
     return mixture.mixture_iterator(domains, sources, fetch, schedule, key=key, seed=seed, shuffle=shuffle,
                                     shard=shard, num_shards=num_shards, rows=rows, seq_len=seq_len,
-                                    pad_id=tokenizer.pad_id, eos_id=tokenizer.eos_id if add_eos else None,
+                                    pad_id=tokenizer.pad_id, eos_id=marks.eos_id, bos_id=marks.bos_id,
                                     first_step=first_step, step_of_batch=step_of_batch)
 
 

@@ -29,7 +29,7 @@ import grain
 import jax
 import numpy as np
 
-from jaxpt.data import documents, mixture, packing
+from jaxpt.data import boundary, documents, mixture, packing
 from jaxpt.data.tokenizer import Tokenizer
 from jaxpt.util import fs
 from jaxpt.util.errors import ConfigError
@@ -109,7 +109,7 @@ def make_train_dataset(
     process_index: int = 0,
     process_count: int = 1,
     shuffle: bool = True,
-    add_eos: bool = True,
+    document_boundary: str = "eos",
     read_threads: int = 2,
     long_doc_min_chars: int = 0,
     long_doc_weight: float = 0.0,
@@ -123,13 +123,13 @@ def make_train_dataset(
 
     Args:
       documents_path: prepared `train.jsonl.gz` (loaded into memory).
-      tokenizer: tokenizer of the run; its pad and EOS ids are used.
+      tokenizer: tokenizer of the run; its pad, BOS and EOS ids are used.
       seq_len: row length in tokens.
       local_batch_size: rows per batch on this process (global batch / process_count).
       seed: shuffle seed in [0, 2**32).
       process_index, process_count: this process and the number of processes.
       shuffle: if False, documents come in file order (each epoch the same).
-      add_eos: append `tokenizer.eos_id` to every document.
+      document_boundary: the BOS/EOS around every document (`jaxpt.data.boundary`; 'eos': EOS appended).
       read_threads: threads tokenizing ahead (0: tokenize in the iterating thread).
       long_doc_min_chars, long_doc_weight: a length mixture (e.g. a long-context stage upweighting long
         documents): when ``long_doc_weight > 0``, documents of at least ``long_doc_min_chars`` characters form
@@ -142,22 +142,22 @@ def make_train_dataset(
       `positions`, `doc_index` (see `jaxpt.data.packing`). Its iterator supports exact `get_state`/`set_state`.
 
     Raises:
-      ValueError: a bad argument.
-      ConfigError: an empty document file (exit 2 in training, like a malformed one).
+      ValueError: a bad argument. ConfigError: an empty document file (exit 2 in training, like a malformed one); a
+        boundary policy the tokenizer cannot serve (`jaxpt.data.boundary.for_tokenizer`).
       DocumentFormatError: (a ConfigError) a line breaks the document contract (`jaxpt.data.documents`; names
         file:line).
     """
     _check_process(process_index, process_count)
     if local_batch_size < 1 or seq_len < 1:
         raise ValueError(f"local_batch_size and seq_len must be positive, got {local_batch_size}, {seq_len}")
+    marks = boundary.for_tokenizer(document_boundary, tokenizer)
     texts = load_texts(documents_path)
     if not texts:
         raise ConfigError(f"{documents_path}: no documents")
     ds = _document_order(texts, seed, shuffle, long_doc_min_chars, long_doc_weight)[process_index::process_count]
     ds = ds.map(_Tokenize(texts, tokenizer))
     it = ds.to_iter_dataset(grain.ReadOptions(num_threads=read_threads, prefetch_buffer_size=8 * max(read_threads, 1)))
-    it = packing.PackedIterDataset(it, seq_len, pad_id=tokenizer.pad_id,
-                                   eos_id=tokenizer.eos_id if add_eos else None)
+    it = packing.PackedIterDataset(it, seq_len, pad_id=tokenizer.pad_id, eos_id=marks.eos_id, bos_id=marks.bos_id)
     return it.batch(local_batch_size, drop_remainder=True)
 
 
@@ -176,15 +176,19 @@ def _document_order(texts: list[str], seed: int, shuffle: bool, long_doc_min_cha
 
 def sample_mixture_iterator(documents_path: str | os.PathLike, tokenizer: Tokenizer, schedule, *, key: str,
                             seq_len: int, rows: int, seed: int, shard: int = 0, num_shards: int = 1,
-                            add_eos: bool = True, shuffle: bool = True, first_step: int = 1, step_of_batch=None):
+                            document_boundary: str = "eos", shuffle: bool = True, first_step: int = 1,
+                            step_of_batch=None):
     """Prepared documents mixed by tokens (:mod:`jaxpt.data.mixture`) by their ``domain`` (and ``source``)
     fields: logical shard ``shard`` of ``num_shards``, batches of ``rows`` rows ``int32[rows, seq_len]``
-    (``doc_index``: the document's line in the file, 0-based). Documents are tokenized as they are read.
+    (``doc_index``: the document's line in the file, 0-based). Documents are tokenized as they are read, with
+    ``document_boundary``'s BOS/EOS around each (:mod:`jaxpt.data.boundary`).
 
     Raises:
       ConfigError: a group with no documents (names ``key``, the group and the domains the file has), bad
-        weights; DocumentFormatError for a malformed file (names file:line).
+        weights, a boundary policy the tokenizer cannot serve; DocumentFormatError for a malformed file (names
+        file:line).
     """
+    marks = boundary.for_tokenizer(document_boundary, tokenizer)
     docs = load_documents(documents_path)
     if not docs:
         raise ConfigError(f"{documents_path}: no documents")
@@ -197,7 +201,7 @@ def sample_mixture_iterator(documents_path: str | os.PathLike, tokenizer: Tokeni
 
     return mixture.mixture_iterator(domains, sources, fetch, schedule, key=key, seed=seed, shuffle=shuffle,
                                     shard=shard, num_shards=num_shards, rows=rows, seq_len=seq_len,
-                                    pad_id=tokenizer.pad_id, eos_id=tokenizer.eos_id if add_eos else None,
+                                    pad_id=tokenizer.pad_id, eos_id=marks.eos_id, bos_id=marks.bos_id,
                                     first_step=first_step, step_of_batch=step_of_batch)
 
 
@@ -232,7 +236,7 @@ def make_eval_dataset(
     batch_size: int,
     process_index: int = 0,
     process_count: int = 1,
-    add_eos: bool = True,
+    document_boundary: str = "eos",
 ) -> grain.IterDataset:
     """Finite stream of packed held-out batches for one process (no shuffle, no repeat).
 
@@ -249,7 +253,7 @@ def make_eval_dataset(
       seq_len: row length in tokens.
       batch_size: rows per batch on this process.
       process_index, process_count: this process and the number of processes.
-      add_eos: append EOS to every document (use the same setting as training).
+      document_boundary: the BOS/EOS around every document (use the same policy as training).
 
     Returns:
       A `grain.IterDataset` of dicts of int32 arrays of shape [batch_size, seq_len], with keys as in
@@ -262,10 +266,11 @@ def make_eval_dataset(
     _check_process(process_index, process_count)
     if batch_size < 1 or seq_len < 1:
         raise ValueError(f"batch_size and seq_len must be positive, got {batch_size}, {seq_len}")
+    marks = boundary.for_tokenizer(document_boundary, tokenizer)
     paths = documents_path if isinstance(documents_path, (list, tuple)) else [documents_path]
     texts = [t for path in paths for t in load_texts(path)]
     rows = list(packing.pack_documents(tokenizer.encode_batch(texts), seq_len, pad_id=tokenizer.pad_id,
-                                       eos_id=tokenizer.eos_id if add_eos else None))
+                                       eos_id=marks.eos_id, bos_id=marks.bos_id))
     per_step = batch_size * process_count
     num_pad = -len(rows) % per_step
     if num_pad or not rows:

@@ -53,6 +53,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from jaxpt.data.boundary import Boundary
 from jaxpt.util.errors import ConfigError
 
 #: Host-side batch key: the mixture group of each token, int32 [rows, seq_len] (index into the sorted group
@@ -210,8 +211,8 @@ class TokenMixIterator:
       schedule: ``[(start_step, {group: weight}), ...]`` (:func:`parse_schedule`).
       rows: rows per batch (``global_batch_size / num_shards``).
       seq_len: tokens per row.
-      pad_id, eos_id: as :mod:`jaxpt.data.packing` (``eos_id`` None: no EOS appended; ``pad_id`` is unused, the
-        stream is endless and never pads).
+      pad_id, eos_id, bos_id: as :mod:`jaxpt.data.packing` (``eos_id`` / ``bos_id`` None: none put around a
+        document; ``pad_id`` is unused, the stream is endless and never pads).
       first_step: the global step of the first batch (1; a fresh stream of a later stage: its first step).
       step_of_batch: loader batch index (0-based) -> the global step it feeds, for a batch-size ramp where a
         step takes several batches (:mod:`jaxpt.training.batch_ramp`); None: ``first_step + index``.
@@ -229,11 +230,12 @@ class TokenMixIterator:
 
     def __init__(self, read: Reader, schedule, *, rows: int, seq_len: int, pad_id: int = 0,
                  eos_id: int | None = None, first_step: int = 1,
-                 step_of_batch: Callable[[int], int] | None = None):
+                 step_of_batch: Callable[[int], int] | None = None, bos_id: int | None = None):
         if rows < 1 or seq_len < 1:
             raise ValueError(f"rows and seq_len must be positive, got {rows}, {seq_len}")
         self._read, self.schedule, self.rows, self.seq_len = read, list(schedule), rows, seq_len
         self.pad_id, self.eos_id = pad_id, eos_id
+        self.boundary = Boundary(bos_id=bos_id, eos_id=eos_id)
         self.groups = group_names(self.schedule)
         self._index = {g: i for i, g in enumerate(self.groups)}
         self._step_of = step_of_batch or (lambda b: first_step + b)
@@ -241,7 +243,7 @@ class TokenMixIterator:
         self.positions: dict[str, int] = {g: 0 for g in self.groups}
         self.stage = stage_at(self.schedule, self._step_of(0))
         self.stage_tokens = {g: 0 for g in self.groups}
-        # group -> [position, offset, tokens (EOS appended), doc_index] of its open document
+        # group -> [position, offset, tokens (BOS/EOS around them), doc_index] of its open document
         self._open: dict[str, list] = {}
         self._carried: dict[str, list] = {}  # open documents of groups this mixture does not name (kept in state)
 
@@ -262,13 +264,11 @@ class TokenMixIterator:
         if tokens.ndim != 1 or not np.issubdtype(tokens.dtype, np.integer):
             raise ValueError(f"group {g!r} position {pos}: tokens must be a 1-D integer array, got shape "
                              f"{tokens.shape} dtype {tokens.dtype}")
-        if self.eos_id is not None:
-            tokens = np.append(tokens, self.eos_id)
-        return [pos, offset, tokens.astype(np.int32, copy=False), int(doc_index)]
+        return [pos, offset, self.boundary.wrap(tokens), int(doc_index)]
 
     def _open_doc(self, g: str) -> list:
         doc = self._open.get(g)
-        for _ in range(1000):  # skip empty documents (no tokens and no EOS: nothing to place)
+        for _ in range(1000):  # skip empty documents (no tokens, no BOS or EOS: nothing to place)
             if doc is not None and doc[1] < doc[2].size:
                 self._open[g] = doc
                 return doc
@@ -351,7 +351,8 @@ class TokenMixIterator:
 def mixture_iterator(domains: Sequence[str], sources: Sequence[str], fetch: Callable[[int], tuple[np.ndarray, int]],
                      schedule, *, key: str, seed: int, shuffle: bool, shard: int, num_shards: int, rows: int,
                      seq_len: int, pad_id: int = 0, eos_id: int | None = None,
-                     first_step: int = 1, step_of_batch: Callable[[int], int] | None = None) -> TokenMixIterator:
+                     first_step: int = 1, step_of_batch: Callable[[int], int] | None = None,
+                     bos_id: int | None = None) -> TokenMixIterator:
     """:class:`TokenMixIterator` of logical shard ``shard`` of ``num_shards`` over documents ``0..N-1``.
 
     Args:
@@ -359,7 +360,8 @@ def mixture_iterator(domains: Sequence[str], sources: Sequence[str], fetch: Call
       fetch: document index -> ``(tokens int[n], doc_index)``.
       schedule: :func:`parse_schedule` output; key: its config key (errors name it).
       seed, shuffle: group streams (:class:`GroupStream`).
-      shard, num_shards, rows, seq_len, pad_id, eos_id, first_step, step_of_batch: as :class:`TokenMixIterator`.
+      shard, num_shards, rows, seq_len, pad_id, eos_id, first_step, step_of_batch, bos_id: as
+        :class:`TokenMixIterator`.
     Raises:
       ConfigError: a group with no documents (:func:`assign_groups`).
     """
@@ -372,7 +374,7 @@ def mixture_iterator(domains: Sequence[str], sources: Sequence[str], fetch: Call
         return fetch(members[g][streams[g][pos]])
 
     return TokenMixIterator(read, schedule, rows=rows, seq_len=seq_len, pad_id=pad_id, eos_id=eos_id,
-                            first_step=first_step, step_of_batch=step_of_batch)
+                            first_step=first_step, step_of_batch=step_of_batch, bos_id=bos_id)
 
 
 def _same_weights(a: Mapping[str, float], b: Mapping[str, float]) -> bool:

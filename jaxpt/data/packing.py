@@ -19,7 +19,9 @@ Every row is a dict of int32 numpy arrays of shape [seq_len]:
 
 For next-token training a position i has a target iff `segment_ids[i + 1] == segment_ids[i] != 0`
 (target `tokens[i + 1]`); the last token of each segment piece has none. With `eos_id` set, every
-document ends with EOS, so the model learns where documents stop.
+document ends with EOS, so the model learns where documents stop; with `bos_id` set, every document starts
+with BOS (never a target: it is its segment's first token). Which of the two a run puts there is its
+document-boundary policy (`DataConfig.document_boundary`, :mod:`jaxpt.data.boundary`).
 
 `pack_documents` is the plain generator; `PackedIterDataset` is the same packing as a Grain
 `IterDataset` whose iterator has exact `get_state`/`set_state` for checkpointing.
@@ -32,19 +34,21 @@ from typing import Any, Iterable, Iterator, Mapping
 import grain
 import numpy as np
 
+from jaxpt.data.boundary import Boundary
+
 ROW_KEYS = ("tokens", "segment_ids", "positions", "doc_index")
 
 
 class _RowPacker:
     """Fills rows from one document at a time; holds the current document and the offset into it."""
 
-    def __init__(self, seq_len: int, *, pad_id: int = 0, eos_id: int | None = None):
+    def __init__(self, seq_len: int, *, pad_id: int = 0, eos_id: int | None = None, bos_id: int | None = None):
         if seq_len < 1:
             raise ValueError(f"seq_len must be positive, got {seq_len}")
         self.seq_len = seq_len
         self.pad_id = pad_id
-        self.eos_id = eos_id
-        self.doc: np.ndarray | None = None  # the current document's tokens (EOS appended)
+        self.boundary = Boundary(bos_id=bos_id, eos_id=eos_id)
+        self.doc: np.ndarray | None = None  # the current document's tokens (BOS/EOS around them)
         self.doc_index = -1
         self.offset = 0  # tokens of `doc` already emitted
 
@@ -53,9 +57,7 @@ class _RowPacker:
         if tokens.ndim != 1 or not np.issubdtype(tokens.dtype, np.integer):
             raise ValueError(f"document {doc_index}: tokens must be a 1-D integer array, got "
                              f"shape {tokens.shape} dtype {tokens.dtype}")
-        if self.eos_id is not None:
-            tokens = np.append(tokens, np.int32(self.eos_id))
-        self.doc, self.doc_index, self.offset = tokens.astype(np.int32, copy=False), int(doc_index), offset
+        self.doc, self.doc_index, self.offset = self.boundary.wrap(tokens), int(doc_index), offset
 
     def fill(self, next_doc) -> dict[str, np.ndarray] | None:
         """Builds one row, calling `next_doc()` -> (tokens, doc_index) or None (end) for more input.
@@ -75,7 +77,7 @@ class _RowPacker:
                 if nxt is None:
                     break
                 self.start(*nxt)
-                if self.doc.size == 0:  # empty document without EOS: contributes nothing
+                if self.doc.size == 0:  # empty document without BOS/EOS: contributes nothing
                     self.doc = None
                     continue
             n = min(self.doc.size - self.offset, self.seq_len - filled)
@@ -99,6 +101,7 @@ def pack_documents(
     pad_id: int = 0,
     eos_id: int | None = None,
     doc_indices: Iterable[int] | None = None,
+    bos_id: int | None = None,
 ) -> Iterator[dict[str, np.ndarray]]:
     """Packs documents into rows (see the module docstring for the row layout).
 
@@ -108,6 +111,7 @@ def pack_documents(
       pad_id: token id written into padding slots.
       eos_id: if not None, appended to every document.
       doc_indices: the `doc_index` of each document; default 0, 1, 2, ... in input order.
+      bos_id: if not None, put before every document.
 
     Yields:
       dicts of int32 arrays of shape [seq_len] with keys `tokens`, `segment_ids`, `positions`,
@@ -116,7 +120,7 @@ def pack_documents(
     Raises:
       ValueError: seq_len < 1, or a document that is not a 1-D integer array.
     """
-    packer = _RowPacker(seq_len, pad_id=pad_id, eos_id=eos_id)
+    packer = _RowPacker(seq_len, pad_id=pad_id, eos_id=eos_id, bos_id=bos_id)
     indexed = zip(doc_indices, docs) if doc_indices is not None else enumerate(docs)
     it = iter(indexed)
 
@@ -136,18 +140,18 @@ class PackedIterDataset(grain.IterDataset):
     """
 
     def __init__(self, parent: grain.IterDataset, seq_len: int, *, pad_id: int = 0,
-                 eos_id: int | None = None):
+                 eos_id: int | None = None, bos_id: int | None = None):
         super().__init__(parent)
         if seq_len < 1:
             raise ValueError(f"seq_len must be positive, got {seq_len}")
-        self._seq_len, self._pad_id, self._eos_id = seq_len, pad_id, eos_id
+        self._seq_len, self._pad_id, self._eos_id, self._bos_id = seq_len, pad_id, eos_id, bos_id
 
     def __iter__(self) -> "PackedDatasetIterator":
         return PackedDatasetIterator(self._parent.__iter__(), self._seq_len, pad_id=self._pad_id,
-                                     eos_id=self._eos_id)
+                                     eos_id=self._eos_id, bos_id=self._bos_id)
 
     def __str__(self) -> str:
-        return f"PackedIterDataset(seq_len={self._seq_len}, eos_id={self._eos_id})"
+        return f"PackedIterDataset(seq_len={self._seq_len}, bos_id={self._bos_id}, eos_id={self._eos_id})"
 
 
 class PackedDatasetIterator(grain.DatasetIterator):
@@ -161,9 +165,9 @@ class PackedDatasetIterator(grain.DatasetIterator):
     """
 
     def __init__(self, parent: grain.DatasetIterator, seq_len: int, *, pad_id: int = 0,
-                 eos_id: int | None = None):
+                 eos_id: int | None = None, bos_id: int | None = None):
         super().__init__(parent)
-        self._packer = _RowPacker(seq_len, pad_id=pad_id, eos_id=eos_id)
+        self._packer = _RowPacker(seq_len, pad_id=pad_id, eos_id=eos_id, bos_id=bos_id)
         self._state_before_doc: Any = None
 
     def _next_doc(self) -> tuple[np.ndarray, int] | None:

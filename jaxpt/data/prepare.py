@@ -3,6 +3,8 @@
     python -m jaxpt.data.prepare --output artifacts/sample [--source data/sample]
         [--vocab-size 4096] [--heldout-fraction 0.05] [--seed 0] [--force]
     python -m jaxpt.data.prepare --source 'my_docs/*.jsonl' --output artifacts/mine     # your own documents
+    python -m jaxpt.data.prepare --source 'my_docs/*.jsonl' --output artifacts/mine-l3 \
+        --tokenizer base/tokenizer.json          # continued pretraining: the base model's tokenizer, not a new one
 
 Reads the JSON Lines files `--source` names (a folder: its `*.jsonl`, `*.jsonl.gz` and `*.jsonl.zst` files; a file;
 or a glob), in file-name then line order, with the document reader (`jaxpt.data.documents`: one JSON object per
@@ -19,11 +21,15 @@ defaults (`id`: `<file>:<line>`, `source`: the file's name, `domain`: `default`,
 3. splits by id: a document is held out iff the first 8 bytes of sha256(`id`), read as a
    big-endian integer, are below `heldout_fraction * 2**64`. The rule depends on the id alone, so a
    document stays on its side whatever else is in the sample or however it is ordered;
-4. trains the tokenizer on the train split only (held-out text never reaches it);
-5. writes to `--output`: `tokenizer.model`, `train.jsonl.gz`, `heldout.jsonl.gz` (raw-v1 schema,
-   cleaned `text`), then `prepare.json` (settings, source hashes, counts per domain and per
-   drop reason, output hashes, token counts, the data version) and `data.gin`, the `DataConfig` of these files
-   for `python -m jaxpt.train --config <output>/data.gin`.
+4. trains the tokenizer on the train split only (held-out text never reaches it), or, with `--tokenizer FILE`,
+   uses that one (a base model's `tokenizer.json` with its special-token files beside it, or a SentencePiece
+   model: `jaxpt.data.tokenizer.Tokenizer.load`), for continued pretraining of that model;
+5. writes to `--output`: the tokenizer (`tokenizer.model`, or `tokenizer.json` and its `tokenizer_config.json`),
+   `train.jsonl.gz`, `heldout.jsonl.gz` (raw-v1 schema, cleaned `text`), then `prepare.json` (settings, source
+   hashes, the given tokenizer's sha256, counts per domain and per drop reason, output hashes, token counts, the
+   data version) and `data.gin`, the `DataConfig` of these files for `python -m jaxpt.train --config
+   <output>/data.gin` (with a given tokenizer it leaves `ModelConfig.vocab_size` to the model's config: a base
+   model's embedding table is often larger than its tokenizer).
 
 Idempotent: when `prepare.json` in `--output` records the same inputs (source file hashes),
 settings and library versions, and the files it lists still have their recorded hashes, it prints
@@ -54,6 +60,8 @@ FORMAT_VERSION = 1
 SCHEMA = ("id", "text", "source", "domain", "lang", "url_or_path", "license")
 DROP_REASONS = ("empty_text", "no_main_text", "duplicate_id", "exact_duplicate")
 OUTPUT_FILES = ("tokenizer.model", "train.jsonl.gz", "heldout.jsonl.gz")
+#: The tokenizer files prepare writes for a given Hugging Face tokenizer (in place of ``tokenizer.model``).
+HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 SPLIT_RULE = "heldout iff int.from_bytes(sha256(id.encode('utf-8'))[:8], 'big') < heldout_fraction * 2**64"
 
 
@@ -174,17 +182,21 @@ def _defaults(path: str) -> dict[str, str]:
     return {"source": name, "domain": "default", "lang": "", "url_or_path": "", "license": ""}
 
 
-def write_data_config(output: str) -> str:
+def write_data_config(output: str, tokenizer_file: str = "tokenizer.model", given_tokenizer: bool = False) -> str:
     """Write ``output/data.gin``: the ``DataConfig`` of the prepared files (paths as ``output`` was given), for
-    ``python -m jaxpt.train --config`` beside a model config. Returns its path."""
+    ``python -m jaxpt.train --config`` beside a model config. ``tokenizer_file``: the tokenizer's name in ``output``;
+    ``given_tokenizer``: a base model's (``--tokenizer``): the model's config keeps its own ``vocab_size``. Returns
+    its path."""
     path = fs.join(output, "data.gin")
+    vocab = ("# ModelConfig.vocab_size: the base model's (its model.gin); its table may be larger than the tokenizer"
+             if given_tokenizer else "ModelConfig.vocab_size = 0   # the tokenizer's")
     fs.write_text_atomic(path, "\n".join([
         f"# The documents prepared by python -m jaxpt.data.prepare into {output}.",
         "DataConfig.source = 'jsonl'",
         f"DataConfig.train_path = {fs.join(output, 'train.jsonl.gz')!r}",
         f"DataConfig.heldout_path = {fs.join(output, 'heldout.jsonl.gz')!r}",
-        f"DataConfig.tokenizer_path = {fs.join(output, 'tokenizer.model')!r}",
-        "ModelConfig.vocab_size = 0   # the tokenizer's", ""]))
+        f"DataConfig.tokenizer_path = {fs.join(output, tokenizer_file)!r}",
+        vocab, ""]))
     return path
 
 
@@ -243,34 +255,43 @@ def _up_to_date(output: str, inputs: dict[str, Any]) -> dict[str, Any] | None:
 
 def prepare(source_dir: str | os.PathLike, output: str | os.PathLike,
             settings: PrepareSettings = PrepareSettings(), *, force: bool = False,
-            max_document_bytes: int = documents.MAX_DOCUMENT_BYTES) -> dict[str, Any]:
+            max_document_bytes: int = documents.MAX_DOCUMENT_BYTES,
+            tokenizer: str | os.PathLike | None = None) -> dict[str, Any]:
     """Runs the steps in the module docstring; returns the prepare.json record. ``source_dir`` and ``output``
     may be local or object storage (``gs://``, through `jaxpt.util.fs`). ``max_document_bytes``: the longest
     document line read (a longer one is refused before it is held; it decides no output, so it is not a setting).
+    ``tokenizer``: a tokenizer file to use instead of training one (``--tokenizer``; ``settings.vocab_size`` and
+    ``seed`` are then unused).
 
     Raises:
-      FileNotFoundError: `source_dir` holds no `*.jsonl.gz` file.
-      ValueError: a bad setting.
+      FileNotFoundError: `source_dir` holds no `*.jsonl.gz` file, or no such ``tokenizer``.
+      ValueError: a bad setting, or a ``tokenizer`` that cannot be loaded (naming the file).
       DocumentFormatError: (a ConfigError) a source line breaks the document contract or lacks a `SCHEMA`
         field (names file:line and the reason).
     """
-    # Imported here so `--help` and the up-to-date check stay fast.
-
     settings.validate()
     source_dir, output = os.fspath(source_dir), os.fspath(output)
+    given = tokenizer_lib.Tokenizer.load(tokenizer) if tokenizer is not None else None  # refused before any work
     inputs = _inputs_record(source_dir, settings)
+    if given is not None:  # the tokenizer trainer's settings are not used: none recorded as if they were
+        inputs["settings"].update(vocab_size=None, seed=None)
+        inputs["tokenizer"] = {"path": fs.absolute(os.fspath(tokenizer)), "kind": given.kind, "sha256": given.sha256,
+                               "libraries": {"tokenizers": metadata.version("tokenizers")}}
     if not force and (record := _up_to_date(output, inputs)) is not None:
-        write_data_config(output)
+        write_data_config(output, record["tokenizer"]["file"], given is not None)
         record["up_to_date"] = True
         return record
     start = time.perf_counter()
     train, heldout, counts = clean_and_split(_source_files(source_dir), settings, max_document_bytes)
-    model_bytes = _train_tokenizer(train, settings, output)  # before anything in `output` is touched
+    # trained before anything in `output` is touched
+    model_bytes = _train_tokenizer(train, settings, output) if given is None else None
     fs.makedirs(output)
     fs.remove(fs.join(output, "prepare.json"))  # written last: its presence means complete
-    model_path = fs.join(output, "tokenizer.model")
-    fs.write_bytes_atomic(model_path, model_bytes)
+    model_path = given.write(output) if given is not None else fs.join(output, "tokenizer.model")
+    if given is None:
+        fs.write_bytes_atomic(model_path, model_bytes)
     tok = tokenizer_lib.Tokenizer.load(model_path)
+    tok_files = HF_TOKENIZER_FILES if tok.kind == "huggingface" else ("tokenizer.model",)
     _write_jsonl_gz(fs.join(output, "train.jsonl.gz"), train)
     _write_jsonl_gz(fs.join(output, "heldout.jsonl.gz"), heldout)
     tokens = {split: _token_counts(tok, docs) for split, docs in (("train", train), ("heldout", heldout))}
@@ -278,16 +299,17 @@ def prepare(source_dir: str | os.PathLike, output: str | os.PathLike,
         "inputs": inputs,
         "counts": counts,
         "tokens": tokens,
-        "tokenizer": {"file": "tokenizer.model", "sha256": tok.sha256, "vocab_size": tok.vocab_size,
-                      "pad_id": tok.pad_id, "eos_id": tok.eos_id, "unk_id": tok.unk_id, "bos_id": tok.bos_id},
-        "outputs": {name: _sha256_file(fs.join(output, name)) for name in OUTPUT_FILES},
+        "tokenizer": {"file": fs.basename(model_path), "kind": tok.kind, "sha256": tok.sha256,
+                      "vocab_size": tok.vocab_size, "pad_id": tok.pad_id, "eos_id": tok.eos_id, "unk_id": tok.unk_id,
+                      "bos_id": tok.bos_id},
+        "outputs": {name: _sha256_file(fs.join(output, name)) for name in (*tok_files, *OUTPUT_FILES[1:])},
         "seconds": round(time.perf_counter() - start, 2),
     }
     # The data's identity, from what was written (the same inputs and settings give the same version).
     record["data_version"] = "prepared:" + hashlib.sha256(
         json.dumps(record["outputs"], sort_keys=True).encode()).hexdigest()[:16]
     fs.write_text_atomic(fs.join(output, "prepare.json"), json.dumps(record, indent=1, ensure_ascii=False) + "\n")
-    write_data_config(output)
+    write_data_config(output, fs.basename(model_path), given is not None)
     record["up_to_date"] = False
     return record
 
@@ -339,12 +361,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-document-bytes", type=int, default=documents.MAX_DOCUMENT_BYTES,
                         help="the longest document line read, in bytes; a longer one stops the run naming its file "
                              f"and line before it is held (default: {documents.MAX_DOCUMENT_BYTES}, 4 MiB)")
+    parser.add_argument("--tokenizer", default=None, metavar="FILE",
+                        help="use this tokenizer instead of training one: a base model's tokenizer.json (its "
+                             "config.json / tokenizer_config.json beside it name the special tokens) or a "
+                             "SentencePiece model; for continued pretraining of that model")
     parser.add_argument("--force", action="store_true", help="redo even if the output is up to date")
     args = parser.parse_args(argv)
     settings = PrepareSettings(args.vocab_size, args.heldout_fraction, args.seed)
     try:
         record = prepare(args.source, args.output, settings, force=args.force,
-                         max_document_bytes=args.max_document_bytes)
+                         max_document_bytes=args.max_document_bytes, tokenizer=args.tokenizer)
     except (ValueError, FileNotFoundError) as e:  # ConfigError (a malformed source line) is a ValueError
         print(f"prepare: error: {e}", file=sys.stderr)
         sys.exit(2)
@@ -353,8 +379,17 @@ def main(argv: list[str] | None = None) -> None:
     print(f"prepare: {args.output}: {state}. documents in {c['documents_in']}: train {c['train']}, "
           f"heldout {c['heldout']}, dropped {c['dropped']}; train tokens {record['tokens']['train']['total']}, "
           f"heldout tokens {record['tokens']['heldout']['total']}; tokenizer sha256 "
-          f"{record['tokenizer']['sha256'][:12]}; data config {fs.join(args.output, 'data.gin')} "
-          f"(python -m jaxpt.train --config configs/quickstart.gin --config {fs.join(args.output, 'data.gin')})")
+          f"{record['tokenizer']['sha256'][:12]}; data config {fs.join(args.output, 'data.gin')} ({_next(args)})")
+
+
+def _next(args) -> str:
+    """The training command to run next: a given tokenizer is a base model's, so continue that model."""
+    data = fs.join(args.output, "data.gin")
+    if args.tokenizer is None:
+        return f"python -m jaxpt.train --config configs/quickstart.gin --config {data}"
+    base = fs.dirname(fs.absolute(os.fspath(args.tokenizer)))
+    return (f"continue the base: python -m jaxpt.train --config {fs.join(base, 'model.gin')} --config {data} "
+            f"--gin \"TrainConfig.init_from = '{base}'\"")
 
 
 if __name__ == "__main__":

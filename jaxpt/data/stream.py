@@ -108,16 +108,17 @@ def _shard_iterator(cfg, tokenizer, k: int, n: int, first_step: int):
     if cfg.data.source == "corpus":  # a corpus version built by data_pipelines.build
         return corpus_mixture_iterator(
             cfg.data.corpus_dir, tokenizer, schedule, key=key, seq_len=cfg.seq_len, rows=rows, seed=cfg.seed,
-            shard=k, num_shards=n, add_eos=cfg.data.add_eos, shuffle=cfg.data.shuffle, first_step=first_step,
-            step_of_batch=step_of_batch)
+            shard=k, num_shards=n, document_boundary=cfg.data.document_boundary, shuffle=cfg.data.shuffle,
+            first_step=first_step, step_of_batch=step_of_batch)
     if schedule is not None:
         return loader.sample_mixture_iterator(
             cfg.data.train_path, tokenizer, schedule, key=key, seq_len=cfg.seq_len, rows=rows, seed=cfg.seed,
-            shard=k, num_shards=n, add_eos=cfg.data.add_eos, shuffle=cfg.data.shuffle, first_step=first_step,
-            step_of_batch=step_of_batch)
+            shard=k, num_shards=n, document_boundary=cfg.data.document_boundary, shuffle=cfg.data.shuffle,
+            first_step=first_step, step_of_batch=step_of_batch)
     return iter(loader.make_train_dataset(
         cfg.data.train_path, tokenizer, seq_len=cfg.seq_len, local_batch_size=rows,
-        seed=cfg.seed, process_index=k, process_count=n, shuffle=cfg.data.shuffle, add_eos=cfg.data.add_eos,
+        seed=cfg.seed, process_index=k, process_count=n, shuffle=cfg.data.shuffle,
+        document_boundary=cfg.data.document_boundary,
         long_doc_min_chars=cfg.data.long_doc_min_chars, long_doc_weight=cfg.data.long_doc_weight))
 
 

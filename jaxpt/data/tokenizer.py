@@ -1,12 +1,20 @@
-"""SentencePiece tokenizer: a thin wrapper for the pipeline and a deterministic trainer.
+"""Tokenizers: one way to load any tokenizer (:meth:`Tokenizer.load`), two backends behind one interface.
 
-Special ids are fixed and follow the T5/seqio convention, so `seqio.SentencePieceVocabulary` accepts
-our models as they are:
+:meth:`Tokenizer.load` picks the backend from the file's content: JSON (a Hugging Face ``tokenizer.json``, byte-level
+BPE as Llama 3, Qwen and Mistral's newer models ship it) -> :class:`jaxpt.data.hf_tokenizer.HFTokenizer`, whose special
+tokens come from the model's own ``config.json`` / ``generation_config.json`` / ``tokenizer_config.json`` beside it;
+anything else is read as a SentencePiece model proto -> :class:`SentencePieceTokenizer`. Both give ids as int32 numpy
+arrays, add no special token unless asked (the document-boundary policy, :mod:`jaxpt.data.boundary`, puts BOS/EOS
+around documents), decode exactly what they encoded, and have a ``sha256`` covering everything that changes the ids.
+Every reader of a tokenizer in jaxpt and ``data_pipelines`` goes through :meth:`Tokenizer.load`.
+
+SentencePiece models jaxpt trains have fixed special ids that follow the T5/seqio convention, so
+`seqio.SentencePieceVocabulary` accepts them as they are:
 
     PAD_ID = 0   padding; packing fills empty row slots with it (segment id 0 marks them)
-    EOS_ID = 1   appended to each document when packing (`add_eos`), so the model learns to stop
+    EOS_ID = 1   appended to each document when packing (`DataConfig.document_boundary`), so the model learns to stop
     UNK_ID = 2   never produced in practice: byte fallback covers every character
-    BOS_ID = 3   reserved; never added unless asked
+    BOS_ID = 3   put at each document's start by the 'bos' / 'bos_eos' boundary policies
 
 Training settings keep text exactly (`TrainerSettings`): identity normalization (no NFKC), no
 whitespace collapsing or stripping, no dummy space prefix (so the first word of a text and a text
@@ -16,14 +24,25 @@ character the model never saw becomes its UTF-8 bytes, one `<0xNN>` piece each, 
 to those bytes). The trainer runs on one thread over the input in the order given, and the model
 is serialized without its file name, so the same texts and settings give byte-identical files.
 
+A SentencePiece model trained elsewhere may carry a normalizer (the library's default ``nmt_nfkc``: NFKC folding,
+newlines and tabs to spaces, whitespace runs collapsed and stripped). jaxpt encodes with the model's pieces but
+without its normalizer (identity rule, no whitespace removal; the dummy prefix as the model has it), because that is
+what the exported Hugging Face tokenizer does: transformers converts a SentencePiece model for ``LlamaTokenizer``
+without its normalizer (no precompiled charsmap, only the ``▁`` replacement), so jaxpt's ids and the exported
+tokenizer's agree, and newlines, tabs and whitespace runs reach the model as the text has them (byte pieces where the
+model has no piece), never silently turned into spaces. The model's own record of its normalizer is kept
+(:meth:`SentencePieceTokenizer.settings`); ``sha256`` stays the file's. Known difference for a dummy-prefix model
+only: a text that starts with a space gets one more ``▁`` from jaxpt than from transformers (whose Metaspace does not
+prepend to a text already starting with one); jaxpt's own models have no dummy prefix.
+
 Exact round trip, `decode(encode(s)) == s` for every str without surrogates (any text that is
 valid UTF-8), holds with one escape. SentencePiece writes a space as U+2581 (LOWER ONE EIGHTH
 BLOCK, `SPACE_SYMBOL`) inside pieces, so a literal U+2581 in the input would come back as a space.
-`Tokenizer.encode` therefore cuts the text at each U+2581, encodes the parts, and puts the three
+`SentencePieceTokenizer.encode` therefore cuts the text at each U+2581, encodes the parts, and puts the three
 byte-fallback ids of U+2581's UTF-8 bytes (E2 96 81) between them; SentencePiece decodes byte
 pieces to the bytes themselves, so the plain `decode` returns U+2581. Text without U+2581 (nearly
 all text) gets exactly SentencePiece's ids. The trainer cuts its input at U+2581 the same way.
-The seqio vocabulary from `Tokenizer.as_seqio_vocabulary` applies the same escape in both its
+The seqio vocabulary from `SentencePieceTokenizer.as_seqio_vocabulary` applies the same escape in both its
 Python and TensorFlow encoders; decoding needs nothing special anywhere.
 
 Older models trained with SentencePiece's dummy prefix (`add_dummy_prefix`, the quickstart's
@@ -33,23 +52,27 @@ encoder is SentencePiece's own (U+2581 there becomes a space); the Python encode
 
 Reference: Kudo & Richardson 2018, "SentencePiece" (arXiv:1808.06226); trainer and normalizer
 options are those of sentencepiece 0.2.0 (`TrainerSpec`, `NormalizerSpec` in
-sentencepiece_model.proto).
+sentencepiece_model.proto); transformers' ``LlamaConverter`` / ``LlamaTokenizer`` for the conversion.
 """
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import functools
 import hashlib
 import io
+import json
 import os
 import pathlib
 from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 import sentencepiece as spm
+from google.protobuf import message
 from sentencepiece import sentencepiece_model_pb2
 
+from jaxpt.data import hf_tokenizer
 from jaxpt.util import fs
 
 PAD_ID = 0
@@ -70,21 +93,102 @@ def _as_path(path: str | os.PathLike) -> pathlib.Path:
     return fs.path(path) if fs.is_remote(path) else pathlib.Path(path)
 
 
-class Tokenizer:
-    """A loaded SentencePiece model with the fixed special ids above.
+class Tokenizer(abc.ABC):
+    """The tokenizer interface both backends implement, and the one way to load one (:meth:`load`).
+
+    Properties: ``kind`` ('sentencepiece' or 'huggingface'), ``path``, ``sha256`` (the identity runs and corpus
+    manifests record), ``vocab_size``, ``pad_id``/``eos_id``/``bos_id``/``unk_id`` (-1: none), ``adds_bos`` (whether
+    the model's own tokenizer puts BOS before a text: its document-start convention), ``space_symbol_ids``. Methods:
+    ``encode``/``encode_batch`` (int32 [n] each), ``decode``, ``settings``, ``lossless_problems``, ``learned_ids``,
+    ``id_to_piece``, ``as_seqio_vocabulary`` (SentencePiece only), ``write`` (copy into a folder).
+    """
+
+    kind: str
+
+    @staticmethod
+    def load(path: str | os.PathLike) -> "Tokenizer":
+        """The tokenizer in ``path``, its backend picked from the content: a JSON file (a Hugging Face
+        ``tokenizer.json``) -> :class:`jaxpt.data.hf_tokenizer.HFTokenizer`; else a SentencePiece model proto ->
+        :class:`SentencePieceTokenizer`. ``path`` may be local or ``gs://``.
+
+        Raises:
+          FileNotFoundError: no such file.
+          ValueError: naming the file: a folder (name the file in it), a file that is neither, or a
+            ``tokenizer.json`` whose special tokens cannot be resolved (no EOS: what to add, and where).
+        """
+        p = _as_path(path)
+        if p.is_dir():
+            have = [n for n in ("tokenizer.model", "tokenizer.json") if (p / n).exists()]
+            raise ValueError(f"{path}: a folder; name the tokenizer file in it"
+                             + (f" ({' or '.join(str(p / n) for n in have)})" if have else ""))
+        with p.open("rb") as f:
+            head = f.read(64).lstrip()
+        if head.startswith(b"{"):
+            return hf_tokenizer.HFTokenizer.load(path)
+        return SentencePieceTokenizer.load(path)
+
+    @property
+    @abc.abstractmethod
+    def sha256(self) -> str:
+        """The tokenizer's identity in run metadata and corpus manifests."""
+
+    @abc.abstractmethod
+    def encode(self, text: str, *, add_bos: bool = False, add_eos: bool = False) -> np.ndarray:
+        """Token ids of ``text``: int32 [num_tokens]; BOS/EOS only if asked."""
+
+    @abc.abstractmethod
+    def decode(self, ids: Sequence[int] | np.ndarray) -> str:
+        """Text of ``ids``; special ids decode to ''; ValueError for an id outside [0, vocab_size)."""
+
+
+#: Appended to a normalizing SentencePiece model's bytes in its sha256 (:attr:`SentencePieceTokenizer.sha256`).
+ENCODING_WITHOUT_NORMALIZER = b"\0jaxpt: encoded without the model's normalizer"
+
+#: The ``tokenizers`` backend is a Tokenizer too (it lives in its own module, which does not import this one).
+Tokenizer.register(hf_tokenizer.HFTokenizer)
+
+#: The one way to load a tokenizer (same as :meth:`Tokenizer.load`).
+load = Tokenizer.load
+
+
+class SentencePieceTokenizer(Tokenizer):
+    """A loaded SentencePiece model (module docstring: special ids, the U+2581 escape, the normalizer).
 
     Encoding is thread-safe (SentencePiece's processor is read-only after loading), which lets
     Grain's read threads tokenize in parallel. The object pickles as its model bytes.
     """
 
+    kind = "sentencepiece"
+
     def __init__(self, model_proto: bytes, path: str | os.PathLike | None = None):
         self._proto = bytes(model_proto)
         self._path = None if path is None else _as_path(path)
-        self._sp = spm.SentencePieceProcessor()
-        self._sp.LoadFromSerializedProto(self._proto)
-        self._sha256 = hashlib.sha256(self._proto).hexdigest()
         self._spec = sentencepiece_model_pb2.ModelProto.FromString(self._proto)
+        digest = hashlib.sha256(self._proto)
+        if self.normalizes:  # ids differ from those of jaxpt before it encoded without the normalizer: another
+            digest.update(ENCODING_WITHOUT_NORMALIZER)  # identity, so older runs and corpora are refused, not mixed
+        self._sha256 = digest.hexdigest()
+        self._sp = self._processor(add_dummy_prefix=self._spec.normalizer_spec.add_dummy_prefix)
         self._space_ids, self._sp_inner = self._space_escape()
+        self._adds_bos = _sibling_add_bos_token(self._path)
+
+    @property
+    def normalizes(self) -> bool:
+        """Whether the model's own normalizer rewrites text (a rule other than identity, or whitespace removal);
+        jaxpt encodes without it (module docstring)."""
+        n = self._spec.normalizer_spec
+        return n.name not in ("identity", "") or bool(n.precompiled_charsmap) or n.remove_extra_whitespaces
+
+    def _processor(self, *, add_dummy_prefix: bool) -> spm.SentencePieceProcessor:
+        """A processor of this model with its normalizer off (module docstring) and the dummy prefix as given."""
+        proto = self._proto
+        if self.normalizes or add_dummy_prefix != self._spec.normalizer_spec.add_dummy_prefix:
+            m = sentencepiece_model_pb2.ModelProto.FromString(self._proto)
+            m.normalizer_spec.CopyFrom(_exact_normalizer(m.normalizer_spec, add_dummy_prefix))
+            proto = m.SerializeToString()
+        sp = spm.SentencePieceProcessor()
+        sp.LoadFromSerializedProto(proto)
+        return sp
 
     def _space_escape(self) -> tuple[list[int] | None, spm.SentencePieceProcessor]:
         """(byte ids of U+2581 or None without byte fallback, processor for the parts after one)."""
@@ -93,24 +197,39 @@ class Tokenizer:
             return None, self._sp
         if not self._spec.normalizer_spec.add_dummy_prefix:
             return ids, self._sp
-        inner = sentencepiece_model_pb2.ModelProto.FromString(self._proto)
-        inner.normalizer_spec.add_dummy_prefix = False
-        sp_inner = spm.SentencePieceProcessor()
-        sp_inner.LoadFromSerializedProto(inner.SerializeToString())
-        return ids, sp_inner
+        return ids, self._processor(add_dummy_prefix=False)
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> "Tokenizer":
+    def load(cls, path: str | os.PathLike) -> "SentencePieceTokenizer":
         """Loads a `.model` file. Raises FileNotFoundError, or ValueError naming the file if unreadable."""
         path = _as_path(path)
         proto = path.read_bytes()
         try:
             return cls(proto, path)
-        except (RuntimeError, OSError, ValueError) as e:
-            raise ValueError(f"{path}: not a SentencePiece model ({e})") from e
+        except (RuntimeError, OSError, ValueError, message.DecodeError) as e:
+            raise ValueError(f"{path}: neither a SentencePiece model nor a Hugging Face tokenizer.json ({e})") from e
 
     def __reduce__(self):
-        return (Tokenizer, (self._proto, self._path))
+        return (SentencePieceTokenizer, (self._proto, self._path))
+
+    @property
+    def adds_bos(self) -> bool:
+        """Whether the model's own tokenizer puts BOS before a text: ``add_bos_token`` of a ``tokenizer_config.json``
+        beside the file (a Hugging Face Llama folder), else False (jaxpt's models)."""
+        return self._adds_bos
+
+    @property
+    def proto(self) -> bytes:
+        """The model file's bytes."""
+        return self._proto
+
+    def write(self, folder: str | os.PathLike, **unused) -> str:
+        """Writes ``folder/tokenizer.model`` (the model's bytes) and returns its path (local or ``gs://``)."""
+        del unused
+        path = fs.join(os.fspath(folder), "tokenizer.model")
+        fs.makedirs(os.fspath(folder))
+        fs.write_bytes_atomic(path, self._proto)
+        return path
 
     @property
     def path(self) -> pathlib.Path | None:
@@ -119,7 +238,10 @@ class Tokenizer:
 
     @property
     def sha256(self) -> str:
-        """Hex sha256 of the serialized model: the tokenizer's identity in run metadata."""
+        """Hex sha256 of the serialized model: the tokenizer's identity in run metadata. For a model with a
+        normalizer (:attr:`normalizes`), of the model followed by :data:`ENCODING_WITHOUT_NORMALIZER`: its ids are
+        not those it gave with its normalizer on (jaxpt before 2026-12), so a checkpoint or corpus version made
+        then is refused as another tokenizer's instead of being read with different ids."""
         return self._sha256
 
     @property
@@ -156,7 +278,8 @@ class Tokenizer:
         """The model's own record of how it was trained and how it normalizes (from its proto).
 
         Keys: the `TrainerSettings` fields except `seed` (which the model does not store), plus
-        ``pad_id``, ``eos_id``, ``unk_id``, ``bos_id``, ``num_byte_pieces``. Model type is lower case.
+        ``pad_id``, ``eos_id``, ``unk_id``, ``bos_id``, ``num_byte_pieces``. Model type is lower case. The
+        normalization fields are the model's own; jaxpt encodes without them (module docstring).
         """
         t, n = self._spec.trainer_spec, self._spec.normalizer_spec
         names = [f.name for f in dataclasses.fields(TrainerSettings) if f.name in t.DESCRIPTOR.fields_by_name]
@@ -176,15 +299,11 @@ class Tokenizer:
     def lossless_problems(self) -> list[str]:
         """Reasons `decode(encode(s)) == s` can fail for this model; [] for models trained here.
 
-        A model is lossless when it normalizes nothing (identity rule, no whitespace removal) and has
-        all 256 byte-fallback pieces (so every character has ids and U+2581 can be escaped).
+        jaxpt encodes without the model's normalizer (module docstring), so a model is lossless when it has all 256
+        byte-fallback pieces (so every character has ids and U+2581 can be escaped).
         """
         s = self.settings()
         problems = []
-        if s["normalization_rule_name"] != "identity" or self._spec.normalizer_spec.precompiled_charsmap:
-            problems.append(f"normalization rule {s['normalization_rule_name']!r} rewrites characters")
-        if s["remove_extra_whitespaces"]:
-            problems.append("remove_extra_whitespaces collapses and strips whitespace")
         if s["num_byte_pieces"] != 256 or self._space_ids is None:
             problems.append(f"byte fallback needs 256 byte pieces, the model has {s['num_byte_pieces']}")
         return problems
@@ -251,11 +370,37 @@ class Tokenizer:
         text. Decoding is seqio's own (it stops at the first EOS, as seqio always does). For a legacy
         dummy-prefix model the TensorFlow encoder is seqio's unchanged (module docstring).
 
+        A model with a normalizer gets it switched off there too (seqio's ``normalizer_spec_overrides``), so seqio
+        encodes as jaxpt does.
+
         Raises ValueError if this tokenizer was not loaded from a file.
         """
         if self._path is None:
             raise ValueError("as_seqio_vocabulary needs a tokenizer loaded from a file (Tokenizer.load)")
-        return _seqio_vocabulary_class()(str(self._path), self)
+        overrides = (_exact_normalizer(self._spec.normalizer_spec, self._spec.normalizer_spec.add_dummy_prefix)
+                     if self.normalizes else None)
+        return _seqio_vocabulary_class()(str(self._path), self, overrides)
+
+
+def _exact_normalizer(spec, add_dummy_prefix: bool):
+    """``spec`` (a ``NormalizerSpec``) with normalization off: identity rule, no charsmap, whitespace kept."""
+    out = sentencepiece_model_pb2.NormalizerSpec()
+    out.CopyFrom(spec)
+    out.name, out.precompiled_charsmap = "identity", b""
+    out.remove_extra_whitespaces, out.add_dummy_prefix = False, add_dummy_prefix
+    return out
+
+
+def _sibling_add_bos_token(path) -> bool:
+    """``add_bos_token`` of the ``tokenizer_config.json`` beside ``path`` (False without one)."""
+    if path is None:
+        return False
+    config = fs.join(fs.dirname(os.fspath(path)), "tokenizer_config.json")
+    try:
+        value = json.loads(fs.read_text(config)).get("add_bos_token") if fs.isfile(config) else None
+    except (ValueError, AttributeError):
+        return False
+    return value if isinstance(value, bool) else False
 
 
 @functools.cache
@@ -266,8 +411,8 @@ def _seqio_vocabulary_class() -> type:
     class EscapedSentencePieceVocabulary(seqio.SentencePieceVocabulary):
         """seqio's SentencePiece vocabulary with `Tokenizer`'s U+2581 escape in both encoders."""
 
-        def __init__(self, sentencepiece_model_file: str, tokenizer: Tokenizer):
-            super().__init__(sentencepiece_model_file)
+        def __init__(self, sentencepiece_model_file: str, tokenizer: SentencePieceTokenizer, overrides=None):
+            super().__init__(sentencepiece_model_file, normalizer_spec_overrides=overrides)
             self._jaxpt_tokenizer = tokenizer
 
         def _encode(self, s: str) -> Sequence[int]:

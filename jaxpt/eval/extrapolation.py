@@ -26,6 +26,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from jaxpt.data import boundary
 from jaxpt.eval.scorer import Scorer, Window
 from jaxpt.util import fs
 
@@ -33,14 +34,11 @@ from jaxpt.util import fs
 DEFAULT_TOLERANCE = 0.05
 
 
-def token_stream(texts: Sequence[str], tokenizer, add_eos: bool = True) -> np.ndarray:
-    """The texts tokenized and concatenated, EOS after each when ``add_eos``: int32 [n]."""
-    parts = []
-    for t in texts:
-        ids = list(tokenizer.encode(t))
-        if add_eos:
-            ids.append(tokenizer.eos_id)
-        parts.append(np.asarray(ids, np.int32))
+def token_stream(texts: Sequence[str], tokenizer, document_boundary: str = "eos") -> np.ndarray:
+    """The texts tokenized and concatenated, each with the BOS/EOS of ``document_boundary``
+    (:mod:`jaxpt.data.boundary`; ConfigError if the tokenizer lacks a token it needs): int32 [n]."""
+    marks = boundary.for_tokenizer(document_boundary, tokenizer)
+    parts = [marks.wrap(tokenizer.encode(t)) for t in texts]
     return np.concatenate(parts) if parts else np.zeros(0, np.int32)
 
 
@@ -138,7 +136,7 @@ def measure(restored, lengths: Sequence[int], *, texts: Sequence[str], trained_l
     if lengths[0] < 2:
         raise ValueError(f"lengths: {lengths[0]} is below 2")
     longest = lengths[-1]
-    stream = token_stream(texts, restored.tokenizer, cfg.data.add_eos)
+    stream = token_stream(texts, restored.tokenizer, cfg.data.document_boundary)
     total = (min(len(stream), max_tokens) // longest) * longest
     if total == 0:
         raise ValueError(f"the held-out set has {len(stream)} tokens, fewer than the longest length {longest} "

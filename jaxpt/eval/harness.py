@@ -6,18 +6,22 @@
 or, from Python, ``lm_eval.simple_evaluate(model=JaxptLM(workdir=...), tasks=[...], task_manager=...)``; the
 standard suites work the same way where their data is available locally.
 
-The three request types of lm-eval's ``LM`` interface (lm-eval 0.4, ``lm_eval/api/model.py``):
+The three request types of lm-eval's ``LM`` interface (lm-eval 0.4, ``lm_eval/api/model.py``). Every context starts as
+the run's training documents did (``DataConfig.document_boundary``, :func:`jaxpt.data.boundary.context_start`): with
+BOS under ``bos``/``bos_eos`` (a Llama or Mistral base, as lm-eval's Hugging Face model does with ``add_bos_token``);
+under ``eos`` (jaxpt's default) and ``none`` as it is, an empty context being the EOS token. That first token is the
+adapter's ``prefix_token_id`` (BOS or EOS).
 
 ``loglikelihood((context, continuation))``
   ``(log p(continuation | context), is_greedy)`` with the pair tokenized as
-  :func:`jaxpt.eval.probes.encode_pair` does (the continuation's ids come from the joined text's encoding);
-  an empty context is the EOS token. Scored by :meth:`jaxpt.eval.scorer.Scorer.loglikelihood`, the same call
+  :func:`jaxpt.eval.probes.encode_pair` does (the continuation's ids come from the joined text's encoding).
+  Scored by :meth:`jaxpt.eval.scorer.Scorer.loglikelihood`, the same call
   jaxpt's own probe tasks use, so both give the same numbers for the same text. Probabilities are over the
   tokenizer's ids: a model whose ``vocab_size`` is padded past the tokenizer's is renormalised without the padded
   ids (no text holds them), and ``is_greedy`` means what generation would produce.
 ``loglikelihood_rolling((text,))``
-  log-likelihood of every token of ``text`` after an EOS prefix (lm-eval's convention), in rolling windows of
-  the run's ``seq_len`` with ``seq_len // 2`` tokens of context at least.
+  log-likelihood of every token of ``text`` after the ``prefix_token_id`` (lm-eval's convention: BOS for a Llama
+  base, else EOS), in rolling windows of the run's ``seq_len`` with ``seq_len // 2`` tokens of context at least.
 ``generate_until((context, gen_kwargs))``
   greedy continuation (no sampling: ``do_sample`` must be false and ``temperature`` 0) by :func:`jaxpt.infer.decode.greedy`,
   stopped at EOS, at the first of the request's own ``until`` strings (cut before it), or after ``max_gen_toks``
@@ -36,6 +40,7 @@ import numpy as np
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 
+from jaxpt.data import boundary
 from jaxpt.eval import probes
 from jaxpt.eval.scorer import scorer_for_restored
 from jaxpt.infer import decode
@@ -65,6 +70,7 @@ class JaxptLM(LM):
             restored = restore(workdir, step=None if step in (None, "") else int(step), mesh=mesh or None)
         self.restored = restored
         self.tokenizer = restored.tokenizer
+        self.context_start = boundary.context_start(restored.config.data.document_boundary, self.tokenizer)
         self.scorer = scorer_for_restored(restored, batch_size=int(batch_size))
         self.decoder = self.scorer.decode_step()
         self.max_gen_toks = int(max_gen_toks)
@@ -72,6 +78,11 @@ class JaxptLM(LM):
     @property
     def max_length(self) -> int:
         return self.scorer.seq_len
+
+    @property
+    def prefix_token_id(self) -> int:
+        """The token every input starts with when it has no context (module docstring): BOS or EOS."""
+        return self.context_start.prefix_id
 
     def loglikelihood(self, requests) -> list[tuple[float, bool]]:
         reqs, empty = [], set()
@@ -81,13 +92,13 @@ class JaxptLM(LM):
                 empty.add(i)  # log p("") = 0 and it is trivially greedy
                 continue
             ctx, cont = probes.encode_pair(self.tokenizer, context, continuation)
-            reqs.append((probes.with_prefix(self.tokenizer, ctx), cont))
+            reqs.append((self.context_start.apply(ctx), cont))
         scored = iter(self.scorer.loglikelihood(reqs))
         return [(0.0, True) if i in empty else next(scored) for i in range(len(requests))]
 
     def loglikelihood_rolling(self, requests) -> list[float]:
-        eos = np.asarray([self.tokenizer.eos_id], np.int32)
-        reqs = [(eos, self.tokenizer.encode(r.args[0])) for r in requests]
+        prefix = np.asarray([self.prefix_token_id], np.int32)
+        reqs = [(prefix, self.tokenizer.encode(r.args[0])) for r in requests]
         keep = [i for i, (_, ids) in enumerate(reqs) if len(ids)]
         scored = dict(zip(keep, (lp for lp, _ in self.scorer.loglikelihood([reqs[i] for i in keep]))))
         return [scored.get(i, 0.0) for i in range(len(reqs))]
@@ -107,7 +118,7 @@ class JaxptLM(LM):
             groups.setdefault(min(n, self.decoder.seq_len - 1), []).append(i)
         out: list[str] = [""] * len(requests)
         for n, idx in groups.items():
-            prompts = [probes.with_prefix(self.tokenizer, self.tokenizer.encode(requests[i].args[0])) for i in idx]
+            prompts = [self.context_start.apply(self.tokenizer.encode(requests[i].args[0])) for i in idx]
             gens = decode.greedy(self.decoder, prompts, n, eos_id=self.tokenizer.eos_id,
                                  stop_strings=[stops[i] for i in idx], tokenizer=self.tokenizer)
             for i, g in zip(idx, gens):

@@ -5,8 +5,9 @@ Sources (:func:`load_documents`) are pluggable: a prepared JSON Lines file (``he
 ``heldout/*.jsonl.gz``; each file is read by :mod:`jaxpt.data.documents` (one JSON object per line with a string
 ``text``; ``id``, ``domain``, ``lang`` when known), so a malformed line raises ``DocumentFormatError`` naming it.
 
-Each document is tokenized as in training (EOS appended when ``add_eos``) and cut into rolling windows that
-start at the document's first token (:func:`jaxpt.eval.scorer.rolling_windows`), so the scored tokens are
+Each document is tokenized as in training (BOS/EOS around it as ``DataConfig.document_boundary`` says,
+:mod:`jaxpt.data.boundary`) and cut into rolling windows that start at the document's first token (BOS when the
+policy puts one there) (:func:`jaxpt.eval.scorer.rolling_windows`), so the scored tokens are
 exactly the document's tokens after its first one: padding and the first token of each document never count,
 and neither the batch size nor packing changes which tokens are scored or what context they see. Per group we
 report the summed negative log-likelihood (nats), scored tokens, mean loss, perplexity ``exp(loss)`` and
@@ -27,7 +28,7 @@ from typing import Any, Iterable, Iterator, Sequence
 import numpy as np
 
 from jaxpt.config import GROUPINGS
-from jaxpt.data import corpus, documents
+from jaxpt.data import boundary, corpus, documents
 from jaxpt.eval.scorer import Scorer, Window, rolling_windows
 from jaxpt.util import fs
 
@@ -151,22 +152,25 @@ class HeldoutSet:
 
     @classmethod
     def build(cls, docs: Sequence[Document], tokenizer, *, seq_len: int, stride: int | None = None,
-              add_eos: bool = True, max_windows: int = 0, interleave_by: str = "domain_lang") -> "HeldoutSet":
-        """Tokenize (EOS appended when ``add_eos``, as in training) and cut into windows.
+              document_boundary: str = "eos", max_windows: int = 0,
+              interleave_by: str = "domain_lang") -> "HeldoutSet":
+        """Tokenize (BOS/EOS around each document as ``document_boundary`` says, as in training) and cut into
+        windows.
 
         Args:
+          document_boundary: :data:`jaxpt.data.boundary.DOCUMENT_BOUNDARIES` (ConfigError if the tokenizer lacks
+            a token it needs).
           stride: new tokens per later window of a long document (default ``seq_len // 2``).
           max_windows: 0 for all; else keep this many windows, taken round-robin over the groups of
             ``interleave_by`` (so a bounded in-loop evaluation still covers every group), each group's windows
             in document order.
         """
         stride = stride or seq_len // 2
+        marks = boundary.for_tokenizer(document_boundary, tokenizer)
         ids = tokenizer.encode_batch([d.text for d in docs])
         windows, owner = [], []
         for i, t in enumerate(ids):
-            if add_eos:
-                t = np.append(t, np.int32(tokenizer.eos_id))
-            ws = rolling_windows(t, seq_len, stride)
+            ws = rolling_windows(marks.wrap(t), seq_len, stride)
             windows += ws
             owner += [i] * len(ws)
         owner_arr = np.asarray(owner, np.int64)

@@ -13,7 +13,7 @@ whose MLP routes tokens (a mixture of experts) is scored with each token routed 
 sees a later token; :func:`jaxpt.model.decoder.eval_routing`), and its records say so: ``heldout_routing`` (or
 ``heldout_partial_routing``) ``"causal"`` beside the figures. The scorer runs on the run's mesh with the train state's param shardings and the global batch size and compiles once.
 The held-out documents are read and checked at setup (:func:`load_heldout`, :func:`heldout_set`): a set with no
-scored token (empty, or only 1-token documents with ``DataConfig.add_eos = False``) is a config error, never a
+scored token (empty, or only 1-token documents with ``DataConfig.document_boundary = 'none'``) is a config error, never a
 perfect-looking loss of 0.
 
 The per-group breakdown is off by default (plain runs pay nothing). Its config is ``TrainConfig.heldout_eval``,
@@ -73,15 +73,16 @@ def heldout_set(train_cfg, docs: list[heldout.Document], tokenizer) -> heldout.H
 
     Raises:
       ConfigError: the windows score no token: every document tokenizes to one token or none, with nothing
-        appended (``DataConfig.add_eos = False``); a loss over 0 tokens would read as a perfect model.
+        around it (``DataConfig.document_boundary = 'none'``); a loss over 0 tokens would read as a perfect model.
     """
     c = train_cfg
     hset = heldout.HeldoutSet.build(docs, tokenizer, seq_len=c.seq_len, stride=heldout_config(c).stride or None,
-                                    add_eos=c.data.add_eos)
+                                    document_boundary=c.data.document_boundary)
     if not sum(w.num_scored for w in hset.windows):
         key = "HeldoutEvalConfig.source" if heldout_config(c).source else "DataConfig.heldout_path"
         raise ConfigError(f"{key}: the held-out set's {len(docs)} documents have no token to score (a document's "
-                          f"first token is never scored; DataConfig.add_eos = {c.data.add_eos}): a held-out loss "
+                          f"first token is never scored; DataConfig.document_boundary = "
+                          f"{c.data.document_boundary!r}): a held-out loss "
                           "over 0 tokens would read as a perfect model")
     return hset
 
@@ -93,7 +94,7 @@ class HeldoutEvaluator:
     ``python -m jaxpt.tools.evaluate`` therefore agree on the same checkpoint.
 
     Args:
-      train_cfg: the run's config (``seq_len``, ``global_batch_size``, ``add_eos``, ``heldout_eval``).
+      train_cfg: the run's config (``seq_len``, ``global_batch_size``, ``document_boundary``, ``heldout_eval``).
       mesh, graphdef: the run's mesh and model graph definition.
       tokenizer: the run's tokenizer.
       docs: the held-out documents (:func:`load_heldout`).
@@ -114,7 +115,7 @@ class HeldoutEvaluator:
             c = self.cfg
             self._sets[limit] = heldout.HeldoutSet.build(
                 self.docs, self.tokenizer, seq_len=c.seq_len, stride=self.eval_cfg.stride or None,
-                add_eos=c.data.add_eos, max_windows=limit * c.global_batch_size)
+                document_boundary=c.data.document_boundary, max_windows=limit * c.global_batch_size)
         return self._sets[limit]
 
     def evaluate(self, params, limit: int) -> dict[str, float]:

@@ -19,6 +19,10 @@ Choice tasks report ``accuracy`` (sum of log-probabilities) and ``accuracy_norm`
 of the continuation, lm-evaluation-harness's ``acc_norm``); chance is the mean of ``1 / num_choices``. Generate
 tasks report ``exact_match``; their chance level is 0.
 
+Every model input built from a context or prompt starts as the run's training documents did
+(:func:`jaxpt.data.boundary.context_start` of ``DataConfig.document_boundary``: BOS first for a Llama or Mistral base;
+under jaxpt's default ``eos`` an empty context is ``[EOS]``).
+
 Examples come only from held-out documents and are dropped when they share a word 13-gram with the training
 split (:mod:`jaxpt.eval.decontam`). Everything is deterministic given the card's seed and the documents.
 The same rows feed the seqio Tasks (:mod:`jaxpt.eval.seqio_tasks`) and the direct path here
@@ -37,6 +41,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from jaxpt.data import boundary
 from jaxpt.eval import decontam
 from jaxpt.eval.heldout import Document
 from jaxpt.infer import decode
@@ -372,17 +377,15 @@ def encode_pair(tokenizer, context: str, continuation: str) -> tuple[np.ndarray,
     return whole[:n], whole[n:]
 
 
-def with_prefix(tokenizer, ctx_ids: np.ndarray) -> np.ndarray:
-    """An empty context becomes ``[EOS]`` (the document boundary the model saw in training)."""
-    return ctx_ids if len(ctx_ids) else np.asarray([tokenizer.eos_id], np.int32)
-
-
-def score_choice_rows(scorer, tokenizer, rows: Sequence[Mapping[str, Any]]) -> list[float]:
-    """Log-likelihood (nats) of each row's ``targets`` after its ``inputs``, via :func:`encode_pair`."""
+def score_choice_rows(scorer, tokenizer, rows: Sequence[Mapping[str, Any]],
+                      document_boundary: str = "eos") -> list[float]:
+    """Log-likelihood (nats) of each row's ``targets`` after its ``inputs``, via :func:`encode_pair`, the context
+    started as ``document_boundary`` says (:func:`jaxpt.data.boundary.context_start`)."""
+    start = boundary.context_start(document_boundary, tokenizer)
     reqs = []
     for r in rows:
         c, k = encode_pair(tokenizer, r["inputs"], r["targets"])
-        reqs.append((with_prefix(tokenizer, c), k))
+        reqs.append((start.apply(c), k))
     return [lp for lp, _ in scorer.loglikelihood(reqs)]
 
 
@@ -396,16 +399,19 @@ def next_line_greedy(step, tokenizer, prompts: Sequence[np.ndarray], max_new_tok
 
 
 def evaluate_task(scorer, tokenizer, task: TaskExamples, *, max_new_tokens: int = 32,
-                  generator=None) -> dict[str, float]:
+                  generator=None, document_boundary: str = "eos") -> dict[str, float]:
     """Metrics of one task computed directly (no seqio): the same rows and metric functions as the seqio Task.
 
     ``generator``: the :class:`jaxpt.infer.decode.DecodeStep` of generate tasks (default ``scorer.decode_step()``; a
-    wider batch amortizes the per-step calls)."""
+    wider batch amortizes the per-step calls). ``document_boundary``: the run's ``DataConfig.document_boundary``, how
+    every context and prompt starts (:func:`jaxpt.data.boundary.context_start`)."""
     if task.spec.is_choice:
         rows = choice_rows(task.examples)
-        return choice_metrics([choice_target(r) for r in rows], score_choice_rows(scorer, tokenizer, rows))
+        return choice_metrics([choice_target(r) for r in rows],
+                              score_choice_rows(scorer, tokenizer, rows, document_boundary))
     rows = generate_rows(task.examples)
-    prompts = [with_prefix(tokenizer, tokenizer.encode(r["inputs"])) for r in rows]
+    start = boundary.context_start(document_boundary, tokenizer)
+    prompts = [start.apply(tokenizer.encode(r["inputs"])) for r in rows]
     gens = next_line_greedy(generator or scorer.decode_step(), tokenizer, prompts, max_new_tokens,
                             progress=f"{task.spec.name} generations")
     return exact_match([first_line(r["targets"]) for r in rows], [first_line(g.text) for g in gens])

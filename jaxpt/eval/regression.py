@@ -1,4 +1,5 @@
-"""Regression report: compare two evaluation reports made with the same card.
+"""Regression report: compare two evaluation reports made with the same card (or two held-out reports of the same
+documents, as figures: :func:`compare_heldout`).
 
 Core probe tasks are compared on their primary metric: a drop larger than the task's ``regression_tolerance``
 (absolute, in metric units) is flagged. Perplexity is compared for each group of the card's ``core_grouping``
@@ -47,16 +48,51 @@ def _row(row: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
+def _is_heldout_report(report: Mapping[str, Any]) -> bool:
+    """A report of ``evaluate heldout`` (held-out perplexity alone: ``overall`` and ``by_<group>``, no card)."""
+    return "card" not in report and isinstance(report.get("overall"), Mapping)
+
+
+def compare_heldout(base: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
+    """Compare two ``evaluate heldout`` reports of the same documents: the loss (nats per token) and perplexity
+    overall and per group, as figures (no card, so no tolerance: nothing is flagged, ``ok`` is True).
+
+    Raises:
+      IncompatibleReports: the two scored different text (token counts differ), or one is not a held-out report.
+    """
+    if not (_is_heldout_report(base) and _is_heldout_report(new)):
+        raise IncompatibleReports("a held-out report (evaluate heldout) compares only with another held-out report")
+    if base["overall"].get("tokens") != new["overall"].get("tokens"):
+        raise IncompatibleReports(f"held-out perplexity over different text: {base['overall'].get('tokens')} vs "
+                                  f"{new['overall'].get('tokens')} scored tokens")
+    rows = []
+    groups = [("overall", {"": base["overall"]}, {"": new["overall"]})]
+    groups += [(k[3:], v, new.get(k, {})) for k, v in base.items() if k.startswith("by_") and isinstance(v, Mapping)]
+    for grouping, fb_all, fn_all in groups:
+        for g, fb in fb_all.items():
+            fn = fn_all.get(g)
+            if fn is None:
+                raise IncompatibleReports(f"held-out group {grouping}={g} is missing from the new report")
+            rows.append({"kind": "loss", "name": grouping if not g else f"{grouping}={g}", "metric": "loss",
+                         "base": fb["loss"], "new": fn["loss"], "change": fn["loss"] - fb["loss"],
+                         "tolerance": None, "core": False, "flagged": False})
+    return {"ok": True, "card": None, "base_checkpoint": base.get("checkpoint"),
+            "new_checkpoint": new.get("checkpoint"), "rows": rows, "flagged": []}
+
+
 def compare(base: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
-    """Compare ``new`` against ``base``.
+    """Compare ``new`` against ``base`` (two eval-card reports; two ``evaluate heldout`` reports go to
+    :func:`compare_heldout`).
 
     Returns ``{"ok": bool, "card": ..., "rows": [...], "flagged": [...]}``; each row names the metric, both
     values, the change and the tolerance, and ``flagged`` lists the core rows whose drop exceeds it or whose
     figure on either side is not a finite number (with a ``note``).
 
     Raises:
-      IncompatibleReports: different cards, example sets or held-out text.
+      IncompatibleReports: different cards, example sets or held-out text, or a card report beside a held-out one.
     """
+    if _is_heldout_report(base) or _is_heldout_report(new):
+        return compare_heldout(base, new)
     _check_same(base, new)
     rows = []
     for name, tb in base.get("tasks", {}).items():
@@ -91,6 +127,11 @@ def compare(base: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
 
 def format_comparison(result: Mapping[str, Any]) -> str:
     """A plain-text table of :func:`compare`'s rows."""
+    if result["card"] is None:  # two held-out reports: figures, no tolerance
+        lines = ["held-out loss (nats per token), base -> new: figures only (no card, no tolerance)"]
+        lines += [f"     {r['name']:<40} {r['base']:>10.4f} -> {r['new']:>10.4f}  change {r['change']:+.4f}"
+                  for r in result["rows"]]
+        return "\n".join(lines)
     lines = [f"card {result['card']['name']} v{result['card']['version']}: "
              f"{'OK' if result['ok'] else 'REGRESSION'} ({len(result['flagged'])} flagged)"]
     for r in result["rows"]:

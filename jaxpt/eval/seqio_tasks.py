@@ -27,6 +27,7 @@ import numpy as np
 import seqio
 import tensorflow as tf
 
+from jaxpt.data import boundary
 from jaxpt.eval import probes
 
 SPLIT = "validation"
@@ -104,19 +105,19 @@ def register(task_set_version: str, tasks: Mapping[str, probes.TaskExamples], vo
     return out
 
 
-def _score_fn(scorer, eos_id: int, dataset) -> list[tuple[int, float]]:
+def _score_fn(scorer, start: boundary.ContextStart, dataset) -> list[tuple[int, float]]:
     idx, reqs = [], []
     for i, ex in dataset.as_numpy_iterator():
-        ctx = np.asarray(ex["inputs"], np.int32)
-        reqs.append((ctx if len(ctx) else np.asarray([eos_id], np.int32), np.asarray(ex["targets"], np.int32)))
+        reqs.append((start.apply(ex["inputs"]), np.asarray(ex["targets"], np.int32)))
         idx.append(int(i))
     return list(zip(idx, (lp for lp, _ in scorer.loglikelihood(reqs))))
 
 
-def _predict_fn(step, tokenizer, max_new_tokens: int, dataset) -> list[tuple[int, np.ndarray]]:
+def _predict_fn(step, tokenizer, start: boundary.ContextStart, max_new_tokens: int,
+                dataset) -> list[tuple[int, np.ndarray]]:
     idx, prompts = [], []
     for i, ex in dataset.as_numpy_iterator():
-        prompts.append(probes.with_prefix(tokenizer, np.asarray(ex["inputs"], np.int32)))
+        prompts.append(start.apply(ex["inputs"]))
         idx.append(int(i))
     outs = [g.ids for g in probes.next_line_greedy(step, tokenizer, prompts, max_new_tokens)]
     padded = np.full((len(outs), max_new_tokens), tokenizer.pad_id, np.int32)  # seqio decodes a 2-D array
@@ -126,11 +127,14 @@ def _predict_fn(step, tokenizer, max_new_tokens: int, dataset) -> list[tuple[int
 
 
 def evaluate_with_seqio(task_set_version: str, tasks: Mapping[str, probes.TaskExamples], scorer, tokenizer, *,
-                        max_new_tokens: int, generator=None) -> dict[str, dict[str, float]]:
+                        max_new_tokens: int, generator=None,
+                        document_boundary: str = "eos") -> dict[str, dict[str, float]]:
     """Register the tasks and evaluate each with ``seqio.Evaluator``; returns ``{task: metrics}``.
 
     ``scorer`` scores choices; ``generator`` (a :class:`jaxpt.infer.decode.DecodeStep`, default
-    ``scorer.decode_step()``) decodes greedily."""
+    ``scorer.decode_step()``) decodes greedily. Every context and prompt starts as ``document_boundary`` (the run's
+    ``DataConfig.document_boundary``) says (:func:`jaxpt.data.boundary.context_start`), as in the direct path."""
+    start = boundary.context_start(document_boundary, tokenizer)
     registered = register(task_set_version, tasks, tokenizer.as_seqio_vocabulary())
     generator = generator or scorer.decode_step()
     absl_logger = logging.getLogger("absl")
@@ -142,8 +146,8 @@ def evaluate_with_seqio(task_set_version: str, tasks: Mapping[str, probes.TaskEx
             evaluator = seqio.Evaluator(task.name, feature_converter=PassThroughConverter(),
                                         eval_split=SPLIT, use_cached=False, async_compute_metrics=False)
             metrics, _ = evaluator.evaluate(
-                compute_metrics=True, score_fn=functools.partial(_score_fn, scorer, tokenizer.eos_id),
-                predict_fn=functools.partial(_predict_fn, generator, tokenizer, max_new_tokens))
+                compute_metrics=True, score_fn=functools.partial(_score_fn, scorer, start),
+                predict_fn=functools.partial(_predict_fn, generator, tokenizer, start, max_new_tokens))
             results[name] = {k: float(v) for k, v in metrics.result()[task.name].items()}
     finally:
         absl_logger.setLevel(level)

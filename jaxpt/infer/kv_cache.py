@@ -77,9 +77,11 @@ def step_class(cfg: ModelConfig, kv_cache: bool = True) -> type:
 
 
 def _project_qkv(block, x_BxTxD, positions_BxT):
-    """Pre-norm, q/k/v projections and RoPE of one block, as :class:`jaxpt.model.attention.Attention` does."""
+    """Pre-norm, q/k/v projections (with their biases), the q/k norm and RoPE of one block, as
+    :class:`jaxpt.model.attention.Attention` does."""
     cfg = block.attn.cfg
     q_BxTxHxHd, k_BxTxKxHd, v_BxTxKxHd = block.attn.project_qkv(block.attn_norm(x_BxTxD))
+    q_BxTxHxHd, k_BxTxKxHd = block.attn.normalize_qk(q_BxTxHxHd, k_BxTxKxHd)
     inv_freq, factor = rope_frequencies(cfg)
     return (apply_rope(q_BxTxHxHd, positions_BxT, inv_freq, factor),
             apply_rope(k_BxTxKxHd, positions_BxT, inv_freq, factor), v_BxTxKxHd)

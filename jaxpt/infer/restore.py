@@ -6,7 +6,7 @@ For notebooks and evaluation scripts::
     import jaxpt
     r = jaxpt.restore("workdirs/quickstart")          # newest committed step, all local devices
     print(r.step, r.config.model, r.num_params)
-    print(jaxpt.generate(r.model, r.tokenizer, "The river", max_new_tokens=20))
+    print(r.generate("The river", max_new_tokens=20))  # = jaxpt.generate(r.model, r.tokenizer, ..., document_boundary=)
 
 (The module is ``jaxpt.infer.restore`` rather than ``jaxpt.restore`` so that importing it never shadows the
 ``jaxpt.restore`` function.)
@@ -28,6 +28,7 @@ import numpy as np
 
 from jaxpt import config as config_lib, mesh as mesh_lib
 from jaxpt.checkpoint import CheckpointConfig, Checkpointer, CheckpointError
+from jaxpt.data import boundary
 from jaxpt.data.tokenizer import Tokenizer
 from jaxpt.infer import decode
 from jaxpt.infer.kv_cache import step_class
@@ -65,6 +66,18 @@ class Restored:
         """Total number of parameters."""
         return int(sum(x.size for x in jax.tree.leaves(self.params)))
 
+    @property
+    def document_boundary(self) -> str:
+        """The run's ``DataConfig.document_boundary``: how its training documents started and ended, so how a prompt
+        starts (:func:`jaxpt.data.boundary.context_start`)."""
+        return self.config.data.document_boundary
+
+    def generate(self, prompt: str, max_new_tokens: int = 32, **kwargs) -> str:
+        """:func:`generate` with this checkpoint's model, tokenizer and document boundary (a prompt starts as the
+        run's documents did: with BOS for a Llama or Mistral base); ``kwargs`` as :func:`generate` takes them."""
+        return generate(self.model, self.tokenizer, prompt, max_new_tokens,
+                        document_boundary=self.document_boundary, **kwargs)
+
 
 def restore(workdir: str | os.PathLike, step: int | None = None,
             mesh: jax.sharding.Mesh | str | Mapping[str, int] | None = None, *,
@@ -77,8 +90,9 @@ def restore(workdir: str | os.PathLike, step: int | None = None,
       mesh: where to place the params: a ``jax.sharding.Mesh``, or sizes such as ``"fsdp=4"`` over all
         local devices. ``None``: the mesh the checkpoint was saved on if it fits the devices present,
         else ``data=<all devices>`` (params replicated, which any model shape allows).
-      tokenizer_path: the SentencePiece model to use; by default the path recorded in the checkpoint,
-        then ``DataConfig.tokenizer_path`` of its config (relative to the current directory).
+      tokenizer_path: the tokenizer to use (a SentencePiece model or a Hugging Face ``tokenizer.json``); by default
+        the path recorded in the checkpoint, then ``DataConfig.tokenizer_path`` of its config (relative to the
+        current directory).
 
     Note: parsing the saved config replaces the process's current gin bindings (as
     :func:`jaxpt.config.parse` does).
@@ -183,7 +197,11 @@ def _load_tokenizer(meta: Mapping[str, Any], cfg, explicit, where: str):
         if problem:  # a path from metadata: /dev/zero or a FIFO hung the reader
             tried.append(f"{path} ({problem})")
             continue
-        tok = Tokenizer.load(path)
+        try:
+            tok = Tokenizer.load(path)  # either backend, picked from the file
+        except ValueError as e:
+            tried.append(f"{path} ({e})")
+            continue
         if want and tok.sha256 != want:
             tried.append(f"{path} (sha256 {tok.sha256[:12]}, checkpoint has {want[:12]})")
             continue
@@ -208,7 +226,7 @@ def _resolve_mesh(mesh, meta: Mapping[str, Any]) -> jax.sharding.Mesh:
 
 
 def generate(model, tokenizer, prompt: str, max_new_tokens: int = 32, *, stop_strings: Sequence[str] = (),
-             kv_cache: bool = True, temperature: float = 0.0, seed: int = 0) -> str:
+             kv_cache: bool = True, temperature: float = 0.0, seed: int = 0, document_boundary: str = "eos") -> str:
     """Continuation of ``prompt`` (text in, text out), stopped at EOS or before the first of ``stop_strings``: one
     row of :func:`jaxpt.infer.decode.greedy` (``temperature`` 0) or :func:`jaxpt.infer.decode.sample` (``temperature``
     > 0, drawn with ``seed``) over a :class:`jaxpt.infer.kv_cache.KVCacheStep` (``kv_cache=False``, or a model that
@@ -216,14 +234,25 @@ def generate(model, tokenizer, prompt: str, max_new_tokens: int = 32, *, stop_st
     :func:`jaxpt.infer.kv_cache.step_class`) on the model's params wherever they live. Only ids the tokenizer has are
     emitted, however far the model's ``vocab_size`` is padded past it.
 
-    Truncation (:mod:`jaxpt.infer.decode`): a prompt longer than ``model.cfg.max_seq_len - max_new_tokens`` tokens keeps
-    its last that many. The row is only as long as the prompt and new tokens need, at most ``max_seq_len``.
+    The prompt starts as the run's training documents did (``document_boundary``, the run's
+    ``DataConfig.document_boundary``; :func:`jaxpt.data.boundary.context_start`): ``'bos'``/``'bos_eos'`` put BOS
+    before it (a Llama or Mistral base: an empty prompt is then ``[BOS]``, a document's start); ``'eos'`` and
+    ``'none'`` leave it as it is.
+    :meth:`Restored.generate` passes the checkpoint's own policy.
+
+    Truncation (:mod:`jaxpt.infer.decode`): a prompt longer than ``model.cfg.max_seq_len - max_new_tokens`` tokens
+    (BOS included) keeps its last that many. The row is only as long as the prompt and new tokens need, at most
+    ``max_seq_len``.
 
     Raises:
-      ValueError: the prompt encodes to no tokens, ``max_new_tokens`` is not in [0, max_seq_len), or a negative or
-        non-finite ``temperature``.
+      ValueError: the prompt encodes to no tokens and the policy puts no BOS before it, ``max_new_tokens`` is not in
+        [0, max_seq_len), or a negative or non-finite ``temperature``.
+      ConfigError: an unknown ``document_boundary``, or one with a BOS the tokenizer lacks.
     """
+    start = boundary.context_start(document_boundary, tokenizer, "document_boundary")
     ids = tokenizer.encode(prompt)
+    if len(ids) or start.bos_id is not None:  # an empty prompt without a BOS stays refused (nothing to continue)
+        ids = start.apply(ids)
     row = max(2, min(model.cfg.max_seq_len, max(len(ids), 1) + max_new_tokens))
     step = step_class(model.cfg, kv_cache).from_model(model, seq_len=row, pad_id=tokenizer.pad_id)
     kwargs = dict(eos_id=tokenizer.eos_id, stop_strings=[stop_strings], tokenizer=tokenizer)

@@ -39,7 +39,7 @@ from jax.ad_checkpoint import checkpoint_name
 from jaxpt.mesh import constrain
 from jaxpt.model import context_parallel, tables
 from jaxpt.model.config import ModelConfig
-from jaxpt.model.layers import _param
+from jaxpt.model.layers import RMSNorm, _param
 from jaxpt.model.rope import apply_rope, rope_frequencies
 
 
@@ -78,8 +78,11 @@ def dot_product_attention(q_BxLxHxHd: jax.Array, k_BxMxKxHd: jax.Array, v_BxMxKx
 class Attention(nnx.Module):
     """Grouped-query self-attention (Ainslie et al. 2023) with RoPE and segment masking.
 
-    Params: ``wq`` [D, H, Hd], ``wk``/``wv`` [D, K, Hd], ``wo`` [H, Hd, D]. The attention math is
-    :func:`dot_product_attention` with ``cfg.attention_impl``.
+    Params: ``wq`` [D, H, Hd], ``wk``/``wv`` [D, K, Hd], ``wo`` [H, Hd, D]; with ``cfg.attention_bias`` also
+    ``q_bias`` [H, Hd] and ``k_bias``/``v_bias`` [K, Hd] (Qwen2's q/k/v biases; zeros at init); with
+    ``cfg.qk_norm`` also ``q_norm``/``k_norm`` (:class:`RMSNorm` with a ``[Hd]`` scale: Qwen3's per-head norm).
+    The attention math is :func:`dot_product_attention` with ``cfg.attention_impl``: every implementation gets
+    q and k after the bias, the norm and RoPE, so each supports both options.
     """
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
@@ -91,9 +94,17 @@ class Attention(nnx.Module):
         self.wk = _param(rngs, (D, K, Hd), ("embed", "kv_heads", "head_dim"), cfg.init_std, pd)
         self.wv = _param(rngs, (D, K, Hd), ("embed", "kv_heads", "head_dim"), cfg.init_std, pd)
         self.wo = _param(rngs, (H, Hd, D), ("heads", "head_dim", "embed"), out_std, pd)
+        if cfg.attention_bias:
+            self.q_bias = nnx.Param(jnp.zeros((H, Hd), pd), logical_axes=("heads", "head_dim"))
+            self.k_bias = nnx.Param(jnp.zeros((K, Hd), pd), logical_axes=("kv_heads", "head_dim"))
+            self.v_bias = nnx.Param(jnp.zeros((K, Hd), pd), logical_axes=("kv_heads", "head_dim"))
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(Hd, cfg.norm_eps, pd)
+            self.k_norm = RMSNorm(Hd, cfg.norm_eps, pd)
 
     def project_qkv(self, x_BxLxD):
-        """``(q [B, L, H, Hd], k [B, L, K, Hd], v [B, L, K, Hd])``, compute dtype, before RoPE.
+        """``(q [B, L, H, Hd], k [B, L, K, Hd], v [B, L, K, Hd])``, compute dtype: the projections (plus
+        ``cfg.attention_bias``'s biases), before the q/k norm (:meth:`normalize_qk`) and RoPE.
 
         With ``cfg.fused_projections`` one matmul against the weights stacked along a new axis (``[D, 3, H, Hd]``;
         ``[D, 2, K, Hd]`` for k and v, q apart, when ``K < H``): stacking keeps every weight's ``heads`` axis
@@ -103,21 +114,35 @@ class Attention(nnx.Module):
         cd = self.cfg.jnp_compute_dtype
         wq, wk, wv = (w[...].astype(cd) for w in (self.wq, self.wk, self.wv))
         if not self.cfg.fused_projections:
-            return tuple(jnp.einsum("bld,dhk->blhk", x_BxLxD, w) for w in (wq, wk, wv))
-        stacked = (wq, wk, wv) if wq.shape == wk.shape else (wk, wv)
-        y_BxLxSxHxHd = jnp.einsum("bld,dshk->blshk", x_BxLxD, jnp.stack(stacked, axis=1))
-        parts = tuple(y_BxLxSxHxHd[:, :, i] for i in range(len(stacked)))
-        return parts if len(parts) == 3 else (jnp.einsum("bld,dhk->blhk", x_BxLxD, wq), *parts)
+            qkv = tuple(jnp.einsum("bld,dhk->blhk", x_BxLxD, w) for w in (wq, wk, wv))
+        else:
+            stacked = (wq, wk, wv) if wq.shape == wk.shape else (wk, wv)
+            y_BxLxSxHxHd = jnp.einsum("bld,dshk->blshk", x_BxLxD, jnp.stack(stacked, axis=1))
+            parts = tuple(y_BxLxSxHxHd[:, :, i] for i in range(len(stacked)))
+            qkv = parts if len(parts) == 3 else (jnp.einsum("bld,dhk->blhk", x_BxLxD, wq), *parts)
+        if self.cfg.attention_bias:
+            qkv = tuple(y + b[...].astype(cd) for y, b in zip(qkv, (self.q_bias, self.k_bias, self.v_bias)))
+        return qkv
+
+    def normalize_qk(self, q_BxLxHxHd, k_BxMxKxHd):
+        """``(q, k)`` each normalized per head over ``head_dim`` by ``q_norm`` / ``k_norm`` when ``cfg.qk_norm``
+        (RMSNorm in float32, returned in the input dtype: Qwen3's ``Qwen3RMSNorm``), else unchanged. Shapes as
+        given. The training step and the KV-cache decoder both call it between :meth:`project_qkv` and RoPE."""
+        if not self.cfg.qk_norm:
+            return q_BxLxHxHd, k_BxMxKxHd
+        return self.q_norm(q_BxLxHxHd), self.k_norm(k_BxMxKxHd)
 
     def __call__(self, x_BxLxD, segment_ids_BxL, positions_BxL):
         """Returns ``(out [B, L, D] in the compute dtype, aux)``, aux as the implementation declares."""
         cfg = self.cfg
         cd = cfg.jnp_compute_dtype
         q_BxLxHxHd, k_BxMxKxHd, v_BxMxKxHd = self.project_qkv(x_BxLxD)
-        # Named for the ``save_qkv_proj`` remat policy (jax.checkpoint_policies.save_only_these_names).
+        # Named for the ``save_qkv_proj`` remat policy (jax.checkpoint_policies.save_only_these_names): the
+        # projections, so that a q/k norm's backward pass finds its input saved.
         q_BxLxHxHd = checkpoint_name(constrain(q_BxLxHxHd, ("batch", "length", "heads", "head_dim")), "qkv_proj")
         k_BxMxKxHd = checkpoint_name(constrain(k_BxMxKxHd, ("batch", "length", "kv_heads", "head_dim")), "qkv_proj")
         v_BxMxKxHd = checkpoint_name(constrain(v_BxMxKxHd, ("batch", "length", "kv_heads", "head_dim")), "qkv_proj")
+        q_BxLxHxHd, k_BxMxKxHd = self.normalize_qk(q_BxLxHxHd, k_BxMxKxHd)
         inv_freq, attention_factor = rope_frequencies(cfg)  # host constants: the one RoPE of train/eval/decode
         q_BxLxHxHd = apply_rope(q_BxLxHxHd, positions_BxL, inv_freq, attention_factor)
         k_BxMxKxHd = apply_rope(k_BxMxKxHd, positions_BxL, inv_freq, attention_factor)

@@ -48,6 +48,12 @@ class ModelConfig:
       rope_attention_factor: ``yarn``: multiplier of rotated queries and keys (logits scale by its square);
         0: ``0.1 ln(s) + 1`` (Peng et al. 2023, eq. 22).
       tie_embeddings: output projection reuses the embedding table (transposed).
+      attention_bias: learned biases on the query, key and value projections (``q_bias`` [H, Hd], ``k_bias`` and
+        ``v_bias`` [K, Hd], zeros at init; none on the output projection), as Qwen2 / Qwen2.5 have. Changes the
+        params.
+      qk_norm: RMSNorm with a learned ``[head_dim]`` scale over each head of the queries and of the keys, after
+        the projection (and its bias) and before RoPE (``q_norm``, ``k_norm``; epsilon ``norm_eps``), as Qwen3 has
+        (Dehghani et al. 2023 normalize q and k per head for training stability). Changes the params.
       param_dtype: dtype params are stored and optimized in (``float32`` usual).
       compute_dtype: dtype of activations and matmul inputs (``bfloat16`` usual on accelerators).
       norm_eps: RMSNorm epsilon.
@@ -140,6 +146,8 @@ class ModelConfig:
     rope_beta_slow: float = 1.0
     rope_attention_factor: float = 0.0
     tie_embeddings: bool = False
+    attention_bias: bool = False
+    qk_norm: bool = False
     param_dtype: Dtype = "float32"
     compute_dtype: Dtype = "float32"
     norm_eps: float = 1e-6

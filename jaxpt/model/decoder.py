@@ -326,18 +326,22 @@ def count_params(cfg: ModelConfig) -> dict[str, int]:
     the embedding lookup is excluded (Kaplan et al. 2020; MaxText/Megatron MFU convention). A mixture-of-experts
     layer counts all its experts in ``total``/``blocks``/``experts`` but only the router and the ``top_k``
     experts a token goes through (plus a shared expert) in ``matmul``: the active params
-    (:func:`jaxpt.model.moe.moe_param_counts`). ``experts``: params of all MoE layers (0 when dense).
+    (:func:`jaxpt.model.moe.moe_param_counts`). ``experts``: params of all MoE layers (0 when dense). Norm scales
+    (the q/k norms of ``qk_norm`` too) and the q/k/v biases of ``attention_bias`` count in ``total``/``blocks``,
+    not in ``matmul``.
     """
     D, H, K, Hd, F, V, N = (cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.mlp_dim,
                             cfg.vocab_size, cfg.num_layers)
     attn = D * H * Hd * 2 + D * K * Hd * 2
+    attn_bias = (H + 2 * K) * Hd if cfg.attention_bias else 0   # q/k/v biases: no matmul
+    qk_norms = 2 * Hd if cfg.qk_norm else 0
     n_moe = cfg.num_moe_layers
     moe = moe_param_counts(cfg) if n_moe else {"total": 0, "active": 0}
     dense_mlp = 3 * D * F
     mlp_total = (N - n_moe) * dense_mlp + n_moe * moe["total"]
     mlp_active = (N - n_moe) * dense_mlp + n_moe * moe["active"]
-    norms = 2 * D
-    blocks = N * (attn + norms) + mlp_total
+    norms = 2 * D + qk_norms
+    blocks = N * (attn + attn_bias + norms) + mlp_total
     embedding = V * D
     output = 0 if cfg.tie_embeddings else D * V
     return {

@@ -239,9 +239,10 @@ def _check_tokenizer(meta: dict, cfg: TrainConfig, tokenizer, where: str) -> Non
     saved = (meta.get("tokenizer") or {}).get("sha256")
     if meta.get("params_only") and not saved:
         source = (meta.get("source") or {}).get("path", "?")
-        raise ConfigError(f"TrainConfig.init_from = {cfg.init_from!r}: the model was converted without a SentencePiece "
-                          f"tokenizer.model (from {source}), so DataConfig.tokenizer_path cannot be checked against the "
-                          "one it was trained with")
+        raise ConfigError(f"TrainConfig.init_from = {cfg.init_from!r}: the model was converted without a tokenizer "
+                          f"(no tokenizer.model or tokenizer.json in {source}), so DataConfig.tokenizer_path cannot be "
+                          "checked against the one it was trained with; convert it again from a folder that has its "
+                          "tokenizer")
     if saved and saved != tokenizer.sha256:
         raise CheckpointError(f"{where} was trained with tokenizer sha256 {saved[:12]}, this run uses "
                               f"{tokenizer.sha256[:12]} (DataConfig.tokenizer_path)")

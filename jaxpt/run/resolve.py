@@ -29,7 +29,7 @@ import jax
 
 from jaxpt import config as config_lib, mesh as mesh_lib
 from jaxpt.config import TrainConfig
-from jaxpt.data import corpus, documents, mixture, stream
+from jaxpt.data import boundary, corpus, documents, mixture, stream
 from jaxpt.data.tokenizer import Tokenizer
 from jaxpt.eval import inloop
 from jaxpt.model.decoder import count_params
@@ -153,16 +153,25 @@ def resolve(cfg: TrainConfig, devices: Sequence[Any] | None = None) -> Resolved:
 
 
 def load_tokenizer(cfg: TrainConfig):
-    """The run's :class:`jaxpt.data.tokenizer.Tokenizer` from ``DataConfig.tokenizer_path``.
+    """The run's :class:`jaxpt.data.tokenizer.Tokenizer` from ``DataConfig.tokenizer_path`` (a SentencePiece model
+    or a Hugging Face ``tokenizer.json``, :meth:`jaxpt.data.tokenizer.Tokenizer.load`), checked against
+    ``DataConfig.document_boundary`` (a policy needing a BOS the tokenizer lacks is refused now).
 
     Raises:
-      ConfigError: the model file is missing (names the key and the command that writes it).
+      ConfigError: the file is missing (names the key and the command that writes it), is not a tokenizer, or its
+        special tokens cannot be resolved (names the key and what to add), or the boundary policy needs a token it
+        does not have.
     """
     path = cfg.data.tokenizer_path
     if not fs.exists(path):
         raise ConfigError(f"DataConfig.tokenizer_path = {path!r}: no such file "
                           "(run `python -m jaxpt.data.prepare --output artifacts/sample` first)")
-    return Tokenizer.load(path)
+    try:
+        tokenizer = Tokenizer.load(path)
+    except ValueError as e:
+        raise ConfigError(f"DataConfig.tokenizer_path = {path!r}: {e}") from None
+    boundary.for_tokenizer(cfg.data.document_boundary, tokenizer)
+    return tokenizer
 
 
 def resolve_vocab(cfg: TrainConfig, tokenizer=None) -> TrainConfig:

@@ -46,6 +46,7 @@ import time
 from typing import Any, Sequence
 
 from jaxpt.checkpoint import CheckpointError
+from jaxpt.data import boundary
 from jaxpt.eval import decontam, extrapolation, heldout, heldout as heldout_lib, probes, regression, review
 from jaxpt.eval.card import CardError, file_sha256, load_card, stamp_card
 from jaxpt.eval.regression import IncompatibleReports
@@ -86,6 +87,8 @@ def run_card(restored, card, *, workdir: str = "", heldout: str | None = None, t
     """
     t0 = time.perf_counter()
     cfg = restored.config
+    if use_seqio and restored.tokenizer.kind != "sentencepiece":  # refused before any scoring (seqio is SP only)
+        restored.tokenizer.as_seqio_vocabulary()  # raises ValueError naming the file and --no-seqio
     run_heldout, run_train = heldout_lib.run_sources(cfg.data)
     heldout = heldout or card.heldout_source or heldout_source(restored, None)
     train = train or card.train_source or run_train
@@ -94,7 +97,7 @@ def run_card(restored, card, *, workdir: str = "", heldout: str | None = None, t
         check_card_domains(card, docs, heldout)
     scorer = scorer_for_restored(restored, batch_size=card.batch_size)
     hset = heldout_lib.HeldoutSet.build(docs, restored.tokenizer, seq_len=scorer.seq_len,
-                                        stride=card.stride or None, add_eos=cfg.data.add_eos)
+                                        stride=card.stride or None, document_boundary=cfg.data.document_boundary)
     ppl = heldout_lib.perplexity_report(scorer, hset, group_by=card.group_by, progress="held-out perplexity")
     generator = scorer.decode_step(batch_size=int(card.decoding.get("batch_size", 64)))
     ppl.update(core_grouping=card.core_grouping, regression_tolerance=card.perplexity_tolerance,
@@ -107,10 +110,12 @@ def run_card(restored, card, *, workdir: str = "", heldout: str | None = None, t
         seqio_tasks = _extra_module("jaxpt.eval.seqio_tasks",  # defers tensorflow (and seqio)
                                     "scoring probe tasks through seqio (or pass --no-seqio)")
         metrics = seqio_tasks.evaluate_with_seqio(card.task_set_version, tasks, scorer, restored.tokenizer,
-                                                  max_new_tokens=max_new, generator=generator)
+                                                  max_new_tokens=max_new, generator=generator,
+                                                  document_boundary=cfg.data.document_boundary)
     else:
         metrics = {n: probes.evaluate_task(scorer, restored.tokenizer, te, max_new_tokens=max_new,
-                                           generator=generator) for n, te in tasks.items()}
+                                           generator=generator, document_boundary=cfg.data.document_boundary)
+                   for n, te in tasks.items()}
     t_tasks = time.perf_counter()
     report = {
         "card": card.ident,
@@ -142,12 +147,14 @@ def _task_entry(card, te, metrics: dict[str, float], use_seqio: bool) -> dict[st
 
 
 def write_review_sheet(restored, card, step, path: str, workdir: str) -> dict[str, Any]:
-    """Generate greedily from every spot-check prompt (stopped at EOS) and write the review sheet; returns its
-    summary. ``step``: the :class:`jaxpt.infer.decode.DecodeStep` to decode with (its class and batch size are kept)."""
+    """Generate greedily from every spot-check prompt (stopped at EOS; started as the run's documents were,
+    :func:`jaxpt.data.boundary.context_start`) and write the review sheet; returns its summary. ``step``: the
+    :class:`jaxpt.infer.decode.DecodeStep` to decode with (its class and batch size are kept)."""
     spot = card.spot_check
     prompts = review.read_prompts(spot.prompts_path)
     tok = restored.tokenizer
-    ids = [probes.with_prefix(tok, tok.encode(p["prompt"])) for p in prompts]
+    start = boundary.context_start(restored.config.data.document_boundary, tok)
+    ids = [start.apply(tok.encode(p["prompt"])) for p in prompts]
     # A row just long enough for the prompts is cheaper (a smaller cache; fewer positions without one).
     need = -(-(max(len(i) for i in ids) + spot.max_new_tokens) // 8) * 8
     if need < step.seq_len:
@@ -244,7 +251,7 @@ def cmd_heldout(args) -> int:
     docs = heldout.load_documents(source, "heldout")
     scorer = scorer_for_restored(restored, batch_size=args.batch_size, routing=args.routing)
     hset = heldout.HeldoutSet.build(docs, restored.tokenizer, seq_len=scorer.seq_len,
-                                    add_eos=restored.config.data.add_eos)
+                                    document_boundary=restored.config.data.document_boundary)
     report = heldout.perplexity_report(scorer, hset, progress="held-out perplexity")
     report.update(source=source, checkpoint={"workdir": fs.absolute(args.workdir), "step": restored.step,
                                              "data_version": restored.meta.get("data_version")})

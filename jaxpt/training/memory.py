@@ -162,6 +162,9 @@ def _layer_activations(cfg: ModelConfig, batch: int, seq_len: int):
         T("q", "dot", True, (B, L, H, Hd), blhd, c),
         T("k", "dot", True, (B, L, K, Hd), blkd, c),
         T("v", "dot", True, (B, L, K, Hd), blkd, c),
+        # ModelConfig.qk_norm: the normalized q and k beside the projections the norm's backward reads.
+        *([T("q_normed", "other", True, (B, L, H, Hd), blhd, c),
+           T("k_normed", "other", True, (B, L, K, Hd), blkd, c)] if cfg.qk_norm else []),
         *tables.attention(cfg.attention_impl).saved_tensors(cfg, batch, seq_len),
         T("attn_proj", "dot", False, (B, L, D), bld, c),
         T("x_mid", "other", True, (B, L, D), bld, c),

@@ -150,14 +150,16 @@ def _path_names(path) -> tuple[str, ...]:
 def weight_decay_mask(params: Any, decay_embeddings: bool = False) -> Any:
     """Pytree of bools: True where weight decay applies.
 
-    Norm scales and biases (any leaf of rank <= 1) never decay; the embedding table (and the output
-    projection when tied, which *is* the embedding) decays only if ``decay_embeddings``; every other
-    matrix decays.
+    Norm scales and biases never decay: any leaf of rank <= 1, and by name (a path element ``scale``, ``bias``
+    or ending in ``_bias``) the stacked [layers, ...] ones of scanned layers and the per-head q/k/v biases
+    [H, Hd] of ``ModelConfig.attention_bias``. The embedding table (and the output projection when tied, which
+    *is* the embedding) decays only if ``decay_embeddings``; every other matrix decays.
     """
     def decide(path, leaf) -> bool:
-        if jnp.ndim(leaf) <= 1 or "scale" in _path_names(path) or "bias" in _path_names(path):
+        names = _path_names(path)
+        if jnp.ndim(leaf) <= 1 or "scale" in names or any(n == "bias" or n.endswith("_bias") for n in names):
             return False
-        if "embedding" in _path_names(path):
+        if "embedding" in names:
             return decay_embeddings
         return True
     return jax.tree_util.tree_map_with_path(decide, params)
