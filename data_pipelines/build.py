@@ -98,7 +98,7 @@ def run(cfg: config_lib.BuildConfig, out_dir: str, beam_args: list[str] | None =
     for s in sources:  # a pattern matching no file, or in object storage: refused before the output is touched
         if s.format != "tfds":
             s.files(cfg.source_root)
-    writer.SentencePieceEncoder(cfg.output.tokenizer_path)  # fail before the pipeline starts
+    writer.TokenizerEncoder(cfg.output.tokenizer_path)  # fail before the pipeline starts
     eval_index = load_eval_index(cfg) if cfg.decontam.enabled else None
     sink.check_credentials(out_dir)
     check_output(out_dir, overwrite)
@@ -141,8 +141,26 @@ def _complete_shards(cfg, out_dir) -> dict[str, list[int]]:
     return lengths
 
 
+def _calibration_record(quality) -> dict:
+    """The manifest's account of a calibrated quality stage: the label set and, per source, the scorer's agreement
+    with the labels and what each candidate quantile keeps and loses (`data_pipelines.calibrate`); {} without one."""
+    cal = quality.calibrated() if quality.enabled else None
+    if cal is None:
+        return {}
+    keep = ("labels", "labelled_good", "good_rate", "auc", "drop_quantile", "reason", "at_drop_quantile",
+            "by_quantile")
+    return {"calibration_label_set": cal.get("label_set"), "calibration_rule": cal.get("rule"),
+            "calibration_by_source": {s: {k: c.get(k) for k in keep} for s, c in sorted(cal["sources"].items())}}
+
+
 def _stage_records(cfg, operative: dict, eval_index, decontam: dict, stat, out_dir: str) -> dict:
     """The manifest's per-stage settings and figures (thresholds, keep fractions, the held-out rule and files)."""
+    paragraph_dedup = {"paragraph_dedup": dict(
+        operative["paragraphs"], key="sha256(casefold(collapse_whitespace(unit)))",
+        units="paragraph: text between blank lines; line: text between newlines",
+        counted_on="documents that survived exact and near dedup, each once per distinct unit",
+        near_clusters="each bucket member against the bucket's centre (most documents, then smallest key)",
+    )} if cfg.paragraphs.enabled else {}
     return {
         "admission": operative["admission"],
         "normalize": operative["normalize"],
@@ -154,7 +172,9 @@ def _stage_records(cfg, operative: dict, eval_index, decontam: dict, stat, out_d
                            verification="estimated Jaccard >= threshold before union",
                            clusters="connected components",
                            short_documents="fewer words than shingle_size: one shingle of all words"),
-        "quality": dict(operative["quality"], thresholds_per_source=stat("quality_thresholds.json")),
+        **paragraph_dedup,
+        "quality": dict(operative["quality"], thresholds_per_source=stat("quality_thresholds.json"),
+                        **_calibration_record(cfg.quality)),
         "decontamination": {**operative["decontam"], "rules": stages.DECONTAM_RULES,
                             "eval_ngrams": eval_index.ngram_counts() if eval_index else {},
                             "eval_ngram_lengths": eval_index.lengths() if eval_index else {},
@@ -256,7 +276,7 @@ def finalize(cfg, sources, out_dir, eval_index, beam_seconds) -> dict:
             for path in s.files(cfg.source_root):
                 input_hashes[f"{s.name}:{os.path.basename(path)}"] = writer.file_sha256(path)
     operative = cfg.to_json()
-    enc = writer.SentencePieceEncoder(cfg.output.tokenizer_path)
+    enc = writer.TokenizerEncoder(cfg.output.tokenizer_path)
     decontam = decontamination_figures(cfg, eval_index, rows)
     longtail = stat("longtail.json")
     if longtail:
@@ -272,9 +292,11 @@ def finalize(cfg, sources, out_dir, eval_index, beam_seconds) -> dict:
         ],
         "input_file_sha256": input_hashes,
         "stages": _stage_records(cfg, operative, eval_index, decontam, stat, out_dir),
-        "tokenizer": {"path": cfg.output.tokenizer_path, "sha256": enc.sha256, "vocab_size": enc.vocab_size},
+        "tokenizer": {"path": cfg.output.tokenizer_path, "kind": enc.kind, "sha256": enc.sha256,
+                      "vocab_size": enc.vocab_size},
         **figs,
         "long_tail_coverage": {"terms": longtail, "languages": figs["language_coverage"]},
+        **({"paragraph_dedup": manifest_lib.paragraph_figures(rows)} if cfg.paragraphs.enabled else {}),
         "decontaminated_ids": [r["id"] for r in rows if r["stage"] == "decontamination"],
         "damaged_input_files": damaged_input_files(rows),
         "quota_share_warnings": quota_warnings(cfg, rows),
@@ -306,6 +328,10 @@ def main(argv=None):
         return 2
     print(json.dumps({k: m[k] for k in ("data_version", "documents_in", "documents_out", "documents_heldout",
                                         "heldout_by_domain", "tokens_out", "documents_dropped")}, indent=1))
+    if "paragraph_dedup" in m:
+        pd = m["paragraph_dedup"]
+        print(f"paragraph dedup: {pd['units_removed']} units ({pd['bytes_removed']} bytes) removed from "
+              f"{pd['documents_changed']} documents; dropped {pd['documents_dropped']}")
     for w in m["quota_share_warnings"] + m["decontamination_warnings"]:
         print(f"WARNING: {w}", file=sys.stderr)
     print(f"built {args.output} in {time.time() - t:.1f}s")

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import hashlib
+import json
 import os
 from typing import Any
 
@@ -256,10 +258,76 @@ class NearDedupConfig:
 
 @gin.configurable
 @dataclasses.dataclass
+class ParagraphDedupConfig:
+    """Stage 6b, off by default: units (paragraphs between blank lines, or lines: `unit`) that recur in more than
+    `max_documents` distinct documents are removed from every document that holds them (`data_pipelines.paragraphs`).
+
+    Counting runs on the documents that survived exact and near dedup, so a document copied a hundred times does not
+    make its own paragraphs look like boilerplate; a unit repeated inside one document counts once. Units of fewer
+    than `min_words` words (headings, braces, signatures) are never removed. ``match = 'exact'`` compares units by
+    `stages.exact_key` (whitespace collapsed, case folded); ``'near'`` (the default) also joins units whose MinHash
+    estimate of word-`shingle_size`-gram Jaccard with a cluster's centre is at least `threshold`, found through LSH
+    (`bands` x `rows` of `num_perm` permutations, `minhash.MinHasher` with `seed`), and counts distinct documents
+    over the cluster (`paragraphs.star_cluster`).
+
+    A document that loses units and is left with no word is dropped as ``paragraph_dedup:all_removed``; one left
+    under its rules' minimum length (`RuleConfig.min_words`, `RuleConfig.min_chars` of its domain and source) as
+    ``paragraph_dedup:too_short_after_removal``. Documents of `skip_domains` and `skip_sources` are neither counted
+    nor changed: by default code, where a repeated block (the classes every generated codec module repeats) is part of
+    the program, and removing it breaks the file.
+
+    `max_documents` = 10: in a sample of raw-v1's man pages, dictionaries and fortunes, paragraphs found in 3 to 10
+    documents were mostly text related pages share as content (one option described in ``ls``, ``dir`` and ``vdir``,
+    an untranslated code example), those in more than 10 mostly translation credits, licence and bug-report notes and
+    the standard ``--help`` and ``--version`` lines.
+    """
+
+    enabled: bool = False
+    unit: str = "paragraph"
+    max_documents: int = 10
+    min_words: int = 5
+    match: str = "near"
+    shingle_size: int = 3
+    num_perm: int = 64
+    bands: int = 16
+    rows: int = 4
+    threshold: float = 0.7
+    seed: int = 1
+    skip_domains: tuple[str, ...] = ("code",)
+    skip_sources: tuple[str, ...] = ()
+
+    def validate(self):
+        """Raises ConfigError naming the field: an unknown `unit` or `match`, `max_documents` < 1, `min_words` < 1,
+        `bands` * `rows` > `num_perm`, or `threshold` outside (0, 1]."""
+        if self.unit not in ("paragraph", "line"):
+            raise ConfigError(f"ParagraphDedupConfig.unit = {self.unit!r} must be 'paragraph' or 'line'")
+        if self.match not in ("exact", "near"):
+            raise ConfigError(f"ParagraphDedupConfig.match = {self.match!r} must be 'exact' or 'near'")
+        for name in ("max_documents", "min_words", "shingle_size", "num_perm", "bands", "rows"):
+            v = getattr(self, name)
+            if not (isinstance(v, int) and v >= 1):
+                raise ConfigError(f"ParagraphDedupConfig.{name} = {v!r} must be an integer >= 1")
+        if self.bands * self.rows > self.num_perm:
+            raise ConfigError(f"ParagraphDedupConfig: bands*rows = {self.bands * self.rows} > num_perm = "
+                              f"{self.num_perm}")
+        if not 0.0 < self.threshold <= 1.0:
+            raise ConfigError(f"ParagraphDedupConfig.threshold = {self.threshold} must be in (0, 1]")
+
+
+@gin.configurable
+@dataclasses.dataclass
 class QualityConfig:
     """Stage 7. A hashed word uni+bigram language model trained on `reference_sources`; the score
     is the mean log-probability per word. Per source, documents below the `drop_quantile` of
-    that source's scores are dropped (`per_source_drop_quantile` overrides)."""
+    that source's scores are dropped (`per_source_drop_quantile` overrides).
+
+    `scorer = 'classifier'` scores with a classifier trained on human quality labels instead
+    (`data_pipelines.quality_model`, saved at `classifier_path`; `reference_sources` unused).
+
+    `calibration`: a calibration file (`python -m data_pipelines.calibrate`: the scorer checked against human labels)
+    whose per-source ``drop_quantile`` replaces `drop_quantile` for the sources it covers; the manifest records its
+    sha256 and table. It must have been made for this scorer (`version`, `reference_sources`, `num_buckets`), and a
+    source may not also be in `per_source_drop_quantile`."""
 
     reference_sources: tuple[str, ...] = ()
     num_buckets: int = 1 << 20
@@ -267,6 +335,74 @@ class QualityConfig:
     per_source_drop_quantile: dict = dataclasses.field(default_factory=dict)
     enabled: bool = True
     version: str = "hashed-bigram-lm-v1"
+    calibration: str = ""
+    scorer: str = "ngram"
+    classifier_path: str = ""
+
+    def validate(self) -> None:
+        """Raises ConfigError naming the key: an unknown `scorer`, or ``'classifier'`` without a readable
+        `classifier_path`."""
+        if self.scorer not in ("ngram", "classifier"):
+            raise ConfigError(f"QualityConfig.scorer = {self.scorer!r} must be 'ngram' or 'classifier'")
+        if self.scorer == "classifier":
+            from data_pipelines import quality_model
+            if not self.classifier_path or not fs.isfile(self.classifier_path):
+                raise ConfigError(f"QualityConfig.classifier_path = {self.classifier_path!r}: QualityConfig.scorer = "
+                                  f"'classifier' needs a saved classifier (python -m data_pipelines.calibrate "
+                                  f"--train-classifier)")
+            try:
+                quality_model.LabelClassifier.load(self.classifier_path)
+            except ValueError as e:
+                raise ConfigError(f"QualityConfig.classifier_path: {e}") from None
+
+    def calibrated(self) -> dict | None:
+        """The calibration file's content (None without one), checked against this scorer; read once per config
+        object, so a file changed during a build does not give its stages two different calibrations.
+
+        Raises:
+          ConfigError: naming ``QualityConfig.calibration``: the file is missing or not a calibration, was made for
+            another scorer, or shares a source with ``per_source_drop_quantile``.
+        """
+        if not self.calibration:
+            return None
+        cached = self.__dict__.get("_calibrated")
+        if cached is not None and cached[0] == self.calibration:
+            return cached[1]  # read once: every stage of a build sees the same content
+        from data_pipelines import calibrate
+        key = "QualityConfig.calibration"
+        if not fs.isfile(self.calibration):
+            raise ConfigError(f"{key} = {self.calibration!r}: no such file")
+        raw = fs.read_bytes(self.calibration)
+        try:
+            cal = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ConfigError(f"{key}: {self.calibration} is not UTF-8 JSON ({e})") from None
+        if not isinstance(cal, dict) or cal.get("format") != calibrate.FORMAT or not isinstance(
+                cal.get("sources"), dict):
+            raise ConfigError(f"{key}: {self.calibration} is not a {calibrate.FORMAT} file")
+        if cal.get("scorer") != calibrate.scorer_identity(self):
+            raise ConfigError(f"{key}: {self.calibration} calibrates the scorer {cal.get('scorer')}, this build's is "
+                              f"{calibrate.scorer_identity(self)}: its quantiles do not apply; calibrate this scorer")
+        both = sorted(set(cal["sources"]) & set(self.per_source_drop_quantile))
+        if both:
+            raise ConfigError(f"{key} and QualityConfig.per_source_drop_quantile both set the quantile of {both}")
+        for src, c in cal["sources"].items():
+            q = c.get("drop_quantile") if isinstance(c, dict) else None
+            if isinstance(q, bool) or not isinstance(q, (int, float)) or not 0.0 <= q < 1.0:
+                raise ConfigError(f"{key}: {self.calibration}: sources.{src}.drop_quantile = {q!r} must be in [0, 1)")
+        self.__dict__["_calibrated"] = (self.calibration, cal, hashlib.sha256(raw).hexdigest())
+        return cal
+
+    def calibration_sha256(self) -> str:
+        """Hex sha256 of the calibration file's bytes as :meth:`calibrated` read them ("" without one)."""
+        return self.__dict__["_calibrated"][2] if self.calibrated() is not None else ""
+
+    def drop_quantiles(self) -> dict[str, float]:
+        """``{source: drop quantile}`` for the sources that do not take `drop_quantile`: the calibration's, then
+        `per_source_drop_quantile`."""
+        cal = self.calibrated()
+        out = {s: float(c["drop_quantile"]) for s, c in (cal or {}).get("sources", {}).items()}
+        return {**out, **self.per_source_drop_quantile}
 
 
 @gin.configurable
@@ -355,7 +491,10 @@ class QuotaConfig:
 @gin.configurable
 @dataclasses.dataclass
 class OutputConfig:
-    """Stage 10-12. `tokenizer_path` is a SentencePiece model.
+    """Stage 10-12. `tokenizer_path` is the corpus's tokenizer: a SentencePiece model (``tokenizer.model``, e.g.
+    from ``python -m data_pipelines.tokenizer``), or, for a corpus version built for continued pretraining, the base
+    model's Hugging Face ``tokenizer.json`` (its ``config.json`` / ``tokenizer_config.json`` beside it name the special
+    tokens); loaded by :meth:`jaxpt.data.tokenizer.Tokenizer.load`, recorded in the manifest with its sha256.
 
     `heldout_fraction` is the share of surviving documents (after decontamination, before quotas) kept out of
     training by `jaxpt.data.prepare.is_heldout` (sha256 of the id): they go to ``DIR/heldout/<domain>.jsonl.gz``
@@ -388,6 +527,7 @@ class BuildConfig:
     rules: RuleConfig = dataclasses.field(default_factory=RuleConfig)
     exact: ExactDedupConfig = dataclasses.field(default_factory=ExactDedupConfig)
     near: NearDedupConfig = dataclasses.field(default_factory=NearDedupConfig)
+    paragraphs: ParagraphDedupConfig = dataclasses.field(default_factory=ParagraphDedupConfig)
     quality: QualityConfig = dataclasses.field(default_factory=QualityConfig)
     decontam: DecontamConfig = dataclasses.field(default_factory=DecontamConfig)
     quotas: QuotaConfig = dataclasses.field(default_factory=QuotaConfig)
@@ -405,6 +545,12 @@ class BuildConfig:
         for q in self.quality.reference_sources:
             if q not in names:
                 raise ConfigError(f"QualityConfig.reference_sources: '{q}' is not a registered source")
+        if self.quality.enabled:
+            self.quality.validate()
+            unknown = sorted(set((self.quality.calibrated() or {}).get("sources", {})) - set(names))
+            if unknown:
+                raise ConfigError(f"QualityConfig.calibration: {self.quality.calibration} calibrates sources this build "
+                                  f"does not register: {unknown} (a renamed source, or another corpus's calibration)")
         for q in self.langid.declared_sources:
             if q not in names:
                 raise ConfigError(f"LangIdConfig.declared_sources: '{q}' is not a registered source")
@@ -414,16 +560,45 @@ class BuildConfig:
             if missing:
                 raise ConfigError(f"QuotaConfig.targets: no target for domains {sorted(missing)}")
         if not self.output.tokenizer_path:
-            raise ConfigError("OutputConfig.tokenizer_path: a SentencePiece model path is required")
+            raise ConfigError("OutputConfig.tokenizer_path: a tokenizer is required (a SentencePiece model, or a base "
+                              "model's tokenizer.json)")
         if not self.output.owner:
             raise ConfigError("OutputConfig.owner: name the team or person who owns this data version")
         if not 0.0 <= self.output.heldout_fraction < 1.0:
             raise ConfigError(f"OutputConfig.heldout_fraction = {self.output.heldout_fraction} must be in [0, 1)")
         self.near.validate()
+        if self.paragraphs.enabled:
+            self.paragraphs.validate()
+            for q in self.paragraphs.skip_sources:
+                if q not in names:
+                    raise ConfigError(f"ParagraphDedupConfig.skip_sources: '{q}' is not a registered source")
         self.decontam.validate()
         self.quotas.validate()
         return out
 
     def to_json(self) -> dict:
-        """Plain-JSON view of every setting (the operative config)."""
-        return dataclasses.asdict(self)
+        """Plain-JSON view of every setting (the operative config). Paragraph dedup is listed only when enabled, so
+        a build with it off has the operative config, content id and manifest of a build made before it existed.
+        Likewise ``quality.calibration`` is listed only when set, as the file's path, sha256 and per-source drop
+        quantiles (what the build uses of it), and ``quality.scorer`` only when it is the classifier (with the
+        classifier file's sha256)."""
+        out = dataclasses.asdict(self)
+        if not self.paragraphs.enabled:
+            del out["paragraphs"]
+        if self.quality.scorer == "ngram":  # the default: listed as before the option existed
+            del out["quality"]["scorer"], out["quality"]["classifier_path"]
+        else:  # the classifier's identity, not the n-gram model's settings it does not use
+            from data_pipelines import calibrate, quality_model
+            for k in ("reference_sources", "num_buckets"):
+                del out["quality"][k]
+            out["quality"]["version"] = quality_model.VERSION
+            out["quality"]["classifier_sha256"] = calibrate.sha256_file(self.quality.classifier_path)
+        cal = self.quality.calibrated()
+        if cal is None:
+            del out["quality"]["calibration"]
+        else:
+            out["quality"]["calibration"] = {
+                "path": self.quality.calibration,
+                "sha256": self.quality.calibration_sha256(),
+                "drop_quantile": {s: c["drop_quantile"] for s, c in sorted(cal["sources"].items())}}
+        return out

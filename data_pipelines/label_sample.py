@@ -1,4 +1,8 @@
-"""`python -m data_pipelines.label_sample`: the stratified sample of dropped documents for wrongful-deletion labels.
+"""`python -m data_pipelines.label_sample`: stratified samples of a build's documents for human labels.
+
+Two kinds (``--kind``): ``wrongful`` (the default), dropped documents for wrongful-deletion labels (below), and
+``quality``, documents the quality stage scored, for calibrating its scores against human judgment
+(:func:`draw_quality`).
 
 From a built corpus's decision log, draws `n` documents removed by a *filter* stage (language ID, rules, quality,
 decontamination, empty main text: the decisions a reviewer can call wrongful; duplicates and quota downsampling are
@@ -19,6 +23,7 @@ are ranked by `stages.uniform(seed, id)` and the first ones taken: the same log 
 from __future__ import annotations
 
 import argparse
+import bisect
 import collections
 import json
 import os
@@ -66,12 +71,88 @@ def draw(rows: list[dict], n: int, seed: int) -> list[dict]:
     for r in rows:
         if is_filter_drop(r):
             strata[(r["verdict"], r["domain"])].append(r)
+    return _take(strata, n, seed)
+
+
+def _take(strata: dict, n: int, seed: int) -> list[dict]:
+    """``n`` rows of ``strata`` (key -> rows) allocated by :func:`allocate`, the first of each stratum by
+    ``stages.uniform(seed, id)``, in sorted stratum order; each gains ``sample_rank``, its rank in its stratum."""
     alloc = allocate({k: len(v) for k, v in strata.items()}, n)
     out = []
     for key in sorted(strata):
         ranked = sorted(strata[key], key=lambda r: (stages.uniform(seed, r["id"]), r["id"]))
         out += [dict(r, sample_rank=i) for i, r in enumerate(ranked[: alloc[key]])]
     return out
+
+
+#: Quality-sample bands: edges of the within-source score quantile (:func:`score_quantiles`). The low tail is cut
+#: finer because the retention threshold is chosen there; every band gets an equal share of labels.
+QUALITY_BANDS = (0.0, 0.05, 0.15, 0.35, 1.0)
+
+
+def score_quantiles(rows: list[dict]) -> dict[str, tuple[float, int]]:
+    """``{id: (quantile, source size)}`` for every row with a ``quality_score``: the smallest per-source drop
+    quantile ``q`` at which the build drops the document, ``c / (n - 1)`` with ``c`` the number of its source's ``n``
+    scores at or below its own (``inf`` when ``n = 1``). So the build's rule, drop when ``score <
+    np.quantile(scores, q, method='lower')``, drops exactly the documents with quantile <= q (q > 0), ties together:
+    that threshold is the sorted scores' element ``floor(q (n - 1))``, above a score iff ``c <= floor(q (n - 1))``."""
+    by_source = collections.defaultdict(list)
+    for r in rows:
+        if r.get("quality_score") is not None:
+            by_source[r["source"]].append((float(r["quality_score"]), r["id"]))
+    out = {}
+    for items in by_source.values():
+        scores = sorted(s for s, _ in items)
+        n = len(scores)
+        for s, i in items:
+            out[i] = (bisect.bisect_right(scores, s) / (n - 1) if n > 1 else float("inf"), n)
+    return out
+
+
+def quality_band(quantile: float, bands: tuple[float, ...] = QUALITY_BANDS) -> int:
+    """Index of the band ``[bands[k], bands[k+1])`` holding ``quantile`` (the last band also holds quantiles >= 1)."""
+    return min(max(bisect.bisect_right(bands, quantile) - 1, 0), len(bands) - 2)
+
+
+def draw_quality(rows: list[dict], n: int, seed: int, bands: tuple[float, ...] = QUALITY_BANDS) -> list[dict]:
+    """The quality-calibration sample: of the rows the quality stage scored (``quality_score`` set: kept, held out,
+    dropped by quality or a later stage), ``n`` in all, stratified by (source, score band) with equal shares capped
+    at each stratum's size (:func:`allocate`), ranked within a stratum by ``stages.uniform(seed, id)``.
+
+    Each returned row gains ``score_quantile`` (:func:`score_quantiles`), ``band`` (its index), ``stratum_size``
+    (documents in its stratum, the weight's numerator when rates are estimated for the whole source) and
+    ``sample_rank``. Returned in a seeded random order, so an annotator reading the file in order cannot tell a
+    document's band from its place.
+    """
+    quant = score_quantiles(rows)
+    strata = collections.defaultdict(list)
+    for r in rows:
+        if r["id"] in quant:
+            strata[(r["source"], quality_band(quant[r["id"]][0], bands))].append(r)
+    picked = _take({k: [dict(r, band=k[1], stratum_size=len(v)) for r in v] for k, v in strata.items()}, n, seed)
+    out = [dict(r, score_quantile=quant[r["id"]][0]) for r in picked]
+    return sorted(out, key=lambda r: (stages.uniform(seed + 1, r["id"]), r["id"]))
+
+
+def write_quality_sample(rows: list[dict], texts: dict[str, str], path: str, key_path: str,
+                         excerpt_chars: int = 1500, build_content_id: str = "") -> None:
+    """Writes the annotator file ``path`` (``id, domain, source, lang, n_chars, text, text_truncated, good: null``:
+    no score, so labels are blind to it) and the key ``key_path`` (``id, source, domain, verdict, quality_score,
+    score_quantile, band, stratum_size, sample_rank, build_content_id``: the manifest ``content_id`` of the build
+    the scores are from) that calibration joins to the labels."""
+    lines, keys = [], []
+    for r in rows:
+        text = texts.get(r["id"], "")
+        lines.append(json.dumps({
+            "id": r["id"], "domain": r["domain"], "source": r["source"], "lang": r.get("lang"),
+            "n_chars": r.get("n_chars") or len(text), "text": text[:excerpt_chars],
+            "text_truncated": len(text) > excerpt_chars, "good": None}, ensure_ascii=False, sort_keys=True) + "\n")
+        keys.append(json.dumps(dict({k: r.get(k) for k in ("id", "source", "domain", "verdict", "quality_score",
+                                                           "score_quantile", "band", "stratum_size", "sample_rank")},
+                                    build_content_id=build_content_id), sort_keys=True) + "\n")
+    for p, body in ((path, lines), (key_path, keys)):
+        os.makedirs(os.path.dirname(os.path.abspath(p)), exist_ok=True)
+        fs.replace_local(p, "".join(body).encode("utf-8"))
 
 
 def texts_for(ids: set[str], cfg: BuildConfig) -> dict[str, str]:
@@ -113,6 +194,9 @@ def main(argv=None) -> int:
     ap.add_argument("--build", required=True, help="built corpus directory (holds decisions/)")
     ap.add_argument("--config", action="append", required=True, help="gin file(s) the build used")
     ap.add_argument("--gin", action="append", default=[], help="gin bindings the build used")
+    ap.add_argument("--kind", choices=("wrongful", "quality"), default="wrongful",
+                    help="wrongful: filter-dropped documents; quality: documents the quality stage scored")
+    ap.add_argument("--key", help="--kind quality: where to write the score key (default: OUTPUT with -key)")
     ap.add_argument("--n", type=int, default=1000)
     ap.add_argument("--seed", type=int, default=20261130)
     ap.add_argument("--excerpt-chars", type=int, default=1500)
@@ -121,13 +205,20 @@ def main(argv=None) -> int:
     from data_pipelines import build
 
     cfg = build.load_config(args.config, args.gin)
-    rows = draw(manifest_lib.read_decisions(args.build), args.n, args.seed)
+    decisions = manifest_lib.read_decisions(args.build)
+    rows = (draw_quality if args.kind == "quality" else draw)(decisions, args.n, args.seed)
     texts = texts_for({r["id"] for r in rows}, cfg)
     missing = [r["id"] for r in rows if r["id"] not in texts]
-    write_sample(rows, texts, args.output, args.excerpt_chars)
-    per = collections.Counter(r["verdict"] for r in rows)
+    if args.kind == "quality":
+        key = args.key or os.path.splitext(args.output)[0] + "-key.jsonl"
+        content_id = json.loads(fs.read_text(fs.join(args.build, "manifest.json"))).get("content_id", "")
+        write_quality_sample(rows, texts, args.output, key, args.excerpt_chars, content_id)
+        per = collections.Counter(r["source"] for r in rows)
+    else:
+        write_sample(rows, texts, args.output, args.excerpt_chars)
+        per = collections.Counter(r["verdict"] for r in rows)
     print(json.dumps({"output": args.output, "documents": len(rows), "text_missing": len(missing),
-                      "per_rule": dict(sorted(per.items()))}, indent=1))
+                      ("per_source" if args.kind == "quality" else "per_rule"): dict(sorted(per.items()))}, indent=1))
     return 0
 
 

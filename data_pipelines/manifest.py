@@ -14,7 +14,7 @@ from jaxpt.util import fs
 
 from data_pipelines import writer
 
-STAGES = ("admission", "normalize", "langid", "rules", "exact_dedup", "near_dedup", "quality",
+STAGES = ("admission", "normalize", "langid", "rules", "exact_dedup", "near_dedup", "paragraph_dedup", "quality",
           "decontamination", "quota")
 
 
@@ -76,6 +76,42 @@ def figures_from_decisions(rows: list[dict]) -> dict:
         "duplicate_clusters": sum(1 for c in clusters.values() if c > 1),
         "documents_in_duplicate_clusters": sum(c for c in clusters.values() if c > 1),
     }
+
+
+def paragraph_figures(rows: list[dict]) -> dict:
+    """What stage 6b removed, from the decision rows' ``paragraphs_removed`` entries and its drops.
+
+    Units are counted in every row that lists them, whatever the document's verdict (kept, held out, dropped by 6b
+    or a later stage); bytes are the units' UTF-8 bytes (`paragraphs.log_entry`). Returns ``units_removed``,
+    ``bytes_removed``, ``documents_changed`` (rows that lost a unit), ``documents_dropped`` (per stage-6b reason),
+    ``by_reason`` (per unit reason: ``units``, ``bytes``) and ``by_source`` (per source: the same four figures).
+    """
+    def empty():
+        return {"units_removed": 0, "bytes_removed": 0, "documents_changed": 0,
+                "documents_dropped": collections.Counter(), "by_reason": {}}
+
+    total, by_source = empty(), collections.defaultdict(empty)
+    for r in rows:
+        log = r.get("paragraphs_removed") or []
+        dropped = r["stage"] == "paragraph_dedup"
+        if not (log or dropped):
+            continue
+        for fig in (total, by_source[r["source"]]):
+            fig["documents_changed"] += bool(log)
+            if dropped:
+                fig["documents_dropped"][r["reason"]] += 1
+            for e in log:
+                fig["units_removed"] += 1
+                fig["bytes_removed"] += e["bytes"]
+                reason = fig["by_reason"].setdefault(e["reason"], {"units": 0, "bytes": 0})
+                reason["units"] += 1
+                reason["bytes"] += e["bytes"]
+
+    def plain(fig):
+        return dict(fig, documents_dropped=dict(sorted(fig["documents_dropped"].items())),
+                    by_reason=dict(sorted(fig["by_reason"].items())))
+
+    return dict(plain(total), by_source={s: plain(f) for s, f in sorted(by_source.items())})
 
 
 def shard_hashes(out_dir: str) -> dict[str, str]:

@@ -1,4 +1,4 @@
-"""The Apache Beam graph of the corpus build (stages 1-12).
+"""The Apache Beam graph of the corpus build (stages 1-12, and 6b when `ParagraphDedupConfig.enabled`).
 
 Elements are plain dicts. A document dict flows through the stages; a stage that removes it emits a
 *decision* dict on its ``drops`` output instead (``verdict = "<stage>:<reason>"``). Every input
@@ -19,17 +19,23 @@ import numpy as np
 
 from jaxpt.util import fs
 
-from data_pipelines import minhash, progress, readers, sink, stages, writer
+from data_pipelines import minhash, paragraphs, progress, readers, sink, stages, writer
 from data_pipelines.config import BuildConfig, Source
 
 DROPS = "drops"
 HELDOUT = "heldout"
 
 
+def _paragraph_log(doc: dict) -> dict:
+    """``{"paragraphs_removed": [...]}`` for a document that lost units at stage 6b, else ``{}`` (so a build without
+    paragraph dedup writes the rows it always wrote)."""
+    return {"paragraphs_removed": doc["paragraphs_removed"]} if doc.get("paragraphs_removed") else {}
+
+
 def _decision(doc: dict, stage: str, reason: str, **extra) -> dict:
     return readers.drop(doc["id"], {"name": doc["source"], "domain": doc["domain"]}, stage, reason,
                         doc.get("text", ""), lang=doc.get("lang"), lang_by=doc.get("lang_by"),
-                        n_chars=len(doc.get("text", "")), **extra)
+                        n_chars=len(doc.get("text", "")), **{**_paragraph_log(doc), **extra})
 
 
 # ---------------------------------------------------------------- stage 1
@@ -213,6 +219,141 @@ def apply_near(doc, near_map):
         yield beam.pvalue.TaggedOutput(DROPS, _decision(doc, "near_dedup", "near_duplicate", cluster_id=rep, dup_of=rep))
 
 
+# ---------------------------------------------------------------- stage 6b: paragraph dedup
+
+
+def _paragraph_counted(doc: dict, cfg) -> bool:
+    """Whether stage 6b counts and edits `doc` (`ParagraphDedupConfig.skip_domains`, `skip_sources`)."""
+    return doc["domain"] not in cfg.skip_domains and doc["source"] not in cfg.skip_sources
+
+
+def _unit_occurrences(doc: dict, cfg):
+    """(exact key, (document id, unit text)) once per distinct eligible unit of a counted document."""
+    if not _paragraph_counted(doc, cfg):
+        return
+    seen = set()
+    for _, key, text in paragraphs.eligible_units(paragraphs.split_units(doc["text"], cfg.unit), cfg.min_words):
+        if key not in seen:
+            seen.add(key)
+            yield key, (doc["id"], text)
+
+
+class UnitDocuments(beam.CombineFn):
+    """Per unit key: ``(the k smallest ids of the documents holding it, its smallest text)``
+    (`paragraphs.bottom_k`): exact about "more than k - 1 documents" with at most k ids per key, however hot."""
+
+    def __init__(self, k: int):
+        self.k = k
+
+    def create_accumulator(self):
+        return (), None
+
+    def add_input(self, acc, item):
+        doc_id, text = item
+        ids, t = acc
+        return paragraphs.bottom_k(ids + (doc_id,), self.k), text if t is None or text < t else t
+
+    def merge_accumulators(self, accs):
+        accs = list(accs)
+        texts = [t for _, t in accs if t is not None]
+        return paragraphs.bottom_k([i for ids, _ in accs for i in ids], self.k), min(texts) if texts else None
+
+    def extract_output(self, acc):
+        return acc
+
+
+class UnitSignature(beam.DoFn):
+    """(key, (ids, text)) -> (key, (MinHash signature uint32[num_perm] of the text's word shingles, ids))."""
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+
+    def setup(self):
+        self.hasher = minhash.MinHasher(self.cfg.num_perm, self.cfg.shingle_size, self.cfg.seed)
+
+    def process(self, kv):
+        key, (ids, text) = kv
+        sig = self.hasher.signature(text)
+        if sig is not None:
+            yield key, (sig, ids)
+
+
+def paragraph_flags(units, cfg):
+    """PCollection of (unit key, (rank, centre key)) for every unit to remove (`paragraphs.dedup_document`).
+
+    `units`: (key, (document id, text)) occurrences. A key in more than `max_documents` documents is flagged
+    ``(EXACT, key)``; with ``match = 'near'``, the members of an LSH bucket that `paragraphs.star_cluster` joins are
+    flagged ``(NEAR, centre)`` (the document stage's banding and join, `near_dedup`); a key flagged both ways keeps
+    the smaller rank."""
+    t = cfg.max_documents
+    stats = units | "ParagraphDocs" >> beam.CombinePerKey(UnitDocuments(t + 1))
+    exact = (stats | "ParagraphRecurring" >> beam.Filter(lambda kv, t: len(kv[1][0]) > t, t)
+             | "ParagraphExactFlag" >> beam.Map(lambda kv: (kv[0], (paragraphs.EXACT, kv[0]))))
+    if cfg.match == "exact":
+        return exact
+    sigs = stats | "ParagraphMinHash" >> beam.ParDo(UnitSignature(cfg))
+    bands = (
+        sigs
+        | "ParagraphBandKeys" >> beam.FlatMap(
+            lambda kv, b, r: (((i, int(k)), kv[0]) for i, k in enumerate(minhash.band_keys(kv[1][0], b, r))),
+            cfg.bands, cfg.rows)
+        | "ParagraphGroupBands" >> beam.GroupByKey()
+        | "ParagraphBucketMembers" >> beam.FlatMap(_bucket_members)
+    )
+    near = (
+        {"sig": sigs, "bucket": bands}
+        | "ParagraphJoinSigs" >> beam.CoGroupByKey()
+        | "ParagraphToBuckets" >> beam.FlatMap(_to_buckets)
+        | "ParagraphGroupBuckets" >> beam.GroupByKey()
+        | "ParagraphClusters" >> beam.FlatMap(
+            lambda kv, c: paragraphs.star_cluster(list(kv[1]), c.threshold, c.max_documents), cfg)
+        | "ParagraphNearFlag" >> beam.Map(lambda kc: (kc[0], (paragraphs.NEAR, kc[1])))
+    )
+    return (exact, near) | "ParagraphFlags" >> beam.Flatten() | "ParagraphFlagRank" >> beam.CombinePerKey(min)
+
+
+class ApplyParagraphs(beam.DoFn):
+    """Removes a document's flagged units (`paragraphs.dedup_document`); the document keeps the decision-log entries
+    as ``paragraphs_removed``. One left with no word, or under its rules' minimum length, drops instead
+    (`paragraphs.left_reason`), its decision row naming the units it lost."""
+
+    def __init__(self, cfg: BuildConfig):
+        self.cfg = cfg
+
+    def setup(self):
+        self.rules = {}
+
+    def process(self, doc, flags):
+        pc = self.cfg.paragraphs
+        if not flags or not _paragraph_counted(doc, pc):
+            yield doc
+            return
+        text, log = paragraphs.dedup_document(doc["text"], pc.unit, pc.min_words, flags)
+        if not log:
+            yield doc
+            return
+        rules = None
+        if self.cfg.rules.enabled:
+            key = (doc["domain"], doc["source"])
+            rules = self.rules.get(key)
+            if rules is None:
+                rules = self.rules[key] = self.cfg.rules.for_domain(*key)
+        reason = paragraphs.left_reason(text, rules)
+        if reason:
+            yield beam.pvalue.TaggedOutput(DROPS, _decision(doc, "paragraph_dedup", reason, paragraphs_removed=log))
+        else:
+            yield dict(doc, text=text, paragraphs_removed=log)
+
+
+def _paragraph_stage(docs, drops: list, cfg: BuildConfig):
+    """Stage 6b (`ParagraphDedupConfig`): returns the documents without their recurring units."""
+    units = docs | "ParagraphUnits" >> beam.FlatMap(_unit_occurrences, cfg.paragraphs)
+    flags = beam.pvalue.AsDict(paragraph_flags(units, cfg.paragraphs))
+    out = docs | "ApplyParagraphs" >> beam.ParDo(ApplyParagraphs(cfg), flags).with_outputs(DROPS, main="docs")
+    drops.append(out[DROPS])
+    return out.docs
+
+
 # ---------------------------------------------------------------- stage 7
 
 
@@ -248,9 +389,24 @@ class Score(beam.DoFn):
         yield dict(doc, quality=model.score(doc["text"]))
 
 
-def _thresholds(kv, cfg):
+class ScoreByClassifier(beam.DoFn):
+    """Stage 7 with ``QualityConfig.scorer = 'classifier'``: each document's log-odds of good
+    (`quality_model.LabelClassifier`, loaded once per worker)."""
+
+    def __init__(self, path: str):
+        self._path = path
+
+    def setup(self):
+        from data_pipelines import quality_model
+        self._model = quality_model.LabelClassifier.load(self._path)
+
+    def process(self, doc):
+        yield dict(doc, quality=self._model.score(doc["text"]))
+
+
+def _thresholds(kv, quantiles: dict, default: float):
     source, scores = kv
-    q = cfg.per_source_drop_quantile.get(source, cfg.drop_quantile)
+    q = quantiles.get(source, default)
     scores = np.sort(np.asarray(list(scores), dtype=np.float64))
     return source, float(np.quantile(scores, q, method="lower")) if q > 0 else float("-inf")
 
@@ -310,7 +466,7 @@ class HeldoutRecord(beam.DoFn):
         self.cfg = out_cfg
 
     def setup(self):
-        self.enc = writer.SentencePieceEncoder(self.cfg.tokenizer_path)
+        self.enc = writer.TokenizerEncoder(self.cfg.tokenizer_path)
 
     def process(self, doc):
         n_tokens = int(self.enc.encode(doc["text"]).size)
@@ -320,7 +476,7 @@ class HeldoutRecord(beam.DoFn):
             "id": doc["id"], "source": doc["source"], "domain": doc["domain"], "lang": doc["lang"],
             "verdict": "heldout", "stage": None, "reason": None, "n_chars": len(doc["text"]),
             "lang_by": doc.get("lang_by"), **({"decoded_by": doc["decoded_by"]} if doc.get("decoded_by") else {}),
-            "n_tokens": n_tokens, "quality_score": doc.get("quality"), "sample": "",
+            "n_tokens": n_tokens, "quality_score": doc.get("quality"), "sample": "", **_paragraph_log(doc),
         })
 
 
@@ -359,7 +515,7 @@ class Tokenize(beam.DoFn):
         self.cfg = out_cfg
 
     def setup(self):
-        self.enc = writer.SentencePieceEncoder(self.cfg.tokenizer_path)
+        self.enc = writer.TokenizerEncoder(self.cfg.tokenizer_path)
         self.features = writer.corpus_features()
         from tensorflow.core.example import example_pb2
 
@@ -379,7 +535,7 @@ class Tokenize(beam.DoFn):
             "id": doc["id"], "source": doc["source"], "domain": doc["domain"], "lang": doc["lang"],
             "verdict": "kept", "stage": None, "reason": None, "n_chars": len(doc["text"]),
             "lang_by": doc.get("lang_by"), **({"decoded_by": doc["decoded_by"]} if doc.get("decoded_by") else {}),
-            "n_tokens": int(tokens.size), "quality_score": doc.get("quality"), "sample": "",
+            "n_tokens": int(tokens.size), "quality_score": doc.get("quality"), "sample": "", **_paragraph_log(doc),
         })
 
 
@@ -507,6 +663,9 @@ def build_graph(p: beam.Pipeline, cfg: BuildConfig, sources: list[Source], out_d
     drops.append(nd[DROPS])
     docs = nd.docs
 
+    if cfg.paragraphs.enabled:
+        docs = _paragraph_stage(docs, drops, cfg)
+
     docs, p_thresholds = _quality_stage(p, docs, drops, cfg)
 
     if cfg.decontam.enabled and eval_index:
@@ -534,19 +693,23 @@ def build_graph(p: beam.Pipeline, cfg: BuildConfig, sources: list[Source], out_d
 
 def _quality_stage(p, docs, drops: list, cfg: BuildConfig):
     """Stage 7: score every document, drop those under their source's quantile. Returns (docs, thresholds)."""
-    if not (cfg.quality.enabled and cfg.quality.reference_sources):
+    classifier = cfg.quality.scorer == "classifier"
+    if not (cfg.quality.enabled and (cfg.quality.reference_sources or classifier)):
         return docs, p | "NoThresholds" >> beam.Create([])
-    refs = set(cfg.quality.reference_sources)
-    counts = (
-        docs | "RefDocs" >> beam.Filter(lambda d: d["source"] in refs)
-        | "RefTexts" >> beam.Map(lambda d: d["text"])
-        | "TrainLM" >> beam.CombineGlobally(FeatureCounts(cfg.quality.num_buckets))
-    )
-    docs = docs | "Score" >> beam.ParDo(Score(), beam.pvalue.AsSingleton(counts))
+    if classifier:
+        docs = docs | "ScoreByClassifier" >> beam.ParDo(ScoreByClassifier(cfg.quality.classifier_path))
+    else:
+        refs = set(cfg.quality.reference_sources)
+        counts = (
+            docs | "RefDocs" >> beam.Filter(lambda d: d["source"] in refs)
+            | "RefTexts" >> beam.Map(lambda d: d["text"])
+            | "TrainLM" >> beam.CombineGlobally(FeatureCounts(cfg.quality.num_buckets))
+        )
+        docs = docs | "Score" >> beam.ParDo(Score(), beam.pvalue.AsSingleton(counts))
     thresholds = (
         docs | "SourceScores" >> beam.Map(lambda d: (d["source"], d["quality"]))
         | "GroupScores" >> beam.GroupByKey()
-        | "Thresholds" >> beam.Map(_thresholds, cfg.quality)
+        | "Thresholds" >> beam.Map(_thresholds, cfg.quality.drop_quantiles(), cfg.quality.drop_quantile)
     )
     q = docs | "ApplyQuality" >> beam.FlatMap(apply_quality, beam.pvalue.AsDict(thresholds)).with_outputs(
         DROPS, main="docs")

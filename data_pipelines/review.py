@@ -66,13 +66,14 @@ def wilson_interval(k: int, n: int, z: float = 1.959964) -> tuple[float, float]:
     return max(0.0, center - half), min(1.0, center + half)
 
 
-def read_labels(path: str) -> dict[str, bool]:
-    """``{id: wrongful}`` of a labels file. Raises FileFormatError (``bad_label``) on a non-boolean label."""
+def read_labels(path: str, field: str = "wrongful") -> dict[str, bool]:
+    """``{id: label}`` of a labels file, the label read from ``field`` (``wrongful``; ``good`` for quality labels).
+    Raises FileFormatError (``bad_label``) on a non-boolean label."""
     out = {}
     for lineno, lab in jsonl.iter_objects(path):
-        if not isinstance(lab.get("wrongful"), bool):
-            raise FileFormatError.at(path, lineno, "bad_label", "expected {'id', 'wrongful': true|false}")
-        out[lab.get("id")] = lab["wrongful"]
+        if not isinstance(lab.get(field), bool):
+            raise FileFormatError.at(path, lineno, "bad_label", f"expected {{'id', '{field}': true|false}}")
+        out[lab.get("id")] = lab[field]
     return out
 
 

@@ -9,6 +9,7 @@ import re
 import string
 import unicodedata
 import zlib
+from typing import Collection
 
 import numpy as np
 
@@ -19,23 +20,50 @@ from data_pipelines.config import LangIdConfig, NormalizeConfig, QuotaConfig, Ru
 # ---------------------------------------------------------------- stage 2: normalization
 
 
-# ASCII text without these characters is a fixed point of ftfy.fix_text: mojibake, curly quotes,
-# ligatures, width and normalization fixes all need non-ASCII input, and the remaining fixers act
-# on '&' entities, ESC sequences, CR line breaks and control characters.
-_FTFY_ASCII_TRIGGERS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f&]")
+# ASCII text without these is a fixed point of ftfy.fix_text: mojibake, curly quotes, ligatures, width and
+# normalization fixes all need non-ASCII input, and the remaining fixers act on HTML entities (ftfy's own pattern,
+# chardata.HTML_ENTITY_RE: a '&' that starts none is left alone), ESC sequences, CR line breaks and control characters.
+_FTFY_ASCII_TRIGGERS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]|&#?[0-9A-Za-z]{1,24};")
+
+
+def _ftfy_fixed_point(text: str) -> bool:
+    """True if ftfy would return `text` (a whole text or one line of it) unchanged: plain ASCII without a trigger."""
+    return text.isascii() and not _FTFY_ASCII_TRIGGERS.search(text)
+
+
+def _fix_text(text: str, normalization: str) -> str:
+    """``ftfy.fix_text(text, normalization=normalization)``, with each line that is a fixed point
+    (`_ftfy_fixed_point`) passed through instead of fixed.
+
+    ftfy.fix_text fixes a text one line at a time (each line, up to ``max_decode_length`` characters, through
+    `ftfy.fix_and_explain`), and stops unescaping HTML entities from the first line holding a '<' on; this is that
+    loop, so the result is the same (tests/test_corpus_normalize.py checks it on raw-v1 and on generated text).
+    Documents that are mostly ASCII with a few accented names, '&' operators or typographic quotes cost the lines
+    that hold them instead of every line.
+    """
+    import ftfy
+
+    config = ftfy.TextFixerConfig(normalization=normalization, explain=False)
+    out, pos = [], 0
+    while pos < len(text):
+        end = text.find("\n", pos) + 1 or len(text)
+        end = min(end, pos + config.max_decode_length)
+        line = text[pos:end]
+        if config.unescape_html == "auto" and "<" in line:
+            config = config._replace(unescape_html=False)
+        out.append(line if _ftfy_fixed_point(line) else ftfy.fix_and_explain(line, config).text)
+        pos = end
+    return "".join(out)
 
 
 def normalize(text: str, cfg: NormalizeConfig) -> str:
     """ftfy repair (mojibake, terminal escapes, HTML entities left in text) then Unicode
-    `cfg.normalization` (NFC by default). Plain ASCII without control characters or '&' is
-    returned as is (ftfy would return it unchanged; about 60% of raw-v1's characters)."""
-    if not cfg.enabled:
+    `cfg.normalization` (NFC by default), equal to ``ftfy.fix_text(text, normalization=cfg.normalization)``.
+    Plain ASCII without control characters or HTML entities is returned as is (ftfy would return it unchanged;
+    about 60% of raw-v1's characters), and in other text only the lines that are not such are fixed (`_fix_text`)."""
+    if not cfg.enabled or _ftfy_fixed_point(text):
         return text
-    if text.isascii() and not _FTFY_ASCII_TRIGGERS.search(text):
-        return text
-    import ftfy
-
-    return ftfy.fix_text(text, normalization=cfg.normalization)
+    return _fix_text(text, cfg.normalization)
 
 
 # ---------------------------------------------------------------- stage 3: language ID
@@ -95,6 +123,9 @@ class LanguageIdentifier:
 # ---------------------------------------------------------------- stage 4: rule filters
 
 _ALPHA_RE = re.compile(r"[^\W\d_]")
+# One match per whitespace-separated word (str.split's words: re's \s and str.split both use Unicode's whitespace)
+# that holds an _ALPHA_RE character: a match starts only at a word's start, and ends at its first such character.
+_ALPHA_WORD_RE = re.compile(r"(?<!\S)\S*?[^\W\d_]")
 _CJK_RE = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
 _TABLES: dict[str, dict[int, None]] = {}
 
@@ -120,13 +151,25 @@ def _count_in(text: str, kind: str) -> int:
     return len(text) - len(text.translate(_deletion_table(kind)))
 
 
-def rule_stats(text: str, dup_line_min_words: int = 1) -> dict[str, float]:
+# The statistics each group of rules reads that no other rule does: `rule_stats` leaves out a group whose rules are
+# all skipped (rule_reason's decision reads nothing else, so it is the same either way).
+_LINE_RULES = {"repeated_lines": "dup_line_fraction", "repeated_line_chars": "dup_line_char_fraction"}
+_NGRAM_RULES = {"top_2gram": "top_2gram_fraction", "top_3gram": "top_3gram_fraction",
+                "top_4gram": "top_4gram_fraction", "repeated_5grams": "dup_5gram_fraction"}
+
+
+def rule_stats(text: str, dup_line_min_words: int = 1, skip: Collection[str] = (),
+               repetition_min_words: int = 0) -> dict[str, float]:
     """Quality signals of Gopher (Rae et al. 2021, table A1) and C4 used by `rule_reason`.
 
     Words are whitespace-separated tokens, except that the word count and n-gram statistics use
     `minhash.words` so CJK text (no spaces) is measured per character. A repeated line of fewer than
     `dup_line_min_words` whitespace words (a citation tag such as ``[1913 Webster]``, a closing brace, a
     separator) counts as a line but not as a duplicate: such lines are structure, not repeated boilerplate.
+    `skip`: rule names (`RULES`) whose own statistics are not needed; the duplicate-line fractions and each
+    n-gram fraction are left out of the result when every rule reading them is named (the n-gram counts are
+    most of this function's time on long documents). A text of fewer than `repetition_min_words` words gets NaN
+    n-gram fractions, not computed.
     """
     n_chars = len(text)
     ws_words = text.split()
@@ -137,7 +180,8 @@ def rule_stats(text: str, dup_line_min_words: int = 1) -> dict[str, float]:
     st["non_printable_ratio"] = _count_in(sample, "nonprint") / max(1, len(sample))
     st["replacement_ratio"] = sample.count("\ufffd") / max(1, len(sample))
     st["punct_ratio"] = _count_in(sample, "punct") / max(1, len(sample))
-    spaced = [t for t in toks if not _CJK_RE.fullmatch(t)]
+    # A token holding no CJK character is never a CJK one: most texts skip the per-token test.
+    spaced = [t for t in toks if not _CJK_RE.fullmatch(t)] if _CJK_RE.search("".join(toks)) else toks
     mostly_cjk = len(spaced) * 2 < n_words
     st["symbol_count"] = text.count("#") + text.count("...") + text.count("\u2026")
     st["n_ws_words"] = len(ws_words)
@@ -150,26 +194,35 @@ def rule_stats(text: str, dup_line_min_words: int = 1) -> dict[str, float]:
     # token, so the bounds apply to the other tokens only, and not at all to mostly-CJK text
     # (NaN compares false, so the rule passes).
     st["mean_word_length"] = float("nan") if mostly_cjk or not spaced else sum(map(len, spaced)) / len(spaced)
-    st["alpha_word_fraction"] = sum(1 for w in ws_words if _ALPHA_RE.search(w)) / max(1, len(ws_words))
-    lines = [ln.strip() for ln in text.split("\n") if ln.strip()]
-    counts = collections.Counter(lines)
-    dups = {ln: c for ln, c in counts.items() if c > 1 and len(ln.split()) >= dup_line_min_words}
-    st["dup_line_fraction"] = sum(dups.values()) / max(1, len(lines))
-    st["dup_line_char_fraction"] = sum(len(ln) * c for ln, c in dups.items()) / max(1, n_chars)
+    st["alpha_word_fraction"] = len(_ALPHA_WORD_RE.findall(text)) / max(1, len(ws_words))
+    if not set(_LINE_RULES) <= set(skip):
+        lines = [ln.strip() for ln in text.split("\n") if ln.strip()]
+        counts = collections.Counter(lines)
+        dups = {ln: c for ln, c in counts.items() if c > 1 and len(ln.split()) >= dup_line_min_words}
+        st["dup_line_fraction"] = sum(dups.values()) / max(1, len(lines))
+        st["dup_line_char_fraction"] = sum(len(ln) * c for ln, c in dups.items()) / max(1, n_chars)
+    ngrams = [rule for rule in _NGRAM_RULES if rule not in skip]
+    if not ngrams:
+        return st
     total_chars = sum(map(len, toks)) or 1
-    if mostly_cjk:
+    if mostly_cjk or n_words < repetition_min_words:
         # Character n-grams of CJK text repeat by nature (common two- and three-character words);
-        # the Gopher repetition bounds are calibrated on word n-grams, so they are not applied.
-        for key in ("top_2gram_fraction", "top_3gram_fraction", "top_4gram_fraction", "dup_5gram_fraction"):
-            st[key] = float("nan")
+        # the Gopher repetition bounds are calibrated on word n-grams, so they are not applied. Nor to short
+        # texts (`rule_reason`).
+        for rule in ngrams:
+            st[_NGRAM_RULES[rule]] = float("nan")
         return st
     for n in (2, 3, 4):
+        if f"top_{n}gram" not in ngrams:
+            continue
         if n_words < n:
             st[f"top_{n}gram_fraction"] = 0.0
             continue
         grams = collections.Counter(zip(*(toks[i:] for i in range(n))))
         gram, c = grams.most_common(1)[0]
         st[f"top_{n}gram_fraction"] = (c * sum(map(len, gram)) / total_chars) if c > 1 else 0.0
+    if "repeated_5grams" not in ngrams:
+        return st
     if n_words >= 5:
         grams = list(zip(*(toks[i:] for i in range(5))))
         counts5 = collections.Counter(grams)
@@ -222,9 +275,6 @@ def is_cross_reference(text: str) -> bool:
     return len(body) == 1 and _XREF_RE.fullmatch(body[0]) is not None
 
 
-_NGRAM_STATS = ("top_2gram_fraction", "top_3gram_fraction", "top_4gram_fraction", "dup_5gram_fraction")
-
-
 def rule_reason(text: str, cfg: RuleConfig) -> str | None:
     """Name of the first rule `text` fails under `cfg` (already resolved per domain), else None.
 
@@ -237,9 +287,9 @@ def rule_reason(text: str, cfg: RuleConfig) -> str | None:
     """
     if cfg.drop_cross_references and is_cross_reference(text):
         return "cross_reference_only"
-    st = rule_stats(text, cfg.dup_line_min_words)
-    if st["n_words"] < cfg.repetition_min_words:
-        st.update({k: float("nan") for k in _NGRAM_STATS})  # NaN compares false: the rule passes
+    # Only the statistics of applied rules are computed (`rule_stats`' `skip`); under repetition_min_words words the
+    # n-gram fractions are NaN (NaN compares false: the rule passes).
+    st = rule_stats(text, cfg.dup_line_min_words, cfg.skip, cfg.repetition_min_words)
     # Likewise '#' and ellipses per word: one '...' in a seven-word fortune is 0.14 > 0.1, so the ratio's
     # denominator is at least repetition_min_words words (a short text may hold up to 5 such symbols at 0.1).
     st["symbol_ratio"] = st["symbol_count"] / max(1, st["n_symbol_words"], cfg.repetition_min_words)

@@ -5,7 +5,7 @@ random access, as TFDS writes them): a serialized ``tf.train.Example`` with the 
 `corpus_features()`:
 
   ``id`` (text), ``source`` (text), ``domain`` (text), ``lang`` (text, ISO 639-1 or ``und``),
-  ``tokens`` (``int32[n]``, SentencePiece ids, no BOS/EOS), ``text`` (text, empty when
+  ``tokens`` (``int32[n]``, ids of `OutputConfig.tokenizer_path`'s tokenizer, no BOS/EOS), ``text`` (text, empty when
   `OutputConfig.store_text` is False).
 
 Files live in ``DIR/tfds/<dataset_name>/1.0.0/<dataset_name>-<domain>.array_record-NNNNN-of-MMMMM``:
@@ -23,6 +23,7 @@ import os
 
 import numpy as np
 
+from jaxpt.data import tokenizer as tokenizer_lib
 from jaxpt.util import fs, jsonl
 from jaxpt.util.errors import ConfigError
 
@@ -38,24 +39,32 @@ def file_sha256(path: str) -> str:
     return h.hexdigest()
 
 
-class SentencePieceEncoder:
-    """Tokenizer named by `OutputConfig.tokenizer_path` (swap point for `jaxpt.data.tokenizer`).
+class TokenizerEncoder:
+    """The tokenizer named by `OutputConfig.tokenizer_path`, loaded as every jaxpt reader loads one
+    (:meth:`jaxpt.data.tokenizer.Tokenizer.load`: a SentencePiece model, or a base model's Hugging Face
+    ``tokenizer.json`` with its special-token files beside it), so a corpus version built for continued pretraining
+    holds the base model's ids, exactly as training and held-out evaluation encode text.
 
-    `encode(text)` returns ``int32[n]`` ids. Raises FileNotFoundError naming the path.
+    `encode(text)` returns ``int32[n]`` ids (no BOS/EOS). ``sha256``: the tokenizer's identity, as runs record it.
+
+    Raises:
+      FileNotFoundError: naming the path. ConfigError: a file that is not a tokenizer (naming the key and why).
     """
 
     def __init__(self, path: str):
         if not fs.exists(path):
-            raise FileNotFoundError(f"OutputConfig.tokenizer_path: no SentencePiece model at '{path}'")
-        import sentencepiece as spm
-
+            raise FileNotFoundError(f"OutputConfig.tokenizer_path: no tokenizer at '{path}'")
+        try:
+            self._tok = tokenizer_lib.Tokenizer.load(path)
+        except ValueError as e:
+            raise ConfigError(f"OutputConfig.tokenizer_path = {path!r}: {e}") from None
         self.path = path
-        self.sha256 = file_sha256(path)
-        self._sp = spm.SentencePieceProcessor(model_file=fs.local_copy(path))  # SentencePiece opens local files
-        self.vocab_size = self._sp.get_piece_size()
+        self.sha256 = self._tok.sha256
+        self.vocab_size = self._tok.vocab_size
+        self.kind = self._tok.kind
 
     def encode(self, text: str) -> np.ndarray:
-        return np.asarray(self._sp.encode(text), dtype=np.int32)
+        return self._tok.encode(text)
 
 
 def corpus_features():
