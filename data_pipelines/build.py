@@ -22,7 +22,7 @@ from jaxpt.data import documents
 
 from data_pipelines import config as config_lib
 from data_pipelines import manifest as manifest_lib
-from data_pipelines import pipeline, sink, stages, writer
+from data_pipelines import paragraphs, pipeline, sink, stages, writer
 from data_pipelines import progress as build_progress
 
 OUTPUT_SUBDIRS = ("tfds", "heldout", "decisions", "review", "_stats")
@@ -160,6 +160,7 @@ def _stage_records(cfg, operative: dict, eval_index, decontam: dict, stat, out_d
         units="paragraph: text between blank lines; line: text between newlines",
         counted_on="documents that survived exact and near dedup, each once per distinct unit",
         near_clusters="each bucket member against the bucket's centre (most documents, then smallest key)",
+        near_min_words=paragraphs.near_min_words(cfg.paragraphs.shingle_size, cfg.paragraphs.threshold),
     )} if cfg.paragraphs.enabled else {}
     return {
         "admission": operative["admission"],

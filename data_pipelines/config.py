@@ -268,7 +268,9 @@ class ParagraphDedupConfig:
     `stages.exact_key` (whitespace collapsed, case folded); ``'near'`` (the default) also joins units whose MinHash
     estimate of word-`shingle_size`-gram Jaccard with a cluster's centre is at least `threshold`, found through LSH
     (`bands` x `rows` of `num_perm` permutations, `minhash.MinHasher` with `seed`), and counts distinct documents
-    over the cluster (`paragraphs.star_cluster`).
+    over the cluster (`paragraphs.star_cluster`); only units of at least `paragraphs.near_min_words` words (19 at
+    the defaults) are near-matched, since below that one substituted word already takes the true Jaccard under
+    `threshold`: a near match there joins distinct texts of one template, not edits of one paragraph.
 
     A document that loses units and is left with no word is dropped as ``paragraph_dedup:all_removed``; one left
     under its rules' minimum length (`RuleConfig.min_words`, `RuleConfig.min_chars` of its domain and source) as

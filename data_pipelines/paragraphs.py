@@ -6,8 +6,9 @@ text, the sha256 of the text with whitespace runs collapsed to one space and cas
 document-level exact dedup: the same licence block or navigation bar comes re-wrapped and re-indented (man pages
 rendered at another width, HTML extraction spacing) and in other capitals (``COPYRIGHT``), while punctuation, digits
 and words stay significant (a different year or name is a different paragraph to exact matching; near matching
-(`ParagraphDedupConfig.match = 'near'`) is what tolerates such edits). Shorter units (headings such as
-``SEE ALSO``, closing braces, signatures) are never removed: they are structure, not boilerplate.
+(`ParagraphDedupConfig.match = 'near'`) is what tolerates such edits, on units long enough for an edit to be told
+from another text, `near_min_words`). Shorter units (headings such as ``SEE ALSO``, closing braces, signatures) are
+never removed: they are structure, not boilerplate.
 
 `split_units` keeps the separators, so `remove_units` with nothing to remove gives back the text unchanged, byte for
 byte, and a removal keeps the spacing of the text around it.
@@ -15,7 +16,9 @@ byte, and a removal keeps the spacing of the text around it.
 
 from __future__ import annotations
 
+import math
 import re
+from fractions import Fraction
 
 from data_pipelines import minhash, stages
 from data_pipelines.config import RuleConfig
@@ -33,6 +36,22 @@ EXACT, NEAR = 0, 1
 # Why a document goes (stage ``paragraph_dedup``): no word is left, or what is left is under the rules' minimum
 # length for its domain and source (`RuleConfig.min_words`, `RuleConfig.min_chars`).
 ALL_REMOVED, TOO_SHORT = "all_removed", "too_short_after_removal"
+
+
+def near_min_words(shingle_size: int, threshold: float) -> int:
+    """The fewest words a unit needs to be near-matched at all (shorter units are matched exactly only).
+
+    One word substituted inside a unit of ``n`` words changes ``s = shingle_size`` of its ``m = n - s + 1`` word
+    shingles, so the true Jaccard of the two is ``(m - s) / (m + s)``: at least ``threshold`` only when
+    ``m >= s (1 + t) / (1 - t)``. Below that length a near match cannot be "the same paragraph with an edit"; it is
+    the MinHash estimate's noise, or a template whose filling differs (raw-v1's fortunes-de name jokes, 9 words that
+    differ in their last two, were joined at shingle 3, threshold 0.7 before this rule). Shingle 3, threshold 0.7:
+    19 words; the document stage's shingle 5, threshold 0.75: 39. ``threshold == 1`` near-matches no unit.
+    """
+    t = Fraction(threshold).limit_denominator(10**6)
+    if t >= 1:
+        return 1 << 62
+    return math.ceil(shingle_size * (1 + t) / (1 - t)) + shingle_size - 1
 
 
 def unit_reason(rank: int, unit: str) -> str:

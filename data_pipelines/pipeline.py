@@ -263,16 +263,20 @@ class UnitDocuments(beam.CombineFn):
 
 
 class UnitSignature(beam.DoFn):
-    """(key, (ids, text)) -> (key, (MinHash signature uint32[num_perm] of the text's word shingles, ids))."""
+    """(key, (ids, text)) -> (key, (MinHash signature uint32[num_perm] of the text's word shingles, ids)), for units
+    of at least `paragraphs.near_min_words` words; a shorter unit gets none (it is matched exactly only)."""
 
     def __init__(self, cfg):
         self.cfg = cfg
 
     def setup(self):
         self.hasher = minhash.MinHasher(self.cfg.num_perm, self.cfg.shingle_size, self.cfg.seed)
+        self.min_words = paragraphs.near_min_words(self.cfg.shingle_size, self.cfg.threshold)
 
     def process(self, kv):
         key, (ids, text) = kv
+        if len(minhash.words(text)) < self.min_words:
+            return
         sig = self.hasher.signature(text)
         if sig is not None:
             yield key, (sig, ids)

@@ -11,7 +11,7 @@ import pytest
 
 import numpy as np
 
-from data_pipelines import build, manifest as manifest_lib, paragraphs, pipeline, stages, testing
+from data_pipelines import build, manifest as manifest_lib, minhash, paragraphs, pipeline, stages, testing
 from data_pipelines.config import ConfigError, ParagraphDedupConfig, RuleConfig
 
 # Planted paragraphs. BOILER (27 words) is in 13 documents, FOOTER (17 words) in 11: both above the default
@@ -322,3 +322,34 @@ def test_code_is_not_counted_by_default_and_a_repeat_inside_a_document_counts_on
 def test_bad_paragraph_config_names_the_field(field, value):
     with pytest.raises(ConfigError, match=f"ParagraphDedupConfig.*{'bands' if field == 'bands' else field}"):
         ParagraphDedupConfig(enabled=True, **{field: value}).validate()
+
+
+@pytest.mark.parametrize("shingle,threshold", [(3, 0.7), (5, 0.75), (2, 0.5), (4, 0.9)])
+def test_near_min_words_is_the_shortest_unit_an_edit_keeps_above_the_threshold(shingle, threshold):
+    """Counted on exact shingle sets: the shortest unit whose copy with one word substituted in its middle still has
+    Jaccard >= threshold with it is `near_min_words` long (and every longer one is too)."""
+    def jaccard_after_one_edit(n):
+        ws = [f"w{i}" for i in range(n)]
+        edited = ws[: n // 2] + ["other"] + ws[n // 2 + 1:]
+        a, b = (minhash.word_shingles(" ".join(w), shingle) for w in (ws, edited))
+        return len(a & b) / len(a | b)
+    ok = [n for n in range(2 * shingle + 1, 200) if jaccard_after_one_edit(n) >= threshold - 1e-12]
+    assert ok and ok == list(range(ok[0], 200))
+    assert paragraphs.near_min_words(shingle, threshold) == ok[0]
+    assert paragraphs.near_min_words(3, 1.0) > 10**9
+
+
+def test_a_template_of_short_units_is_not_near_matched_a_long_edited_paragraph_is():
+    """raw-v1's fortunes-de name jokes: 9-word cookies of one template that differ in their last two words were
+    joined by near matching. Units under `near_min_words` get no signature (exact matching only); BOILER (27 words)
+    and its one-word edit get one and share an LSH bucket."""
+    cfg = ParagraphDedupConfig(enabled=True)
+    sigs = pipeline.UnitSignature(cfg)
+    sigs.setup()
+    jokes = ["Wie man sein Kind nicht nennen sollte: Dick Opf", "Wie man sein Kind nicht nennen sollte: Dick Tat"]
+    assert [len(minhash.words(j)) for j in jokes] == [9, 9] and paragraphs.near_min_words(3, 0.7) == 19
+    assert [list(sigs.process((stages.exact_key(j), (("d1",), j)))) for j in jokes] == [[], []]
+    (_, (a, _)), = sigs.process(("b", (("d1",), BOILER)))
+    (_, (b, _)), = sigs.process(("bn", (("d2",), BOILER_NEAR)))
+    assert set(minhash.band_keys(a, cfg.bands, cfg.rows)) & set(minhash.band_keys(b, cfg.bands, cfg.rows))
+    assert minhash.estimated_jaccard(a, b) >= cfg.threshold
