@@ -284,6 +284,7 @@ def test_decontamination_by_13_grams():
 def copy_card(tmp_path):
     shutil.copy(CARD, tmp_path / "card.yaml")
     shutil.copy(CARD.parent / "spot_check_v1.jsonl", tmp_path / "spot_check_v1.jsonl")
+    shutil.copytree(CARD.parent / "safety", tmp_path / "safety")
     return tmp_path / "card.yaml"
 
 

@@ -21,7 +21,7 @@ from jaxpt import config as C
 from jaxpt.infer import decode
 from jaxpt import mesh as mesh_lib
 from jaxpt.eval import card as card_lib
-from jaxpt.eval import heldout, probes
+from jaxpt.eval import heldout, probes, safety
 from jaxpt.eval.scorer import Scorer
 
 STEPS = 20
@@ -75,6 +75,7 @@ def test_card(eval_run, tmp_path_factory):
     d = tmp_path_factory.mktemp("card")
     raw = yaml.safe_load((REPO_ROOT / "configs/eval/card_v1.yaml").read_text())
     raw["version"], raw["content_sha256"] = 0, ""
+    raw.pop("safety")  # judged by its own test below (test_a_card_whose_safety_threshold_is_crossed_...)
     raw["sources"] = {"heldout": str(eval_run["data"] / "heldout.jsonl.gz"),
                       "train": str(eval_run["data"] / "train.jsonl.gz")}
     raw["decoding"]["max_new_tokens"] = 8
@@ -211,6 +212,64 @@ def test_regression_report_flags_an_earlier_checkpoint_and_passes_the_same_one(e
     assert evaluate.main(["compare", str(paths[STEPS]), str(paths[5]), "--output", str(tmp_path / "cmp.json")]) == 1
     flagged = json.loads((tmp_path / "cmp.json").read_text())["flagged"]
     assert {r["name"] for r in flagged} >= {"domain=reference", "domain=code"}
+
+
+def _safety_card(d: pathlib.Path, eval_run, *, harm_threshold: float, harmful_max: float) -> str:
+    """The shipped card's safety section alone (no probe task, no spot check; its files by absolute path), with
+    the harm classifier's threshold and the harmful-rate maximum given, 4 new tokens per prompt; stamped."""
+    raw = yaml.safe_load((REPO_ROOT / "configs/eval/card_v1.yaml").read_text())
+    for key in ("version", "content_sha256", "spot_check"):
+        raw.pop(key)
+    raw["tasks"] = {}
+    raw["sources"] = {"heldout": str(eval_run["data"] / "heldout.jsonl.gz"),
+                      "train": str(eval_run["data"] / "train.jsonl.gz")}
+    s = raw["safety"]
+    s["max_new_tokens"] = 4
+    for name in ("harmful", "refusal", "false_refusal"):
+        s[name]["prompts"] = str(REPO_ROOT / "configs/eval" / s[name]["prompts"])
+    for c in s["classifiers"].values():
+        c["file"] = str(REPO_ROOT / "configs/eval" / c["file"])
+    s["classifiers"]["harm"]["threshold"] = harm_threshold
+    s["harmful"]["max"] = harmful_max
+    d.mkdir(exist_ok=True)
+    path = d / f"card-{harm_threshold}-{harmful_max}.yaml"
+    path.write_text("version: 0\ncontent_sha256: ''\n" + yaml.safe_dump(raw))
+    card_lib.stamp_card(str(path))
+    return str(path)
+
+
+def test_a_card_whose_safety_threshold_is_crossed_does_not_advance(eval_run, tmp_path, capsys):
+    """The card run on the real checkpoint: every prompt of the three sets is continued and judged (the counts
+    recounted here from the sheet with the classifier files themselves). A harm threshold of 0 counts every
+    continuation, so a harmful-rate maximum of 0.5 is crossed: the report says the version does not advance and
+    the command exits 1, and the regression gate flags it against the passing report (exit 1)."""
+    from jaxpt.tools import evaluate
+    from jaxpt.util import text_classifier
+    ok_card = _safety_card(tmp_path / "cards", eval_run, harm_threshold=0.5, harmful_max=1.0)
+    args = ["--workdir", str(eval_run["workdir"]), "--no-seqio"]
+    assert evaluate.main([*args, "--card", ok_card, "--output", str(tmp_path / "ok.json")]) == 0
+    ok = json.loads((tmp_path / "ok.json").read_text())
+    assert ok["safety"]["advances"] is True and ok["safety"]["blocked_by"] == []
+    sheet = [json.loads(line) for line in open(ok["safety"]["sheet"])]
+    assert len(sheet) == 100 + 80 + 80
+    for rate, (set_name, clf, _) in safety.RATES.items():
+        spec = card_lib.load_card(ok_card).safety.classifiers[clf]
+        model = text_classifier.TextClassifier.load(spec.path, {"harm": safety.HARM_VERSION,
+                                                                "refusal": safety.REFUSAL_VERSION}[clf])
+        outputs = [r["output"] for r in sheet if r["set"] == set_name]
+        assert ok["safety"]["rates"][rate]["n"] == len(outputs)
+        assert ok["safety"]["rates"][rate]["count"] == int((model.probabilities(outputs) >= spec.threshold).sum())
+    assert "safety: advances" in capsys.readouterr().out
+
+    blocked_card = _safety_card(tmp_path / "cards", eval_run, harm_threshold=0.0, harmful_max=0.5)
+    assert evaluate.main([*args, "--card", blocked_card, "--output", str(tmp_path / "blocked.json")]) == 1
+    blocked = json.loads((tmp_path / "blocked.json").read_text())
+    assert blocked["safety"]["rates"]["harmful_rate"]["value"] == 1.0
+    assert blocked["safety"]["advances"] is False
+    assert blocked["safety"]["blocked_by"] == ["harmful_rate 1.000 (100/100) > max 0.500"]
+    assert "DOES NOT ADVANCE" in capsys.readouterr().out
+    # The gate compares reports of one card: the blocked card's report against itself still does not advance.
+    assert evaluate.main(["compare", str(tmp_path / "blocked.json"), str(tmp_path / "blocked.json")]) == 1
 
 
 # ------------------------------------------------------------------------------------------ lm-eval

@@ -2,7 +2,9 @@
 
 A card lists the task-set version, each probe task (kind, template, parameters, chance level, primary metric,
 threshold, whether it is *core* and its regression tolerance), the perplexity breakdown, the decoding
-parameters, and a spot-check prompt file (by path and sha256) whose generations go to human review.
+parameters, a spot-check prompt file (by path and sha256) whose generations go to human review, and optionally a
+``safety`` section (:mod:`jaxpt.eval.safety`: prompt sets, classifiers and the thresholds a version must meet to
+advance).
 
 Versioning: ``content_sha256`` is the sha256 of the card's content (everything except ``version`` and
 ``content_sha256`` itself, as canonical JSON). :func:`load_card` refuses a card whose content no longer matches
@@ -21,6 +23,7 @@ from typing import Any, Mapping
 
 import yaml
 
+from jaxpt.eval import safety as safety_lib
 from jaxpt.eval.heldout import GROUPINGS
 from jaxpt.eval.probes import KINDS, TaskSpec
 from jaxpt.util import fs
@@ -65,6 +68,7 @@ class Card:
     decoding: Mapping[str, Any]
     tasks: tuple[TaskSpec, ...]
     spot_check: SpotCheck | None
+    safety: safety_lib.SafetySection | None
     raw: Mapping[str, Any]
 
     @property
@@ -179,7 +183,9 @@ def load_card(path: str, *, check_files: bool = True) -> Card:
     Raises:
       CardError: naming the file and key: unreadable YAML, a missing or mistyped key, an unknown task kind or
         grouping, content that no longer matches ``content_sha256`` (bump the version with
-        ``python -m jaxpt.tools.evaluate card-stamp FILE``), or a spot-check file whose sha256 differs from the card's.
+        ``python -m jaxpt.tools.evaluate card-stamp FILE``), a spot-check file whose sha256 differs from the card's,
+        or a ``safety`` section that is malformed or names a prompt set or classifier whose sha256 differs
+        (:func:`jaxpt.eval.safety.parse_section`).
     """
     raw = _read(path)
     where = path
@@ -211,6 +217,10 @@ def load_card(path: str, *, check_files: bool = True) -> Card:
     tasks_raw = _get(raw, "tasks", dict, where)
     tasks = tuple(_task(n, t, where) for n, t in tasks_raw.items())
     spot = _spot_check(raw, path, where, check_files) if "spot_check" in raw else None
+    try:
+        safety = safety_lib.parse_section(raw["safety"], path, check_files=check_files) if "safety" in raw else None
+    except safety_lib.SafetyCardError as e:
+        raise CardError(str(e)) from None
     return Card(path=path, name=name, version=version, content_sha256=stamped, task_set_version=tsv,
                 seed=_get(raw, "seed", int, where, 0), ngram=_get(dec, "ngram", int, f"{where}.decontamination"),
                 min_words=_get(dec, "min_words", int, f"{where}.decontamination"),
@@ -218,7 +228,7 @@ def load_card(path: str, *, check_files: bool = True) -> Card:
                 group_by=group_by, stride=_get(ppl, "stride", int, f"{where}.perplexity", 0),
                 batch_size=_get(ppl, "batch_size", int, f"{where}.perplexity", 16), core_grouping=core_grouping,
                 perplexity_tolerance=float(_get(ppl, "regression_tolerance", (int, float), f"{where}.perplexity")),
-                decoding=dict(decoding), tasks=tasks, spot_check=spot, raw=raw)
+                decoding=dict(decoding), tasks=tasks, spot_check=spot, safety=safety, raw=raw)
 
 
 _VERSION_LINE = re.compile(r"^version:.*$", re.M)

@@ -6,12 +6,18 @@ Core probe tasks are compared on their primary metric: a drop larger than the ta
 (e.g. every domain): a rise larger than ``perplexity.regression_tolerance`` (relative) is flagged. Reports made
 with different cards (name, version or content hash), on different example sets or held-out tokens, or (both
 mixture-of-experts reports) with different routings, are refused rather than compared.
+
+A card with a ``safety`` section adds one row per safety rate (:func:`jaxpt.eval.safety.compare_rows`): a new report
+whose rate is past the card's threshold is flagged whatever the base did, since a version over a safety threshold
+does not advance.
 """
 
 from __future__ import annotations
 
 import math
 from typing import Any, Mapping
+
+from jaxpt.eval import safety
 
 
 class IncompatibleReports(ValueError):
@@ -120,6 +126,8 @@ def compare(base: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
             rows.append(_row({"kind": "perplexity", "name": f"{grouping}={g}", "metric": "perplexity",
                               "base": fb["perplexity"], "new": fn["perplexity"], "change": rise, "tolerance": tol,
                               "core": True, "flagged": rise > tol + 1e-12}))
+    if "safety" in new:
+        rows += safety.compare_rows(base.get("safety"), new["safety"])
     flagged = [r for r in rows if r["flagged"]]
     return {"ok": not flagged, "card": base.get("card"), "base_checkpoint": base.get("checkpoint"),
             "new_checkpoint": new.get("checkpoint"), "rows": rows, "flagged": flagged}
@@ -132,11 +140,16 @@ def format_comparison(result: Mapping[str, Any]) -> str:
         lines += [f"     {r['name']:<40} {r['base']:>10.4f} -> {r['new']:>10.4f}  change {r['change']:+.4f}"
                   for r in result["rows"]]
         return "\n".join(lines)
+    unsafe = [r["name"] for r in result["flagged"] if r["kind"] == "safety"]
     lines = [f"card {result['card']['name']} v{result['card']['version']}: "
-             f"{'OK' if result['ok'] else 'REGRESSION'} ({len(result['flagged'])} flagged)"]
+             f"{'OK' if result['ok'] else 'REGRESSION'} ({len(result['flagged'])} flagged)"
+             + (f"; does not advance: {', '.join(unsafe)} past the card's safety threshold" if unsafe else "")]
     for r in result["rows"]:
         change = (f"{100 * r['change']:+.2f}%" if r["kind"] == "perplexity" else f"{r['change']:+.4f}")
-        tol = f"{100 * r['tolerance']:.1f}%" if r["kind"] == "perplexity" else f"{r['tolerance']:.4f}"
+        if r["kind"] == "safety":
+            tol = "no threshold" if r["tolerance"] is None else f"{r['side']} {r['tolerance']:.3f}"
+        else:
+            tol = f"{100 * r['tolerance']:.1f}%" if r["kind"] == "perplexity" else f"{r['tolerance']:.4f}"
         lines.append(f"  {'!!' if r['flagged'] else '  '} {r['kind']:<10} {r['name']:<28} {r['metric']:<14} "
                      f"{r['base']:>10.4f} -> {r['new']:>10.4f}  change {change:>9}  tolerance {tol}"
                      f"{'' if r['core'] else '  (not core)'}")

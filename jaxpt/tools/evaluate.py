@@ -13,6 +13,7 @@
     python -m jaxpt.tools.evaluate spot-check-build --heldout SRC --output FILE    # (re)build a spot-check prompt set
     python -m jaxpt.tools.evaluate export-probes --card CARD --heldout SRC --train SRC --output DIR
     python -m jaxpt.tools.evaluate lm-eval --workdir DIR --tasks T1,T2 [--include-path DIR] [--limit N]
+    python -m jaxpt.tools.evaluate safety-train [--labels data/labels/safety-1] --output configs/eval/safety
 
 The card report (JSON) names the card (name, version, content hash, task-set version) and the checkpoint, and holds
 held-out perplexity per domain, per language and per (domain, language), each probe task's metrics beside its
@@ -31,7 +32,12 @@ bucket at each length, and the effective extrapolation length (the longest lengt
 ``<workdir>/extrapolation/step_<N>.json``) and a PNG plot next to it (same name, ``.png``). It was ``python -m
 jaxpt.evaluate --lengths ...``; that form still works for one release.
 
-Exit status: 0 ok; 1 a regression (``compare``) crossed a tolerance; 2 bad input (card, report, sheet, paths, no
+A card with a ``safety`` section (:mod:`jaxpt.eval.safety`) adds the harmful-content, refusal and false-refusal
+rates to the report, each beside its threshold, and says whether the version advances; the generations and their
+classifier scores go to ``<output>.safety.jsonl``.
+
+Exit status: 0 ok; 1 a regression (``compare``) crossed a tolerance, or a safety rate crossed its card threshold
+(the card run and ``compare``: the version does not advance); 2 bad input (card, report, sheet, paths, no
 checkpoint, a held-out set shorter than the longest length).
 """
 
@@ -47,7 +53,7 @@ from typing import Any, Sequence
 
 from jaxpt.checkpoint import CheckpointError
 from jaxpt.data import boundary
-from jaxpt.eval import decontam, extrapolation, heldout, heldout as heldout_lib, probes, regression, review
+from jaxpt.eval import decontam, extrapolation, heldout, heldout as heldout_lib, probes, regression, review, safety
 from jaxpt.eval.card import CardError, file_sha256, load_card, stamp_card
 from jaxpt.eval.regression import IncompatibleReports
 from jaxpt.eval.scorer import scorer_for_restored
@@ -58,7 +64,8 @@ from jaxpt.util import cli, fs, progress as progress_lib
 log = logging.getLogger("jaxpt.tools.evaluate")
 
 #: The subcommands; without one, the command evaluates a checkpoint on an eval card.
-SUBCOMMANDS = ("heldout", "extrapolation", "compare", "agreement", "card-stamp", "spot-check-build", "export-probes", "lm-eval")
+SUBCOMMANDS = ("heldout", "extrapolation", "compare", "agreement", "card-stamp", "spot-check-build", "export-probes", "lm-eval",
+               "safety-train")
 
 
 # ------------------------------------------------------------------------------------------ sources
@@ -75,7 +82,8 @@ def build_probe_tasks(card, heldout_docs, train_texts) -> dict[str, Any]:
 
 
 def run_card(restored, card, *, workdir: str = "", heldout: str | None = None, train: str | None = None,
-             use_seqio: bool = True, review_sheet: str | None = None, tasks=None) -> dict[str, Any]:
+             use_seqio: bool = True, review_sheet: str | None = None, tasks=None,
+             safety_sheet: str | None = None) -> dict[str, Any]:
     """Evaluate a restored checkpoint (:func:`jaxpt.restore`) on ``card``; returns the report dict.
 
     Args:
@@ -84,6 +92,8 @@ def run_card(restored, card, *, workdir: str = "", heldout: str | None = None, t
         False scores the same rows directly (same metric functions).
       review_sheet: where to write the spot-check generations for human review (skipped when None).
       tasks: prebuilt probe tasks (:func:`build_probe_tasks`), to reuse them across checkpoints.
+      safety_sheet: where to write the safety generations and their classifier scores (a card with a ``safety``
+        section is judged either way; the sheet is skipped when None).
     """
     t0 = time.perf_counter()
     cfg = restored.config
@@ -105,17 +115,7 @@ def run_card(restored, card, *, workdir: str = "", heldout: str | None = None, t
     t_ppl = time.perf_counter()
     if tasks is None:
         tasks = build_probe_tasks(card, docs, heldout_lib.training_texts(train))
-    max_new = int(card.decoding["max_new_tokens"])
-    if use_seqio:
-        seqio_tasks = _extra_module("jaxpt.eval.seqio_tasks",  # defers tensorflow (and seqio)
-                                    "scoring probe tasks through seqio (or pass --no-seqio)")
-        metrics = seqio_tasks.evaluate_with_seqio(card.task_set_version, tasks, scorer, restored.tokenizer,
-                                                  max_new_tokens=max_new, generator=generator,
-                                                  document_boundary=cfg.data.document_boundary)
-    else:
-        metrics = {n: probes.evaluate_task(scorer, restored.tokenizer, te, max_new_tokens=max_new,
-                                           generator=generator, document_boundary=cfg.data.document_boundary)
-                   for n, te in tasks.items()}
+    metrics = score_tasks(card, tasks, scorer, generator, restored, use_seqio)
     t_tasks = time.perf_counter()
     report = {
         "card": card.ident,
@@ -128,8 +128,27 @@ def run_card(restored, card, *, workdir: str = "", heldout: str | None = None, t
     }
     if review_sheet and card.spot_check is not None:
         report["spot_check"] = write_review_sheet(restored, card, generator, review_sheet, workdir)
-    report["timing_s"] = {"perplexity": t_ppl - t0, "tasks": t_tasks - t_ppl, "total": time.perf_counter() - t0}
+    t_safety = time.perf_counter()
+    if card.safety is not None:
+        report["safety"] = run_safety(restored, card, generator, safety_sheet)
+    report["timing_s"] = {"perplexity": t_ppl - t0, "tasks": t_tasks - t_ppl,
+                          "safety": time.perf_counter() - t_safety, "total": time.perf_counter() - t0}
     return report
+
+
+def score_tasks(card, tasks, scorer, generator, restored, use_seqio: bool) -> dict[str, dict[str, float]]:
+    """Each probe task's metrics by name: through its seqio Task and ``seqio.Evaluator`` (``use_seqio``; imports
+    TensorFlow), else the same rows scored directly with the same metric functions."""
+    max_new = int(card.decoding["max_new_tokens"])
+    boundary_policy = restored.config.data.document_boundary
+    if use_seqio:
+        seqio_tasks = _extra_module("jaxpt.eval.seqio_tasks",  # defers tensorflow (and seqio)
+                                    "scoring probe tasks through seqio (or pass --no-seqio)")
+        return seqio_tasks.evaluate_with_seqio(card.task_set_version, tasks, scorer, restored.tokenizer,
+                                               max_new_tokens=max_new, generator=generator,
+                                               document_boundary=boundary_policy)
+    return {n: probes.evaluate_task(scorer, restored.tokenizer, te, max_new_tokens=max_new, generator=generator,
+                                    document_boundary=boundary_policy) for n, te in tasks.items()}
 
 
 def _task_entry(card, te, metrics: dict[str, float], use_seqio: bool) -> dict[str, Any]:
@@ -146,33 +165,62 @@ def _task_entry(card, te, metrics: dict[str, float], use_seqio: bool) -> dict[st
     }
 
 
-def write_review_sheet(restored, card, step, path: str, workdir: str) -> dict[str, Any]:
-    """Generate greedily from every spot-check prompt (stopped at EOS; started as the run's documents were,
-    :func:`jaxpt.data.boundary.context_start`) and write the review sheet; returns its summary. ``step``: the
-    :class:`jaxpt.infer.decode.DecodeStep` to decode with (its class and batch size are kept)."""
-    spot = card.spot_check
-    prompts = review.read_prompts(spot.prompts_path)
+def greedy_texts(restored, step, prompts: list[str], max_new_tokens: int, *, progress: str) -> list[str]:
+    """Greedy continuations (text, without the prompt) of ``prompts``, stopped at EOS, each prompt started as the
+    run's documents were (:func:`jaxpt.data.boundary.context_start`). ``step``: the
+    :class:`jaxpt.infer.decode.DecodeStep` to decode with (its class and batch size are kept; a shorter row is used
+    when the prompts allow, which makes a smaller cache)."""
     tok = restored.tokenizer
     start = boundary.context_start(restored.config.data.document_boundary, tok)
-    ids = [start.apply(tok.encode(p["prompt"])) for p in prompts]
-    # A row just long enough for the prompts is cheaper (a smaller cache; fewer positions without one).
-    need = -(-(max(len(i) for i in ids) + spot.max_new_tokens) // 8) * 8
+    ids = [start.apply(tok.encode(p)) for p in prompts]
+    need = -(-(max(len(i) for i in ids) + max_new_tokens) // 8) * 8
     if need < step.seq_len:
         step = type(step).for_restored(restored, seq_len=need, batch_size=step.batch_size)
-    gens = [g.text for g in decode.greedy(step, ids, spot.max_new_tokens, eos_id=tok.eos_id, tokenizer=tok,
-                                          progress="spot-check generations")]
+    return [g.text for g in decode.greedy(step, ids, max_new_tokens, eos_id=tok.eos_id, tokenizer=tok,
+                                          progress=progress)]
+
+
+def write_review_sheet(restored, card, step, path: str, workdir: str) -> dict[str, Any]:
+    """Generate greedily from every spot-check prompt (:func:`greedy_texts`) and write the review sheet; returns its
+    summary."""
+    spot = card.spot_check
+    prompts = review.read_prompts(spot.prompts_path)
+    gens = greedy_texts(restored, step, [p["prompt"] for p in prompts], spot.max_new_tokens,
+                        progress="spot-check generations")
     rows = review.review_rows(prompts, gens, card=card, checkpoint=fs.absolute(workdir) if workdir else "",
                               step=restored.step, labels=spot.labels)
-    fs.makedirs(fs.dirname(fs.absolute(path)))
-    with fs.open(path, "w", encoding="utf-8") as f:
-        for r in rows:
-            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+    _write_jsonl(path, rows)
     return {"sheet": fs.absolute(path), "prompts": len(rows), "max_new_tokens": spot.max_new_tokens,
             "labels": list(spot.labels)}
 
 
+def run_safety(restored, card, step, sheet: str | None) -> dict[str, Any]:
+    """The report's ``safety`` entry (:func:`jaxpt.eval.safety.judge`): the model continues every prompt of the
+    card's three safety sets greedily, the card's classifiers judge the outputs; with ``sheet``, every prompt, output,
+    probability and count goes there as JSON Lines (its path is in the entry)."""
+    section = card.safety
+    _extra_module("sklearn", f"the safety section of card {card.name} (its classifiers)")
+    judges = safety.Judges(section)
+    prompts = {n: safety.read_prompt_set(s.path) for n, s in section.sets.items()}
+    outputs = {n: greedy_texts(restored, step, safety.model_prompts(section, n, rows), section.max_new_tokens,
+                               progress=f"safety {n} generations") for n, rows in prompts.items()}
+    entry = safety.judge(section, judges, outputs)
+    if sheet:
+        _write_jsonl(sheet, safety.sheet_rows(section, judges, prompts, outputs))
+        entry["sheet"] = fs.absolute(sheet)
+    return entry
+
+
+def _write_jsonl(path: str, rows: list[dict[str, Any]]) -> None:
+    fs.makedirs(fs.dirname(fs.absolute(path)))
+    with fs.open(path, "w", encoding="utf-8") as f:
+        for r in rows:
+            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+
+
 def format_report(report: dict[str, Any]) -> str:
-    """Plain-text summary: perplexity per group and each task's score beside its chance level."""
+    """Plain-text summary: perplexity per group, each task's score beside its chance level, and the safety rates
+    with the verdict."""
     c = report["card"]
     h = report["heldout"]
     routing = f", {h['routing']} routing" if "routing" in h else ""
@@ -187,6 +235,8 @@ def format_report(report: dict[str, Any]) -> str:
         thr = "" if t["threshold"] is None else f"  threshold {t['threshold']:.3f} ({'pass' if t['passes_threshold'] else 'FAIL'})"
         lines.append(f"  task {n:<24} {t['primary_metric']:<14} {t['score']:.3f}  chance {t['chance']:.3f}  "
                      f"n={t['num_examples']}{thr}")
+    if "safety" in report:
+        lines += safety.format_section(report["safety"])
     return "\n".join(lines)
 
 
@@ -204,10 +254,11 @@ def cmd_run(args) -> int:
     if sheet is None and args.output:
         sheet = os.path.splitext(args.output)[0] + ".review.jsonl"
     report = run_card(restored, card, workdir=args.workdir, heldout=args.heldout, train=args.train,
-                      use_seqio=not args.no_seqio, review_sheet=sheet)
+                      use_seqio=not args.no_seqio, review_sheet=sheet,
+                      safety_sheet=os.path.splitext(args.output)[0] + ".safety.jsonl" if args.output else None)
     _write_json(args.output, report)
     print(format_report(report))
-    return 0
+    return 0 if report.get("safety", {}).get("advances", True) else 1
 
 
 def check_card_domains(card, docs, source: str) -> None:
@@ -314,6 +365,21 @@ def cmd_compare(args) -> int:
 def cmd_agreement(args) -> int:
     out = review.agreement(review.read_sheet(args.sheet), args.sheet)
     print(json.dumps(out, indent=1))
+    return 0
+
+
+def cmd_safety_train(args) -> int:
+    """Train the safety classifiers on a label set and print their held-out figures (:func:`safety.train_classifiers`)."""
+    out = safety.train_classifiers(args.labels, args.output, threshold=args.threshold)
+    for name in ("harm", "refusal"):
+        f = out[name]
+        print(f"{name:<8} {f['file']}  sha256 {f['sha256']}  trained on {f['train']}, C {f['c']}")
+        for split in ("test", "cross_validated"):
+            m = f[split]
+            print(f"  {split:<16} precision {m['precision']:.3f}  recall {m['recall']:.3f}  accuracy "
+                  f"{m['accuracy']:.3f}  (n={m['n']}, {m['positives']} positive)")
+    print(f"wrote {args.output}: record each file's sha256 and its test precision and recall in the card's safety "
+          "section, then card-stamp the card")
     return 0
 
 
@@ -442,6 +508,13 @@ def _export_probes_flags(p: argparse.ArgumentParser) -> None:
     cli.add_flag(p, "--output", "--output-dir", required=True, help="directory for one <task>.jsonl per task")
 
 
+def _safety_train_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--labels", default=os.path.join("data", "labels", "safety-1"),
+                   help="label set folder (harm_final.jsonl, responses_final.jsonl)")
+    cli.add_flag(p, "--output", required=True, help="folder for the classifiers and classifiers.json")
+    p.add_argument("--threshold", type=float, default=0.5, help="probability at which a text counts (default 0.5)")
+
+
 def _lm_eval_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workdir", required=True)
     p.add_argument("--tasks", required=True, help="comma-separated lm-eval task names")
@@ -465,6 +538,8 @@ _SUBPARSERS = {
     "spot-check-build": ("(re)build a spot-check prompt set", _spot_check_build_flags),
     "export-probes": ("write each task's examples as JSON Lines", _export_probes_flags),
     "lm-eval": ("run lm-evaluation-harness tasks on a checkpoint", _lm_eval_flags),
+    "safety-train": ("train the safety classifiers on a label set; print their held-out precision and recall",
+                     _safety_train_flags),
 }
 
 
@@ -484,7 +559,7 @@ def build_parser(sub: str | None = None) -> argparse.ArgumentParser:
 
 _COMMANDS = {None: cmd_run, "heldout": cmd_heldout, "extrapolation": cmd_extrapolation, "compare": cmd_compare, "agreement": cmd_agreement,
              "card-stamp": cmd_card_stamp, "spot-check-build": cmd_spot_check_build, "export-probes": cmd_export_probes,
-             "lm-eval": cmd_lm_eval}
+             "lm-eval": cmd_lm_eval, "safety-train": cmd_safety_train}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

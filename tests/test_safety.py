@@ -1,0 +1,186 @@
+"""The eval card's safety section (jaxpt.eval.safety), each against an independent value: the Wilson interval in its
+other algebraic form; rates and the advance verdict counted by hand from classifier flags; a card section refused
+key by key; the regression gate flagging a rate past its threshold (exit status 1); the shipped classifiers' held-out
+precision and recall, re-measured from the label files, equal to what the card states; the label set's agreement."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import yaml
+
+from conftest import REPO_ROOT
+from jaxpt.eval import card as card_lib, regression, review, safety
+from jaxpt.tools import evaluate
+from jaxpt.util import text_classifier
+
+CARD = REPO_ROOT / "configs" / "eval" / "card_v1.yaml"
+LABELS = REPO_ROOT / "data" / "labels" / "safety-1"
+
+pytest.importorskip("sklearn")
+
+
+@pytest.mark.parametrize("k,n", [(0, 10), (3, 10), (10, 10), (7, 250), (1, 1)])
+def test_wilson_interval_equals_its_closed_form(k, n):
+    z = 1.959964
+    p = k / n
+    # The other form: (2np + z^2 +- z sqrt(z^2 + 4np(1-p))) / (2(n + z^2)).
+    lo = (2 * n * p + z * z - z * math.sqrt(z * z + 4 * n * p * (1 - p))) / (2 * (n + z * z))
+    hi = (2 * n * p + z * z + z * math.sqrt(z * z + 4 * n * p * (1 - p))) / (2 * (n + z * z))
+    got = safety.wilson_interval(k, n)
+    assert got == pytest.approx((max(lo, 0.0), min(hi, 1.0)), abs=1e-12)
+    assert safety.wilson_interval(0, 0) == (0.0, 1.0)
+
+
+def _toy_classifier(path, version, positive_word):
+    texts = [f"{positive_word} {w} again" for w in ("now", "later", "today", "soon", "here", "there")] * 3
+    texts += [f"the {w} was calm and fine" for w in ("sea", "sky", "road", "day", "room", "town")] * 3
+    model = text_classifier.train(texts, [True] * 18 + [False] * 18, version=version,
+                                  excerpt_chars=safety.EXCERPT_CHARS)
+    return model.save(str(path))
+
+
+def _section(tmp_path, *, harm_max=0.5, refusal_min=None, false_refusal_max=0.5, harm_threshold=0.5):
+    """A safety section of toy prompt sets and toy classifiers (harm: 'hurt', refusal: 'cannot')."""
+    for name in ("harmful", "refusal", "false_refusal"):
+        rows = [{"id": f"{name}-{i}", "category": "c", "prompt": f"prompt {i}"} for i in range(4)]
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    raw = {"template": "Question: {prompt}\nAnswer:", "max_new_tokens": 4,
+           "classifiers": {
+               "harm": {"file": "harm.npz", "file_sha256": _toy_classifier(tmp_path / "harm.npz",
+                                                                           safety.HARM_VERSION, "hurt"),
+                        "threshold": harm_threshold, "precision": 0.9, "recall": 0.8},
+               "refusal": {"file": "refusal.npz", "file_sha256": _toy_classifier(tmp_path / "refusal.npz",
+                                                                                 safety.REFUSAL_VERSION, "cannot"),
+                           "threshold": 0.5, "precision": 0.95, "recall": 0.85}},
+           "harmful": {"prompts": "harmful.jsonl", "max": harm_max},
+           "refusal": {"prompts": "refusal.jsonl", "min": refusal_min},
+           "false_refusal": {"prompts": "false_refusal.jsonl", "max": false_refusal_max}}
+    for name in ("harmful", "refusal", "false_refusal"):
+        raw[name]["prompts_sha256"] = card_lib.file_sha256(str(tmp_path / f"{name}.jsonl"))
+    return raw
+
+
+HURT, CALM, CANNOT = "hurt now again", "the sea was calm and fine", "cannot today again"
+
+
+def test_rates_and_the_verdict_are_counted_from_the_classifier_flags(tmp_path):
+    raw = _section(tmp_path, harm_max=0.25, refusal_min=0.5, false_refusal_max=0.25)
+    section = safety.parse_section(raw, str(tmp_path / "card.yaml"))
+    judges = safety.Judges(section)
+    assert judges.flags("harm", [HURT, CALM]) == [True, False]
+    assert judges.flags("refusal", [CANNOT, CALM]) == [True, False]
+    outputs = {"harmful": [HURT, CALM, CALM, CALM],          # 1/4: at the max 0.25, passes
+               "refusal": [CANNOT, CALM, CALM, CALM],        # 1/4 < min 0.5: fails
+               "false_refusal": [CANNOT, CANNOT, CALM, CALM]}  # 2/4 > max 0.25: fails
+    entry = safety.judge(section, judges, outputs)
+    r = entry["rates"]
+    assert (r["harmful_rate"]["count"], r["harmful_rate"]["n"], r["harmful_rate"]["passes"]) == (1, 4, True)
+    assert (r["refusal_rate"]["value"], r["refusal_rate"]["passes"]) == (0.25, False)
+    assert (r["false_refusal_rate"]["value"], r["false_refusal_rate"]["passes"]) == (0.5, False)
+    assert r["harmful_rate"]["ci95"] == pytest.approx(list(safety.wilson_interval(1, 4)))
+    assert entry["advances"] is False
+    assert entry["blocked_by"] == ["refusal_rate 0.250 (1/4) < min 0.500", "false_refusal_rate 0.500 (2/4) > max 0.250"]
+    assert "DOES NOT ADVANCE" in "\n".join(safety.format_section(entry))
+    # No threshold: reported, not judged.
+    open_section = safety.parse_section(_section(tmp_path, refusal_min=None), str(tmp_path / "card.yaml"))
+    entry = safety.judge(open_section, safety.Judges(open_section), {**outputs, "false_refusal": [CALM] * 4})
+    assert entry["rates"]["refusal_rate"]["passes"] is None and entry["advances"] is True
+    # The sheet: one row per prompt, its probability and whether it counted.
+    prompts = {n: safety.read_prompt_set(s.path) for n, s in section.sets.items()}
+    rows = safety.sheet_rows(section, judges, prompts, outputs)
+    assert len(rows) == 12 and sum(x["counted"] for x in rows) == 1 + 1 + 2
+
+
+def test_the_regression_gate_flags_a_rate_past_its_threshold(tmp_path):
+    section = safety.parse_section(_section(tmp_path, harm_max=0.25), str(tmp_path / "card.yaml"))
+    judges = safety.Judges(section)
+    calm = {"harmful": [CALM] * 4, "refusal": [CALM] * 4, "false_refusal": [CALM] * 4}
+    card = {"name": "c", "version": 1, "content_sha256": "x"}
+    base = {"card": card, "tasks": {}, "heldout": {}, "safety": safety.judge(section, judges, calm)}
+    new = {**base, "safety": safety.judge(section, judges, {**calm, "harmful": [HURT, HURT, CALM, CALM]})}
+    assert regression.compare(base, base)["ok"] is True
+    result = regression.compare(base, new)
+    assert result["ok"] is False and [r["name"] for r in result["flagged"]] == ["harmful_rate"]
+    assert result["flagged"][0]["base"] == 0.0 and result["flagged"][0]["new"] == 0.5
+    assert "does not advance: harmful_rate" in regression.format_comparison(result)
+    (tmp_path / "base.json").write_text(json.dumps(base))
+    (tmp_path / "new.json").write_text(json.dumps(new))
+    assert evaluate.main(["compare", str(tmp_path / "base.json"), str(tmp_path / "base.json")]) == 0
+    assert evaluate.main(["compare", str(tmp_path / "base.json"), str(tmp_path / "new.json")]) == 1
+
+
+@pytest.mark.parametrize("edit,match", [
+    (lambda r: r.pop("template"), r"safety.template: a format string with \{prompt\}"),
+    (lambda r: r.update(max_new_tokens=0), r"safety.max_new_tokens = 0"),
+    (lambda r: r["harmful"].update(max=1.5), r"safety.harmful.max = 1.5: expected a number in \[0, 1\]"),
+    (lambda r: r["refusal"].update(max=0.1), r"safety.refusal.max: the refusal rate takes a 'min' threshold"),
+    (lambda r: r["harmful"].update(prompts_sha256="0" * 64), r"safety.harmful.prompts: .*harmful.jsonl has sha256"),
+    (lambda r: r["classifiers"]["harm"].pop("recall"), r"safety.classifiers.harm: missing key 'recall'"),
+    (lambda r: r["classifiers"]["refusal"].update(file="none.npz"), r"safety.classifiers.refusal.file: .*none.npz: no "),
+    (lambda r: r.update(extra=1), r"safety: unknown keys \['extra'\]"),
+])
+def test_a_bad_safety_section_is_refused_naming_the_key(tmp_path, edit, match):
+    raw = _section(tmp_path)
+    edit(raw)
+    with pytest.raises(safety.SafetyCardError, match=match):
+        safety.parse_section(raw, str(tmp_path / "card.yaml"))
+
+
+def test_a_prompt_set_with_a_repeated_id_is_refused_naming_the_line(tmp_path):
+    p = tmp_path / "p.jsonl"
+    p.write_text('{"id": "a", "prompt": "x"}\n{"id": "a", "prompt": "y"}\n')
+    with pytest.raises(ValueError, match=r"p.jsonl:2.*duplicate_id"):
+        safety.read_prompt_set(str(p))
+
+
+# ------------------------------------------------------------------------------------------ the shipped card
+
+
+def _shipped():
+    return card_lib.load_card(str(CARD)).safety
+
+
+def test_the_card_states_its_classifiers_held_out_precision_and_recall():
+    """Re-measured here from the label files and the shipped classifier files: the card's figures are the test
+    split's (ids the classifiers never trained on)."""
+    section = _shipped()
+    judges = safety.Judges(section)
+    for name, (fname, text_key, label_key, _) in safety.LABEL_FILES.items():
+        rows = safety.read_labels(str(LABELS / fname), text_key, label_key)
+        test = [r for r in rows if safety.split_of(r["id"]) == "test"]
+        assert len(test) >= 40
+        flags = judges.flags(name, [r[text_key] for r in test])
+        tp = sum(f and r[label_key] for f, r in zip(flags, test))
+        precision = tp / sum(flags)
+        recall = tp / sum(r[label_key] for r in test)
+        spec = section.classifiers[name]
+        assert (spec.precision, spec.recall) == (pytest.approx(precision, abs=5e-4), pytest.approx(recall, abs=5e-4))
+        # trained on the train split only: no test id's text is among the training labels' count
+        assert judges.models[name].params["trained_on"] == len(rows) - len(test)
+
+
+def test_the_label_set_has_two_independent_labels_and_its_kappa():
+    for name, (fname, text_key, label_key, _) in safety.LABEL_FILES.items():
+        stem = fname.split("_final")[0]
+        a = {r["id"]: r[label_key] for r in map(json.loads, (LABELS / f"{stem}_annotator_a.jsonl").open())}
+        b = {r["id"]: r[label_key] for r in map(json.loads, (LABELS / f"{stem}_annotator_b.jsonl").open())}
+        final = safety.read_labels(str(LABELS / fname), text_key, label_key)
+        assert set(a) == set(b) == {r["id"] for r in final}
+        for r in final:  # agreed labels stand; each disagreement was settled by the third reading
+            assert r[label_key] == a[r["id"]] if a[r["id"]] == b[r["id"]] else r["resolved_by"] == "third_reading"
+        kappa = review.cohen_kappa([a[i] for i in sorted(a)], [b[i] for i in sorted(a)])["kappa"]
+        readme = (LABELS / "README.md").read_text()
+        assert f"{kappa:.3f}" in readme, (name, kappa)
+
+
+def test_the_shipped_prompt_sets_are_the_card_s_and_written_for_the_project():
+    section = _shipped()
+    sizes = {n: len(safety.read_prompt_set(s.path)) for n, s in section.sets.items()}
+    assert sizes == {"harmful": 100, "refusal": 80, "false_refusal": 80}
+    licence = (REPO_ROOT / "configs" / "eval" / "safety" / "README.md").read_text()
+    assert "Apache-2.0" in licence
+    raw = yaml.safe_load(CARD.read_text())
+    assert raw["safety"]["harmful"]["max"] is not None and raw["safety"]["false_refusal"]["max"] is not None
