@@ -121,6 +121,11 @@ def test_the_regression_gate_flags_a_rate_past_its_threshold(tmp_path):
     (lambda r: r["classifiers"]["harm"].pop("recall"), r"safety.classifiers.harm: missing key 'recall'"),
     (lambda r: r["classifiers"]["refusal"].update(file="none.npz"), r"safety.classifiers.refusal.file: .*none.npz: no "),
     (lambda r: r.update(extra=1), r"safety: unknown keys \['extra'\]"),
+    # misspelled keys are named, not ignored (an ignored one would leave its default, or switch a check off)
+    (lambda r: r.update(harmfull=r.pop("harmful")), r"safety: unknown keys \['harmfull'\]"),
+    (lambda r: r["refusal"].update(mx=0.5), r"safety.refusal: unknown keys \['mx'\]"),
+    (lambda r: r["classifiers"]["harm"].update(treshold=0.4), r"safety.classifiers.harm: unknown keys \['treshold'\]"),
+    (lambda r: r["classifiers"].update(toxic={}), r"safety.classifiers: unknown keys \['toxic'\]"),
 ])
 def test_a_bad_safety_section_is_refused_naming_the_key(tmp_path, edit, match):
     raw = _section(tmp_path)
@@ -134,6 +139,23 @@ def test_a_prompt_set_with_a_repeated_id_is_refused_naming_the_line(tmp_path):
     p.write_text('{"id": "a", "prompt": "x"}\n{"id": "a", "prompt": "y"}\n')
     with pytest.raises(ValueError, match=r"p.jsonl:2.*duplicate_id"):
         safety.read_prompt_set(str(p))
+    # when the card is loaded, not after the evaluation's other parts have run
+    raw = _section(tmp_path)
+    bad = tmp_path / "harmful.jsonl"
+    bad.write_text(bad.read_text() + '{"id": "x", "text": "no prompt"}\n')
+    raw["harmful"]["prompts_sha256"] = card_lib.file_sha256(str(bad))
+    with pytest.raises(ValueError, match=r"harmful.jsonl:5: missing_prompt"):
+        safety.parse_section(raw, str(tmp_path / "card.yaml"))
+
+
+def test_a_misspelled_section_of_a_card_is_refused_not_skipped(tmp_path):
+    """`saftey:` was stamped and evaluated with no safety section at all, exit 0."""
+    raw = yaml.safe_load(CARD.read_text())
+    raw["saftey"] = raw.pop("safety")
+    raw["content_sha256"] = card_lib.content_hash(raw)
+    (tmp_path / "card.yaml").write_text(yaml.safe_dump(raw))
+    with pytest.raises(card_lib.CardError, match=r"unknown top-level keys \['saftey'\]"):
+        card_lib.load_card(str(tmp_path / "card.yaml"))
 
 
 # ------------------------------------------------------------------------------------------ the shipped card

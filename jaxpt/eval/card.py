@@ -23,12 +23,15 @@ from typing import Any, Mapping
 
 import yaml
 
-from jaxpt.eval import safety as safety_lib
+from jaxpt.eval import review, safety as safety_lib
 from jaxpt.eval.heldout import GROUPINGS
 from jaxpt.eval.probes import KINDS, TaskSpec
 from jaxpt.util import fs
 
 _UNHASHED = ("version", "content_sha256")
+#: The top-level keys of a card; any other is refused (a misspelled section must not switch a check off).
+CARD_KEYS = ("name", "version", "content_sha256", "task_set_version", "seed", "sources", "decontamination",
+             "perplexity", "decoding", "tasks", "spot_check", "safety")
 
 
 class CardError(ValueError):
@@ -171,9 +174,10 @@ def _spot_check(raw: dict, path: str, where: str, check_files: bool) -> SpotChec
             raise CardError(f"{w}.prompts: {prompts_path}: no such file")
         got = file_sha256(prompts_path)
         if got != spot.prompts_sha256:
-            raise CardError(f"{w}.prompts: {prompts_path} has sha256 {got[:12]}, the card records "
-                            f"{spot.prompts_sha256[:12]}: the spot-check set changed, so update "
+            raise CardError(f"{w}.prompts: {prompts_path} has sha256 {got}, the card records "
+                            f"{spot.prompts_sha256}: the spot-check set changed, so update "
                             f"prompts_sha256 and run `python -m jaxpt.tools.evaluate card-stamp {path}`")
+        review.read_prompts(prompts_path)  # a malformed row is refused now, not after the scoring
     return spot
 
 
@@ -181,7 +185,8 @@ def load_card(path: str, *, check_files: bool = True) -> Card:
     """Read, hash-check and validate a card.
 
     Raises:
-      CardError: naming the file and key: unreadable YAML, a missing or mistyped key, an unknown task kind or
+      CardError: naming the file and key: unreadable YAML, an unknown top-level key, a missing or mistyped key, an
+        unknown task kind or
         grouping, content that no longer matches ``content_sha256`` (bump the version with
         ``python -m jaxpt.tools.evaluate card-stamp FILE``), a spot-check file whose sha256 differs from the card's,
         or a ``safety`` section that is malformed or names a prompt set or classifier whose sha256 differs
@@ -189,6 +194,9 @@ def load_card(path: str, *, check_files: bool = True) -> Card:
     """
     raw = _read(path)
     where = path
+    unknown = sorted(set(raw) - set(CARD_KEYS))
+    if unknown:  # a misspelled section (`saftey:`) would otherwise switch that part of the evaluation off unseen
+        raise CardError(f"{path}: unknown top-level keys {unknown}; a card has {list(CARD_KEYS)}")
     version = _get(raw, "version", int, where)
     stamped = _get(raw, "content_sha256", str, where)
     actual = content_hash(raw)

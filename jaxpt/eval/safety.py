@@ -120,8 +120,8 @@ def _file(raw: Mapping, key: str, card_path: str, where: str, check_files: bool)
             raise SafetyCardError(f"{where}.{key}: {path}: no such file")
         got = _sha256(path)
         if got != sha:
-            raise SafetyCardError(f"{where}.{key}: {path} has sha256 {got[:12]}, the card records {sha[:12]}: the "
-                                  f"file changed, so record its new sha256 and run `python -m jaxpt.tools.evaluate "
+            raise SafetyCardError(f"{where}.{key}: {path} has sha256 {got}, the card records {sha}: the file "
+                                  f"changed, so record its new sha256 and run `python -m jaxpt.tools.evaluate "
                                   f"card-stamp {card_path}`")
     return path, sha
 
@@ -136,6 +136,7 @@ def parse_section(raw: Mapping[str, Any], card_path: str, *, check_files: bool =
     where = f"{card_path}: safety"
     if not isinstance(raw, Mapping):
         raise SafetyCardError(f"{where}: a mapping")
+    _known(raw, ("template", "max_new_tokens", "classifiers", *_SETS), where)
     template = raw.get("template")
     if not isinstance(template, str) or "{prompt}" not in template:
         raise SafetyCardError(f"{where}.template: a format string with {{prompt}} (how a request is put to the "
@@ -149,6 +150,7 @@ def parse_section(raw: Mapping[str, Any], card_path: str, *, check_files: bool =
         c = (raw.get("classifiers") or {}).get(name)
         if not isinstance(c, Mapping):
             raise SafetyCardError(f"{w}: missing (file, file_sha256, threshold, precision, recall)")
+        _known(c, ("file", "file_sha256", "threshold", "precision", "recall"), w)
         path, sha = _file(c, "file", card_path, w, check_files)
         classifiers[name] = ClassifierSpec(path, sha, _num(c, "threshold", w), _num(c, "precision", w),
                                            _num(c, "recall", w))
@@ -162,12 +164,20 @@ def parse_section(raw: Mapping[str, Any], card_path: str, *, check_files: bool =
         other = "max" if side == "min" else "min"
         if other in s:
             raise SafetyCardError(f"{w}.{other}: the {name} rate takes a {side!r} threshold")
+        _known(s, ("prompts", "prompts_sha256", side), w)
         path, sha = _file(s, "prompts", card_path, w, check_files)
+        if check_files:
+            read_prompt_set(path)  # a malformed row is refused now, not after the rest of the evaluation
         sets[name] = PromptSet(name, path, sha, _num(s, side, w, allow_none=True))
-    unknown = set(raw) - {"template", "max_new_tokens", "classifiers", *_SETS}
-    if unknown:
-        raise SafetyCardError(f"{where}: unknown keys {sorted(unknown)}")
+    _known(raw["classifiers"], ("harm", "refusal"), f"{where}.classifiers")
     return SafetySection(template, int(max_new), sets, classifiers)
+
+
+def _known(raw: Mapping, keys: Sequence[str], where: str) -> None:
+    """Refuses a key outside ``keys`` (a misspelled key would otherwise be ignored and its default used)."""
+    unknown = sorted(set(raw) - set(keys))
+    if unknown:
+        raise SafetyCardError(f"{where}: unknown keys {unknown}; expected {list(keys)}")
 
 
 def read_prompt_set(path: str) -> list[dict[str, Any]]:
