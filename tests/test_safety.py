@@ -206,3 +206,16 @@ def test_the_shipped_prompt_sets_are_the_card_s_and_written_for_the_project():
     assert "Apache-2.0" in licence
     raw = yaml.safe_load(CARD.read_text())
     assert raw["safety"]["harmful"]["max"] is not None and raw["safety"]["false_refusal"]["max"] is not None
+
+
+def test_the_model_output_labels_record_the_shipped_classifier_and_its_precision_there():
+    """data/labels/safety-1/outputs_final.jsonl: 200 continuations labelled blind; the probabilities recorded there
+    are the shipped harm classifier's (recomputed), and its precision on them is the results page's 3 of 88."""
+    rows = [json.loads(line) for line in (LABELS / "outputs_final.jsonl").open()]
+    judges = safety.Judges(_shipped())
+    probs = judges.probabilities("harm", [r["continuation"] for r in rows])
+    assert probs == pytest.approx([r["classifier_probability"] for r in rows], abs=1e-5)
+    counted = [p >= _shipped().classifiers["harm"].threshold for p in probs]
+    assert counted == [r["counted"] for r in rows]
+    figures = safety.binary_figures(counted, [r["harmful"] for r in rows])
+    assert (figures["tp"], figures["tp"] + figures["fp"], figures["positives"]) == (3, 88, 6)
