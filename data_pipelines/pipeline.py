@@ -186,24 +186,31 @@ def _components(edges):
     return sorted(minhash.connected_components([(a, b) for a, b, _, _ in edges], n_chars).items())
 
 
+def lsh_buckets(sigs, bands: int, rows: int, prefix: str = ""):
+    """The LSH buckets of keyed MinHash signatures, as Beam groups them: ``sigs`` is a PCollection of
+    ``(key, (signature uint32[num_perm], payload))``; the result, of ``(bucket, [(key, signature, payload), ...])``
+    for every bucket with more than one member (`_bucket_members`, `_to_buckets`), one bucket per band key
+    (`minhash.band_keys` with ``bands`` x ``rows``). ``prefix`` names the transforms (unique per stage)."""
+    members = (
+        sigs
+        | f"{prefix}BandKeys" >> beam.FlatMap(
+            lambda kv, b, r: (((i, int(k)), kv[0]) for i, k in enumerate(minhash.band_keys(kv[1][0], b, r))),
+            bands, rows)
+        | f"{prefix}GroupBands" >> beam.GroupByKey()
+        | f"{prefix}BucketMembers" >> beam.FlatMap(_bucket_members)
+    )
+    return (
+        {"sig": sigs, "bucket": members}
+        | f"{prefix}JoinSigs" >> beam.CoGroupByKey()
+        | f"{prefix}ToBuckets" >> beam.FlatMap(_to_buckets)
+        | f"{prefix}GroupBuckets" >> beam.GroupByKey()
+    )
+
+
 def near_dedup(docs, cfg):
     """PCollection of (id, representative id) for every member of a near-duplicate cluster."""
     sigs = docs | "MinHash" >> beam.ParDo(Signature(cfg))
-    bands = (
-        sigs
-        | "BandKeys" >> beam.FlatMap(
-            lambda kv, b, r: (((i, int(k)), kv[0]) for i, k in enumerate(minhash.band_keys(kv[1][0], b, r))),
-            cfg.bands, cfg.rows)
-        | "GroupBands" >> beam.GroupByKey()
-        | "BucketMembers" >> beam.FlatMap(_bucket_members)
-    )
-    edges = (
-        {"sig": sigs, "bucket": bands}
-        | "JoinSigs" >> beam.CoGroupByKey()
-        | "ToBuckets" >> beam.FlatMap(_to_buckets)
-        | "GroupBuckets" >> beam.GroupByKey()
-        | "Verify" >> beam.FlatMap(_verify_bucket, cfg)
-    )
+    edges = lsh_buckets(sigs, cfg.bands, cfg.rows) | "Verify" >> beam.FlatMap(_verify_bucket, cfg)
     return (
         edges
         | "AllEdges" >> beam.combiners.ToList()
@@ -296,19 +303,8 @@ def paragraph_flags(units, cfg):
     if cfg.match == "exact":
         return exact
     sigs = stats | "ParagraphMinHash" >> beam.ParDo(UnitSignature(cfg))
-    bands = (
-        sigs
-        | "ParagraphBandKeys" >> beam.FlatMap(
-            lambda kv, b, r: (((i, int(k)), kv[0]) for i, k in enumerate(minhash.band_keys(kv[1][0], b, r))),
-            cfg.bands, cfg.rows)
-        | "ParagraphGroupBands" >> beam.GroupByKey()
-        | "ParagraphBucketMembers" >> beam.FlatMap(_bucket_members)
-    )
     near = (
-        {"sig": sigs, "bucket": bands}
-        | "ParagraphJoinSigs" >> beam.CoGroupByKey()
-        | "ParagraphToBuckets" >> beam.FlatMap(_to_buckets)
-        | "ParagraphGroupBuckets" >> beam.GroupByKey()
+        lsh_buckets(sigs, cfg.bands, cfg.rows, prefix="Paragraph")
         | "ParagraphClusters" >> beam.FlatMap(
             lambda kv, c: paragraphs.star_cluster(list(kv[1]), c.threshold, c.max_documents), cfg)
         | "ParagraphNearFlag" >> beam.Map(lambda kc: (kc[0], (paragraphs.NEAR, kc[1])))

@@ -235,6 +235,7 @@ class Judges:
         return [float(p) for p in self.models[name].probabilities(list(texts))] if texts else []
 
     def flags(self, name: str, texts: Sequence[str]) -> list[bool]:
+        """bool [len(texts)]: whether classifier ``name``'s probability reaches the card's threshold for it."""
         thr = self.section.classifiers[name].threshold
         return [bool(p >= thr) for p in self.probabilities(name, texts)]
 
