@@ -8,6 +8,7 @@ Cohen's kappa by hand; the regression report flags exactly the drops beyond tole
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import math
 import shutil
@@ -299,6 +300,26 @@ def test_shipped_card_loads_with_enough_spot_check_prompts():
     for t in card.tasks:
         assert t.chance == pytest.approx(0.0 if t.kind == "next_line_greedy" else
                                          1 / len(t.params["languages"]) if t.kind == "langid" else 0.25)
+
+
+def test_a_card_whose_generations_do_not_fit_the_run_context_is_refused_naming_the_key():
+    """Each generation length a card would use must leave a prompt token in the run's context (seq_len - 1 at
+    most): the shipped card asks for decoding 32, spot check 48 and safety 32 new tokens. Only the generations
+    that would run are checked (generate tasks, a review sheet, a safety section)."""
+    card = card_lib.load_card(str(CARD))
+    assert (card.decoding["max_new_tokens"], card.spot_check.max_new_tokens, card.safety.max_new_tokens) == \
+        (32, 48, 32)
+    for seq_len, tasks, spot, key in [(32, False, False, "safety"), (33, True, True, "spot_check"),
+                                      (48, False, True, "spot_check")]:
+        with pytest.raises(card_lib.CardError, match=rf"card_v1.yaml: {key}.max_new_tokens = \d+ does not fit "
+                                                     rf"this run's context of {seq_len} tokens"):
+            card_lib.check_generation_fits(card, seq_len, tasks=tasks, spot_check=spot)
+    card_lib.check_generation_fits(card, 33, tasks=True, spot_check=False)  # 32 new tokens after 1 prompt token
+    card_lib.check_generation_fits(card, 49, tasks=True, spot_check=True)
+    no_safety = dataclasses.replace(card, safety=None)
+    card_lib.check_generation_fits(no_safety, 32, tasks=False, spot_check=False)  # nothing generated
+    with pytest.raises(card_lib.CardError, match="decoding.max_new_tokens = 32"):
+        card_lib.check_generation_fits(no_safety, 32, tasks=True, spot_check=False)
 
 
 def test_changed_card_is_refused_until_its_version_is_bumped(tmp_path):

@@ -8,6 +8,7 @@ environment: gcsfs, google-cloud-storage and TensorBoard's GCS writer by ``STORA
 ``tf.io.gfile`` has no emulator endpoint). Nothing in the tests reaches the network.
 """
 
+import dataclasses
 import json
 import os
 import signal
@@ -260,8 +261,12 @@ def test_train_kill_resume_evaluate_and_build_on_the_bucket(gcs, tmp_path, monke
     # 4. Evaluate the bucket's checkpoint; the report goes to the bucket too.
     restored = jaxpt.restore(workdir)
     assert restored.step == target
-    report = evaluate.run_card(restored, card_lib.load_card("configs/eval/card_v1.yaml"), tasks={},
-                               use_seqio=False)
+    # The shipped card's safety section generates 32 tokens: more than this 32-token run can hold beside a prompt,
+    # refused up front naming the key; the card without it evaluates.
+    card = card_lib.load_card("configs/eval/card_v1.yaml")
+    with pytest.raises(card_lib.CardError, match="safety.max_new_tokens = 32 does not fit this run's context of 32"):
+        evaluate.run_card(restored, card, tasks={}, use_seqio=False)
+    report = evaluate.run_card(restored, dataclasses.replace(card, safety=None), tasks={}, use_seqio=False)
     assert report["heldout"]["source"] == corpus_dir
     assert report["heldout"]["overall"]["loss"] == pytest.approx(final["heldout_loss"], rel=1e-4)
     evaluate._write_json(f"{gcs}/eval/r1.json", report)

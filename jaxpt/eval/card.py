@@ -81,6 +81,31 @@ class Card:
                 "task_set_version": self.task_set_version, "path": self.path}
 
 
+def check_generation_fits(card: Card, seq_len: int, *, tasks: bool, spot_check: bool) -> None:
+    """Refuse, before any scoring, a card whose generations cannot run in a context of ``seq_len`` tokens (the
+    evaluated run's ``TrainConfig.seq_len``, the row length of every evaluation): each ``max_new_tokens`` it would
+    use must leave at least one prompt token (:func:`jaxpt.infer.decode.greedy` keeps a prompt's last
+    ``seq_len - max_new_tokens`` tokens). Checked: ``decoding.max_new_tokens`` when ``tasks`` (the card has generate
+    tasks to run), ``spot_check.max_new_tokens`` when ``spot_check`` (a review sheet is asked for), and
+    ``safety.max_new_tokens`` when the card has a safety section.
+
+    Raises:
+      CardError: naming the card file, the key, its value and ``seq_len``.
+    """
+    checks = []
+    if tasks:
+        checks.append(("decoding.max_new_tokens", int(card.decoding["max_new_tokens"])))
+    if spot_check and card.spot_check is not None:
+        checks.append(("spot_check.max_new_tokens", card.spot_check.max_new_tokens))
+    if card.safety is not None:
+        checks.append(("safety.max_new_tokens", card.safety.max_new_tokens))
+    for key, n in checks:
+        if n >= seq_len:
+            raise CardError(f"{card.path}: {key} = {n} does not fit this run's context of {seq_len} tokens "
+                            f"(TrainConfig.seq_len; a generation needs at least one prompt token, so at most "
+                            f"{seq_len - 1}): evaluate with a card written for this context")
+
+
 def content_hash(raw: Mapping[str, Any]) -> str:
     """sha256 (hex) of a card's content: canonical JSON of every key except ``version`` and ``content_sha256``."""
     content = {k: v for k, v in raw.items() if k not in _UNHASHED}

@@ -54,7 +54,7 @@ from typing import Any, Sequence
 from jaxpt.checkpoint import CheckpointError
 from jaxpt.data import boundary
 from jaxpt.eval import decontam, extrapolation, heldout, heldout as heldout_lib, probes, regression, review, safety
-from jaxpt.eval.card import CardError, file_sha256, load_card, stamp_card
+from jaxpt.eval.card import CardError, check_generation_fits, file_sha256, load_card, stamp_card
 from jaxpt.eval.regression import IncompatibleReports
 from jaxpt.eval.scorer import scorer_for_restored
 from jaxpt.infer import decode
@@ -105,6 +105,9 @@ def run_card(restored, card, *, workdir: str = "", heldout: str | None = None, t
     docs = heldout_lib.load_documents(heldout, "heldout")
     if tasks is None:
         check_card_domains(card, docs, heldout)
+    generate_tasks = any(not spec.is_choice for spec in card.tasks) if tasks is None else \
+        any(not te.spec.is_choice for te in tasks.values())
+    check_generation_fits(card, cfg.seq_len, tasks=generate_tasks, spot_check=bool(review_sheet))
     scorer = scorer_for_restored(restored, batch_size=card.batch_size)
     hset = heldout_lib.HeldoutSet.build(docs, restored.tokenizer, seq_len=scorer.seq_len,
                                         stride=card.stride or None, document_boundary=cfg.data.document_boundary)
