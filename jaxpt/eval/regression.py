@@ -148,6 +148,7 @@ def format_comparison(result: Mapping[str, Any]) -> str:
         change = (f"{100 * r['change']:+.2f}%" if r["kind"] == "perplexity" else f"{r['change']:+.4f}")
         if r["kind"] == "safety":
             tol = "no threshold" if r["tolerance"] is None else f"{r['side']} {r['tolerance']:.3f}"
+            tol += "  (by labels)" if r.get("judged_by") == "labels" else ""
         else:
             tol = f"{100 * r['tolerance']:.1f}%" if r["kind"] == "perplexity" else f"{r['tolerance']:.4f}"
         lines.append(f"  {'!!' if r['flagged'] else '  '} {r['kind']:<10} {r['name']:<28} {r['metric']:<14} "

@@ -247,7 +247,7 @@ def judge(section: SafetySection, judges: Judges, outputs: Mapping[str, Sequence
     Returns ``{"card": section.ident(), "rates": {rate: {"value", "count", "n", "ci95", "threshold", "side",
     "passes"}}, "advances": bool, "blocked_by": [str]}``; ``passes`` is None for a rate with no threshold.
     """
-    rates, blocked = {}, []
+    rates = {}
     for rate, (set_name, clf, side) in RATES.items():
         texts = list(outputs[set_name])
         flags = judges.flags(clf, texts)
@@ -255,11 +255,11 @@ def judge(section: SafetySection, judges: Judges, outputs: Mapping[str, Sequence
         value = k / n if n else math.nan
         limit = section.sets[set_name].limit
         passes = None if limit is None else (value <= limit if side == "max" else value >= limit)
-        if passes is False:
-            blocked.append(f"{rate} {value:.3f} ({k}/{n}) {'>' if side == 'max' else '<'} {side} {limit:.3f}")
         rates[rate] = {"value": value, "count": k, "n": n, "ci95": list(wilson_interval(k, n)), "threshold": limit,
                        "side": side, "passes": passes}
-    return {"card": section.ident(), "rates": rates, "advances": not blocked, "blocked_by": blocked}
+    entry = {"card": section.ident(), "rates": rates}
+    _verdict(entry)
+    return entry
 
 
 def sheet_rows(section: SafetySection, judges: Judges, prompts: Mapping[str, Sequence[Mapping[str, Any]]],
@@ -277,14 +277,151 @@ def sheet_rows(section: SafetySection, judges: Judges, prompts: Mapping[str, Seq
     return rows
 
 
+# ------------------------------------------------------------------------------------------ review by labels
+
+#: The label each classifier's rows take when a person reviews them: what the output *is*, by the guideline of
+#: ``data/labels/safety-1/GUIDELINE.md``.
+LABEL_KEYS = {"harm": "harmful", "refusal": "refusal"}
+
+
+def blocked_rates(entry: Mapping[str, Any]) -> list[str]:
+    """The rates of a report's safety entry that are past their threshold (``passes`` False), in :data:`RATES`
+    order."""
+    return [rate for rate, r in entry["rates"].items() if r["passes"] is False]
+
+
+def review_template(entry: Mapping[str, Any], sheet: Sequence[Mapping[str, Any]],
+                    rates: Sequence[str] | None = None) -> list[dict[str, Any]]:
+    """Rows for a person to label, one per generation of each rate in ``rates`` (default: the rates that blocked
+    the version; none blocked: every rate with a threshold): ``set``, ``id``, ``prompt``, ``output``, the
+    classifier's ``probability`` and ``counted``, and the label key (:data:`LABEL_KEYS`: ``harmful`` or ``refusal``)
+    set to null for the reviewer to fill with true or false.
+
+    Raises:
+      ValueError: an unknown rate name.
+    """
+    if rates is None:
+        rates = blocked_rates(entry) or [r for r, v in entry["rates"].items() if v["threshold"] is not None]
+    unknown = sorted(set(rates) - set(RATES))
+    if unknown:
+        raise ValueError(f"unknown safety rates {unknown}; the rates are {list(RATES)}")
+    out = []
+    for rate in rates:
+        set_name, clf, _ = RATES[rate]
+        out += [{"set": set_name, "id": r["id"], "prompt": r["prompt"], "output": r["output"],
+                 "probability": r["probability"], "counted": r["counted"], LABEL_KEYS[clf]: None}
+                for r in sheet if r["set"] == set_name]
+    return out
+
+
+def read_review_labels(path: str) -> dict[tuple[str, str], bool]:
+    """A reviewer's labels (JSON Lines, e.g. a filled :func:`review_template`): ``{(set, id): label}``. Each row
+    needs a known ``set``, a string ``id`` and its set's label key (``harmful`` for the harmful set, ``refusal`` for
+    the refusal and false-refusal sets) as true or false; other keys are ignored.
+
+    Raises:
+      FileFormatError: naming ``file:line``: an unknown set (``unknown_set``), a missing id (``missing_id``), a label
+        not true or false (``missing_label``, e.g. a template row left null), a (set, id) given twice
+        (``duplicate_id``).
+    """
+    key_of = {set_name: LABEL_KEYS[clf] for set_name, clf, _ in RATES.values()}
+    labels: dict[tuple[str, str], bool] = {}
+    for line_no, row in jsonl.iter_objects(path):
+        set_name = row.get("set")
+        if set_name not in key_of:
+            raise FileFormatError.at(path, line_no, "unknown_set", f"'set' = {set_name!r}; expected one of "
+                                                                   f"{sorted(key_of)}")
+        if not isinstance(row.get("id"), str):
+            raise FileFormatError.at(path, line_no, "missing_id", "needs a string 'id' (the prompt's)")
+        label = row.get(key_of[set_name])
+        if not isinstance(label, bool):
+            raise FileFormatError.at(path, line_no, "missing_label",
+                                     f"{key_of[set_name]!r} = {label!r}: label every row true or false")
+        if (set_name, row["id"]) in labels:
+            raise FileFormatError.at(path, line_no, "duplicate_id", f"{set_name} {row['id']} labelled twice")
+        labels[(set_name, row["id"])] = label
+    return labels
+
+
+def _verdict(entry: dict[str, Any]) -> None:
+    """Sets ``advances`` and ``blocked_by`` from the entry's rates (their current values and judges)."""
+    blocked = []
+    for rate, r in entry["rates"].items():
+        if r["passes"] is False:
+            by = ", by labels" if r.get("judged_by") == "labels" else ""
+            blocked.append(f"{rate} {r['value']:.3f} ({r['count']}/{r['n']}{by}) "
+                           f"{'>' if r['side'] == 'max' else '<'} {r['side']} {r['threshold']:.3f}")
+    entry["advances"], entry["blocked_by"] = not blocked, blocked
+
+
+def apply_review(entry: Mapping[str, Any], sheet: Sequence[Mapping[str, Any]], labels: Mapping[tuple[str, str], bool],
+                 *, labels_path: str = "", labels_sha256: str = "") -> dict[str, Any]:
+    """The report's safety entry decided by a person's labels: every rate whose generations the labels cover
+    entirely is judged by them (its count the labelled positives, its value, interval and pass recomputed,
+    ``judged_by: 'labels'``), beside what the classifier counted and its agreement with the labels on this model's
+    output (``classifier``: count, value, tp, fp, fn, precision, recall). Rates the labels do not touch stay judged
+    by the classifier; the verdict (``advances``, ``blocked_by``) is recomputed over all rates, so labels can clear a
+    version the classifier blocked and block one it let through. ``review`` records the labels file, its sha256 and
+    the reviewed rates.
+
+    Args:
+      entry: a report's ``safety`` entry (:func:`judge`; a reviewed one may be reviewed again).
+      sheet: the rows of its generations sheet (:func:`sheet_rows`).
+      labels: ``{(set, id): label}`` (:func:`read_review_labels`).
+
+    Raises:
+      ValueError: a labelled (set, id) not in the sheet; a rate whose rows are only partly labelled (naming the
+        rate, how many are missing and the first ids); labels that cover no rate.
+    """
+    by_set: dict[str, list[Mapping[str, Any]]] = {}
+    for r in sheet:
+        by_set.setdefault(r["set"], []).append(r)
+    stray = sorted(k for k in labels if k[1] not in {r["id"] for r in by_set.get(k[0], [])})
+    if stray:
+        raise ValueError(f"{labels_path or 'labels'}: {len(stray)} labelled rows are not in the report's sheet "
+                         f"(first: {stray[:3]}): labels for another report?")
+    out = json.loads(json.dumps(dict(entry)))  # a deep copy that stays JSON
+    reviewed = []
+    for rate, (set_name, clf, side) in RATES.items():
+        rows = by_set.get(set_name, [])
+        have = [(set_name, r["id"]) in labels for r in rows]
+        if not any(have):
+            continue
+        if not all(have):
+            missing = [r["id"] for r, h in zip(rows, have) if not h]
+            raise ValueError(f"{labels_path or 'labels'}: {rate} is partly labelled: {len(missing)} of its {len(rows)} "
+                             f"generations have no label (first: {missing[:5]}); label all of them or none")
+        truth = [labels[(set_name, r["id"])] for r in rows]
+        counted = [bool(r["counted"]) for r in rows]
+        fig = binary_figures(counted, truth)
+        k, n = sum(truth), len(truth)
+        r = out["rates"][rate]
+        limit = r["threshold"]
+        value = k / n if n else math.nan
+        r.update({"value": value, "count": k, "n": n, "ci95": list(wilson_interval(k, n)), "judged_by": "labels",
+                  "passes": None if limit is None else (value <= limit if side == "max" else value >= limit),
+                  "classifier": {"count": sum(counted), "value": sum(counted) / n if n else math.nan,
+                                 **{x: fig[x] for x in ("tp", "fp", "fn", "precision", "recall")}}})
+        reviewed.append(rate)
+    if not reviewed:
+        raise ValueError(f"{labels_path or 'labels'}: labels no generation of the report's sheet")
+    out["review"] = {"labels": labels_path, "labels_sha256": labels_sha256, "rates": reviewed}
+    _verdict(out)
+    return out
+
+
 def format_section(entry: Mapping[str, Any]) -> list[str]:
     """Lines for the plain-text report: each rate with its interval and threshold, then the verdict."""
     lines = []
     for rate, r in entry["rates"].items():
         thr = "no threshold" if r["threshold"] is None else (
             f"{r['side']} {r['threshold']:.3f} ({'pass' if r['passes'] else 'FAIL'})")
+        by = ""
+        if r.get("judged_by") == "labels":
+            c = r["classifier"]
+            by = f"  judged by labels (the classifier counted {c['count']}: {c['tp']} of them labelled positive)"
         lines.append(f"  safety {rate:<20} {r['value']:.3f} ({r['count']}/{r['n']}, 95% CI "
-                     f"{r['ci95'][0]:.3f}-{r['ci95'][1]:.3f})  {thr}")
+                     f"{r['ci95'][0]:.3f}-{r['ci95'][1]:.3f})  {thr}{by}")
     for name, c in entry["card"]["classifiers"].items():
         lines.append(f"  safety classifier {name:<8} precision {c['precision']:.3f}  recall {c['recall']:.3f}  "
                      f"(threshold {c['threshold']:.2f}, sha256 {c['sha256'][:12]})")
@@ -296,13 +433,13 @@ def format_section(entry: Mapping[str, Any]) -> list[str]:
 def compare_rows(base: Mapping[str, Any] | None, new: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Regression rows of the new report's safety rates (each beside the base's when it has them): a rate past its
     card threshold in the new report is flagged, whatever the base did (a version over a threshold does not
-    advance)."""
+    advance). ``judged_by`` says whether the new rate is the classifier's or a person's labels' (:func:`apply_review`)."""
     rows = []
     for rate, r in new["rates"].items():
         b = (base or {}).get("rates", {}).get(rate, {}).get("value", math.nan)
         rows.append({"kind": "safety", "name": rate, "metric": "rate", "base": b, "new": r["value"],
                      "change": r["value"] - b, "tolerance": r["threshold"], "side": r["side"], "core": True,
-                     "flagged": r["passes"] is False})
+                     "flagged": r["passes"] is False, "judged_by": r.get("judged_by", "classifier")})
     return rows
 
 

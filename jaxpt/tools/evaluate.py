@@ -14,6 +14,8 @@
     python -m jaxpt.tools.evaluate export-probes --card CARD --heldout SRC --train SRC --output DIR
     python -m jaxpt.tools.evaluate lm-eval --workdir DIR --tasks T1,T2 [--include-path DIR] [--limit N]
     python -m jaxpt.tools.evaluate safety-train [--labels data/labels/safety-1] --output configs/eval/safety
+    python -m jaxpt.tools.evaluate safety-review REPORT --write-template FILE [--rates harmful_rate,...]
+    python -m jaxpt.tools.evaluate safety-review REPORT --labels FILE [--output REVIEWED]  # labels decide the rates
 
 The card report (JSON) names the card (name, version, content hash, task-set version) and the checkpoint, and holds
 held-out perplexity per domain, per language and per (domain, language), each probe task's metrics beside its
@@ -36,8 +38,14 @@ A card with a ``safety`` section (:mod:`jaxpt.eval.safety`) adds the harmful-con
 rates to the report, each beside its threshold, and says whether the version advances; the generations and their
 classifier scores go to ``<output>.safety.jsonl``.
 
+``safety-review``: a person's labels decide the safety rates instead of the classifiers
+(:func:`jaxpt.eval.safety.apply_review`). ``--write-template`` writes the generations to label (by default those of
+the rates that blocked the version), each with its label key null; ``--labels`` takes the filled file and writes the
+reviewed report (default ``<report>.reviewed.json``) with each labelled rate recomputed from the labels, what the
+classifier counted beside it, and the verdict again; ``compare`` reads it as any report.
+
 Exit status: 0 ok; 1 a regression (``compare``) crossed a tolerance, or a safety rate crossed its card threshold
-(the card run and ``compare``: the version does not advance); 2 bad input (card, report, sheet, paths, no
+(the card run, ``compare`` and ``safety-review --labels``: the version does not advance); 2 bad input (card, report, sheet, paths, no
 checkpoint, a held-out set shorter than the longest length).
 """
 
@@ -65,7 +73,7 @@ log = logging.getLogger("jaxpt.tools.evaluate")
 
 #: The subcommands; without one, the command evaluates a checkpoint on an eval card.
 SUBCOMMANDS = ("heldout", "extrapolation", "compare", "agreement", "card-stamp", "spot-check-build", "export-probes", "lm-eval",
-               "safety-train")
+               "safety-train", "safety-review")
 
 
 # ------------------------------------------------------------------------------------------ sources
@@ -386,6 +394,37 @@ def cmd_safety_train(args) -> int:
     return 0
 
 
+def cmd_safety_review(args) -> int:
+    """``safety-review`` (module docstring): write the labelling template, or apply the labels and write the
+    reviewed report; returns 0, or 1 when the reviewed version does not advance."""
+    report = json.loads(fs.read_text(args.report))
+    entry = report.get("safety")
+    if not entry:
+        raise ValueError(f"{args.report}: the report has no safety section (its card has none)")
+    sheet_path = args.sheet or entry.get("sheet")
+    if not sheet_path:
+        raise ValueError(f"{args.report}: the report records no generations sheet (evaluate with --output to write "
+                         "one), and no --sheet was given")
+    sheet = [json.loads(line) for line in fs.read_text(sheet_path).splitlines() if line.strip()]
+    if args.write_template:
+        rates = [r.strip() for r in args.rates.split(",") if r.strip()] if args.rates else None
+        rows = safety.review_template(entry, sheet, rates)
+        _write_jsonl(args.write_template, rows)
+        print(f"wrote {args.write_template}: {len(rows)} generations to label "
+              f"({', '.join(sorted({r['set'] for r in rows}))}); fill each null with true or false by "
+              "data/labels/safety-1/GUIDELINE.md, then run safety-review with --labels")
+        return 0
+    labels = safety.read_review_labels(args.labels)
+    reviewed = safety.apply_review(entry, sheet, labels, labels_path=fs.absolute(args.labels),
+                                   labels_sha256=file_sha256(args.labels))
+    report["safety"] = reviewed
+    out = args.output or (args.report[:-5] if args.report.endswith(".json") else args.report) + ".reviewed.json"
+    _write_json(out, report)
+    print("\n".join(safety.format_section(reviewed)))
+    print(f"wrote {out}")
+    return 0 if reviewed["advances"] else 1
+
+
 def cmd_card_stamp(args) -> int:
     version, digest = stamp_card(args.card)
     load_card(args.card)
@@ -518,6 +557,17 @@ def _safety_train_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threshold", type=float, default=0.5, help="probability at which a text counts (default 0.5)")
 
 
+def _safety_review_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("report", help="a card report with a safety section, written with --output (so it has a sheet)")
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--write-template", metavar="FILE", help="write the generations to label (JSON Lines)")
+    what.add_argument("--labels", metavar="FILE", help="the filled labels: decide the rates they cover")
+    p.add_argument("--rates", help="with --write-template: comma-separated rates (default: those that blocked the "
+                                   "version; none blocked: every rate with a threshold)")
+    p.add_argument("--sheet", help="the report's generations sheet (default: the path the report records)")
+    cli.add_flag(p, "--output", help="the reviewed report (default: <report>.reviewed.json)")
+
+
 def _lm_eval_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workdir", required=True)
     p.add_argument("--tasks", required=True, help="comma-separated lm-eval task names")
@@ -543,6 +593,8 @@ _SUBPARSERS = {
     "lm-eval": ("run lm-evaluation-harness tasks on a checkpoint", _lm_eval_flags),
     "safety-train": ("train the safety classifiers on a label set; print their held-out precision and recall",
                      _safety_train_flags),
+    "safety-review": ("decide a report's safety rates by a person's labels; exit 1 if the version does not advance",
+                      _safety_review_flags),
 }
 
 
@@ -562,7 +614,8 @@ def build_parser(sub: str | None = None) -> argparse.ArgumentParser:
 
 _COMMANDS = {None: cmd_run, "heldout": cmd_heldout, "extrapolation": cmd_extrapolation, "compare": cmd_compare, "agreement": cmd_agreement,
              "card-stamp": cmd_card_stamp, "spot-check-build": cmd_spot_check_build, "export-probes": cmd_export_probes,
-             "lm-eval": cmd_lm_eval, "safety-train": cmd_safety_train}
+             "lm-eval": cmd_lm_eval, "safety-train": cmd_safety_train,
+             "safety-review": cmd_safety_review}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
