@@ -70,13 +70,17 @@ class PromptSet:
 @dataclasses.dataclass(frozen=True)
 class ClassifierSpec:
     """A classifier as the card records it: file, sha256, decision threshold (a probability) and its measured
-    ``precision`` and ``recall`` (on the label set's held-out split; stated in every report)."""
+    ``precision`` and ``recall`` (on the label set's held-out split of written texts), and where the label set has
+    labelled model output for it (:data:`OUTPUT_LABEL_FILES`), ``output_precision`` and ``output_recall`` there
+    (None otherwise); all stated in every report."""
 
     path: str
     sha256: str
     threshold: float
     precision: float
     recall: float
+    output_precision: float | None = None
+    output_recall: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,10 +154,12 @@ def parse_section(raw: Mapping[str, Any], card_path: str, *, check_files: bool =
         c = (raw.get("classifiers") or {}).get(name)
         if not isinstance(c, Mapping):
             raise SafetyCardError(f"{w}: missing (file, file_sha256, threshold, precision, recall)")
-        _known(c, ("file", "file_sha256", "threshold", "precision", "recall"), w)
+        _known(c, ("file", "file_sha256", "threshold", "precision", "recall", "output_precision", "output_recall"),
+               w)
         path, sha = _file(c, "file", card_path, w, check_files)
+        on_outputs = [_num(c, k, w, allow_none=True) if k in c else None for k in ("output_precision", "output_recall")]
         classifiers[name] = ClassifierSpec(path, sha, _num(c, "threshold", w), _num(c, "precision", w),
-                                           _num(c, "recall", w))
+                                           _num(c, "recall", w), *on_outputs)
     sets = {}
     for name in _SETS:
         w = f"{where}.{name}"
@@ -423,8 +429,12 @@ def format_section(entry: Mapping[str, Any]) -> list[str]:
         lines.append(f"  safety {rate:<20} {r['value']:.3f} ({r['count']}/{r['n']}, 95% CI "
                      f"{r['ci95'][0]:.3f}-{r['ci95'][1]:.3f})  {thr}{by}")
     for name, c in entry["card"]["classifiers"].items():
-        lines.append(f"  safety classifier {name:<8} precision {c['precision']:.3f}  recall {c['recall']:.3f}  "
-                     f"(threshold {c['threshold']:.2f}, sha256 {c['sha256'][:12]})")
+        outputs = ""
+        if c.get("output_precision") is not None:
+            outputs = (f"; on labelled model output precision {c['output_precision']:.3f}  recall "
+                       f"{c['output_recall']:.3f}")
+        lines.append(f"  safety classifier {name:<8} precision {c['precision']:.3f}  recall {c['recall']:.3f}"
+                     f"{outputs}  (threshold {c['threshold']:.2f}, sha256 {c['sha256'][:12]})")
     lines.append("  safety: advances" if entry["advances"] else
                  "  safety: DOES NOT ADVANCE: " + "; ".join(entry["blocked_by"]))
     return lines
@@ -445,6 +455,10 @@ def compare_rows(base: Mapping[str, Any] | None, new: Mapping[str, Any]) -> list
 
 # ------------------------------------------------------------------------------------------ training the classifiers
 
+#: Labelled model output in a safety label set, per classifier: files of a model's continuations (``continuation``)
+#: labelled blind (``harmful``), none used in training; :func:`train_classifiers` measures the classifier on them.
+OUTPUT_LABEL_FILES = {"harm": (("outputs_final.jsonl", "transfer_final.jsonl", "sampled_final.jsonl"),
+                               "continuation", "harmful")}
 #: The label files of a safety label set (``data/labels/safety-1``): per classifier, the file, its text and label keys.
 LABEL_FILES = {"harm": ("harm_final.jsonl", "text", "harmful", HARM_VERSION),
                "refusal": ("responses_final.jsonl", "response", "refusal", REFUSAL_VERSION)}
@@ -491,8 +505,10 @@ C_GRID = (1.0, 4.0, 16.0)
 
 def train_classifiers(labels_dir: str, out_dir: str, *, threshold: float = 0.5, folds: int = 5) -> dict[str, Any]:
     """Train the harm and refusal classifiers on the ``train`` split of a label set (:func:`split_of`) and measure
-    them on its ``test`` split (the figures a card records) and by ``folds``-fold cross-validation over all labels
-    (stratified by category and label; for information). Each classifier's ``C`` is the one of :data:`C_GRID` with
+    them on its ``test`` split (the figures a card records as ``precision`` and ``recall``), on the label set's
+    labelled model output where it has some (:data:`OUTPUT_LABEL_FILES`: the card's ``output_precision`` and
+    ``output_recall``) and by ``folds``-fold cross-validation over all labels (stratified by category and label; for
+    information). Each classifier's ``C`` is the one of :data:`C_GRID` with
     the best cross-validated accuracy on the train split alone (ties: the smaller). Writes
     ``<out_dir>/harm_classifier.npz``, ``refusal_classifier.npz`` and ``classifiers.json`` (the figures); returns
     the figures.
@@ -529,5 +545,12 @@ def train_classifiers(labels_dir: str, out_dir: str, *, threshold: float = 0.5, 
                      "train_cv_accuracy_by_c": {str(k): v for k, v in by_c.items()},
                      "test": binary_figures([p >= threshold for p in probs], [r[label_key] for r in test]),
                      "cross_validated": cv_figures(rows, c)}
+        files, o_text, o_label = OUTPUT_LABEL_FILES.get(name, ((), "", ""))
+        files = tuple(f for f in files if fs.isfile(fs.join(labels_dir, f)))  # a label set may have none
+        if files:
+            outputs = [r for f in files for r in read_labels(fs.join(labels_dir, f), o_text, o_label)]
+            probs = model.probabilities([r[o_text] for r in outputs])
+            out[name]["model_output"] = {"files": list(files), **binary_figures(
+                [p >= threshold for p in probs], [r[o_label] for r in outputs])}
     fs.write_text_atomic(fs.join(out_dir, "classifiers.json"), json.dumps(out, indent=1))
     return out

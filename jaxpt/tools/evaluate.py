@@ -385,12 +385,15 @@ def cmd_safety_train(args) -> int:
     for name in ("harm", "refusal"):
         f = out[name]
         print(f"{name:<8} {f['file']}  sha256 {f['sha256']}  trained on {f['train']}, C {f['c']}")
-        for split in ("test", "cross_validated"):
+        for split in ("test", "cross_validated", "model_output"):
+            if split not in f:
+                continue
             m = f[split]
             print(f"  {split:<16} precision {m['precision']:.3f}  recall {m['recall']:.3f}  accuracy "
                   f"{m['accuracy']:.3f}  (n={m['n']}, {m['positives']} positive)")
-    print(f"wrote {args.output}: record each file's sha256 and its test precision and recall in the card's safety "
-          "section, then card-stamp the card")
+    print(f"wrote {args.output}: record each file's sha256, its test precision and recall (and, where measured, "
+          "its model_output ones as output_precision and output_recall) in the card's safety section, then "
+          "card-stamp the card")
     return 0
 
 
