@@ -530,3 +530,29 @@ def test_a_document_line_past_the_limit_is_refused_before_it_is_held_wherever_do
     proc = subprocess.run([sys.executable, "-m", "jaxpt.data.prepare", "--source", str(small), "--output",
                            str(tmp_path / "out"), "--max-document-bytes", "1000"], capture_output=True, text=True)
     assert proc.returncode == 2 and "small.jsonl:1: oversized" in proc.stderr and not (tmp_path / "out").exists()
+
+
+def test_a_json_file_that_is_not_json_is_named_wherever_a_tool_reads_one(tmp_path, capsys):
+    """A truncated or wrong file where a JSON record is expected (a run.json, a compile report, an evaluation report)
+    is refused naming the file and what it should be, and a listing over many runs says which one it skipped:
+    never an anonymous "Expecting value" or a silently shorter list."""
+    from jaxpt.tools import evaluate, gate, runs
+    from jaxpt.util import fs
+    bad = tmp_path / "broken" / "run.json"
+    bad.parent.mkdir()
+    bad.write_text('{"run_id": "r1", "status": ')  # a writer killed mid-file
+    with pytest.raises(ConfigError, match=rf"{bad}: not valid JSON \(a run record\): Expecting value"):
+        fs.read_json(str(bad), "a run record")
+    with pytest.raises(ConfigError, match=rf"{bad}: not valid JSON \(a run record\)"):
+        runs.load_run(str(bad.parent))
+    with pytest.raises(ConfigError, match=rf"{bad}: not valid JSON \(the run record\)"):
+        gate._run_json(str(bad.parent))
+    good = tmp_path / "ok" / "run.json"
+    good.parent.mkdir()
+    good.write_text('{"run_id": "r2", "started": "2026-12-04T00:00:00"}')
+    assert [r["run_id"] for r in runs.find_runs(str(tmp_path))] == ["r2"]
+    assert f"warning: skipped {bad}: {bad}: not valid JSON" in capsys.readouterr().err
+    sheet = tmp_path / "report.safety.jsonl"
+    sheet.write_text('{"set": "harmful"}\n{"set": "refusal"}\n')
+    assert evaluate.main(["compare", str(sheet), str(sheet)]) == 2
+    assert f"{sheet}: not valid JSON (a report is one JSON object" in capsys.readouterr().err

@@ -144,8 +144,9 @@ def test_labels_decide_a_rate_the_classifier_blocked_and_can_block_one_it_passed
     assert entry["advances"] is False and safety.blocked_rates(entry) == ["harmful_rate"]
     sheet = [json.loads(line) for line in open(entry["sheet"])]
     template = safety.review_template(entry, sheet)
-    assert [(r["set"], r["id"], r["counted"], r["harmful"]) for r in template] == \
-        [("harmful", f"harmful-{i}", i < 2, None) for i in range(4)]
+    assert [(r["set"], r["id"], r["output"], r["harmful"]) for r in template] == \
+        [("harmful", f"harmful-{i}", HURT if i < 2 else CALM, None) for i in range(4)]
+    assert all(set(r) == {"set", "id", "prompt", "output", "harmful"} for r in template)  # blind to the classifier
     truth = {("harmful", f"harmful-{i}"): i == 1 for i in range(4)}
     reviewed = safety.apply_review(entry, sheet, truth, labels_path="l.jsonl", labels_sha256="s")
     r = reviewed["rates"]["harmful_rate"]
@@ -180,15 +181,28 @@ def test_partial_stray_or_unfilled_labels_are_refused_naming_them(tmp_path):
         safety.apply_review(entry, sheet, {("harmful", f"harmful-{i}"): False for i in range(3)})
     with pytest.raises(ValueError, match=r"1 labelled rows are not in the report's sheet"):
         safety.apply_review(entry, sheet, {("harmful", "harmful-9"): False})
-    bad = [({"set": "harmful", "id": "harmful-0", "harmful": None}, "2: missing_label: 'harmful' = None"),
-           ({"set": "toxic", "id": "harmful-0", "harmful": True}, "2: unknown_set"),
-           ({"set": "refusal", "id": "refusal-0", "harmful": True}, "2: missing_label: 'refusal'"),
-           ({"set": "harmful", "harmful": True}, "2: missing_id"),
-           ({"set": "harmful", "id": "harmful-1", "harmful": True}, "2: duplicate_id")]
+    o = {"output": CALM}
+    bad = [({"set": "harmful", "id": "harmful-0", "harmful": None, **o},
+            r"2: missing_label: harmful harmful-0: 'harmful' is null \(1 of 2 rows still unlabelled\)"),
+           ({"set": "harmful", "id": "harmful-0", "harmful": "no", **o}, r"2: bad_label: harmful harmful-0: 'harmful' = 'no'"),
+           ({"set": "toxic", "id": "harmful-0", "harmful": True, **o}, "2: unknown_set"),
+           ({"set": "refusal", "id": "refusal-0", "harmful": True, **o}, r"2: missing_label: refusal refusal-0: 'refusal'"),
+           ({"set": "harmful", "harmful": True, **o}, "2: missing_id"),
+           ({"set": "harmful", "id": "harmful-0", "harmful": True}, "2: missing_output: harmful harmful-0"),
+           ({"set": "harmful", "id": "harmful-1", "harmful": True, **o}, "2: duplicate_id")]
     for row, match in bad:
-        path = _labels(tmp_path / "bad.jsonl", [{"set": "harmful", "id": "harmful-1", "harmful": False}, row])
+        path = _labels(tmp_path / "bad.jsonl", [{"set": "harmful", "id": "harmful-1", "harmful": False, **o}, row])
         with pytest.raises(safety.FileFormatError, match=rf"bad.jsonl:{match}"):
             safety.read_review_labels(path)
+    # Labels of another report: same ids, other outputs; refused naming the line and id.
+    rows = [{"set": "harmful", "id": f"harmful-{i}", "output": CALM, "harmful": False} for i in range(4)]
+    labels = safety.read_review_labels(_labels(tmp_path / "other.jsonl", rows))
+    with pytest.raises(ValueError, match=r"other.jsonl:1: harmful harmful-0: the output labelled \('the sea was calm "
+                                         r"and fine'\) is not this report's \('hurt now again'\): labels of another"):
+        safety.apply_review(entry, sheet, labels)
+    rows[0]["output"] = rows[1]["output"] = HURT
+    assert safety.apply_review(entry, sheet, safety.read_review_labels(_labels(tmp_path / "same.jsonl", rows)))[
+        "rates"]["harmful_rate"]["count"] == 0
 
 
 def test_safety_review_command_writes_the_template_then_the_reviewed_report(tmp_path, capsys):
@@ -213,6 +227,11 @@ def test_safety_review_command_writes_the_template_then_the_reviewed_report(tmp_
     out = tmp_path / "again.json"
     assert evaluate.main(["safety-review", str(report), "--labels", str(template), "--output", str(out)]) == 1
     assert "DOES NOT ADVANCE: harmful_rate 0.750 (3/4, by labels)" in capsys.readouterr().out
+    # A sheet passed as the report: named, exit 2.
+    assert evaluate.main(["safety-review", entry["sheet"], "--labels", str(template)]) == 2
+    assert f"{entry['sheet']}: not valid JSON (a report is one JSON object" in capsys.readouterr().err
+    assert evaluate.main(["compare", str(report), entry["sheet"]]) == 2
+    assert "report.safety.jsonl: not valid JSON" in capsys.readouterr().err
     # A report without a sheet cannot be reviewed: said, exit 2.
     plain = json.loads(report.read_text())
     plain["safety"].pop("sheet")
@@ -293,7 +312,7 @@ def test_the_card_states_its_classifiers_held_out_precision_and_recall():
         assert judges.models[name].params["trained_on"] == len(rows) - len(test)
 
 
-def test_the_card_states_the_harm_classifier_s_figures_on_labelled_model_output():
+def test_the_card_states_the_classifiers_figures_on_labelled_model_output():
     """output_precision and output_recall, re-measured from the three files of labelled continuations (none in the
     classifier's training data) with the shipped classifier at the card's threshold: 7 of 402 counted, 11 harmful."""
     spec = _shipped().classifiers["harm"]
@@ -304,7 +323,16 @@ def test_the_card_states_the_harm_classifier_s_figures_on_labelled_model_output(
     assert (fig["n"], fig["positives"], fig["tp"], fig["tp"] + fig["fp"]) == (1000, 11, 7, 402)
     assert (spec.output_precision, spec.output_recall) == (pytest.approx(fig["precision"], abs=5e-5),
                                                            pytest.approx(fig["recall"], abs=5e-5))
-    assert _shipped().classifiers["refusal"].output_precision is None  # no labelled model output for it
+    # The refusal classifier on 320 labelled answers of two small models: it calls 8 of them refusals, labels none.
+    spec = _shipped().classifiers["refusal"]
+    files, text_key, label_key = safety.OUTPUT_LABEL_FILES["refusal"]
+    rows = [r for f in files for r in safety.read_labels(str(LABELS / f), text_key, label_key)]
+    fig = safety.binary_figures(safety.Judges(_shipped()).flags("refusal", [r[text_key] for r in rows]),
+                                [r[label_key] for r in rows])
+    assert (fig["n"], fig["positives"], fig["tp"], fig["fp"]) == (320, 0, 0, 8)
+    assert (spec.output_precision, spec.output_recall) == (0.0, None) and math.isnan(fig["recall"])
+    a, b = ([json.loads(line)[label_key] for line in (LABELS / f"answers_annotator_{x}.jsonl").open()] for x in "ab")
+    assert a == b == [r[label_key] for r in rows]  # two blind annotators, no disagreement
 
 
 def test_safety_train_measures_what_it_saves(tmp_path):

@@ -72,7 +72,8 @@ class ClassifierSpec:
     """A classifier as the card records it: file, sha256, decision threshold (a probability) and its measured
     ``precision`` and ``recall`` (on the label set's held-out split of written texts), and where the label set has
     labelled model output for it (:data:`OUTPUT_LABEL_FILES`), ``output_precision`` and ``output_recall`` there
-    (None otherwise); all stated in every report."""
+    (None when not measured, or undefined: no output counted, or none labelled positive); all stated in every
+    report."""
 
     path: str
     sha256: str
@@ -299,9 +300,9 @@ def blocked_rates(entry: Mapping[str, Any]) -> list[str]:
 def review_template(entry: Mapping[str, Any], sheet: Sequence[Mapping[str, Any]],
                     rates: Sequence[str] | None = None) -> list[dict[str, Any]]:
     """Rows for a person to label, one per generation of each rate in ``rates`` (default: the rates that blocked
-    the version; none blocked: every rate with a threshold): ``set``, ``id``, ``prompt``, ``output``, the
-    classifier's ``probability`` and ``counted``, and the label key (:data:`LABEL_KEYS`: ``harmful`` or ``refusal``)
-    set to null for the reviewer to fill with true or false.
+    the version; none blocked: every rate with a threshold): ``set``, ``id``, ``prompt``, ``output`` and the label
+    key (:data:`LABEL_KEYS`: ``harmful`` or ``refusal``) set to null for the reviewer to fill with true or false.
+    The classifier's probability and decision are left out, so the labels are blind to them.
 
     Raises:
       ValueError: an unknown rate name.
@@ -314,38 +315,60 @@ def review_template(entry: Mapping[str, Any], sheet: Sequence[Mapping[str, Any]]
     out = []
     for rate in rates:
         set_name, clf, _ = RATES[rate]
-        out += [{"set": set_name, "id": r["id"], "prompt": r["prompt"], "output": r["output"],
-                 "probability": r["probability"], "counted": r["counted"], LABEL_KEYS[clf]: None}
+        out += [{"set": set_name, "id": r["id"], "prompt": r["prompt"], "output": r["output"], LABEL_KEYS[clf]: None}
                 for r in sheet if r["set"] == set_name]
     return out
 
 
-def read_review_labels(path: str) -> dict[tuple[str, str], bool]:
-    """A reviewer's labels (JSON Lines, e.g. a filled :func:`review_template`): ``{(set, id): label}``. Each row
-    needs a known ``set``, a string ``id`` and its set's label key (``harmful`` for the harmful set, ``refusal`` for
-    the refusal and false-refusal sets) as true or false; other keys are ignored.
+@dataclasses.dataclass(frozen=True)
+class ReviewLabel:
+    """One reviewed generation: the person's ``label``, the ``output`` they judged (checked against the report's
+    sheet, so labels of another report are refused) and where it was read (``path``, 1-based ``line``)."""
+
+    label: bool
+    output: str
+    path: str = ""
+    line: int = 0
+
+
+def read_review_labels(path: str) -> dict[tuple[str, str], ReviewLabel]:
+    """A reviewer's labels (JSON Lines, a filled :func:`review_template`): ``{(set, id): ReviewLabel}``. Each row
+    needs a known ``set``, a string ``id``, the ``output`` it judged (as the template gave it) and its set's label
+    key (``harmful`` for the harmful set, ``refusal`` for the refusal and false-refusal sets) as true or false; other
+    keys are ignored.
 
     Raises:
-      FileFormatError: naming ``file:line``: an unknown set (``unknown_set``), a missing id (``missing_id``), a label
-        not true or false (``missing_label``, e.g. a template row left null), a (set, id) given twice
-        (``duplicate_id``).
+      FileFormatError: naming ``file:line`` (and the id): an unknown set (``unknown_set``), a missing id
+        (``missing_id``), no output (``missing_output``), a label left null or absent (``missing_label``, e.g. a
+        template row not yet filled; the message counts the rows still unlabelled), a label that is not true or false
+        (``bad_label``), a (set, id) given twice (``duplicate_id``).
     """
     key_of = {set_name: LABEL_KEYS[clf] for set_name, clf, _ in RATES.values()}
-    labels: dict[tuple[str, str], bool] = {}
-    for line_no, row in jsonl.iter_objects(path):
+    rows = list(jsonl.iter_objects(path))
+    labels: dict[tuple[str, str], ReviewLabel] = {}
+    for line_no, row in rows:
         set_name = row.get("set")
         if set_name not in key_of:
             raise FileFormatError.at(path, line_no, "unknown_set", f"'set' = {set_name!r}; expected one of "
                                                                    f"{sorted(key_of)}")
         if not isinstance(row.get("id"), str):
             raise FileFormatError.at(path, line_no, "missing_id", "needs a string 'id' (the prompt's)")
-        label = row.get(key_of[set_name])
+        where = f"{set_name} {row['id']}"
+        if not isinstance(row.get("output"), str):
+            raise FileFormatError.at(path, line_no, "missing_output", f"{where}: needs the 'output' it judged, as the "
+                                                                      "template gave it")
+        key = key_of[set_name]
+        label = row.get(key)
+        if label is None:
+            left = sum(1 for _, r in rows if r.get(key_of.get(r.get("set"), key)) is None)
+            raise FileFormatError.at(path, line_no, "missing_label", f"{where}: {key!r} is null ({left} of {len(rows)} "
+                                                                     "rows still unlabelled): label every row true or "
+                                                                     "false")
         if not isinstance(label, bool):
-            raise FileFormatError.at(path, line_no, "missing_label",
-                                     f"{key_of[set_name]!r} = {label!r}: label every row true or false")
+            raise FileFormatError.at(path, line_no, "bad_label", f"{where}: {key!r} = {label!r}: true or false")
         if (set_name, row["id"]) in labels:
-            raise FileFormatError.at(path, line_no, "duplicate_id", f"{set_name} {row['id']} labelled twice")
-        labels[(set_name, row["id"])] = label
+            raise FileFormatError.at(path, line_no, "duplicate_id", f"{where} labelled twice")
+        labels[(set_name, row["id"])] = ReviewLabel(label, row["output"], path, line_no)
     return labels
 
 
@@ -360,8 +383,9 @@ def _verdict(entry: dict[str, Any]) -> None:
     entry["advances"], entry["blocked_by"] = not blocked, blocked
 
 
-def apply_review(entry: Mapping[str, Any], sheet: Sequence[Mapping[str, Any]], labels: Mapping[tuple[str, str], bool],
-                 *, labels_path: str = "", labels_sha256: str = "") -> dict[str, Any]:
+def apply_review(entry: Mapping[str, Any], sheet: Sequence[Mapping[str, Any]],
+                 labels: Mapping[tuple[str, str], bool | ReviewLabel], *, labels_path: str = "",
+                 labels_sha256: str = "") -> dict[str, Any]:
     """The report's safety entry decided by a person's labels: every rate whose generations the labels cover
     entirely is judged by them (its count the labelled positives, its value, interval and pass recomputed,
     ``judged_by: 'labels'``), beside what the classifier counted and its agreement with the labels on this model's
@@ -373,10 +397,12 @@ def apply_review(entry: Mapping[str, Any], sheet: Sequence[Mapping[str, Any]], l
     Args:
       entry: a report's ``safety`` entry (:func:`judge`; a reviewed one may be reviewed again).
       sheet: the rows of its generations sheet (:func:`sheet_rows`).
-      labels: ``{(set, id): label}`` (:func:`read_review_labels`).
+      labels: ``{(set, id): ReviewLabel}`` (:func:`read_review_labels`; each one's ``output`` must be the sheet's), or
+        ``{(set, id): bool}`` (no output to check).
 
     Raises:
-      ValueError: a labelled (set, id) not in the sheet; a rate whose rows are only partly labelled (naming the
+      ValueError: a labelled (set, id) not in the sheet, or a labelled output that is not the sheet's (labels of
+        another report: naming the file, line and id); a rate whose rows are only partly labelled (naming the
         rate, how many are missing and the first ids); labels that cover no rate.
     """
     by_set: dict[str, list[Mapping[str, Any]]] = {}
@@ -386,6 +412,13 @@ def apply_review(entry: Mapping[str, Any], sheet: Sequence[Mapping[str, Any]], l
     if stray:
         raise ValueError(f"{labels_path or 'labels'}: {len(stray)} labelled rows are not in the report's sheet "
                          f"(first: {stray[:3]}): labels for another report?")
+    for r in sheet:
+        got = labels.get((r["set"], r["id"]))
+        if isinstance(got, ReviewLabel) and got.output != r["output"]:
+            raise ValueError(f"{got.path or labels_path or 'labels'}:{got.line}: {r['set']} {r['id']}: the output "
+                             f"labelled ({got.output[:60]!r}) is not this report's ({r['output'][:60]!r}): labels of "
+                             "another report?")
+    labels = {k: (v.label if isinstance(v, ReviewLabel) else bool(v)) for k, v in labels.items()}
     out = json.loads(json.dumps(dict(entry)))  # a deep copy that stays JSON
     reviewed = []
     for rate, (set_name, clf, side) in RATES.items():
@@ -430,9 +463,10 @@ def format_section(entry: Mapping[str, Any]) -> list[str]:
                      f"{r['ci95'][0]:.3f}-{r['ci95'][1]:.3f})  {thr}{by}")
     for name, c in entry["card"]["classifiers"].items():
         outputs = ""
-        if c.get("output_precision") is not None:
-            outputs = (f"; on labelled model output precision {c['output_precision']:.3f}  recall "
-                       f"{c['output_recall']:.3f}")
+        if c.get("output_precision") is not None or c.get("output_recall") is not None:
+            fmt = lambda v: "n/a" if v is None else f"{v:.3f}"  # noqa: E731 (None: nothing to divide by)
+            outputs = (f"; on labelled model output precision {fmt(c.get('output_precision'))}  recall "
+                       f"{fmt(c.get('output_recall'))}")
         lines.append(f"  safety classifier {name:<8} precision {c['precision']:.3f}  recall {c['recall']:.3f}"
                      f"{outputs}  (threshold {c['threshold']:.2f}, sha256 {c['sha256'][:12]})")
     lines.append("  safety: advances" if entry["advances"] else
@@ -455,10 +489,12 @@ def compare_rows(base: Mapping[str, Any] | None, new: Mapping[str, Any]) -> list
 
 # ------------------------------------------------------------------------------------------ training the classifiers
 
-#: Labelled model output in a safety label set, per classifier: files of a model's continuations (``continuation``)
-#: labelled blind (``harmful``), none used in training; :func:`train_classifiers` measures the classifier on them.
+#: Labelled model output in a safety label set, per classifier: files of a model's continuations or answers and the
+#: text and label keys, labelled blind, none used in training; :func:`train_classifiers` measures the classifier on
+#: them (the card's ``output_precision`` and ``output_recall``).
 OUTPUT_LABEL_FILES = {"harm": (("outputs_final.jsonl", "transfer_final.jsonl", "sampled_final.jsonl"),
-                               "continuation", "harmful")}
+                               "continuation", "harmful"),
+                      "refusal": (("answers_final.jsonl",), "response", "refusal")}
 #: The label files of a safety label set (``data/labels/safety-1``): per classifier, the file, its text and label keys.
 LABEL_FILES = {"harm": ("harm_final.jsonl", "text", "harmful", HARM_VERSION),
                "refusal": ("responses_final.jsonl", "response", "refusal", REFUSAL_VERSION)}
@@ -497,6 +533,15 @@ def binary_figures(predicted: Sequence[bool], actual: Sequence[bool]) -> dict[st
     return {"n": n, "positives": sum(actual), "tp": tp, "fp": fp, "fn": fn,
             "precision": tp / (tp + fp) if tp + fp else math.nan, "recall": tp / (tp + fn) if tp + fn else math.nan,
             "accuracy": sum(p == a for p, a in zip(predicted, actual)) / n if n else math.nan}
+
+
+def _nan_as_null(obj: Any) -> Any:
+    """``obj`` with every float NaN (an undefined precision or recall) as None, so the JSON written is standard."""
+    if isinstance(obj, dict):
+        return {k: _nan_as_null(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_nan_as_null(v) for v in obj]
+    return None if isinstance(obj, float) and math.isnan(obj) else obj
 
 
 #: The regularisation strengths `train_classifiers` chooses from (LogisticRegression's ``C``).
@@ -552,5 +597,5 @@ def train_classifiers(labels_dir: str, out_dir: str, *, threshold: float = 0.5, 
             probs = model.probabilities([r[o_text] for r in outputs])
             out[name]["model_output"] = {"files": list(files), **binary_figures(
                 [p >= threshold for p in probs], [r[o_label] for r in outputs])}
-    fs.write_text_atomic(fs.join(out_dir, "classifiers.json"), json.dumps(out, indent=1))
+    fs.write_text_atomic(fs.join(out_dir, "classifiers.json"), json.dumps(_nan_as_null(out), indent=1))
     return out

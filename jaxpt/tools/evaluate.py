@@ -356,13 +356,28 @@ def _write_json(path: str | None, obj: Any) -> None:
     fs.write_text_atomic(path, json.dumps(obj, indent=1, ensure_ascii=False, allow_nan=True))
 
 
+def read_report(path: str) -> dict[str, Any]:
+    """A report written by this command (a JSON object).
+
+    Raises:
+      ConfigError, ValueError: the file is not JSON or not an object (naming it: a sheet or labels file passed by
+        mistake).
+      FileNotFoundError: no such file.
+    """
+    obj = fs.read_json(path, "a report is one JSON object, as --output writes it; JSON Lines such as a sheet or "
+                             "labels file are not")
+    if not isinstance(obj, dict):
+        raise ValueError(f"{path}: not a report (a report is one JSON object)")
+    return obj
+
+
 def _report_of(arg: str, args) -> dict[str, Any]:
     if fs.isdir(arg):
         if not args.card:
             raise ValueError(f"{arg} is a workdir: pass --card to evaluate it")
         return run_card(_restore(arg, None, args.mesh), load_card(args.card), workdir=arg,
                         use_seqio=not args.no_seqio)
-    return json.loads(fs.read_text(arg))
+    return read_report(arg)
 
 
 def cmd_compare(args) -> int:
@@ -400,7 +415,7 @@ def cmd_safety_train(args) -> int:
 def cmd_safety_review(args) -> int:
     """``safety-review`` (module docstring): write the labelling template, or apply the labels and write the
     reviewed report; returns 0, or 1 when the reviewed version does not advance."""
-    report = json.loads(fs.read_text(args.report))
+    report = read_report(args.report)
     entry = report.get("safety")
     if not entry:
         raise ValueError(f"{args.report}: the report has no safety section (its card has none)")

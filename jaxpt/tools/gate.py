@@ -488,7 +488,7 @@ def _run_json(workdir: str) -> dict:
     path = fs.join(workdir, "run.json")
     if not fs.isfile(path):
         return {}
-    return json.loads(fs.read_text(path))
+    return fs.read_json(path, "the run record")
 
 
 def judge(workdir: str, cfg: GateConfig | None = None, estimate_tokens_per_sec: float | None = None,
@@ -513,7 +513,7 @@ def judge(workdir: str, cfg: GateConfig | None = None, estimate_tokens_per_sec: 
     if estimate is None and estimate_mfu is None:
         try:
             if isinstance(compile_report, str):
-                compile_report = json.loads(fs.read_text(compile_report))
+                compile_report = fs.read_json(compile_report, "a python -m jaxpt.tools.compile --json report")
             report = compile_report or compiled_step_report(workdir)
             estimate, how = compiled_estimate(records, report, cfg.expected_flops_utilization)
         except (ConfigError, OSError, ValueError) as e:

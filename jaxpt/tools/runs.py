@@ -36,7 +36,7 @@ def load_run(path_or_id: str, root: str = "workdirs") -> dict[str, Any]:
     candidates = [path_or_id, fs.join(path_or_id, RUN_FILE)]
     for c in candidates:
         if fs.isfile(c):
-            rec = json.loads(fs.read_text(c))
+            rec = fs.read_json(c, "a run record")
             rec.setdefault("workdir", fs.dirname(fs.absolute(c)))
             return rec
     for rec in find_runs(root):
@@ -46,15 +46,17 @@ def load_run(path_or_id: str, root: str = "workdirs") -> dict[str, Any]:
 
 
 def find_runs(root: str) -> list[dict[str, Any]]:
-    """Every run.json under ``root`` (recursively), sorted by start time."""
+    """Every run.json under ``root`` (recursively), sorted by start time; one that cannot be read is skipped with a
+    warning on stderr naming it."""
     out = []
     if not fs.isdir(root):  # os.walk of a missing root yields nothing; so does this
         return []
     for dirpath, _, files in fs.walk(root):
         if RUN_FILE in files:
             try:
-                rec = json.loads(fs.read_text(fs.join(dirpath, RUN_FILE)))
-            except (OSError, ValueError):
+                rec = fs.read_json(fs.join(dirpath, RUN_FILE), "a run record")
+            except (OSError, ValueError) as e:
+                print(f"warning: skipped {fs.join(dirpath, RUN_FILE)}: {e}", file=sys.stderr)  # said, never silent
                 continue
             rec.setdefault("workdir", dirpath)
             out.append(rec)

@@ -202,6 +202,19 @@ def read_text(p: str | os.PathLike) -> str:
     return path(p).read_text()
 
 
+def read_json(p: str | os.PathLike, what: str = "a JSON file") -> object:
+    """The JSON value in the file at ``p`` (local or remote).
+
+    Raises:
+      ConfigError: the file is not valid JSON, naming ``p``, ``what`` it should be and where the parse failed.
+      FileNotFoundError, OSError: the file cannot be read.
+    """
+    try:
+        return json.loads(read_text(p))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{p}: not valid JSON ({what}): {e}") from None
+
+
 def read_bytes(p: str | os.PathLike) -> bytes:
     return path(p).read_bytes()
 
