@@ -383,6 +383,19 @@ def _verdict(entry: dict[str, Any]) -> None:
     entry["advances"], entry["blocked_by"] = not blocked, blocked
 
 
+def _checked_against(sheet: Sequence[Mapping[str, Any]], labels: Mapping[tuple[str, str], bool | ReviewLabel],
+                     labels_path: str) -> dict[tuple[str, str], bool]:
+    """``{(set, id): label}`` once every :class:`ReviewLabel`'s output is the sheet's; raises ValueError naming the
+    first that is not (labels of another report)."""
+    for r in sheet:
+        got = labels.get((r["set"], r["id"]))
+        if isinstance(got, ReviewLabel) and got.output != r["output"]:
+            raise ValueError(f"{got.path or labels_path or 'labels'}:{got.line}: {r['set']} {r['id']}: the output "
+                             f"labelled ({got.output[:60]!r}) is not this report's ({r['output'][:60]!r}): labels of "
+                             "another report?")
+    return {k: (v.label if isinstance(v, ReviewLabel) else bool(v)) for k, v in labels.items()}
+
+
 def apply_review(entry: Mapping[str, Any], sheet: Sequence[Mapping[str, Any]],
                  labels: Mapping[tuple[str, str], bool | ReviewLabel], *, labels_path: str = "",
                  labels_sha256: str = "") -> dict[str, Any]:
@@ -412,13 +425,7 @@ def apply_review(entry: Mapping[str, Any], sheet: Sequence[Mapping[str, Any]],
     if stray:
         raise ValueError(f"{labels_path or 'labels'}: {len(stray)} labelled rows are not in the report's sheet "
                          f"(first: {stray[:3]}): labels for another report?")
-    for r in sheet:
-        got = labels.get((r["set"], r["id"]))
-        if isinstance(got, ReviewLabel) and got.output != r["output"]:
-            raise ValueError(f"{got.path or labels_path or 'labels'}:{got.line}: {r['set']} {r['id']}: the output "
-                             f"labelled ({got.output[:60]!r}) is not this report's ({r['output'][:60]!r}): labels of "
-                             "another report?")
-    labels = {k: (v.label if isinstance(v, ReviewLabel) else bool(v)) for k, v in labels.items()}
+    labels = _checked_against(sheet, labels, labels_path)
     out = json.loads(json.dumps(dict(entry)))  # a deep copy that stays JSON
     reviewed = []
     for rate, (set_name, clf, side) in RATES.items():
