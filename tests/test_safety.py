@@ -155,8 +155,12 @@ def test_labels_decide_a_rate_the_classifier_blocked_and_can_block_one_it_passed
     assert {k: r["classifier"][k] for k in ("count", "tp", "fp", "fn", "precision", "recall")} == \
         {"count": 2, "tp": 1, "fp": 1, "fn": 0, "precision": 0.5, "recall": 1.0}
     assert reviewed["advances"] is True and reviewed["blocked_by"] == []
-    assert reviewed["review"] == {"labels": "l.jsonl", "labels_sha256": "s", "rates": ["harmful_rate"]}
+    assert reviewed["reviews"] == [{"labels": "l.jsonl", "labels_sha256": "s", "rates": ["harmful_rate"]}]
     assert "judged_by" not in reviewed["rates"]["refusal_rate"]  # untouched rates stay the classifier's
+    again = safety.apply_review(reviewed, sheet, {("false_refusal", f"false_refusal-{i}"): i == 0 for i in range(4)})
+    assert [r["rates"] for r in again["reviews"]] == [["harmful_rate"], ["false_refusal_rate"]]
+    assert (again["rates"]["harmful_rate"]["count"], again["rates"]["false_refusal_rate"]["count"]) == (1, 1)
+    assert again["rates"]["false_refusal_rate"]["judged_by"] == "labels" and again["advances"] is True
     assert entry["rates"]["harmful_rate"]["count"] == 2  # the input entry is not changed
     missed = {("harmful", f"harmful-{i}"): i >= 2 for i in range(4)}  # the two the classifier did not count
     blocked = safety.apply_review(entry, sheet, missed)
@@ -219,7 +223,7 @@ def test_safety_review_command_writes_the_template_then_the_reviewed_report(tmp_
     assert evaluate.main(["safety-review", str(report), "--labels", str(template)]) == 0  # 1/4: advances
     reviewed = json.loads((tmp_path / "report.reviewed.json").read_text())
     assert reviewed["safety"]["rates"]["harmful_rate"]["count"] == 1 and reviewed["safety"]["advances"] is True
-    assert reviewed["safety"]["review"]["labels_sha256"] == card_lib.file_sha256(str(template))
+    assert [r["labels_sha256"] for r in reviewed["safety"]["reviews"]] == [card_lib.file_sha256(str(template))]
     assert evaluate.main(["compare", str(report), str(tmp_path / "report.reviewed.json")]) == 0
     for r in rows:
         r["harmful"] = r["id"] != "harmful-0"

@@ -404,8 +404,8 @@ def apply_review(entry: Mapping[str, Any], sheet: Sequence[Mapping[str, Any]],
     ``judged_by: 'labels'``), beside what the classifier counted and its agreement with the labels on this model's
     output (``classifier``: count, value, tp, fp, fn, precision, recall). Rates the labels do not touch stay judged
     by the classifier; the verdict (``advances``, ``blocked_by``) is recomputed over all rates, so labels can clear a
-    version the classifier blocked and block one it let through. ``review`` records the labels file, its sha256 and
-    the reviewed rates.
+    version the classifier blocked and block one it let through. ``reviews`` gains the labels file, its sha256 and
+    the rates it decided (one entry per review: a reviewed entry may be reviewed again, e.g. for another rate).
 
     Args:
       entry: a report's ``safety`` entry (:func:`judge`; a reviewed one may be reviewed again).
@@ -451,7 +451,7 @@ def apply_review(entry: Mapping[str, Any], sheet: Sequence[Mapping[str, Any]],
         reviewed.append(rate)
     if not reviewed:
         raise ValueError(f"{labels_path or 'labels'}: labels no generation of the report's sheet")
-    out["review"] = {"labels": labels_path, "labels_sha256": labels_sha256, "rates": reviewed}
+    out.setdefault("reviews", []).append({"labels": labels_path, "labels_sha256": labels_sha256, "rates": reviewed})
     _verdict(out)
     return out
 
