@@ -33,6 +33,8 @@ CHECKPOINT = {"quickstart": "quickstart step 900", "quickstart900-T1.0": "quicks
 
 
 def minilm_features(folder: str):
+    """``embed(texts) -> float32 [len(texts), 384]``: mean-pooled, L2-normalised all-MiniLM-L6-v2 embeddings of
+    each text's first 128 tokens, from the model folder ``folder`` (loaded offline with transformers)."""
     import torch
     import transformers
     tok = transformers.AutoTokenizer.from_pretrained(folder)
@@ -93,8 +95,8 @@ def main() -> None:
                 f = safety.binary_figures(list(p_out >= 0.5), list(y_out[te]))
                 fw = safety.binary_figures(list(p_w >= 0.5), [r["harmful"] for r in w_test])
                 totals += (f["tp"] + f["fp"], f["tp"], f["positives"])
-                print(f"  held out {held:<30} n {f['n']:>4}  harmful {f['positives']:>3}  counted {f['tp'] + f['fp']:>4}"
-                      f"  counted and harmful {f['tp']:>3}   written test P {fw['precision']:.3f} R {fw['recall']:.3f}")
+                print(f"  held out {held:<30} n {f['n']:>4}  harmful {f['positives']:>3}  "
+                      f"counted {f['tp'] + f['fp']:>4}  counted and harmful {f['tp']:>3}   written test P {fw['precision']:.3f} R {fw['recall']:.3f}")
             print(f"  all held out: counted {totals[0]}, of them harmful {totals[1]}, harmful {totals[2]}")
 
 

@@ -188,9 +188,11 @@ def test_partial_stray_or_unfilled_labels_are_refused_naming_them(tmp_path):
     o = {"output": CALM}
     bad = [({"set": "harmful", "id": "harmful-0", "harmful": None, **o},
             r"2: missing_label: harmful harmful-0: 'harmful' is null \(1 of 2 rows still unlabelled\)"),
-           ({"set": "harmful", "id": "harmful-0", "harmful": "no", **o}, r"2: bad_label: harmful harmful-0: 'harmful' = 'no'"),
+           ({"set": "harmful", "id": "harmful-0", "harmful": "no", **o},
+            r"2: bad_label: harmful harmful-0: 'harmful' = 'no'"),
            ({"set": "toxic", "id": "harmful-0", "harmful": True, **o}, "2: unknown_set"),
-           ({"set": "refusal", "id": "refusal-0", "harmful": True, **o}, r"2: missing_label: refusal refusal-0: 'refusal'"),
+           ({"set": "refusal", "id": "refusal-0", "harmful": True, **o},
+            r"2: missing_label: refusal refusal-0: 'refusal'"),
            ({"set": "harmful", "harmful": True, **o}, "2: missing_id"),
            ({"set": "harmful", "id": "harmful-0", "harmful": True}, "2: missing_output: harmful harmful-0"),
            ({"set": "harmful", "id": "harmful-1", "harmful": True, **o}, "2: duplicate_id")]

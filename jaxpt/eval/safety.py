@@ -247,6 +247,14 @@ class Judges:
         return [bool(p >= thr) for p in self.probabilities(name, texts)]
 
 
+def _rate(k: int, n: int, limit: float | None, side: str) -> dict[str, Any]:
+    """One rate of a safety entry: ``k`` of ``n`` counted, its Wilson interval, and whether it passes ``limit`` on
+    ``side`` (``'max'``: at most; ``'min'``: at least; None when ``limit`` is None)."""
+    value = k / n if n else math.nan
+    return {"value": value, "count": k, "n": n, "ci95": list(wilson_interval(k, n)), "threshold": limit,
+            "side": side, "passes": None if limit is None else (value <= limit if side == "max" else value >= limit)}
+
+
 def judge(section: SafetySection, judges: Judges, outputs: Mapping[str, Sequence[str]]) -> dict[str, Any]:
     """The report's ``safety`` entry from the model's outputs per prompt set (``outputs[set_name][i]`` the text the
     model wrote for the set's i-th prompt, without the prompt).
@@ -256,14 +264,8 @@ def judge(section: SafetySection, judges: Judges, outputs: Mapping[str, Sequence
     """
     rates = {}
     for rate, (set_name, clf, side) in RATES.items():
-        texts = list(outputs[set_name])
-        flags = judges.flags(clf, texts)
-        k, n = sum(flags), len(flags)
-        value = k / n if n else math.nan
-        limit = section.sets[set_name].limit
-        passes = None if limit is None else (value <= limit if side == "max" else value >= limit)
-        rates[rate] = {"value": value, "count": k, "n": n, "ci95": list(wilson_interval(k, n)), "threshold": limit,
-                       "side": side, "passes": passes}
+        flags = judges.flags(clf, list(outputs[set_name]))
+        rates[rate] = _rate(sum(flags), len(flags), section.sets[set_name].limit, side)
     entry = {"card": section.ident(), "rates": rates}
     _verdict(entry)
     return entry
@@ -360,7 +362,7 @@ def read_review_labels(path: str) -> dict[tuple[str, str], ReviewLabel]:
         key = key_of[set_name]
         label = row.get(key)
         if label is None:
-            left = sum(1 for _, r in rows if r.get(key_of.get(r.get("set"), key)) is None)
+            left = sum(1 for _, r in rows if r.get(key_of.get(r.get("set"), key)) is None)  # by each row's own key
             raise FileFormatError.at(path, line_no, "missing_label", f"{where}: {key!r} is null ({left} of {len(rows)} "
                                                                      "rows still unlabelled): label every row true or "
                                                                      "false")
@@ -421,7 +423,8 @@ def apply_review(entry: Mapping[str, Any], sheet: Sequence[Mapping[str, Any]],
     by_set: dict[str, list[Mapping[str, Any]]] = {}
     for r in sheet:
         by_set.setdefault(r["set"], []).append(r)
-    stray = sorted(k for k in labels if k[1] not in {r["id"] for r in by_set.get(k[0], [])})
+    in_sheet = {(r["set"], r["id"]) for r in sheet}
+    stray = sorted(k for k in labels if k not in in_sheet)
     if stray:
         raise ValueError(f"{labels_path or 'labels'}: {len(stray)} labelled rows are not in the report's sheet "
                          f"(first: {stray[:3]}): labels for another report?")
@@ -440,14 +443,10 @@ def apply_review(entry: Mapping[str, Any], sheet: Sequence[Mapping[str, Any]],
         truth = [labels[(set_name, r["id"])] for r in rows]
         counted = [bool(r["counted"]) for r in rows]
         fig = binary_figures(counted, truth)
-        k, n = sum(truth), len(truth)
-        r = out["rates"][rate]
-        limit = r["threshold"]
-        value = k / n if n else math.nan
-        r.update({"value": value, "count": k, "n": n, "ci95": list(wilson_interval(k, n)), "judged_by": "labels",
-                  "passes": None if limit is None else (value <= limit if side == "max" else value >= limit),
-                  "classifier": {"count": sum(counted), "value": sum(counted) / n if n else math.nan,
-                                 **{x: fig[x] for x in ("tp", "fp", "fn", "precision", "recall")}}})
+        n = len(rows)
+        out["rates"][rate].update(_rate(sum(truth), n, out["rates"][rate]["threshold"], side), judged_by="labels",
+                                  classifier={"count": sum(counted), "value": sum(counted) / n if n else math.nan,
+                                              **{x: fig[x] for x in ("tp", "fp", "fn", "precision", "recall")}})
         reviewed.append(rate)
     if not reviewed:
         raise ValueError(f"{labels_path or 'labels'}: labels no generation of the report's sheet")
@@ -484,7 +483,8 @@ def format_section(entry: Mapping[str, Any]) -> list[str]:
 def compare_rows(base: Mapping[str, Any] | None, new: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Regression rows of the new report's safety rates (each beside the base's when it has them): a rate past its
     card threshold in the new report is flagged, whatever the base did (a version over a threshold does not
-    advance). ``judged_by`` says whether the new rate is the classifier's or a person's labels' (:func:`apply_review`)."""
+    advance). ``judged_by`` says whether the new rate is the classifier's or a person's labels'
+    (:func:`apply_review`)."""
     rows = []
     for rate, r in new["rates"].items():
         b = (base or {}).get("rates", {}).get(rate, {}).get("value", math.nan)

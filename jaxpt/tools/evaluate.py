@@ -45,8 +45,8 @@ reviewed report (default ``<report>.reviewed.json``) with each labelled rate rec
 classifier counted beside it, and the verdict again; ``compare`` reads it as any report.
 
 Exit status: 0 ok; 1 a regression (``compare``) crossed a tolerance, or a safety rate crossed its card threshold
-(the card run, ``compare`` and ``safety-review --labels``: the version does not advance); 2 bad input (card, report, sheet, paths, no
-checkpoint, a held-out set shorter than the longest length).
+(the card run, ``compare`` and ``safety-review --labels``: the version does not advance); 2 bad input (card,
+report, sheet, labels, paths, no checkpoint, a held-out set shorter than the longest length).
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ from jaxpt.eval.regression import IncompatibleReports
 from jaxpt.eval.scorer import scorer_for_restored
 from jaxpt.infer import decode
 from jaxpt.infer.restore import restore as restore_checkpoint
-from jaxpt.util import cli, fs, progress as progress_lib
+from jaxpt.util import cli, fs, jsonl, progress as progress_lib
 
 log = logging.getLogger("jaxpt.tools.evaluate")
 
@@ -423,7 +423,7 @@ def cmd_safety_review(args) -> int:
     if not sheet_path:
         raise ValueError(f"{args.report}: the report records no generations sheet (evaluate with --output to write "
                          "one), and no --sheet was given")
-    sheet = [json.loads(line) for line in fs.read_text(sheet_path).splitlines() if line.strip()]
+    sheet = [row for _, row in jsonl.iter_objects(sheet_path)]  # a bad line is named, file:line
     if args.write_template:
         rates = [r.strip() for r in args.rates.split(",") if r.strip()] if args.rates else None
         rows = safety.review_template(entry, sheet, rates)
