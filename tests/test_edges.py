@@ -21,6 +21,7 @@ import math
 import pathlib
 import shutil
 import struct
+import time
 
 import jax
 import numpy as np
@@ -337,6 +338,32 @@ def test_resume_after_lost_checkpoints_keeps_one_record_per_step(run6, tmp_path)
     docs = jsonl.drop_superseded(jsonl.read_objects(workdir / "batches" / "process_0.jsonl"))
     assert [d["step"] for d in docs if "doc_index" in d] == list(range(1, 9))
     assert _tb_loss_by_step(workdir) == {s: 1 for s in range(1, 9)}
+
+
+def test_a_slow_save_keeps_the_record_and_the_checkpoint_on_one_clock(run6, tmp_path, monkeypatch):
+    """A save that blocks the loop (a slow disk or bucket; CI once blocked 5 s) must not put the step's metrics
+    record ahead of the time its checkpoint carries: a resume from that checkpoint would then write a later
+    step with a smaller train_time_s. The record of each saved step says exactly what the checkpoint's meta says,
+    and a resume from step 6 continues increasing from it."""
+    workdir = _copy(run6, tmp_path / "run")
+    shutil.rmtree(workdir / "checkpoints" / "6")
+    save = ckpt_lib.Checkpointer.save
+
+    def slow_save(self, *args, **kwargs):
+        time.sleep(1.0)
+        return save(self, *args, **kwargs)
+
+    monkeypatch.setattr(ckpt_lib.Checkpointer, "save", slow_save)
+    train.run_training(_cfg(run6, workdir, 8))
+    monkeypatch.setattr(ckpt_lib.Checkpointer, "save", save)
+    recs = {r["step"]: r for r in monitor.read_metrics(str(workdir)) if "loss" in r and "event" not in r}
+    for step in (6, 8):
+        meta = json.loads((workdir / "checkpoints" / str(step) / "meta" / "metadata").read_text())
+        assert recs[step]["train_time_s"] == meta["train_time_s"]
+    shutil.rmtree(workdir / "checkpoints" / "8")
+    train.run_training(_cfg(run6, workdir, 8))
+    times = [r["train_time_s"] for r in monitor.read_metrics(str(workdir)) if "loss" in r and "event" not in r]
+    assert len(times) == 8 and times == sorted(times)
 
 
 def test_metric_writer_supersedes_later_steps_and_fresh_runs(tmp_path):

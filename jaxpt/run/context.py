@@ -62,10 +62,19 @@ class LoopContext:
         self._goodput_written = time.perf_counter()
         self.compiled: set = set()  # train steps dispatched once (a batch-size ramp has one per size)
         self.throughput_after = start  # the step of the last record's throughput figures
+        self._saved_time: tuple[int, float] | None = None  # (step, train_time_s) of the last checkpoint's meta
 
     def train_time_s(self) -> float:
         """Seconds of training wall time so far, over every session of the run (carried in checkpoints)."""
         return time.perf_counter() - self._clock0
+
+    def time_through(self, step: int) -> float:
+        """The training wall time through ``step`` (seconds) for its metrics record: the time its checkpoint's meta
+        recorded when ``step`` was saved (so a resume from that checkpoint continues the same clock, and the
+        records stay increasing however long the save blocked), else the time now."""
+        if self._saved_time is not None and self._saved_time[0] == step:
+            return self._saved_time[1]
+        return self.train_time_s()
 
     def save_checkpoint(self, step: int, force: bool = False, wait: bool = False) -> None:
         """Save ``step`` (asynchronously unless ``wait``; the meta item records the training wall time so
@@ -73,8 +82,9 @@ class LoopContext:
         finished first, so its own compute stays step time), and the run's goodput is recorded."""
         jax.block_until_ready(self.run.state)
         t0 = time.perf_counter()
+        self._saved_time = (step, self.train_time_s())
         saved = self.ckpt.save(step, self.run.state, self.batches,
-                               {**self.meta, "train_time_s": self.train_time_s()}, force=force)
+                               {**self.meta, "train_time_s": self._saved_time[1]}, force=force)
         if wait:
             self.ckpt.wait()
         blocked = time.perf_counter() - t0

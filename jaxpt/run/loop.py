@@ -129,7 +129,7 @@ def _report(ctx: LoopContext, p: _Pending) -> tuple[int, str] | None:
             ctx.throughput_after = p.step
         if cfg.batch_size_schedule:
             record["batch_size"] = run.built.ramp.batch_size(p.step)  # the realized global batch, rows
-        record.update(tokens_seen=run.throughput.tokens_seen(p.step), train_time_s=ctx.train_time_s(),
+        record.update(tokens_seen=run.throughput.tokens_seen(p.step), train_time_s=ctx.time_through(p.step),
                       data_wait_s=p.data_wait, host_peak_rss_gib=monitor.host_peak_rss_bytes() / 2 ** 30)
         ctx.writer.write(record)
         ctx.last = record
