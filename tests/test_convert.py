@@ -73,8 +73,9 @@ def _train_tokenizer(path):
              enumerate(["north", "south", "old", "new", "green", "stone", "quiet", "bright"] * 20)]
     return train_sentencepiece(texts, path, vocab_size=300)
 
-def _jaxpt_checkpoint(tmp_path, tokenizer_path):
-    """A random jaxpt model (GQA, untied, looped layers; not from HF) saved as a params-only checkpoint."""
+def _jaxpt_checkpoint(tmp_path, tokenizer_path, **options):
+    """A random jaxpt model (GQA, untied, looped layers; not from HF; ``options``: more ModelConfig fields) saved as
+    a params-only checkpoint."""
     from flax import nnx
 
     from jaxpt import mesh as mesh_lib
@@ -82,7 +83,7 @@ def _jaxpt_checkpoint(tmp_path, tokenizer_path):
     from jaxpt.data.tokenizer import Tokenizer
     from jaxpt.model import ModelConfig
     cfg = ModelConfig(vocab_size=V, d_model=D, num_layers=N, num_heads=H, num_kv_heads=K, head_dim=D // H,
-                      mlp_dim=F, max_seq_len=L, norm_eps=1e-5, rope_theta=1000.0)
+                      mlp_dim=F, max_seq_len=L, norm_eps=1e-5, rope_theta=1000.0, **options)
     rng = np.random.default_rng(7)  # on the host: no compile per initializer
     params = jax.tree.map(lambda v: v.replace(jax.numpy.asarray(
         1 + 0.3 * rng.standard_normal(v.shape) if len(v.shape) == 1 else 0.2 * rng.standard_normal(v.shape),
@@ -116,6 +117,27 @@ def test_jaxpt_to_hf_logits_and_tokenizer(tmp_path):
     ids = r.tokenizer.encode("a \u2581 b").tolist()  # jaxpt escapes a literal U+2581 to bytes: decodes alike
     assert hf_tok.decode(ids) == r.tokenizer.decode(ids) == "a \u2581 b"
     assert hf_tok.eos_token_id == r.tokenizer.eos_id and hf_tok.pad_token_id == r.tokenizer.pad_id
+
+def test_a_mup_model_exports_with_its_output_multiplier_folded_in(tmp_path):
+    """µP at m = 4 (d_model 64, base 16): the logits carry 1/4, which the export folds into lm_head, so transformers'
+    Llama computes jaxpt's logits within 1e-4 (and the logits are not those of the same params without it); a tied
+    µP model cannot carry the multiplier and is refused, naming both keys."""
+    import jaxpt
+    tok = _train_tokenizer(tmp_path / "tok" / "tokenizer.model")
+    workdir = _jaxpt_checkpoint(tmp_path, tok, parametrization="mup", mup_base_d_model=16)
+    out = convert.jaxpt_to_hf(workdir, tmp_path / "hf")
+    r = jaxpt.restore(workdir)
+    hf_model = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    tokens = _tokens()
+    want = jaxpt_logits(r, tokens)
+    np.testing.assert_allclose(hf_logits(hf_model, tokens), want, atol=1e-4, rtol=0)
+    sp_workdir = _jaxpt_checkpoint(tmp_path / "sp", tok)   # the same params (same rng), no multiplier
+    assert np.abs(jaxpt_logits(jaxpt.restore(sp_workdir), tokens) - 4 * want).max() < 1e-3
+    from jaxpt.model import ModelConfig
+    with pytest.raises(ConvertError, match="parametrization = 'mup' with ModelConfig.tie_embeddings = True"):
+        convert.export_family(ModelConfig(d_model=64, parametrization="mup", mup_base_d_model=16,
+                                          tie_embeddings=True))
+
 
 def test_round_trip_through_both_directions(tmp_path):
     """HF -> jaxpt -> HF gives back the same tensors (tied and untied are each their own layout)."""

@@ -37,7 +37,7 @@ from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
 from jaxpt.mesh import constrain
-from jaxpt.model import context_parallel, tables
+from jaxpt.model import context_parallel, parametrization, tables
 from jaxpt.model.config import ModelConfig
 from jaxpt.model.layers import RMSNorm, _param
 from jaxpt.model.rope import apply_rope, rope_frequencies
@@ -89,10 +89,12 @@ class Attention(nnx.Module):
         self.cfg = cfg
         D, H, K, Hd = cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         pd = cfg.jnp_param_dtype
-        out_std = cfg.init_std / math.sqrt(2 * cfg.num_layers)  # GPT-2 style residual scaling
-        self.wq = _param(rngs, (D, H, Hd), ("embed", "heads", "head_dim"), cfg.init_std, pd)
-        self.wk = _param(rngs, (D, K, Hd), ("embed", "kv_heads", "head_dim"), cfg.init_std, pd)
-        self.wv = _param(rngs, (D, K, Hd), ("embed", "kv_heads", "head_dim"), cfg.init_std, pd)
+        # GPT-2 style residual scaling; under µP both stds shrink with width (jaxpt.model.parametrization)
+        std = parametrization.hidden_init_std(cfg, cfg.init_std)
+        out_std = parametrization.hidden_init_std(cfg, cfg.init_std / math.sqrt(2 * cfg.num_layers))
+        self.wq = _param(rngs, (D, H, Hd), ("embed", "heads", "head_dim"), std, pd)
+        self.wk = _param(rngs, (D, K, Hd), ("embed", "kv_heads", "head_dim"), std, pd)
+        self.wv = _param(rngs, (D, K, Hd), ("embed", "kv_heads", "head_dim"), std, pd)
         self.wo = _param(rngs, (H, Hd, D), ("heads", "head_dim", "embed"), out_std, pd)
         if cfg.attention_bias:
             self.q_bias = nnx.Param(jnp.zeros((H, Hd), pd), logical_axes=("heads", "head_dim"))

@@ -14,6 +14,7 @@ from jaxpt.util.validation import check_types, non_negative, positive, require
 
 Dtype = Literal["float32", "bfloat16", "float16"]
 RematPolicy = Literal["none", "full", "dots", "dots_no_batch", "save_qkv_proj"]
+Parametrization = Literal["sp", "mup"]
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 REMAT_POLICIES: tuple[str, ...] = typing.get_args(RematPolicy)
@@ -58,6 +59,13 @@ class ModelConfig:
       compute_dtype: dtype of activations and matmul inputs (``bfloat16`` usual on accelerators).
       norm_eps: RMSNorm epsilon.
       init_std: std of the normal initializer of input projections and the embedding.
+      parametrization: ``sp`` (standard: one learning rate, width-independent init) or ``mup`` (the Maximal Update
+        Parametrization, Yang et al. 2022: hidden matrices initialized with ``init_std / sqrt(m)`` and updated with
+        ``lr / m``, logits multiplied by ``1 / m``, for ``m = d_model / mup_base_d_model``; the table is in
+        :mod:`jaxpt.model.parametrization`). Under µP a learning rate tuned at the base width transfers to wider
+        models. Changes no parameter's shape; changes the init, the updates and the logits.
+      mup_base_d_model: the base width µP's multipliers are relative to (the width the learning rate was tuned
+        at); required (> 0) with ``parametrization = 'mup'``, unused with ``sp``.
       scan_layers: stack blocks and run them with ``nnx.scan`` (one compiled block: faster compile).
       remat_policy: activation checkpointing: ``none``, ``full`` (save nothing), ``dots`` (save matmul
         outputs), ``dots_no_batch`` (save matmuls without batch dims, i.e. weight matmuls),
@@ -152,6 +160,8 @@ class ModelConfig:
     compute_dtype: Dtype = "float32"
     norm_eps: float = 1e-6
     init_std: float = 0.02
+    parametrization: Parametrization = "sp"
+    mup_base_d_model: int = 0
     scan_layers: bool = False
     remat_policy: RematPolicy = "none"
     attention_impl: str = "xla"
@@ -194,6 +204,14 @@ class ModelConfig:
         self._check_rope_scaling()
         if self.mlp == "moe":
             self._check_moe()
+        require(self, "mup_base_d_model", self.mup_base_d_model >= 0, "must be >= 0 (unused with 'sp')")
+        if self.parametrization == "mup":
+            require(self, "mup_base_d_model", self.mup_base_d_model > 0,
+                    "must be set (> 0: the width the learning rate was tuned at) with "
+                    "ModelConfig.parametrization = 'mup'")
+            require(self, "parametrization", self.mlp != "moe",
+                    "'mup' is not available for ModelConfig.mlp = 'moe' (the router is a readout jaxpt's µP "
+                    "does not scale); use 'sp'")
         seams.check_name("attention_impl", self.attention_impl)   # ConfigError "...: choose one of (...)"
         seams.check_name("mlp", self.mlp)
 

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxpt.mesh import PIPELINE_AXIS, constrain, current_activation_sharding
-from jaxpt.model import context_parallel, tables
+from jaxpt.model import context_parallel, parametrization, tables
 from jaxpt.model.attention import Attention
 from jaxpt.model.auxiliary import AuxSpec, BatchTotals, merge_specs, reduce_aux
 from jaxpt.model.config import ModelConfig
@@ -290,8 +290,12 @@ class Decoder(nnx.Module):
         return x_BxLxD, aux
 
     def output_weights(self) -> jax.Array:
-        """The output projection ``[D, V]`` in the compute dtype (the embedding transposed when tied)."""
+        """The output projection ``[D, V]`` in the compute dtype (the embedding transposed when tied), times µP's
+        output multiplier ``1 / m`` (:func:`jaxpt.model.parametrization.output_multiplier`; none under SP)."""
         w_DxV = self.embedding[...].T if self.cfg.tie_embeddings else self.output[...]
+        mult = parametrization.output_multiplier(self.cfg)
+        if mult != 1.0:
+            w_DxV = w_DxV * jnp.asarray(mult, w_DxV.dtype)
         return w_DxV.astype(self.cfg.jnp_compute_dtype)
 
     def __call__(self, tokens_BxL: jax.Array, segment_ids_BxL: jax.Array, positions_BxL: jax.Array,

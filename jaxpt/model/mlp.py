@@ -30,6 +30,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxpt.mesh import constrain
+from jaxpt.model import parametrization
 from jaxpt.model.config import DTYPES, ModelConfig
 from jaxpt.model.layers import _param
 from jaxpt.model.seams import SavedTensor
@@ -54,9 +55,11 @@ class SwiGLU(nnx.Module):
         self.cfg = cfg
         D, F = cfg.d_model, cfg.mlp_dim
         pd = cfg.jnp_param_dtype
-        out_std = cfg.init_std / math.sqrt(2 * cfg.num_layers)  # GPT-2 style residual scaling
-        self.w_gate = _param(rngs, (D, F), ("embed", "mlp"), cfg.init_std, pd)
-        self.w_up = _param(rngs, (D, F), ("embed", "mlp"), cfg.init_std, pd)
+        # GPT-2 style residual scaling; under µP both stds shrink with width (jaxpt.model.parametrization)
+        std = parametrization.hidden_init_std(cfg, cfg.init_std)
+        out_std = parametrization.hidden_init_std(cfg, cfg.init_std / math.sqrt(2 * cfg.num_layers))
+        self.w_gate = _param(rngs, (D, F), ("embed", "mlp"), std, pd)
+        self.w_up = _param(rngs, (D, F), ("embed", "mlp"), std, pd)
         self.w_down = _param(rngs, (F, D), ("mlp", "embed"), out_std, pd)
 
     def __call__(self, x_BxLxD):

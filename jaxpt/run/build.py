@@ -23,6 +23,7 @@ import jax.numpy as jnp
 
 from jaxpt import config as config_lib, mesh as mesh_lib
 from jaxpt.config import TrainConfig
+from jaxpt.model import parametrization
 from jaxpt.run import resolve
 from jaxpt.training import batch_ramp, optim, state as state_lib, step as step_lib
 
@@ -102,9 +103,12 @@ def build(lay: resolve.Layout, *, devices: Sequence[Any] | None = None, donate_s
     rules = cfg.logical_axis_rules
     horizon = cfg.steps - config_lib.start_step(cfg)  # a stage's schedule starts afresh at its first step
     lr_schedule = optim.learning_rate_schedule(cfg.optimizer, horizon)
+
+    def make_tx(params):  # µP's per-parameter learning rates need the params tree, as the decay mask does
+        return optim.make_optimizer(cfg.optimizer, horizon, params, parametrization.lr_multipliers(cfg.model, params))
+
     spec = state_lib.make_state_spec(
-        cfg.model, lambda p: optim.make_optimizer(cfg.optimizer, horizon, p), mesh, rules, cfg.stability,
-        offload_optimizer_state=cfg.offload_optimizer_state, shard_optimizer_state=cfg.shard_optimizer_state)
+        cfg.model, make_tx, mesh, rules, cfg.stability, offload_optimizer_state=cfg.offload_optimizer_state, shard_optimizer_state=cfg.shard_optimizer_state)
 
     def make_train_step(grad_accum: int, lr_factor: float = 1.0):
         return step_lib.jit_train_step(spec, mesh, rules, z_loss_weight=cfg.z_loss_weight, lr_schedule=lr_schedule,

@@ -102,7 +102,7 @@ from jaxpt import checkpoint as ckpt_lib, config as config_lib, mesh as mesh_lib
 from jaxpt.checkpoint import CheckpointError
 from jaxpt.data.tokenizer import Tokenizer
 from jaxpt.infer.restore import restore
-from jaxpt.model import ModelConfig
+from jaxpt.model import ModelConfig, parametrization
 from jaxpt.run import lineage
 from jaxpt.training import state as state_lib
 from jaxpt.util import cli, fs
@@ -498,6 +498,11 @@ def export_family(cfg, source_model_type: str | None = None) -> Family:
     """
     if cfg.mlp != "swiglu":
         raise ConvertError(f"ModelConfig.mlp = {cfg.mlp!r}: only the dense SwiGLU model exports to Hugging Face")
+    if cfg.parametrization == "mup" and cfg.tie_embeddings and parametrization.output_multiplier(cfg) != 1.0:
+        raise ConvertError(
+            "ModelConfig.parametrization = 'mup' with ModelConfig.tie_embeddings = True: the logits' multiplier "
+            f"1/m = {parametrization.output_multiplier(cfg):g} cannot be folded into a tied lm_head (it would scale "
+            "the embedding too), and no Hugging Face family has an output multiplier; export an untied µP model")
     if cfg.attention_bias and cfg.qk_norm:
         raise ConvertError("ModelConfig.attention_bias = True with ModelConfig.qk_norm = True: no Hugging Face "
                            "family has both without an o_proj bias (Qwen3's attention_bias adds one)")
@@ -733,7 +738,8 @@ def load_hf_params(tensors: SafetensorsFolder, cfg, mesh, rules):
 
 def hf_tensors_from_params(params, cfg) -> dict[str, np.ndarray]:
     """The HF state-dict tensors (float32 numpy, HF layout, names as :func:`expected_tensor_names`) of jaxpt params
-    (an ``nnx.State``, any sharding; gathered to the host a tensor at a time)."""
+    (an ``nnx.State``, any sharding; gathered to the host a tensor at a time). Under µP the output multiplier is
+    folded into ``lm_head`` (the HF model then computes the same logits with no multiplier)."""
     import jax
     from flax import nnx
 
@@ -744,8 +750,8 @@ def hf_tensors_from_params(params, cfg) -> dict[str, np.ndarray]:
         flat[names] = v
     get = lambda names: np.asarray(jax.device_get(flat[names][...]), np.float32)  # noqa: E731
     out = {"model.embed_tokens.weight": get(("embedding",)), "model.norm.weight": get(("final_norm", "scale"))}
-    if not cfg.tie_embeddings:
-        out["lm_head.weight"] = get(("output",)).T
+    if not cfg.tie_embeddings:  # µP's 1/m logit multiplier folded in (jaxpt.model.parametrization)
+        out["lm_head.weight"] = get(("output",)).T * np.float32(parametrization.output_multiplier(cfg))
     table = _layer_tensors(cfg)
     for names, m in table.items():
         stacked = get(("blocks", *names)) if cfg.scan_layers else None

@@ -165,16 +165,31 @@ def weight_decay_mask(params: Any, decay_embeddings: bool = False) -> Any:
     return jax.tree_util.tree_map_with_path(decide, params)
 
 
-def make_optimizer(cfg: OptimizerConfig, total_steps: int, params: Any) -> optax.GradientTransformation:
-    """``clip_by_global_norm -> adamw(schedule, mask)``.
+def make_optimizer(cfg: OptimizerConfig, total_steps: int, params: Any,
+                   lr_multipliers: Any | None = None) -> optax.GradientTransformation:
+    """``clip_by_global_norm -> adamw(schedule, mask) [-> scale each parameter's update]``.
 
     ``params`` (arrays or ``ShapeDtypeStruct``s with the real tree structure) is used only to build the
     weight-decay mask. Note the mask is decided on rank, so stacked (scanned) norm scales of shape
-    [layers, D] are recognized by name (``scale``) instead.
+    [layers, D] are recognized by name (``scale``) instead. ``lr_multipliers``: a params-shaped tree of floats
+    multiplying each parameter's whole AdamW update, i.e. its learning rate and its decoupled decay (µP's
+    ``lr / m`` for hidden matrices, :func:`jaxpt.model.parametrization.lr_multipliers`); None adds nothing, so
+    the optimizer and its state are exactly the plain AdamW ones.
     """
     schedule = learning_rate_schedule(cfg, total_steps)
     tx = optax.adamw(schedule, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay,
                      mask=weight_decay_mask(params, cfg.decay_embeddings))
+    if lr_multipliers is not None:
+        tx = optax.chain(tx, scale_by_tree(lr_multipliers))
     if cfg.grad_clip_norm > 0:
         tx = optax.chain(optax.clip_by_global_norm(cfg.grad_clip_norm), tx)
     return tx
+
+
+def scale_by_tree(multipliers: Any) -> optax.GradientTransformation:
+    """Multiply each update leaf by its float in ``multipliers`` (a params-shaped tree; stateless: its state is
+    ``optax.EmptyState``). The product is taken in the update's dtype."""
+    def scale(updates, params=None):
+        del params
+        return jax.tree.map(lambda u, m: u if m == 1.0 else u * jnp.asarray(m, u.dtype), updates, multipliers)
+    return optax.stateless(scale)
