@@ -158,6 +158,9 @@ def test_coordinate_check_flat_under_mup_and_growing_under_sp():
     the blocks' and the logits' RMS grow more than 4x (measured 8x for the logits and over 100x for the blocks:
     Adam moves each weight by about lr whatever the width, and a width-D dot product sums D such moves)."""
     rms = {kind: {w: _activation_rms(*_trained(w, kind)) for w in WIDTHS} for kind in ("sp", "mup")}
+    for kind in rms:   # the table of docs/results/mup.md (pytest -s shows it)
+        for w in WIDTHS:
+            print(kind, w, " ".join(f"{layer} {v:.3f}" for layer, v in rms[kind][w].items()))
     for layer in rms["mup"][64]:
         ratio = rms["mup"][512][layer] / rms["mup"][64][layer]
         assert 0.5 < ratio < 2, (layer, [rms["mup"][w][layer] for w in WIDTHS])
