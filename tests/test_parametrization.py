@@ -173,3 +173,49 @@ def _trained(width, kind):
     cfg = _model(width, kind)
     spec, state, _ = _train(cfg, 4, mesh_spec="data=8")
     return spec, state.params, cfg
+
+
+def _run_cfg(prepared, workdir, steps, **model):
+    from conftest import tiny_bindings
+    over = {"CheckpointConfig.enabled": "True", "CheckpointConfig.save_every_steps": "2",
+            "CheckpointConfig.async_save": "False", **{f"ModelConfig.{k}": repr(v) for k, v in model.items()}}
+    return C.parse(["configs/quickstart.gin"], tiny_bindings(prepared, workdir, **over), steps=steps, mesh="data=8")
+
+
+@pytest.mark.slow
+def test_a_checkpoint_continues_only_under_its_parametrization(prepared_sample, tmp_path):
+    """A run saved under µP (d_model 64, base 32: m = 2) refuses to resume under SP, in the dry run as in the run,
+    naming both keys and both sides, before any array is read; resuming under the same µP works. A run saved under
+    SP resumes under µP at its base width (m = 1: the same function, and the same optimizer state structure)."""
+    from jaxpt import train
+    from jaxpt.run import session
+    from jaxpt.util.errors import CheckpointError
+    work = tmp_path / "mup"
+    session.run_training(_run_cfg(prepared_sample, work, 2, parametrization="mup", mup_base_d_model=32))
+    with pytest.raises(CheckpointError, match=r"trained under µP \(base width 32, m = 2\), this run sets SP .*"
+                                              r"keep ModelConfig.parametrization = 'mup' and "
+                                              r"ModelConfig.mup_base_d_model = 32"):
+        session.run_training(_run_cfg(prepared_sample, work, 4))
+    assert sorted(p.name for p in (work / "checkpoints").iterdir() if p.name.isdigit()) == ["2"]
+    with pytest.raises(CheckpointError, match="parametrization"):
+        train.dry_run(_run_cfg(prepared_sample, work, 4))
+    plan = train.dry_run(_run_cfg(prepared_sample, work, 4, parametrization="mup", mup_base_d_model=32))
+    assert "µP (base width 32, m = 2)" in plan
+    session.run_training(_run_cfg(prepared_sample, work, 4, parametrization="mup", mup_base_d_model=32))
+    assert (work / "checkpoints" / "4").is_dir()
+    sp_work = tmp_path / "sp"
+    session.run_training(_run_cfg(prepared_sample, sp_work, 2))
+    session.run_training(_run_cfg(prepared_sample, sp_work, 4, parametrization="mup", mup_base_d_model=64))
+    assert (sp_work / "checkpoints" / "4").is_dir()
+
+
+def test_a_base_width_under_sp_is_refused_and_tied_mup_is_noted():
+    with pytest.raises(ConfigError, match="ModelConfig.mup_base_d_model = 128: is set but "
+                                          "ModelConfig.parametrization = 'sp' ignores it"):
+        ModelConfig(mup_base_d_model=128)
+    with pytest.raises(ConfigError, match="ModelConfig.mup_base_d_model = -1: must be set"):
+        ModelConfig(parametrization="mup", mup_base_d_model=-1)
+    tied = ModelConfig(d_model=128, parametrization="mup", mup_base_d_model=64, tie_embeddings=True)
+    assert "cannot be exported to Hugging Face" in parametrization.notes(tied)[0]
+    assert parametrization.notes(dataclasses.replace(tied, tie_embeddings=False)) == []
+    assert parametrization.notes(dataclasses.replace(tied, mup_base_d_model=128)) == []   # m = 1

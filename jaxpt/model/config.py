@@ -65,7 +65,7 @@ class ModelConfig:
         :mod:`jaxpt.model.parametrization`). Under µP a learning rate tuned at the base width transfers to wider
         models. Changes no parameter's shape; changes the init, the updates and the logits.
       mup_base_d_model: the base width µP's multipliers are relative to (the width the learning rate was tuned
-        at); required (> 0) with ``parametrization = 'mup'``, unused with ``sp``.
+        at); required (> 0) with ``parametrization = 'mup'``, refused with ``sp`` (0 there).
       scan_layers: stack blocks and run them with ``nnx.scan`` (one compiled block: faster compile).
       remat_policy: activation checkpointing: ``none``, ``full`` (save nothing), ``dots`` (save matmul
         outputs), ``dots_no_batch`` (save matmuls without batch dims, i.e. weight matmuls),
@@ -204,11 +204,14 @@ class ModelConfig:
         self._check_rope_scaling()
         if self.mlp == "moe":
             self._check_moe()
-        require(self, "mup_base_d_model", self.mup_base_d_model >= 0, "must be >= 0 (unused with 'sp')")
         if self.parametrization == "mup":
             require(self, "mup_base_d_model", self.mup_base_d_model > 0,
                     "must be set (> 0: the width the learning rate was tuned at) with "
                     "ModelConfig.parametrization = 'mup'")
+        else:
+            require(self, "mup_base_d_model", self.mup_base_d_model == 0,
+                    f"is set but ModelConfig.parametrization = {self.parametrization!r} ignores it: set "
+                    "ModelConfig.parametrization = 'mup', or leave mup_base_d_model at 0")
             require(self, "parametrization", self.mlp != "moe",
                     "'mup' is not available for ModelConfig.mlp = 'moe' (the router is a readout jaxpt's µP "
                     "does not scale); use 'sp'")

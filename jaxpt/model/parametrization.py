@@ -56,6 +56,28 @@ def output_multiplier(cfg: ModelConfig) -> float:
     return 1.0 / width_multiplier(cfg)
 
 
+def describe(cfg: ModelConfig) -> str:
+    """One line for logs and the dry run: ``'SP'`` or ``'µP (base width 128, m = 2)'``."""
+    if cfg.parametrization != "mup":
+        return "SP"
+    return f"µP (base width {cfg.mup_base_d_model}, m = {width_multiplier(cfg):g})"
+
+
+def notes(cfg: ModelConfig) -> list[str]:
+    """What a user should know before training under this parametrization (logged at start, shown by the dry run):
+    a tied µP model cannot be exported to Hugging Face (its ``1 / m`` has no ``lm_head`` to go into)."""
+    if cfg.parametrization == "mup" and cfg.tie_embeddings and width_multiplier(cfg) != 1.0:
+        return [f"ModelConfig.tie_embeddings = True under {describe(cfg)}: the model trains, but cannot be exported to "
+                "Hugging Face (the logits' 1/m multiplier has no separate lm_head to be folded into)"]
+    return []
+
+
+def same_function(saved: ModelConfig, current: ModelConfig) -> bool:
+    """Whether the same weights compute the same logits and take the same updates under both configs: the same
+    width multiplier (SP is ``m = 1``), so µP at its base width and SP count as the same."""
+    return width_multiplier(saved) == width_multiplier(current)
+
+
 def _names(path) -> tuple[str, ...]:
     return tuple(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", "")))) for k in path)
 

@@ -55,6 +55,7 @@ import optax
 from jaxpt import config as config_lib, mesh as mesh_lib
 from jaxpt.checkpoint import CheckpointConfig, Checkpointer, library_versions
 from jaxpt.config import TrainConfig
+from jaxpt.model import parametrization
 from jaxpt.model.compat import compare_params, config_from_record
 from jaxpt.model.decoder import count_params
 from jaxpt.training.optim import check_schedule
@@ -185,13 +186,14 @@ def admit(candidate: Checkpoint, cfg: TrainConfig, tokenizer, *, resume: bool) -
 
     In order: the step relation (a resume cannot go back, ``TrainConfig.steps >= step``; a stage must train past
     its parent, ``steps > step``); settings unknown to this version (:func:`jaxpt.config.check_saved_config`); the
-    params (:func:`check_compatible`); the tokenizer (the sha256 the checkpoint records must be this run's; a
+    params (:func:`check_compatible`); the parametrization (:func:`_check_parametrization`); the tokenizer (the sha256 the checkpoint records must be this run's; a
     converted model without a recorded tokenizer is refused, since its token ids cannot be checked); for a resume,
     the data layout (logical data shards and the batch-size ramp must stay fixed).
 
     Raises:
       ConfigError: the step relation, or a converted model without a tokenizer (exit 2).
-      CheckpointError: unknown numerics-changing settings, another model, tokenizer or data layout (exit 3).
+      CheckpointError: unknown numerics-changing settings, another model, parametrization (another width
+        multiplier: :func:`_check_parametrization`), tokenizer or data layout (exit 3).
     """
     meta, where = candidate.meta, candidate.where
     if resume and cfg.steps < candidate.step:
@@ -204,6 +206,7 @@ def admit(candidate: Checkpoint, cfg: TrainConfig, tokenizer, *, resume: bool) -
     notes = [f"ignored saved setting {s}" for s in config_lib.check_saved_config(meta, where)]
     _check_recorded_model(candidate)
     check_compatible(meta, cfg.model, where)
+    _check_parametrization(meta, cfg.model, where)
     _check_tokenizer(meta, cfg, tokenizer, where)
     if resume:
         shards = meta.get("data_shards")
@@ -232,6 +235,29 @@ def _check_recorded_model(candidate: Checkpoint) -> None:
     if recorded != candidate.stored_params:
         raise CheckpointError(f"{candidate.where}: its metadata records a model of {recorded:,} parameters, its arrays "
                               f"hold {candidate.stored_params:,}: the metadata does not describe this checkpoint")
+
+
+def _check_parametrization(meta: dict, model_cfg, where: str) -> None:
+    """The weights of a checkpoint continue only under the parametrization they were trained in: another width
+    multiplier (:func:`jaxpt.model.parametrization.same_function`) multiplies the logits and the hidden matrices'
+    learning rate by something else, so the run would continue from another model than the one saved. (µP at its
+    base width is SP exactly and may take its place.)
+
+    Raises:
+      CheckpointError: naming ``ModelConfig.parametrization`` and ``ModelConfig.mup_base_d_model``, both sides.
+    """
+    saved = meta.get("model")
+    if not saved:
+        return
+    saved_cfg = config_from_record(saved)
+    if parametrization.same_function(saved_cfg, model_cfg):
+        return
+    raise CheckpointError(
+        f"{where} was trained under {parametrization.describe(saved_cfg)}, this run sets "
+        f"{parametrization.describe(model_cfg)} (ModelConfig.parametrization = {model_cfg.parametrization!r}, "
+        f"ModelConfig.mup_base_d_model = {model_cfg.mup_base_d_model}): the same weights would compute other logits "
+        f"and take other updates; keep ModelConfig.parametrization = {saved_cfg.parametrization!r} and "
+        f"ModelConfig.mup_base_d_model = {saved_cfg.mup_base_d_model}")
 
 
 def _check_tokenizer(meta: dict, cfg: TrainConfig, tokenizer, where: str) -> None:

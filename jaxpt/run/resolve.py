@@ -32,6 +32,7 @@ from jaxpt.config import TrainConfig
 from jaxpt.data import boundary, corpus, documents, mixture, stream
 from jaxpt.data.tokenizer import Tokenizer
 from jaxpt.eval import inloop
+from jaxpt.model import parametrization
 from jaxpt.model.decoder import count_params
 from jaxpt.run import compile_cache
 from jaxpt.run import lineage as lineage_lib
@@ -137,6 +138,10 @@ def resolve(cfg: TrainConfig, devices: Sequence[Any] | None = None) -> Resolved:
     docs = inloop.load_heldout(cfg)  # a missing or malformed held-out set fails now, not after the last step
     tokenizer = load_tokenizer(cfg)
     cfg = resolve_vocab(cfg, tokenizer)
+    if cfg.model.parametrization != "sp":
+        log.info("parametrization: %s", parametrization.describe(cfg.model))
+    for note in parametrization.notes(cfg.model):
+        log.warning("%s", note)
     hset = inloop.heldout_set(cfg, docs, tokenizer)
     cfg, lineage = lineage_lib.trace(cfg, tokenizer)
     for note in lineage.notes:
@@ -288,6 +293,7 @@ def plan(r: Resolved, devices: Sequence[Any] | None = None, device_bytes: int | 
     return {"workdir": fs.absolute(c.workdir), "mesh": mesh_lib.format_mesh(r.sizes),
             "devices": {"count": len(devices), "kind": devices[0].device_kind},
             "params": count_params(c.model)["total"], "vocab_size": c.model.vocab_size,
+            "parametrization": parametrization.describe(c.model),
             "memory_per_device": mem.as_dict(), "tokens_per_step": tokens_per_step,
             "resume_step": start, "target_steps": c.steps, "steps_to_train": c.steps - start,
             "tokens_to_train": (ramp.rows_through(c.steps) - ramp.rows_through(start)) * c.seq_len,
@@ -295,7 +301,8 @@ def plan(r: Resolved, devices: Sequence[Any] | None = None, device_bytes: int | 
             **({"stage_data": f"{r.data_start.choice} ({r.data_start.note})"} if r.data_start is not None else {}),
             "heldout_tokens": int(sum(w.num_scored for w in r.heldout_set.windows)),
             "data_source": c.data.corpus_dir if c.data.source == "corpus" else c.data.train_path,
-            "tokenizer_sha256": r.tokenizer.sha256, "notes": [*r.notes, *_vocab_notes(c, r.tokenizer), *notes]}
+            "tokenizer_sha256": r.tokenizer.sha256, "notes": [*r.notes, *_vocab_notes(c, r.tokenizer),
+                                                          *parametrization.notes(c.model), *notes]}
 
 
 #: Model vocabulary rows past the tokenizer's pieces that pass as padding (a table rounded up for sharding).
@@ -319,7 +326,7 @@ def format_plan(p: dict[str, Any]) -> str:
     fits = {None: "device memory unknown", True: "fits", False: "DOES NOT FIT"}[mem["fits"]]
     lines = [f"dry run: every check passed; nothing compiled, nothing written ({p['workdir']})",
              f"  mesh {p['mesh']} over {p['devices']['count']} x {p['devices']['kind']}",
-             f"  params {p['params']:,} (vocabulary {p['vocab_size']:,})",
+             f"  params {p['params']:,} (vocabulary {p['vocab_size']:,}; {p['parametrization']})",
              f"  memory per device (estimate, a floor): {mem['total'] / 2 ** 30:.3f} GiB ({fits})",
              f"  tokens per step {p['tokens_per_step']:,}; steps {p['resume_step']} -> {p['target_steps']} "
              f"({p['steps_to_train']:,} steps, {p['tokens_to_train']:,} tokens)",

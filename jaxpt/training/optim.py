@@ -180,16 +180,18 @@ def make_optimizer(cfg: OptimizerConfig, total_steps: int, params: Any,
     tx = optax.adamw(schedule, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay,
                      mask=weight_decay_mask(params, cfg.decay_embeddings))
     if lr_multipliers is not None:
-        tx = optax.chain(tx, scale_by_tree(lr_multipliers))
+        tx = scale_updates(tx, lr_multipliers)
     if cfg.grad_clip_norm > 0:
         tx = optax.chain(optax.clip_by_global_norm(cfg.grad_clip_norm), tx)
     return tx
 
 
-def scale_by_tree(multipliers: Any) -> optax.GradientTransformation:
-    """Multiply each update leaf by its float in ``multipliers`` (a params-shaped tree; stateless: its state is
-    ``optax.EmptyState``). The product is taken in the update's dtype."""
-    def scale(updates, params=None):
-        del params
-        return jax.tree.map(lambda u, m: u if m == 1.0 else u * jnp.asarray(m, u.dtype), updates, multipliers)
-    return optax.stateless(scale)
+def scale_updates(tx: optax.GradientTransformation, multipliers: Any) -> optax.GradientTransformation:
+    """``tx`` whose every update leaf is multiplied by its float in ``multipliers`` (a params-shaped tree), in the
+    update's dtype. The state is ``tx``'s own, unchanged in structure, so a checkpoint's optimizer state restores
+    whether or not the multipliers are there (µP at its base width and SP hold the same state)."""
+    def update(updates, state, params=None):
+        updates, state = tx.update(updates, state, params)
+        scaled = jax.tree.map(lambda u, m: u if m == 1.0 else u * jnp.asarray(m, u.dtype), updates, multipliers)
+        return scaled, state
+    return optax.GradientTransformation(tx.init, update)
