@@ -112,3 +112,18 @@ def test_in_step_micro_grad_sq_matches_independent_grads():
     _, fn1, put1 = make_step(StabilityConfig(), grad_accum=1)
     _, m1 = fn1(S.init_state(spec, CFG, 0), put1(batch))
     assert not set(noise_scale.STEP_KEYS) & set(m1)
+
+
+@pytest.mark.slow
+def test_run_logs_grad_noise_scale_only_with_accumulation(prepared_sample, tmp_path):
+    """A 6-step run with grad_accum_steps 2 logs gns/* every step and grad_noise_scale (tokens, positive, finite:
+    early in training |G|^2 is far above the noise) once the averages exist; with 1 the records hold neither."""
+    from test_stability import run_with
+    from jaxpt.run import monitor
+    run_with(prepared_sample, tmp_path / "a2", 6, **{"TrainConfig.grad_accum_steps": "2"})
+    records = [r for r in monitor.read_metrics(str(tmp_path / "a2")) if "loss" in r and "event" not in r]
+    assert len(records) == 6 and all(set(noise_scale.STEP_KEYS) <= set(r) for r in records)
+    assert all(0 < r["grad_noise_scale"] < 1e9 for r in records), [r.get("grad_noise_scale") for r in records]
+    run_with(prepared_sample, tmp_path / "a1", 2)
+    plain = [r for r in monitor.read_metrics(str(tmp_path / "a1")) if "loss" in r and "event" not in r]
+    assert plain and not any({"grad_noise_scale", *noise_scale.STEP_KEYS} & set(r) for r in plain)
