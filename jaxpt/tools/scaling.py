@@ -481,7 +481,7 @@ def build_parser() -> argparse.ArgumentParser:
     ru.add_argument("--tolerance", type=float, default=rules_lib.DEFAULT_TOLERANCE,
                     help="near-optimal: held-out loss within this relative margin of the budget's best (default "
                          "0.0025, DeepSeek's 0.25%%)")
-    cli.add_flag(ru, "--output", "--out", help="rules JSON file (default: rules.json beside the first RUNS)")
+    ru.add_argument("--output", help="rules JSON file (default: rules.json beside the first RUNS)")
     return p
 
 
