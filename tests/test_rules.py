@@ -104,6 +104,16 @@ def test_rules_cli_and_plan_recommendation(tmp_path, capsys):
     assert "EXTRAPOLATION: 1e+21 FLOPs is 100x above the fitted range" in capsys.readouterr().out
 
 
+def test_a_batch_under_one_row_is_flagged():
+    """A rule extrapolated to a batch of less than one row says it is not usable (here: a falling batch rule)."""
+    fitted = {"rules": {"peak_learning_rate": {"a": 0.01, "b": 0.0}, "batch_tokens": {"c": 1e9, "d": -0.5}},
+              "compute_range_flops": [1e11, 1e12]}
+    rec = rules.recommend(fitted, 1e20, seq_len=128)
+    assert rec["batch_tokens"] == pytest.approx(0.1) and rec["extrapolation"]
+    assert "WARNING: the batch rule gives less than one row of 128 tokens here" in rules.format_recommendation(rec)
+    assert rules.recommend(fitted, 1e12, seq_len=128)["warnings"] == []
+
+
 def test_plan_names_a_bad_rules_file(tmp_path, capsys):
     assert plan.main(["--flops", "1e21", "--rules", str(tmp_path / "nope.json")]) == 2
     assert "no such rules file" in capsys.readouterr().err

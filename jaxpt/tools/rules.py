@@ -167,7 +167,8 @@ def recommend(rules: dict[str, Any], flops: float, seq_len: int | None = None) -
     """The rules' peak learning rate and global batch (tokens; rows too when ``seq_len`` is given) at ``flops``.
 
     Returns: ``{"flops", "peak_learning_rate", "batch_tokens", ["batch_rows"], "compute_range_flops",
-      "extrapolation": bool, "heldout_rms_log_error"}``; ``extrapolation`` when ``flops`` is outside the fitted range.
+      "extrapolation": bool, "heldout_rms_log_error", "warnings": [str]}``; ``extrapolation`` when ``flops`` is
+      outside the fitted range; a warning when the batch is under one row (a rule extrapolated out of meaning).
     Raises:
       ValueError: ``flops`` not positive.
     """
@@ -178,8 +179,11 @@ def recommend(rules: dict[str, Any], flops: float, seq_len: int | None = None) -
     out = {"flops": flops, "peak_learning_rate": r["peak_learning_rate"]["a"] * flops ** r["peak_learning_rate"]["b"],
            "batch_tokens": r["batch_tokens"]["c"] * flops ** r["batch_tokens"]["d"], "compute_range_flops": [lo, hi],
            "extrapolation": not lo <= flops <= hi, "heldout_rms_log_error": rules.get("heldout_rms_log_error")}
+    out["warnings"] = []
     if seq_len:
         out["batch_rows"] = out["batch_tokens"] / seq_len
+        if out["batch_rows"] < 1:
+            out["warnings"].append(f"the batch rule gives less than one row of {seq_len} tokens here: not usable")
     return out
 
 
@@ -192,8 +196,9 @@ def format_recommendation(rec: dict[str, Any]) -> str:
     rms = rec.get("heldout_rms_log_error")
     quality = (f"; held-out RMS log error: lr {rms['peak_learning_rate']:.2f}, batch {rms['batch_tokens']:.2f}"
                if rms else "; no held-out check (fewer than 3 budgets)")
+    warn = "".join(f"; WARNING: {w}" for w in rec.get("warnings", ()))
     return (f"lr/batch rules (DeepSeek-AI 2024 sec. 3.1, fitted grid): peak learning rate {rec['peak_learning_rate']:.3g}, "
-            f"global batch {rec['batch_tokens']:.4g} tokens{rows}; {where}{quality}")
+            f"global batch {rec['batch_tokens']:.4g} tokens{rows}; {where}{quality}{warn}")
 
 
 def _factor(flops: float, lo: float, hi: float) -> str:
