@@ -21,6 +21,7 @@ from jaxpt.model import attention_auto
 from jaxpt.run import hooks as hooks_lib, monitor
 from jaxpt.run.preemption import Preemption
 from jaxpt.training import state as state_lib
+from jaxpt.training.noise_scale import NoiseScaleSmoother
 from jaxpt.training.stability import DivergenceMonitor
 from jaxpt.util import progress as progress_lib
 
@@ -56,6 +57,7 @@ class LoopContext:
         self.bar = progress_for(run.cfg, start)
         self.last: dict[str, Any] = {}
         self.losses = monitor.LossSeries()  # loss / loss_mean / skipped_loss, and the final report's mean of 20
+        self.noise_scale = NoiseScaleSmoother()  # grad_noise_scale, from every step's gns/* (grad accumulation)
         self._clock0 = time.perf_counter() - train_time_s  # train_time_s: through the restored step
         self.goodput = goodput if goodput is not None else monitor.Goodput()
         self.host_times = monitor.HostTimes()

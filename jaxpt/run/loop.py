@@ -103,7 +103,8 @@ def _stop_for_preemption(ctx: LoopContext, pending: _Pending, step: int) -> None
 def _report(ctx: LoopContext, p: _Pending) -> tuple[int, str] | None:
     """Read one step's metrics (blocks until that step is done), run the hooks, and write the record every
     ``log_every`` steps (and at step 1, the last step, a rollback, or when a hook asks), with the interval's
-    mean loss (:class:`jaxpt.run.monitor.LossSeries`), tokens seen and training time so far.
+    mean loss (:class:`jaxpt.run.monitor.LossSeries`), the smoothed gradient noise scale with accumulation
+    (:class:`jaxpt.training.noise_scale.NoiseScaleSmoother`), tokens seen and training time so far.
     Returns ``(step, reason)`` when the run must roll back."""
     run, cfg = ctx.run, ctx.run.cfg
     t0 = time.perf_counter()
@@ -119,9 +120,10 @@ def _report(ctx: LoopContext, p: _Pending) -> tuple[int, str] | None:
     for h in ctx.hooks:
         h.on_reported(ctx, report)
     ctx.losses.observe(report.record)
+    ctx.noise_scale.observe(report.record)
     if p.step % cfg.log_every == 0 or p.step == cfg.steps or p.step == 1 or reason or report.write:
         record = report.record
-        record.update(ctx.losses.pop_interval())
+        record.update(ctx.losses.pop_interval(), **ctx.noise_scale.record())
         step_time = ctx.timer.pop_mean()
         if step_time is not None:
             record.update(run.throughput.figures(
@@ -159,6 +161,7 @@ def rollback(ctx: LoopContext, step: int, reason: str) -> int:
     ctx.goodput.rewound(step)
     ctx.writer.rewind(restored_step)  # the records of the discarded steps are superseded: one value per step
     ctx.losses.reset()
+    ctx.noise_scale.reset()
     for h in ctx.hooks:
         h.on_rewind(ctx, restored_step)
     ctx.event({"step": step, "event": "rollback", "reason": reason, "restored_step": restored_step,

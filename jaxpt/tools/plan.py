@@ -32,6 +32,11 @@ Three questions, three parts of this module:
    by the mesh axes its logical axes are sharded over (the same rules :mod:`jaxpt.mesh` applies), and
    compares the total with the device's memory.
 
+   With ``--rules FILE`` (fitted by ``python -m jaxpt.tools.scaling rules`` on a learning-rate x batch-size x compute
+   grid, :mod:`jaxpt.tools.rules`; DeepSeek-AI 2024, sec. 3.1), it also prints the rules' peak learning rate and
+   global batch (tokens; rows with ``--config``) at the planned compute, the compute range they were fitted on, and
+   whether the plan is an extrapolation beyond it.
+
 3. Layout throughput is measured, not estimated: see :mod:`jaxpt.tools.sweep`.
 
 4. **How often to checkpoint?** From the job's mean time between failures ``M`` (``--mtbf-hours``) and the
@@ -70,6 +75,7 @@ from jaxpt.model.decoder import count_params
 from jaxpt.model.moe import expert_capacity
 from jaxpt.run.resolve import resolve_vocab as resolve
 from jaxpt.run.validate import validate
+from jaxpt.tools import rules as rules_lib
 from jaxpt.training import flops as flops_lib
 from jaxpt.training.memory import DTYPE_BYTES, estimate_memory
 from jaxpt.util.errors import report_cli_error
@@ -454,7 +460,7 @@ def plan_config(cfg, sizes: Mapping[str, int], hw: Slice | None, tokens: float |
     mem = estimate_memory(cfg, sizes, hw.accelerator.memory_bytes if hw else None)
     return {**base, "tokens": d, "flops": fpt * d, "flops_method": "flops_per_token (6 N_matmul + attention)",
             "flops_6nd": 6.0 * n * d, "param_counts": counts, "flops_per_token": fpt,
-            "configured_tokens": cfg.steps * cfg.global_batch_size * cfg.seq_len,
+            "configured_tokens": cfg.steps * cfg.global_batch_size * cfg.seq_len, "seq_len": cfg.seq_len,
             "mesh": mesh_lib.format_mesh(sizes), "memory": mem.as_dict(), "remat_policy": m.remat_policy,
             "all_to_all": all_to_all_estimate(cfg, sizes, hw, mfu)}
 
@@ -517,6 +523,8 @@ def format_plan(plan: dict[str, Any]) -> str:
                      f"{hw['peak_flops']:.3g} FLOP/s peak) at MFU {plan['mfu']:.2f}: {_duration(plan['days'])}")
     if "memory" in plan:
         lines.append(_format_memory(plan["memory"], plan["mesh"], plan["remat_policy"]))
+    if "lr_batch_rules" in plan:
+        lines.append(rules_lib.format_recommendation(plan["lr_batch_rules"]))
     return "\n".join(lines)
 
 
@@ -577,6 +585,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hardware", help=f"slice, e.g. v5p-256, v5e-64, h100-8 (kinds: {', '.join(sorted(ACCELERATORS))})")
     p.add_argument("--mfu", type=float, default=0.4, help="model FLOPs utilization for wall clock (default 0.4)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--rules", help="learning-rate/batch rules file (python -m jaxpt.tools.scaling rules): print the "
+                                   "recommended peak learning rate and global batch for the planned compute")
     ck = p.add_argument_group("checkpoint interval (Young 1974 / Daly 2006)")
     ck.add_argument("--mtbf-hours", type=float, help="mean time between failures of the whole job, hours")
     ck.add_argument("--save-seconds", type=float, help="seconds one checkpoint save blocks training")
@@ -619,7 +629,10 @@ def main(argv: list[str] | None = None) -> int:
         else:
             plan = config_plan(args, hw)
         plan = add_hardware(plan, hw, args.mfu)
-    except (ValueError, ConfigError) as e:
+        if args.rules:
+            plan["lr_batch_rules"] = rules_lib.recommend(rules_lib.load_rules(args.rules), plan["flops"],
+                                                         plan.get("seq_len"))
+    except (ValueError, ConfigError, FileNotFoundError) as e:
         return report_cli_error(str(e), args.json)
     if ckpt is not None:
         plan["checkpoint_interval"] = ckpt

@@ -2,6 +2,10 @@
 
     python -m jaxpt.tools.scaling run --grid configs/scaling/grid.gin            # -> runs/scaling/runs.jsonl
     python -m jaxpt.tools.scaling fit runs/scaling --predict-params 1e7 --predict-tokens 2e8
+    python -m jaxpt.tools.scaling rules runs/rules --output runs/rules/rules.json   # lr x batch x compute grid
+
+**rules** fits how the best peak learning rate and global batch size move with compute, from a grid with
+``ScalingGrid.learning_rates`` and ``batch_sizes`` (:mod:`jaxpt.tools.rules`; DeepSeek-AI 2024, sec. 3.1).
 
 **run** reads one gin file holding a base training config (the usual ``ModelConfig``/``TrainConfig``/...
 bindings) and a ``ScalingGrid`` (model-size overrides x token budgets, see :class:`ScalingGrid`). Each grid
@@ -42,7 +46,7 @@ from jaxpt.model.config import ModelConfig
 from jaxpt.model.decoder import count_params
 from jaxpt.run import session
 from jaxpt.run.validate import validate
-from jaxpt.tools import plan
+from jaxpt.tools import plan, rules as rules_lib
 from jaxpt.training import flops as flops_lib
 from jaxpt.util import cli, fs, jsonl
 
@@ -63,12 +67,19 @@ class ScalingGrid:
       output: directory for ``runs.jsonl`` and one workdir per run.
       warmup_fraction: warmup steps as a fraction of each run's steps (at least 1), so that every run's
         schedule has the same shape.
+      learning_rates: peak learning rates (``OptimizerConfig.peak_learning_rate``) to try at every
+        (model, tokens) budget; empty: the base config's only. With ``batch_sizes``, the grid of
+        learning rate x batch size x compute that :mod:`jaxpt.tools.rules` fits (DeepSeek-AI 2024, sec. 3.1).
+      batch_sizes: global batch sizes in rows (``TrainConfig.global_batch_size``) to try at every budget; empty:
+        the base config's only. Each run still trains on its budget's tokens: fewer steps for a larger batch.
     """
 
     models: tuple = ()
     tokens: tuple = ()
     output: str = "runs/scaling"
     warmup_fraction: float = 0.05
+    learning_rates: tuple = ()
+    batch_sizes: tuple = ()
 
 
 _GIN_GRID = gin.external_configurable(ScalingGrid, name="ScalingGrid", module="jaxpt")
@@ -80,10 +91,15 @@ _GIN_GRID = gin.external_configurable(ScalingGrid, name="ScalingGrid", module="j
 
 @dataclasses.dataclass(frozen=True)
 class GridPoint:
+    """One run of the grid: ``tokens`` trained (``steps x batch x seq_len``), ``budget`` the name of its
+    (model, requested tokens) compute budget, ``budget_tokens`` the tokens requested."""
+
     name: str
     model_overrides: dict
     tokens: int
     bindings: tuple[str, ...]
+    budget: str = ""
+    budget_tokens: int = 0
 
 
 def load_grid(grid_path: str, bindings: Sequence[str] = ()) -> tuple[ScalingGrid, config_lib.TrainConfig]:
@@ -104,27 +120,49 @@ def load_grid(grid_path: str, bindings: Sequence[str] = ()) -> tuple[ScalingGrid
         unknown = sorted(set(m) - fields)
         if unknown:
             raise ConfigError(f"{grid_path}: ScalingGrid.models[{i}] has unknown ModelConfig field(s) {unknown}")
-    for t in grid.tokens:
-        if not (isinstance(t, (int, float)) and t > 0):
-            raise ConfigError(f"{grid_path}: ScalingGrid.tokens entry {t!r} must be a positive number")
+    for key, values, kind in (("tokens", grid.tokens, (int, float)), ("learning_rates", grid.learning_rates,
+                                                                          (int, float)),
+                              ("batch_sizes", grid.batch_sizes, int)):
+        for v in values:
+            if isinstance(v, bool) or not (isinstance(v, kind) and v > 0):
+                raise ConfigError(f"{grid_path}: ScalingGrid.{key} entry {v!r} must be a positive "
+                                  f"{'integer' if kind is int else 'number'}")
     return grid, base
 
 
 def grid_points(grid: ScalingGrid, base: config_lib.TrainConfig) -> list[GridPoint]:
-    """Every (model, tokens) pair with the gin bindings that make its run."""
-    tokens_per_step = base.global_batch_size * base.seq_len
+    """Every (model, tokens[, learning rate, batch size]) combination with the gin bindings that make its run.
+
+    Names of a grid without ``learning_rates``/``batch_sizes`` are as before (a grid resumes by name); with them,
+    ``_lr<rate>`` and ``_bs<rows>`` are appended.
+    """
     points = []
+    lrs = grid.learning_rates or (None,)
+    batches = grid.batch_sizes or (None,)
     for m in grid.models:
         tag = "_".join(f"{k}{v}" for k, v in sorted(m.items()))
         for t in grid.tokens:
-            steps = max(1, math.ceil(t / tokens_per_step))
-            name = f"{tag}_tokens{steps * tokens_per_step}"
-            b = [f"ModelConfig.{k} = {v!r}" for k, v in m.items()]
-            b += [f"TrainConfig.steps = {steps}", f"TrainConfig.workdir = {fs.join(grid.output, name)!r}",
-                  f"OptimizerConfig.warmup_steps = {max(1, round(grid.warmup_fraction * steps))}",
-                  "OptimizerConfig.decay_steps = 0", "TrainConfig.progress_bar = False"]
-            points.append(GridPoint(name, dict(m), steps * tokens_per_step, tuple(b)))
+            for lr in lrs:
+                for bs in batches:
+                    points.append(_grid_point(grid, base, m, tag, t, lr, bs))
     return points
+
+
+def _grid_point(grid: ScalingGrid, base, model: dict, tag: str, tokens, lr, batch) -> GridPoint:
+    tokens_per_step = (batch or base.global_batch_size) * base.seq_len
+    steps = max(1, math.ceil(tokens / tokens_per_step))
+    budget = f"{tag}_tokens{int(tokens)}"
+    name = f"{tag}_tokens{steps * tokens_per_step}"
+    name += (f"_lr{lr:g}" if lr is not None else "") + (f"_bs{batch}" if batch is not None else "")
+    b = [f"ModelConfig.{k} = {v!r}" for k, v in model.items()]
+    b += [f"TrainConfig.steps = {steps}", f"TrainConfig.workdir = {fs.join(grid.output, name)!r}",
+          f"OptimizerConfig.warmup_steps = {max(1, round(grid.warmup_fraction * steps))}",
+          "OptimizerConfig.decay_steps = 0", "TrainConfig.progress_bar = False"]
+    if lr is not None:
+        b.append(f"OptimizerConfig.peak_learning_rate = {lr!r}")
+    if batch is not None:
+        b.append(f"TrainConfig.global_batch_size = {batch}")
+    return GridPoint(name, dict(model), steps * tokens_per_step, tuple(b), budget, int(tokens))
 
 
 def check_points(grid_path: str, points: Sequence[GridPoint], bindings: Sequence[str] = ()) -> None:
@@ -200,8 +238,11 @@ def run_grid(grid_path: str, bindings: Sequence[str] = (), compile_cache: bool =
         t0 = time.perf_counter()
         final = session.run_training(cfg)
         model = plan.resolve_vocab(cfg).model
+        fpt = flops_lib.flops_per_token(model, cfg.seq_len)
         record = {"name": pt.name, "model": pt.model_overrides, "params": counts, "tokens": pt.tokens,
-                  "steps": cfg.steps, "flops": flops_lib.flops_per_token(model, cfg.seq_len) * pt.tokens,
+                  "steps": cfg.steps, "flops": fpt * pt.tokens, "budget": pt.budget,
+                  "budget_flops": fpt * pt.budget_tokens, "peak_learning_rate": cfg.optimizer.peak_learning_rate,
+                  "global_batch_size": cfg.global_batch_size, "batch_tokens": cfg.global_batch_size * cfg.seq_len,
                   "heldout_loss": final["heldout_loss"], "heldout_tokens": final["heldout_tokens"],
                   "train_loss": final.get("train_loss"), "wall_s": time.perf_counter() - t0,
                   "workdir": cfg.workdir}
@@ -435,7 +476,22 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--gin", action="append", default=[], help="bindings for --predict-config")
     cli.add_flag(f, "--output", "--out", help="directory for fit.json and scaling_fit.png (default: the first RUNS "
                  "directory)")
+    ru = sub.add_parser("rules", help="fit learning-rate and batch-size rules to an lr x batch x compute grid")
+    ru.add_argument("runs", nargs="+", help="run directories (holding runs.jsonl) or runs.jsonl files")
+    ru.add_argument("--tolerance", type=float, default=rules_lib.DEFAULT_TOLERANCE,
+                    help="near-optimal: held-out loss within this relative margin of the budget's best (default "
+                         "0.0025, DeepSeek's 0.25%%)")
+    ru.add_argument("--output", help="rules JSON file (default: rules.json beside the first RUNS)")
     return p
+
+
+def rules_cmd(args) -> dict[str, Any]:
+    """``rules``: fit the lr/batch rules to the runs and write the rules file. Returns the result plus its path."""
+    result = rules_lib.fit_rules(read_runs(args.runs), args.tolerance)
+    first = args.runs[0]
+    out = args.output or fs.join(first if fs.isdir(first) else (fs.dirname(first) or "."), "rules.json")
+    fs.write_text_atomic(out, json.dumps(result, indent=1))
+    return {**result, "path": out}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -445,6 +501,10 @@ def main(argv: list[str] | None = None) -> int:
     # make basicConfig a no-op and leave INFO unprinted.
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s] %(message)s", force=True)
     try:
+        if args.cmd == "rules":
+            result = rules_cmd(args)
+            print(rules_lib.format_rules(result) + f"\nwrote {result['path']}")
+            return 0
         if args.cmd == "run":
             records = run_grid(args.grid, args.gin, compile_cache=not args.no_compile_cache)
             print(f"{len(records)} runs in the grid:")

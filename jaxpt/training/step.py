@@ -13,6 +13,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from jaxpt import mesh as mesh_lib
 from jaxpt.model.auxiliary import AuxSpec, BatchTotals, flatten_aux, merge_specs, reduce_aux, weighted_aux_loss
 from jaxpt.model.decoder import eval_routing
+from jaxpt.training import noise_scale
 from jaxpt.training.stability import decide_skip
 from jaxpt.training.state import StateSpec, TrainState
 
@@ -231,10 +232,24 @@ def loss_and_grads(params, graphdef, batch, z_loss_weight: float, grad_accum: in
     Raises:
       KeyError: the model returns an aux output it did not declare.
     """
+    aux, grads, _ = accumulate_grads(params, graphdef, batch, z_loss_weight, grad_accum, grad_shardings)
+    return aux, grads
+
+
+def accumulate_grads(params, graphdef, batch, z_loss_weight: float, grad_accum: int = 1, grad_shardings=None):
+    """:func:`loss_and_grads`, plus what the gradient noise scale needs (:mod:`jaxpt.training.noise_scale`).
+
+    Returns: ``(aux, grads, micro)``; ``micro`` is None when ``grad_accum == 1``, else float32 scalars
+    ``{"sq_norm": mean_i |G_i|^2, "inv_tokens": mean_i 1 / n_i}`` over the micro-batches, ``G_i`` micro-batch
+    i's own mean gradient over its ``n_i`` target tokens (its accumulated part times ``n_total / n_i``;
+    ``n_i`` is taken as at least 1). Cost: one squared norm of the gradients per micro-batch.
+    Raises:
+      KeyError: the model returns an aux output it did not declare.
+    """
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
     if grad_accum == 1:
         (_, aux), grads = grad_fn(params, graphdef, batch, z_loss_weight)
-        return aux, grads
+        return aux, grads, None
     _, weights = targets_and_weights(batch["tokens"], batch["segment_ids"])
     n_total = jnp.sum(weights)
     micro = split_microbatches(batch, grad_accum)
@@ -243,12 +258,28 @@ def loss_and_grads(params, graphdef, batch, z_loss_weight: float, grad_accum: in
     def body(g_acc, mb):
         mb = {k: mesh_lib.constrain(v, ("batch", "length")) for k, v in mb.items()}
         (_, aux), g = grad_fn(params, graphdef, mb, z_loss_weight, n_total, grad_accum, totals)
-        return _placed(jax.tree.map(jnp.add, g_acc, g), grad_shardings), aux
+        n_i = jnp.maximum(aux["num_target_tokens"], 1.0)
+        sq = sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in jax.tree.leaves(g))
+        noise = {"sq_norm": sq * jnp.square(n_total / n_i), "inv_tokens": 1.0 / n_i}
+        return _placed(jax.tree.map(jnp.add, g_acc, g), grad_shardings), (aux, noise)
 
     zeros = _placed(jax.tree.map(jnp.zeros_like, params), grad_shardings)
     # Aux values come out stacked [grad_accum, ...] and are folded in micro-batch order afterwards.
-    grads, per_microbatch = jax.lax.scan(body, zeros, micro)
-    return reduce_aux(aux_specs(graphdef, params), per_microbatch, over="microbatches"), grads
+    grads, (per_microbatch, noise) = jax.lax.scan(body, zeros, micro)
+    aux = reduce_aux(aux_specs(graphdef, params), per_microbatch, over="microbatches")
+    return aux, grads, {k: jnp.mean(v) for k, v in noise.items()}
+
+
+def noise_metrics(micro, grad_norm, num_target_tokens) -> dict[str, jax.Array]:
+    """Per-step noise-scale metrics (float32 scalars, :data:`jaxpt.training.noise_scale.STEP_KEYS`) from
+    :func:`accumulate_grads`'s ``micro``, the global gradient's norm (before clipping) and the global batch's
+    target tokens; ``{}`` without accumulation (``micro`` None: one batch size gives no estimate)."""
+    if micro is None:
+        return {}
+    big_sq = jnp.square(grad_norm.astype(jnp.float32))
+    grad_sq, trace = noise_scale.estimates(micro["sq_norm"], micro["inv_tokens"], big_sq,
+                                           jnp.maximum(num_target_tokens, 1.0))
+    return dict(zip(noise_scale.STEP_KEYS, (micro["sq_norm"], grad_sq, trace)))
 
 
 def _placed(tree, shardings):
@@ -293,7 +324,9 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], *, spec: StateSpe
     this update used, damping included), ``num_target_tokens``, ``max_logit``, the model's auxiliary outputs
     (``max_attention_logit`` where the attention implementation reports it; absent otherwise; an array output
     such as ``moe/expert_share`` [layers, experts] as one scalar per element, ``moe/expert_share/layer0/expert1``),
-    ``skipped``, ``nonfinite``, ``clipped``, ``clipped_fraction``, spike thresholds.
+    ``skipped``, ``nonfinite``, ``clipped``, ``clipped_fraction``, spike thresholds; with ``grad_accum >= 2``
+    the gradient noise scale's per-step estimates ``gns/micro_grad_sq``, ``gns/grad_sq``, ``gns/trace``
+    (:func:`noise_metrics`).
 
     With ``spec.opt_state_device_shardings`` set (optimizer state offloaded to ``pinned_host`` memory), the
     optimizer state is copied to device memory for the update and the new state back to host memory; the
@@ -305,7 +338,7 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], *, spec: StateSpe
     to the order of float sums.
     """
     zero = spec.update_shardings
-    aux, grads = loss_and_grads(state.params, spec.graphdef, batch, z_loss_weight, grad_accum, zero)
+    aux, grads, micro = accumulate_grads(state.params, spec.graphdef, batch, z_loss_weight, grad_accum, zero)
     grads = _placed(grads, zero)
     old_params = _placed(state.params, zero)  # a local slice: no communication
     grad_norm = optax.global_norm(grads)
@@ -325,7 +358,7 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], *, spec: StateSpe
     rng = keep(jax.random.key_data(jax.random.split(jax.random.wrap_key_data(state.rng))[0]), state.rng)
     # Non-scalar outputs (per-layer expert shares) leave as named scalars, so every writer sees floats.
     metrics = dict(flatten_aux(aux_specs(spec.graphdef, state.params), aux), **stab_metrics)
-    metrics["grad_norm"] = grad_norm
+    metrics.update({"grad_norm": grad_norm, **noise_metrics(micro, grad_norm, aux["num_target_tokens"])})
     metrics.update({f"grad_norm/{g}": v for g, v in group_norms(grads).items()})
     metrics["update_param_ratio"] = optax.global_norm(updates) / jnp.maximum(optax.global_norm(state.params), 1e-12)
     metrics["learning_rate"] = jnp.asarray(lr_schedule(state.num_updates), jnp.float32) * lr_scale

@@ -1,0 +1,222 @@
+"""Learning-rate and batch-size scaling rules fitted to a grid of runs (DeepSeek-AI 2024, "DeepSeek LLM", sec. 3.1).
+
+    python -m jaxpt.tools.scaling run --grid configs/scaling/rules.gin        # lr x batch x compute -> runs.jsonl
+    python -m jaxpt.tools.scaling rules runs/rules --output runs/rules/rules.json
+    python -m jaxpt.tools.plan --config ... --rules runs/rules/rules.json
+
+The grid (:class:`jaxpt.tools.scaling.ScalingGrid` with ``learning_rates`` and ``batch_sizes``) trains every
+(peak learning rate, global batch size) pair at several compute budgets, a budget being one (model, tokens) pair
+with compute ``C = flops_per_token x tokens`` in FLOPs (:func:`jaxpt.training.flops.flops_per_token`: 6 x matmul
+params + causal attention, the MFU convention the planner uses for a config). At each budget, the *near-optimal*
+runs are those whose held-out loss is within ``tolerance`` (relative; DeepSeek: 0.25%) of the budget's best; a
+least-squares line through the logs of all near-optimal points (``numpy.polyfit``) gives
+
+    eta_opt = a * C^b        (peak learning rate)
+    B_opt   = c * C^d        (global batch in tokens)
+
+Fit quality is measured on held-out grid points, leaving one compute budget out at a time: fit the rules on the
+other budgets, predict the held-out budget's best learning rate and batch size, and report the error
+``ln(predicted) - ln(best)`` (natural log; ``ln 2 = 0.69`` is a factor of two). With fewer than three budgets no
+budget can be held out, and the file says so. The rules hold for the optimizer, schedule, data and model family of
+the grid; outside the fitted compute range they are an extrapolation.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any, Sequence
+
+import numpy as np
+
+from jaxpt.util import fs
+
+#: DeepSeek-AI 2024 (sec. 3.1): "within 0.25% of the minimum generalization error".
+DEFAULT_TOLERANCE = 0.0025
+#: The rules file's keys for the two fitted quantities, their record keys in ``runs.jsonl`` and coefficient names.
+RULES = {"peak_learning_rate": ("peak_learning_rate", "a", "b"), "batch_tokens": ("batch_tokens", "c", "d")}
+FORMAT = "jaxpt.lr_batch_rules.v1"
+
+
+def budgets_from_runs(records: Sequence[dict[str, Any]], tolerance: float = DEFAULT_TOLERANCE) -> list[dict[str, Any]]:
+    """Group grid records by compute budget and find each budget's best and near-optimal runs.
+
+    Args:
+      records: ``runs.jsonl`` records of a learning-rate x batch-size grid (:func:`jaxpt.tools.scaling.run_grid`):
+        ``budget``, ``budget_flops`` (FLOPs), ``peak_learning_rate``, ``batch_tokens`` (tokens), ``heldout_loss``
+        (nats/token).
+      tolerance: relative loss margin of the near-optimal set (>= 0).
+    Returns: budgets sorted by FLOPs, each ``{"budget", "flops", "runs", "best": {peak_learning_rate, batch_tokens,
+      heldout_loss}, "near_optimal": [{peak_learning_rate, batch_tokens, heldout_loss}, ...]}``.
+    Raises:
+      ValueError: a record lacks a key (naming the run and key), a non-finite or non-positive value, tolerance < 0.
+    """
+    if not tolerance >= 0:
+        raise ValueError(f"--tolerance {tolerance}: must be >= 0")
+    keys = ("budget", "budget_flops", "peak_learning_rate", "batch_tokens", "heldout_loss")
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for r in records:
+        missing = [k for k in keys if k not in r]
+        if missing:
+            raise ValueError(f"run {r.get('name', '?')}: no {', '.join(missing)} (not a run of a learning-rate x "
+                             f"batch-size grid: ScalingGrid.learning_rates / batch_sizes)")
+        bad = [k for k in keys[1:] if not (isinstance(r[k], (int, float)) and math.isfinite(r[k]) and r[k] > 0)]
+        if bad:
+            raise ValueError(f"run {r.get('name', '?')}: {bad[0]} = {r[bad[0]]!r} is not a positive finite number")
+        groups.setdefault(r["budget"], []).append(r)
+    out = []
+    for name, runs in groups.items():
+        point = lambda r: {k: float(r[k]) for k in keys[2:]}  # noqa: E731
+        best = min(runs, key=lambda r: r["heldout_loss"])
+        near = [point(r) for r in runs if r["heldout_loss"] <= best["heldout_loss"] * (1 + tolerance)]
+        out.append({"budget": name, "flops": float(np.mean([r["budget_flops"] for r in runs])), "runs": len(runs),
+                    "best": point(best), "near_optimal": near})
+    return sorted(out, key=lambda b: b["flops"])
+
+
+def fit_power_law(flops: Sequence[float], values: Sequence[float]) -> tuple[float, float]:
+    """Least-squares ``ln y = ln k + e ln C`` (``numpy.polyfit``, degree 1). Returns ``(k, e)``: ``y = k C^e``.
+
+    Raises:
+      ValueError: fewer than 2 distinct ``C`` (the exponent is undetermined), or non-positive inputs.
+    """
+    x, y = np.log(np.asarray(flops, np.float64)), np.asarray(values, np.float64)
+    if len(np.unique(x)) < 2:
+        raise ValueError(f"rules: {len(np.unique(x))} distinct compute budget(s); a power law in C needs at least 2")
+    if not np.all(y > 0):
+        raise ValueError("rules: values must be positive")
+    e, log_k = np.polyfit(x, np.log(y), 1)
+    return float(math.exp(log_k)), float(e)
+
+
+def _fit(budgets: Sequence[dict[str, Any]]) -> dict[str, tuple[float, float]]:
+    """Both rules from the near-optimal points of ``budgets``: ``{key: (coefficient, exponent)}``."""
+    out = {}
+    for key, (field, _, _) in RULES.items():
+        pts = [(b["flops"], p[field]) for b in budgets for p in b["near_optimal"]]
+        out[key] = fit_power_law([c for c, _ in pts], [v for _, v in pts])
+    return out
+
+
+def leave_one_budget_out(budgets: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Held-out quality: for each budget, the rules fitted on the others predict its best learning rate and batch.
+
+    Returns: one entry per budget, ``{"budget", "flops", "<key>": {"predicted", "best", "log_error"}}`` for each
+    key of :data:`RULES` (``log_error = ln(predicted / best)``); ``[]`` with fewer than 3 budgets.
+    """
+    if len(budgets) < 3:
+        return []
+    out = []
+    for i, held in enumerate(budgets):
+        rules = _fit([b for j, b in enumerate(budgets) if j != i])
+        entry = {"budget": held["budget"], "flops": held["flops"]}
+        for key, (k, e) in rules.items():
+            pred, best = k * held["flops"] ** e, held["best"][RULES[key][0]]
+            entry[key] = {"predicted": pred, "best": best, "log_error": math.log(pred / best)}
+        out.append(entry)
+    return out
+
+
+def fit_rules(records: Sequence[dict[str, Any]], tolerance: float = DEFAULT_TOLERANCE) -> dict[str, Any]:
+    """The rules file's content: both power laws, the compute range fitted, per-budget optima and held-out quality.
+
+    Returns: JSON-able ``{"format", "rules": {"peak_learning_rate": {"a", "b"}, "batch_tokens": {"c", "d"}},
+      "compute_range_flops": [min, max], "tolerance", "budgets", "heldout", "heldout_rms_log_error"}``; the last is
+      ``{key: float}`` or None with fewer than 3 budgets.
+    Raises:
+      ValueError: as :func:`budgets_from_runs` and :func:`fit_power_law` (fewer than 2 budgets).
+    """
+    budgets = budgets_from_runs(records, tolerance)
+    fitted = _fit(budgets)
+    heldout = leave_one_budget_out(budgets)
+    rms = None
+    if heldout:
+        rms = {key: math.sqrt(np.mean([h[key]["log_error"] ** 2 for h in heldout])) for key in RULES}
+    rules = {key: {RULES[key][1]: k, RULES[key][2]: e} for key, (k, e) in fitted.items()}
+    return {"format": FORMAT, "rules": rules, "flops_convention": "flops_per_token x tokens (6 N_matmul + attention)",
+            "compute_range_flops": [budgets[0]["flops"], budgets[-1]["flops"]], "tolerance": tolerance,
+            "budgets": budgets, "heldout": heldout, "heldout_rms_log_error": rms}
+
+
+def load_rules(path: str) -> dict[str, Any]:
+    """Read a rules file written by ``python -m jaxpt.tools.scaling rules``.
+
+    Raises:
+      FileNotFoundError: no such file. ValueError: not JSON, another format, or a missing/non-numeric key (named).
+    """
+    if not fs.exists(path):
+        raise FileNotFoundError(f"{path}: no such rules file")
+    try:
+        rules = json.loads(fs.read_text(path))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not JSON ({e})") from None
+    if not isinstance(rules, dict) or rules.get("format") != FORMAT:
+        raise ValueError(f"{path}: not a rules file (format is not {FORMAT!r})")
+    for key, (_, k, e) in RULES.items():
+        for name in (k, e):
+            v = rules.get("rules", {}).get(key, {}).get(name)
+            if not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise ValueError(f"{path}: rules.{key}.{name} = {v!r} is not a finite number")
+    lo_hi = rules.get("compute_range_flops")
+    if not (isinstance(lo_hi, list) and len(lo_hi) == 2 and all(isinstance(v, (int, float)) for v in lo_hi)):
+        raise ValueError(f"{path}: compute_range_flops = {lo_hi!r} is not [min, max]")
+    return rules
+
+
+def recommend(rules: dict[str, Any], flops: float, seq_len: int | None = None) -> dict[str, Any]:
+    """The rules' peak learning rate and global batch (tokens; rows too when ``seq_len`` is given) at ``flops``.
+
+    Returns: ``{"flops", "peak_learning_rate", "batch_tokens", ["batch_rows"], "compute_range_flops",
+      "extrapolation": bool, "heldout_rms_log_error", "warnings": [str]}``; ``extrapolation`` when ``flops`` is
+      outside the fitted range; a warning when the batch is under one row (a rule extrapolated out of meaning).
+    Raises:
+      ValueError: ``flops`` not positive.
+    """
+    if not flops > 0:
+        raise ValueError(f"rules: compute {flops} FLOPs must be positive")
+    r = rules["rules"]
+    lo, hi = rules["compute_range_flops"]
+    out = {"flops": flops, "peak_learning_rate": r["peak_learning_rate"]["a"] * flops ** r["peak_learning_rate"]["b"],
+           "batch_tokens": r["batch_tokens"]["c"] * flops ** r["batch_tokens"]["d"], "compute_range_flops": [lo, hi],
+           "extrapolation": not lo <= flops <= hi, "heldout_rms_log_error": rules.get("heldout_rms_log_error")}
+    out["warnings"] = []
+    if seq_len:
+        out["batch_rows"] = out["batch_tokens"] / seq_len
+        if out["batch_rows"] < 1:
+            out["warnings"].append(f"the batch rule gives less than one row of {seq_len} tokens here: not usable")
+    return out
+
+
+def format_recommendation(rec: dict[str, Any]) -> str:
+    """One line for the planner (:mod:`jaxpt.tools.plan`)."""
+    lo, hi = rec["compute_range_flops"]
+    rows = f" ({rec['batch_rows']:.4g} rows)" if "batch_rows" in rec else ""
+    where = (f"an EXTRAPOLATION: {rec['flops']:.3g} FLOPs is {_factor(rec['flops'], lo, hi)} the fitted range "
+             f"{lo:.3g}-{hi:.3g} FLOPs" if rec["extrapolation"] else f"inside the fitted range {lo:.3g}-{hi:.3g} FLOPs")
+    rms = rec.get("heldout_rms_log_error")
+    quality = (f"; held-out RMS log error: lr {rms['peak_learning_rate']:.2f}, batch {rms['batch_tokens']:.2f}"
+               if rms else "; no held-out check (fewer than 3 budgets)")
+    warn = "".join(f"; WARNING: {w}" for w in rec.get("warnings", ()))
+    return (f"lr/batch rules (DeepSeek-AI 2024 sec. 3.1, fitted grid): peak learning rate {rec['peak_learning_rate']:.3g}, "
+            f"global batch {rec['batch_tokens']:.4g} tokens{rows}; {where}{quality}{warn}")
+
+
+def _factor(flops: float, lo: float, hi: float) -> str:
+    return f"{flops / hi:.3g}x above" if flops > hi else f"{lo / flops:.3g}x below"
+
+
+def format_rules(result: dict[str, Any]) -> str:
+    """Human-readable summary of :func:`fit_rules`."""
+    r, (lo, hi) = result["rules"], result["compute_range_flops"]
+    lines = [f"fitted on {len(result['budgets'])} compute budgets, {lo:.3g}-{hi:.3g} FLOPs "
+             f"(near-optimal: within {result['tolerance']:.2%} of each budget's best loss):",
+             f"  peak learning rate = {r['peak_learning_rate']['a']:.4g} * C^{r['peak_learning_rate']['b']:.4f}",
+             f"  global batch (tokens) = {r['batch_tokens']['c']:.4g} * C^{r['batch_tokens']['d']:.4f}"]
+    for h in result["heldout"]:
+        lr, bt = h["peak_learning_rate"], h["batch_tokens"]
+        lines.append(f"  held out {h['budget']} ({h['flops']:.3g} FLOPs): lr predicted {lr['predicted']:.3g} vs best "
+                     f"{lr['best']:.3g} (ln err {lr['log_error']:+.2f}); batch {bt['predicted']:.4g} vs "
+                     f"{bt['best']:.4g} tokens (ln err {bt['log_error']:+.2f})")
+    if not result["heldout"]:
+        lines.append("  no held-out check: it needs at least 3 compute budgets")
+    return "\n".join(lines)
