@@ -13,7 +13,7 @@ from jaxpt import config as config_lib, mesh as mesh_lib
 from jaxpt.config import TrainConfig
 from jaxpt.model import context_parallel
 from jaxpt.training import batch_ramp
-from jaxpt.training.optim import check_schedule
+from jaxpt.training.optim import MUP_WITH_MUON, check_schedule
 from jaxpt.util.errors import ConfigError
 
 
@@ -166,7 +166,8 @@ def validate(cfg: TrainConfig, num_devices: int) -> dict[str, int]:
         block; schedule phases that do not fit the decay horizon (:func:`jaxpt.training.optim.check_schedule`; a stage's
         horizon is ``steps`` minus its start step, :func:`jaxpt.config.start_step`); mesh ``expert`` > 1 for a
         model without MoE layers, or not dividing ``ModelConfig.moe_num_experts``, or with
-        ``ModelConfig.moe_dropless`` (not expert-parallel).
+        ``ModelConfig.moe_dropless`` (not expert-parallel); ``ModelConfig.parametrization = 'mup'`` with
+        ``OptimizerConfig.algorithm = 'muon'``.
     """
     m = cfg.model
     sizes = _mesh_shape(cfg, num_devices).sizes
@@ -190,4 +191,6 @@ def validate(cfg: TrainConfig, num_devices: int) -> dict[str, int]:
         raise ConfigError(f"TrainConfig.steps = {cfg.steps} must exceed the step the stage starts from ({start}, "
                           f"TrainConfig.init_from = {cfg.init_from!r}): steps counts from the start of the first stage")
     check_schedule(cfg.optimizer, cfg.steps - start)
+    if m.parametrization == "mup" and cfg.optimizer.algorithm == "muon":
+        raise ConfigError(MUP_WITH_MUON)
     return sizes

@@ -1,4 +1,4 @@
-"""Optimizer: optax AdamW, learning-rate schedules, global-norm clipping, weight-decay mask."""
+"""Optimizer: optax AdamW or Muon, learning-rate schedules, global-norm clipping, weight-decay mask."""
 
 from __future__ import annotations
 
@@ -9,19 +9,36 @@ from typing import Any, Literal
 import jax
 import jax.numpy as jnp
 import optax
+from optax.contrib import _muon as optax_muon
 
 from jaxpt.util.errors import ConfigError
 from jaxpt.util.validation import check_types, non_negative, positive, require
 
 Schedule = Literal["cosine", "wsd", "constant"]
 SCHEDULES: tuple[str, ...] = typing.get_args(Schedule)
+Algorithm = Literal["adamw", "muon"]
+ALGORITHMS: tuple[str, ...] = typing.get_args(Algorithm)
 
 
 @dataclasses.dataclass(frozen=True)
 class OptimizerConfig:
-    """AdamW (Loshchilov & Hutter 2019) with warmup and a decay schedule.
+    """AdamW (Loshchilov & Hutter 2019), or Muon for the matrices, with warmup and a decay schedule.
 
     Attributes:
+      algorithm: ``adamw`` (every parameter), or ``muon``: Muon (Jordan et al. 2024, "Muon: An optimizer for
+        hidden layers in neural networks") for the matrix parameters of the blocks (attention ``wq``/``wk``/``wv``/
+        ``wo``, MLP and expert ``w_gate``/``w_up``/``w_down``), AdamW with this config's ``b1``, ``b2``, ``eps`` for
+        the rest (embedding, untied output, router, norm scales, biases), as the method prescribes
+        (:func:`muon_parameter_groups`). With ``muon_consistent_rms > 0`` each Muon update is scaled to AdamW's
+        typical update RMS (Liu et al. 2025, "Muon is Scalable for LLM Training", sec. 2.2), so both groups share
+        ``peak_learning_rate``, the schedule and ``weight_decay`` (decoupled, ``lr * wd * param``, same mask).
+      muon_momentum: Muon's momentum coefficient (Nesterov, as in Jordan et al. and optax); 0.95 by default.
+      muon_ns_steps: Newton-Schulz iterations that orthogonalize the momentum (quintic, Jordan et al.'s
+        coefficients); 5 by default.
+      muon_consistent_rms: the target RMS of a Muon update before the learning rate: the orthogonalized update is
+        scaled by ``muon_consistent_rms * sqrt(max(fan_in, fan_out))`` (Liu et al. 2025, eq. 4: 0.2 matches AdamW's
+        update RMS). 0 uses Jordan et al.'s scaling ``sqrt(max(1, fan_out / fan_in))`` instead, whose learning
+        rate is not AdamW's (Jordan et al. use about 0.02).
       peak_learning_rate: learning rate at the end of warmup.
       schedule: ``cosine`` (linear warmup, then cosine to ``min_lr_ratio * peak`` at ``decay_steps``),
         ``wsd`` (warmup-stable-decay, Hu et al. 2024 "MiniCPM": linear warmup, constant, then a linear
@@ -43,7 +60,8 @@ class OptimizerConfig:
       ConfigError: at construction, naming ``OptimizerConfig.<field> = <value>``: a wrong type, an unknown
         schedule, ``peak_learning_rate <= 0``, negative steps, ``weight_decay`` or ``grad_clip_norm``,
         ``min_lr_ratio`` outside [0, 1], ``wsd_decay_fraction`` outside (0, 1], ``b1``/``b2`` outside [0, 1)
-        or ``eps <= 0``; with ``decay_steps`` set, phases that do not fit it (:func:`check_schedule`). (With
+        or ``eps <= 0``; an unknown ``algorithm``, ``muon_momentum`` outside [0, 1), ``muon_ns_steps < 1`` or
+        ``muon_consistent_rms < 0``; with ``decay_steps`` set, phases that do not fit it (:func:`check_schedule`). (With
         ``decay_steps = 0`` the horizon is ``TrainConfig.steps``: :func:`jaxpt.config.validate` checks it.)
     """
 
@@ -59,11 +77,16 @@ class OptimizerConfig:
     weight_decay: float = 0.1
     decay_embeddings: bool = False
     grad_clip_norm: float = 1.0
+    algorithm: Algorithm = "adamw"
+    muon_momentum: float = 0.95
+    muon_ns_steps: int = 5
+    muon_consistent_rms: float = 0.2
 
     def __post_init__(self) -> None:
         check_types(self)
-        positive(self, "peak_learning_rate", "eps")
-        non_negative(self, "warmup_steps", "decay_steps", "weight_decay", "grad_clip_norm")
+        positive(self, "peak_learning_rate", "eps", "muon_ns_steps")
+        non_negative(self, "warmup_steps", "decay_steps", "weight_decay", "grad_clip_norm", "muon_consistent_rms")
+        require(self, "muon_momentum", 0 <= self.muon_momentum < 1, "must be in [0, 1)")
         require(self, "min_lr_ratio", 0 <= self.min_lr_ratio <= 1, "must be in [0, 1]")
         require(self, "wsd_decay_fraction", 0 < self.wsd_decay_fraction <= 1, "must be in (0, 1]")
         for name in ("b1", "b2"):
@@ -165,20 +188,112 @@ def weight_decay_mask(params: Any, decay_embeddings: bool = False) -> Any:
     return jax.tree_util.tree_map_with_path(decide, params)
 
 
+#: Muon's matrices by parameter name: ``(reduction axes, output axes, rank)`` with the axes counted from the end
+#: (``optax.contrib.MuonDimensionNumbers``) and the rank without leading batch axes. Attention ``wq``/``wk``/``wv``
+#: [D, heads, head_dim]: D in, heads x head_dim out; ``wo`` [heads, head_dim, D]; MLP ``w_gate``/``w_up`` [D, F],
+#: ``w_down`` [F, D] (jaxpt/model/attention.py, mlp.py, moe.py). Up to :data:`_MUON_BATCH_AXES` leading axes (the
+#: ``layers`` axis of ``ModelConfig.scan_layers``, the ``exp`` axis of MoE experts) are batch axes: each slice is
+#: orthogonalized on its own.
+_MUON_MATRICES = {
+    "wq": ((-3,), (-2, -1), 3), "wk": ((-3,), (-2, -1), 3), "wv": ((-3,), (-2, -1), 3),
+    "wo": ((-3, -2), (-1,), 3),
+    "w_gate": ((-2,), (-1,), 2), "w_up": ((-2,), (-1,), 2), "w_down": ((-2,), (-1,), 2),
+}
+_MUON_BATCH_AXES = 2
+#: Parameters AdamW updates under ``algorithm = 'muon'`` (besides biases: ``bias`` or ``*_bias``).
+_ADAMW_NAMES = ("embedding", "output", "w_router", "scale")
+
+
+def _muon_dims(path, leaf) -> optax.contrib.MuonDimensionNumbers | None:
+    """Muon's dimension numbers for one parameter, None for one AdamW updates; ConfigError for any other."""
+    names = [n for n in _path_names(path) if n != "value"]
+    name, shape, where = names[-1] if names else "", tuple(jnp.shape(leaf)), "/".join(names)
+    if name in _ADAMW_NAMES or name == "bias" or name.endswith("_bias"):
+        return None
+    if name in _MUON_MATRICES:
+        reduction, output, rank = _MUON_MATRICES[name]
+        if rank <= len(shape) <= rank + _MUON_BATCH_AXES:
+            return optax.contrib.MuonDimensionNumbers(reduction_axis=reduction, output_axis=output)
+        raise ConfigError(f"OptimizerConfig.algorithm = 'muon': parameter {where} has shape {shape}, not the "
+                          f"[..., {rank} axes] of a {name} matrix (at most {_MUON_BATCH_AXES} leading batch axes)")
+    raise ConfigError(
+        f"OptimizerConfig.algorithm = 'muon': cannot tell whether parameter {where} (shape {shape}) is a matrix for "
+        f"Muon ({', '.join(_MUON_MATRICES)}) or a parameter for AdamW ({', '.join(_ADAMW_NAMES)}, biases); add its "
+        "name to jaxpt.training.optim, or use OptimizerConfig.algorithm = 'adamw'")
+
+
+def muon_parameter_groups(params: Any) -> tuple[Any, Any]:
+    """Which parameters Muon updates, and how each is seen as a matrix.
+
+    Decided by the parameter's name (its last path element): the matrices of :data:`_MUON_MATRICES` go to Muon,
+    with their reduction and output axes; the embedding, the untied ``output``, the MoE ``w_router``, norm
+    ``scale``s and biases go to AdamW, as Muon prescribes (Jordan et al. 2024: Muon for hidden-layer matrices
+    only). Shapes only are read: ``params`` may hold arrays or ``ShapeDtypeStruct``s.
+
+    Returns:
+      ``(labels, dims)``: params-shaped trees; ``labels`` holds ``'muon'`` or ``'adamw'``, ``dims`` an
+      ``optax.contrib.MuonDimensionNumbers`` for a Muon leaf and ``optax.MaskedNode()`` for an AdamW one (the
+      structure of the masked updates Muon sees inside ``optax.partition``).
+
+    Raises:
+      ConfigError: naming ``OptimizerConfig.algorithm = 'muon'`` and the parameter's path and shape, for a
+        parameter of another name (a user-registered layer's) or a Muon matrix of an unexpected rank.
+    """
+    dims = jax.tree_util.tree_map_with_path(lambda p, x: _muon_dims(p, x) or optax.MaskedNode(), params)
+    labels = jax.tree_util.tree_map_with_path(lambda p, x: "adamw" if _muon_dims(p, x) is None else "muon",
+                                              params)
+    return labels, dims
+
+
+def _muon(cfg: OptimizerConfig, schedule: optax.Schedule, params: Any, mask: Any,
+          adamw: optax.GradientTransformation) -> optax.GradientTransformation:
+    """``partition``: Muon for the matrices, ``adamw`` for the rest (:func:`muon_parameter_groups`).
+
+    The Muon branch is ``optax.contrib.muon``'s (optax 0.2.8): ``scale_by_muon`` (Nesterov momentum, Newton-Schulz
+    orthogonalization), ``scale_by_shape`` (consistent RMS, Liu et al. 2025 eq. 4), decoupled weight decay with
+    ``mask``, then the learning rate. Not ``optax.contrib.muon`` itself: its AdamW branch decays every parameter (no
+    mask) and shares Muon's Nesterov flag, which would change the AdamW group's update from jaxpt's AdamW.
+    """
+    labels, dims = muon_parameter_groups(params)
+    muon = optax.chain(
+        optax.contrib.scale_by_muon(ns_steps=cfg.muon_ns_steps, beta=cfg.muon_momentum, eps=cfg.eps,
+                                    weight_dimension_numbers=dims),
+        optax_muon.scale_by_shape(dims, consistent_rms=cfg.muon_consistent_rms or None),
+        optax.add_decayed_weights(cfg.weight_decay, mask),
+        optax.scale_by_learning_rate(schedule))
+    return optax.partition({"muon": muon, "adamw": adamw}, labels)
+
+
+#: The refusal of µP's per-parameter learning rates under Muon (raised here and by :func:`jaxpt.run.validate.validate`).
+MUP_WITH_MUON = ("OptimizerConfig.algorithm = 'muon' with ModelConfig.parametrization = 'mup': µP's learning-rate "
+                 "table is for Adam-type updates, and Muon sets the size of its matrices' updates itself; use one of "
+                 "the two")
+
+
 def make_optimizer(cfg: OptimizerConfig, total_steps: int, params: Any,
                    lr_multipliers: Any | None = None) -> optax.GradientTransformation:
-    """``clip_by_global_norm -> adamw(schedule, mask) [-> scale each parameter's update]``.
+    """``clip_by_global_norm -> adamw(schedule, mask) [-> scale each parameter's update]``; with ``cfg.algorithm =
+    'muon'`` the AdamW is applied to the non-matrix parameters only and Muon to the matrices
+    (:func:`muon_parameter_groups`), same schedule and mask.
 
     ``params`` (arrays or ``ShapeDtypeStruct``s with the real tree structure) is used only to build the
-    weight-decay mask. Note the mask is decided on rank, so stacked (scanned) norm scales of shape
-    [layers, D] are recognized by name (``scale``) instead. ``lr_multipliers``: a params-shaped tree of floats
+    weight-decay mask and the Muon groups. Note the mask is decided on rank, so stacked (scanned) norm scales of
+    shape [layers, D] are recognized by name (``scale``) instead. ``lr_multipliers``: a params-shaped tree of floats
     multiplying each parameter's whole AdamW update, i.e. its learning rate and its decoupled decay (µP's
     ``lr / m`` for hidden matrices, :func:`jaxpt.model.parametrization.lr_multipliers`); None adds nothing, so
     the optimizer and its state are exactly the plain AdamW ones.
+
+    Raises:
+      ConfigError: ``algorithm = 'muon'`` and a parameter it cannot classify (:func:`muon_parameter_groups`), or
+        with ``lr_multipliers`` (µP's table is for Adam-type updates; Muon sets its matrices' update size itself).
     """
     schedule = learning_rate_schedule(cfg, total_steps)
-    tx = optax.adamw(schedule, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay,
-                     mask=weight_decay_mask(params, cfg.decay_embeddings))
+    mask = weight_decay_mask(params, cfg.decay_embeddings)
+    tx = optax.adamw(schedule, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay, mask=mask)
+    if cfg.algorithm == "muon":
+        if lr_multipliers is not None:
+            raise ConfigError(MUP_WITH_MUON)
+        tx = _muon(cfg, schedule, params, mask, tx)
     if lr_multipliers is not None:
         tx = scale_updates(tx, lr_multipliers)
     if cfg.grad_clip_norm > 0:

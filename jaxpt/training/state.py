@@ -192,13 +192,15 @@ def make_state_spec(model_cfg: ModelConfig, tx_factory, mesh: Mesh, rules,
     p_shard = param_shardings(abs_params, mesh, rules)
     abs_opt = jax.eval_shape(tx.init, abs_params)
     replicated = NamedSharding(mesh, PartitionSpec())
-    # Optimizer leaves that mirror a param (Adam moments) take its sharding; scalars (counts) replicate.
+    # Optimizer leaves that mirror a param (Adam moments, Muon's momentum) take its sharding; scalars (counts)
+    # replicate. Inside ``optax.partition`` (Muon) a group's params-shaped state holds ``optax.MaskedNode`` (no array)
+    # for the other group's params: it stays as it is.
     u_shard = None
     if shard_optimizer_state:
         axes = zero_axes(mesh, rules)
         u_shard = jax.tree.map(lambda s, a: zero_sharding(s, a.shape, axes), p_shard, abs_params)
     o_shard = optax.tree_map_params(
-        tx, lambda _, s: s, abs_opt, p_shard if u_shard is None else u_shard,
+        tx, lambda v, s: s if jax.tree.leaves(v) else v, abs_opt, p_shard if u_shard is None else u_shard,
         transform_non_params=lambda _: replicated, is_leaf=lambda x: isinstance(x, nnx.Variable))
     o_device = None
     if offload_optimizer_state:
