@@ -83,3 +83,10 @@ def test_the_comparison_sees_a_change():
     assert behaviour.differences(want, {"a": "y", "b": {"c": 1.0005}, "d": [1, 2]}, rel=FLOAT_REL) == ["/a: 'x' -> 'y'"]
     assert behaviour.differences(want, {"a": "x", "b": {"c": 1.01}, "e": 0}, rel=FLOAT_REL) == [
         "/d: missing", "/e: new", "/b/c: 1.0 -> 1.01"]
+    # a perplexity is compared as its loss: 253.79 -> 252.93 is a loss 0.0034 lower (0.06% of 5.54, inside), one
+    # whose loss moved by 1% is outside
+    ppl = {"heldout_perplexity": 253.79330301264892}
+    assert behaviour.differences(ppl, {"heldout_perplexity": 252.92932427670826}, rel=FLOAT_REL) == []
+    moved = 253.79330301264892 ** 1.01
+    assert behaviour.differences(ppl, {"heldout_perplexity": moved}, rel=FLOAT_REL) == [
+        f"/heldout_perplexity: 253.79330301264892 -> {moved!r}"]

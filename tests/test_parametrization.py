@@ -103,6 +103,7 @@ def test_config_refusals_name_the_keys():
         ModelConfig(parametrization="mup", mup_base_d_model=64, mlp="moe")
     with pytest.raises(ConfigError, match="ModelConfig.parametrization = 'mu'"):
         ModelConfig(parametrization="mu")
+    assert ModelConfig(mlp="moe").parametrization == "sp"   # SP takes every MLP
 
 
 def test_init_scales_hidden_matrices_by_one_over_sqrt_m():

@@ -208,13 +208,13 @@ class ModelConfig:
             require(self, "mup_base_d_model", self.mup_base_d_model > 0,
                     "must be set (> 0: the width the learning rate was tuned at) with "
                     "ModelConfig.parametrization = 'mup'")
+            require(self, "parametrization", self.mlp != "moe",
+                    "'mup' is not available for ModelConfig.mlp = 'moe' (the router is a readout jaxpt's µP "
+                    "does not scale); use 'sp'")
         else:
             require(self, "mup_base_d_model", self.mup_base_d_model == 0,
                     f"is set but ModelConfig.parametrization = {self.parametrization!r} ignores it: set "
                     "ModelConfig.parametrization = 'mup', or leave mup_base_d_model at 0")
-            require(self, "parametrization", self.mlp != "moe",
-                    "'mup' is not available for ModelConfig.mlp = 'moe' (the router is a readout jaxpt's µP "
-                    "does not scale); use 'sp'")
         seams.check_name("attention_impl", self.attention_impl)   # ConfigError "...: choose one of (...)"
         seams.check_name("mlp", self.mlp)
 

@@ -24,6 +24,7 @@ import contextlib
 import gzip
 import io
 import json
+import math
 import os
 import pathlib
 import re
@@ -254,7 +255,8 @@ def prepare_sample(out: pathlib.Path) -> pathlib.Path:
 
 
 def differences(want, got, path="", rel: float = 0.0) -> list[str]:
-    """Where ``got`` differs from ``want`` (floats within ``rel`` relative tolerance count as equal)."""
+    """Where ``got`` differs from ``want`` (floats within ``rel`` relative tolerance count as equal; a perplexity is
+    compared as its log, the loss, with the same relative tolerance)."""
     if isinstance(want, dict) and isinstance(got, dict):
         out = [f"{path}/{k}: missing" for k in want if k not in got]
         out += [f"{path}/{k}: new" for k in got if k not in want]
@@ -264,6 +266,12 @@ def differences(want, got, path="", rel: float = 0.0) -> list[str]:
         return out
     if isinstance(want, list) and isinstance(got, list) and len(want) == len(got):
         return [d for i, (a, b) in enumerate(zip(want, got)) for d in differences(a, b, f"{path}[{i}]", rel)]
+    if isinstance(want, float) and isinstance(got, (int, float)) and rel and path.endswith("perplexity") \
+            and want > 1 and got > 0:
+        # exp(loss): compared as the loss it is, so a loss within rel is a perplexity within tolerance (rel on the
+        # perplexity itself would be rel on the loss times the loss, ~5x tighter at a loss of 5.5)
+        want_loss, got_loss = math.log(want), math.log(got)
+        return [] if abs(got_loss - want_loss) <= rel * want_loss else [f"{path}: {want!r} -> {got!r}"]
     if isinstance(want, float) and isinstance(got, (int, float)) and rel:
         return [] if abs(got - want) <= rel * max(abs(want), 1e-12) else [f"{path}: {want!r} -> {got!r}"]
     return [] if want == got else [f"{path}: {want!r} -> {got!r}"]
