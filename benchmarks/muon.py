@@ -90,10 +90,10 @@ def main() -> None:
     ap.add_argument("--adamw-lrs", default="1e-3,3e-3,1e-2")
     ap.add_argument("--muon-lrs", default="1e-3,3e-3,1e-2")
     ap.add_argument("--data", default=str(REPO / "artifacts/sample"))
-    ap.add_argument("--out", default=str(REPO / "workdirs/bench-muon"))
+    ap.add_argument("--output", default=str(REPO / "workdirs/bench-muon"))
     ap.add_argument("--timing-rounds", type=int, default=20)
     args = ap.parse_args()
-    out, data = pathlib.Path(args.out), pathlib.Path(args.data)
+    out, data = pathlib.Path(args.output), pathlib.Path(args.data)
     tokens = args.steps * 16 * 128
     print(f"quickstart model, {args.steps} steps x 16 x 128 = {tokens} tokens per run", flush=True)
     best = {}

@@ -1,7 +1,7 @@
 """Does the best learning rate transfer across width? A learning-rate sweep at several widths, SP and µP, side by side.
 
     python -m jaxpt.data.prepare --output artifacts/sample            # the bundled sample, once
-    python benchmarks/mup_transfer.py run --out artifacts/mup_transfer.jsonl
+    python benchmarks/mup_transfer.py run --output artifacts/mup_transfer.jsonl
     python benchmarks/mup_transfer.py report artifacts/mup_transfer.jsonl --plot artifacts/mup_transfer.png
 
 ``run`` trains, for each parametrization (``sp``, ``mup`` with base width 64), width (64, 128, 256, 512: heads and
@@ -117,7 +117,7 @@ def run(args) -> None:
     heldout = _rows(_tokens(os.path.join(args.data, "heldout.jsonl.gz"), tok,
                             sweep.eval_batches * sweep.batch * sweep.seq_len), sweep.batch, sweep.seq_len)
     data = (train, heldout, tok.vocab_size)
-    out = pathlib.Path(args.out)
+    out = pathlib.Path(args.output)
     done = {(r["parametrization"], r["width"], r["lr"], r["seed"]) for r in _read(out)}
     todo = [(k, w, 2.0 ** e, s) for w in sweep.widths for k in ("sp", "mup") for e in sweep.lr_exponents
             for s in sweep.seeds if not (k == "mup" and w == BASE_WIDTH)]
@@ -203,7 +203,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run")
-    r.add_argument("--out", default="artifacts/mup_transfer.jsonl")
+    r.add_argument("--output", default="artifacts/mup_transfer.jsonl")
     r.add_argument("--data", default="artifacts/sample")
     r.add_argument("--widths", type=int, nargs="+", default=list(Sweep.widths))
     r.add_argument("--seeds", type=int, nargs="+", default=list(Sweep.seeds))
