@@ -12,7 +12,7 @@ from jaxpt import mesh as M
 from jaxpt.training import noise_scale, optim, state as S, step as step_lib
 from jaxpt.training.stability import StabilityConfig
 
-from test_stability import CFG, OCFG, make_step, text_batches
+from test_stability import CFG, OCFG, make_step, padded_batch
 
 
 def _synthetic_run(sizes, steps, seed=0, dim=64):
@@ -69,13 +69,7 @@ def test_smoother_ignores_missing_skipped_and_nonfinite_steps():
 
 
 def _uneven_batch():
-    batch = text_batches(1, seed=2)[0]
-    rng = np.random.default_rng(11)
-    seg = np.ones((16, 32), np.int32)
-    for r in range(16):
-        seg[r, 32 - rng.integers(0, 28):] = 0
-    batch["segment_ids"] = seg
-    return batch
+    return padded_batch(seed=2, pad_seed=11, max_pad=28)
 
 
 def _reference_micro_stats(params, graphdef, batch, accum, z_loss_weight):

@@ -48,6 +48,18 @@ def text_batches(n, seed=0):
     return out
 
 
+def padded_batch(seed: int, pad_seed: int, max_pad: int):
+    """One of :func:`text_batches` whose rows end in 0 to ``max_pad - 1`` padding positions (segment id 0), drawn
+    with ``pad_seed``: micro-batches with unequal target-token counts."""
+    batch = text_batches(1, seed=seed)[0]
+    rng = np.random.default_rng(pad_seed)
+    seg = np.ones((16, 32), np.int32)
+    for r in range(16):
+        seg[r, 32 - rng.integers(0, max_pad):] = 0
+    batch["segment_ids"] = seg
+    return batch
+
+
 def corrupted_batch():
     """Every target is a token the model never saw (id 127), in every row: a huge loss and gradient."""
     tokens = np.full((16, 32), 127, np.int32)
@@ -157,12 +169,7 @@ def test_one_update_is_the_same_for_every_accumulation(model_cfg):
     balancing moved its load_balance_loss 1.0039 / 1.0253 / 1.0379 and the update by 6e-3)."""
     mesh_spec = "expert=4,data=2" if model_cfg.mlp == "moe" else "data=2,fsdp=2,tensor=2"
     mesh = M.make_mesh(mesh_spec)
-    batch = text_batches(1, seed=5)[0]
-    rng = np.random.default_rng(7)
-    seg = np.ones((16, 32), np.int32)
-    for r in range(16):
-        seg[r, 32 - rng.integers(0, 24):] = 0
-    batch["segment_ids"] = seg
+    batch = padded_batch(seed=5, pad_seed=7, max_pad=24)
     out = {}
     for accum in (1, 2, 4):
         spec = S.make_state_spec(model_cfg, lambda p: optim.make_optimizer(OCFG, 100, p), mesh, M.DEFAULT_RULES)
