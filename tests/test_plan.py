@@ -109,10 +109,12 @@ def _cfg(mesh, *bindings):
     return config_lib.parse([QUICKSTART], [VOCAB, *bindings], mesh=mesh)
 
 
+@pytest.mark.parametrize("algorithm", ["adamw", "muon"])
 @pytest.mark.parametrize("mesh", ["data=2,fsdp=2,tensor=2", "fsdp=8", "data=8", "fsdp=4,tensor=2"])
-def test_param_and_optimizer_bytes_match_the_state_shardings(mesh):
-    """Estimated per-device param and AdamW bytes equal the shard shapes of the real sharded state."""
-    cfg = _cfg(mesh)
+def test_param_and_optimizer_bytes_match_the_state_shardings(mesh, algorithm):
+    """Estimated per-device param and optimizer-state bytes (AdamW: two moments per param; Muon: one per matrix it
+    updates, two for the rest) equal the shard shapes of the real sharded state."""
+    cfg = _cfg(mesh, f"OptimizerConfig.algorithm = '{algorithm}'")
     sizes = validate(cfg, 8)
     spec = state_lib.make_state_spec(cfg.model, lambda p: optim.make_optimizer(cfg.optimizer, 100, p),
                                      mesh_lib.make_mesh(sizes), cfg.logical_axis_rules)
@@ -123,7 +125,8 @@ def test_param_and_optimizer_bytes_match_the_state_shardings(mesh):
 
     est = memory.estimate_memory(cfg, sizes)
     assert est.params == shard_bytes(spec.abstract.params)
-    assert est.opt_state == shard_bytes(spec.abstract.opt_state)
+    coefficients = 3 * 4 if algorithm == "muon" else 0   # Muon's state also holds its 3 Newton-Schulz coefficients
+    assert est.opt_state + coefficients == shard_bytes(spec.abstract.opt_state)
 
 
 @pytest.mark.parametrize("mesh,tensor", [("fsdp=8", 1), ("data=2,fsdp=2,tensor=2", 2), ("data=8", None)])

@@ -132,6 +132,24 @@ def param_elements(cfg: ModelConfig, rules, sizes) -> tuple[int, int, int]:
     return stored, int(gathered), lookup
 
 
+def optimizer_state_elements(cfg: ModelConfig, rules, sizes, algorithm: str = "adamw") -> int:
+    """Per-device elements of the optimizer state's param-shaped moments (before ZeRO-1's split): AdamW keeps two
+    per parameter (``mu``, ``nu``); under ``OptimizerConfig.algorithm = 'muon'`` a matrix Muon updates keeps one
+    (its momentum) and every other parameter AdamW's two (:func:`jaxpt.training.optim.muon_parameter_groups`)."""
+    import jax
+
+    from jaxpt.training import optim
+    _, params = abstract_model(cfg)
+    labels = None
+    if algorithm == "muon":  # the labels' leaves come in the order _variables_with_paths walks the variables
+        labels = jax.tree_util.tree_leaves(optim.muon_parameter_groups(params)[0])
+    total = 0
+    for i, (_, var) in enumerate(_variables_with_paths(params)):
+        s = local_elements(tuple(var.shape), tuple(var.get_metadata()["logical_axes"]), rules, sizes)
+        total += s * (1 if labels is not None and labels[i] == "muon" else 2)
+    return total
+
+
 def _variables_with_paths(params):
     """``[(path names, nnx.Variable)]`` of a params state."""
     import jax
@@ -304,7 +322,7 @@ def estimate_memory(cfg, sizes: Mapping[str, int], device_bytes: float | None = 
 
     Params are sharded by their logical axes and ``cfg.logical_axis_rules``; gradients have the params'
     shape, dtype and sharding; AdamW keeps two moments per param in the param dtype (optax ``adamw``
-    with ``mu_dtype=None``); the optimizer's update is one more param-sized tree, alive with the old
+    with ``mu_dtype=None``), Muon one per matrix it updates (:func:`optimizer_state_elements`); the optimizer's update is one more param-sized tree, alive with the old
     params until the step commits (or skips) it. With ``TrainConfig.shard_optimizer_state`` the moments are split a
     further :func:`zero_factor` ways; the gradients and the update are not: the compiled step (XLA on CPU; measured
     in ``tests/test_plan.py``) keeps them whole-size as temporaries, all-reducing the gradients and slicing after.
@@ -337,7 +355,8 @@ def estimate_memory(cfg, sizes: Mapping[str, int], device_bytes: float | None = 
     return MemoryEstimate(
         stash=pipeline_buffer_bytes(m, cfg.global_batch_size, cfg.seq_len, rules, sizes),
         pipeline=None if pipe is None else pipe.as_dict(),
-        params=p, grads=p, opt_state=2 * p // z, update=p,
+        params=p, grads=p, update=p,
+        opt_state=optimizer_state_elements(m, rules, sizes, cfg.optimizer.algorithm) * DTYPE_BYTES[m.param_dtype] // z,
         gathered_params=gathered * DTYPE_BYTES[m.compute_dtype] + lookup * DTYPE_BYTES[m.param_dtype],
         activations=activation_bytes(m, cfg.global_batch_size, cfg.seq_len, rules, sizes),
         logits=logits_bytes(m, cfg.global_batch_size, cfg.seq_len, rules, sizes),
