@@ -20,6 +20,7 @@ from jaxpt.model import tables
 from jaxpt.model.config import ModelConfig
 from jaxpt.model.decoder import count_params
 from jaxpt.model.seams import SavedTensor as T
+from jaxpt.training import optim
 from jaxpt.training.state import abstract_model
 
 GIB = 2 ** 30
@@ -137,8 +138,6 @@ def optimizer_state_elements(cfg: ModelConfig, rules, sizes, algorithm: str = "a
     per parameter (``mu``, ``nu``); under ``OptimizerConfig.algorithm = 'muon'`` a matrix Muon updates keeps one
     (its momentum) and every other parameter AdamW's two (:func:`jaxpt.training.optim.muon_parameter_groups`)."""
     import jax
-
-    from jaxpt.training import optim
     _, params = abstract_model(cfg)
     labels = None
     if algorithm == "muon":  # the labels' leaves come in the order _variables_with_paths walks the variables
