@@ -366,6 +366,21 @@ def test_a_slow_save_keeps_the_record_and_the_checkpoint_on_one_clock(run6, tmp_
     assert len(times) == 8 and times == sorted(times)
 
 
+def test_a_saved_time_serves_its_own_step_once():
+    """LoopContext.time_through: before the saved step, the time now; at it, the saved time; a step past it (the
+    saved step was not reported) forgets it, so the same step trained again after a rollback, unsaved, gets the
+    time now and never the old one."""
+    from jaxpt.run.context import LoopContext
+    ctx = LoopContext.__new__(LoopContext)   # only the clock: no run needed
+    ctx._clock0 = time.perf_counter() - 100.0
+    ctx._saved_time = (6, 50.0)
+    assert ctx.time_through(5) >= 100.0
+    assert ctx.time_through(6) == 50.0 and ctx._saved_time is None
+    ctx._saved_time = (6, 50.0)
+    assert ctx.time_through(7) >= 100.0 and ctx._saved_time is None
+    assert ctx.time_through(6) >= 100.0
+
+
 def test_metric_writer_supersedes_later_steps_and_fresh_runs(tmp_path):
     """Unit case of the writer: resuming from step 2 over records of steps 1-3 appends one marker, and readers see
     steps 1, 2, then the rewritten 3; a fresh run (start 0) supersedes every older record; a resume with nothing

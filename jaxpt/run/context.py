@@ -71,12 +71,16 @@ class LoopContext:
         return time.perf_counter() - self._clock0
 
     def time_through(self, step: int) -> float:
-        """The training wall time through ``step`` (seconds) for its metrics record: the time its checkpoint's meta
-        recorded when ``step`` was saved (so a resume from that checkpoint continues the same clock, and the
-        records stay increasing however long the save blocked), else the time now."""
-        if self._saved_time is not None and self._saved_time[0] == step:
-            return self._saved_time[1]
-        return self.train_time_s()
+        """The training wall time through ``step`` (seconds), taken once per reported step: the time its
+        checkpoint's meta recorded when ``step`` was saved (so a resume from that checkpoint continues the same
+        clock, and the records stay increasing however long the save blocked), else the time now. A saved time is
+        used once and forgotten at its step, so a step trained again after a rollback never gets an old one."""
+        saved, now = self._saved_time, self.train_time_s()
+        if saved is not None and step >= saved[0]:
+            self._saved_time = None
+            if step == saved[0]:
+                return saved[1]
+        return now
 
     def save_checkpoint(self, step: int, force: bool = False, wait: bool = False) -> None:
         """Save ``step`` (asynchronously unless ``wait``; the meta item records the training wall time so

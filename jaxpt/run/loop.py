@@ -109,6 +109,7 @@ def _report(ctx: LoopContext, p: _Pending) -> tuple[int, str] | None:
     run, cfg = ctx.run, ctx.run.cfg
     t0 = time.perf_counter()
     values = {k: float(v) for k, v in jax.device_get(p.metrics).items()}
+    train_time_s = ctx.time_through(p.step)  # for every step: a saved step's time is used at that step or never
     ctx.host_times.add(p.data_wait, time.perf_counter() - t0)
     ctx.timer.tick()
     if ctx.bar is not None:
@@ -131,7 +132,7 @@ def _report(ctx: LoopContext, p: _Pending) -> tuple[int, str] | None:
             ctx.throughput_after = p.step
         if cfg.batch_size_schedule:
             record["batch_size"] = run.built.ramp.batch_size(p.step)  # the realized global batch, rows
-        record.update(tokens_seen=run.throughput.tokens_seen(p.step), train_time_s=ctx.time_through(p.step),
+        record.update(tokens_seen=run.throughput.tokens_seen(p.step), train_time_s=train_time_s,
                       data_wait_s=p.data_wait, host_peak_rss_gib=monitor.host_peak_rss_bytes() / 2 ** 30)
         ctx.writer.write(record)
         ctx.last = record
