@@ -63,10 +63,16 @@ def describe(cfg: ModelConfig) -> str:
     return f"µP (base width {cfg.mup_base_d_model}, m = {width_multiplier(cfg):g})"
 
 
+def tied_multiplier(cfg: ModelConfig) -> bool:
+    """Whether the logits carry a ``1 / m`` other than 1 on a tied embedding: no separate ``lm_head`` can absorb it,
+    so such a model cannot be exported to a format without an output multiplier (Hugging Face)."""
+    return cfg.tie_embeddings and width_multiplier(cfg) != 1.0
+
+
 def notes(cfg: ModelConfig) -> list[str]:
     """What a user should know before training under this parametrization (logged at start, shown by the dry run):
     a tied µP model cannot be exported to Hugging Face (its ``1 / m`` has no ``lm_head`` to go into)."""
-    if cfg.parametrization == "mup" and cfg.tie_embeddings and width_multiplier(cfg) != 1.0:
+    if tied_multiplier(cfg):
         return [f"ModelConfig.tie_embeddings = True under {describe(cfg)}: the model trains, but cannot be exported to "
                 "Hugging Face (the logits' 1/m multiplier has no separate lm_head to be folded into)"]
     return []

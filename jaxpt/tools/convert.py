@@ -498,7 +498,7 @@ def export_family(cfg, source_model_type: str | None = None) -> Family:
     """
     if cfg.mlp != "swiglu":
         raise ConvertError(f"ModelConfig.mlp = {cfg.mlp!r}: only the dense SwiGLU model exports to Hugging Face")
-    if cfg.parametrization == "mup" and cfg.tie_embeddings and parametrization.output_multiplier(cfg) != 1.0:
+    if parametrization.tied_multiplier(cfg):
         raise ConvertError(
             "ModelConfig.parametrization = 'mup' with ModelConfig.tie_embeddings = True: the logits' multiplier "
             f"1/m = {parametrization.output_multiplier(cfg):g} cannot be folded into a tied lm_head (it would scale "

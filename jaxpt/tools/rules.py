@@ -23,7 +23,6 @@ the grid; outside the fitted compute range they are an extrapolation.
 
 from __future__ import annotations
 
-import json
 import math
 from typing import Any, Sequence
 
@@ -146,10 +145,7 @@ def load_rules(path: str) -> dict[str, Any]:
     """
     if not fs.exists(path):
         raise FileNotFoundError(f"{path}: no such rules file")
-    try:
-        rules = json.loads(fs.read_text(path))
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: not JSON ({e})") from None
+    rules = fs.read_json(path, "a rules file")   # ConfigError (a ValueError) naming the file
     if not isinstance(rules, dict) or rules.get("format") != FORMAT:
         raise ValueError(f"{path}: not a rules file (format is not {FORMAT!r})")
     for key, (_, k, e) in RULES.items():
