@@ -64,8 +64,11 @@ def _random_model(scan=False, **options):
 
 
 def _need_hf():
+    """Skip without the ``hf`` extra (torch, transformers, safetensors), which installs nothing on Python >= 3.12.
+    Call it before any import of those modules: an import above it fails where the skip was meant."""
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
+    pytest.importorskip("safetensors")
 
 
 @pytest.mark.parametrize("scan", [False, True])
@@ -311,8 +314,8 @@ def test_sliding_windows_as_each_family_switches_them():
 def test_tensors_the_mapping_would_drop_or_lacks_are_refused(family, edit, message, tmp_path):
     """An unannounced bias (on a Llama; an o_proj bias on a Qwen2), a missing q/k norm and a tied model's
     lm_head that differs from its embedding are refused at conversion, naming the tensor."""
-    from safetensors.numpy import load_file, save_file
     _need_hf()
+    from safetensors.numpy import load_file, save_file
     _hf_model(family, tmp_path / "hf")
     path = tmp_path / "hf" / "model.safetensors"
     tensors = load_file(str(path))
@@ -325,8 +328,8 @@ def test_tensors_the_mapping_would_drop_or_lacks_are_refused(family, edit, messa
 def test_a_tied_lm_head_equal_to_the_embedding_and_rope_buffers_are_accepted(tmp_path):
     """A tied checkpoint that also stores lm_head (equal to the embedding) and RoPE's inv_freq buffers converts:
     neither is a parameter the mapping would lose."""
-    from safetensors.numpy import load_file, save_file
     _need_hf()
+    from safetensors.numpy import load_file, save_file
     _hf_model("qwen3", tmp_path / "hf")
     path = tmp_path / "hf" / "model.safetensors"
     tensors = load_file(str(path))
