@@ -913,29 +913,35 @@ def build_parser() -> argparse.ArgumentParser:
                                  description="The conclusions database: experiments, runs, data versions, eval cards, "
                                              "compute, metrics and conclusions (one SQLite file per team).")
     sub = ap.add_subparsers(dest="cmd", required=True)
-    p = sub.add_parser("list", parents=[common], help="a table of one kind of row")
-    p.add_argument("what", choices=LISTS)
+
+    def command(name: str, text: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, parents=[common], help=text, description=text)
+
+    p = command("list", "A table of one kind of row.")
+    p.add_argument("what", choices=LISTS, help="which rows")
     cli.add_flag(p, "--experiment", metavar="ID", help="runs or conclusions of this experiment only")
     cli.add_flag(p, "--status", help="experiments or conclusions with this status only")
     cli.add_flag(p, "--role", help="runs with this role only (proxy, validation, manual, ...)")
-    p = sub.add_parser("show", parents=[common], help="any id: its kind, row, metrics, evidence and links")
-    p.add_argument("id")
-    p = sub.add_parser("compare", parents=[common], help="runs side by side: compute and metrics")
-    p.add_argument("runs", nargs="+", metavar="RUN_ID")
+    p = command("show", "Any id: its kind and row, a run's metrics, a conclusion's evidence, the runs and "
+                        "conclusions linked to it.")
+    p.add_argument("id", help="an experiment, run, data version, eval card or conclusion id")
+    p = command("compare", "Runs side by side: compute and metrics, one column per run.")
+    p.add_argument("runs", nargs="+", metavar="RUN_ID", help="run ids (run.json's run_id)")
     cli.add_flag(p, "--metric", action="append", metavar="NAME", help="only this metric (repeatable; default: all)")
-    p = sub.add_parser("add-conclusion", parents=[common], help="record a conclusion and its evidence; prints its id")
+    p = command("add-conclusion", "Record a conclusion and the ids it rests on; prints its new id.")
     cli.add_flag(p, "--statement", required=True, help="the conclusion, one sentence")
     cli.add_flag(p, "--evidence", action="append", required=True, metavar="ID",
                  help="an id it rests on: run, data version, eval card, experiment or conclusion (repeatable)")
-    cli.add_flag(p, "--status", default="proposed", choices=CONCLUSION_STATUSES[:3])
+    cli.add_flag(p, "--status", default="proposed", choices=CONCLUSION_STATUSES[:3], help="its status")
     cli.add_flag(p, "--experiment", metavar="ID", help="the experiment it concludes")
     cli.add_flag(p, "--author", help="default: the login name")
-    p = sub.add_parser("set-status", parents=[common], help="confirm, refute or supersede a conclusion")
-    p.add_argument("conclusion", metavar="CONCLUSION_ID")
-    p.add_argument("status", choices=CONCLUSION_STATUSES)
+    p = command("set-status", "Confirm, refute or supersede a conclusion.")
+    p.add_argument("conclusion", metavar="CONCLUSION_ID", help="the conclusion (c0001, ...)")
+    p.add_argument("status", choices=CONCLUSION_STATUSES, help="its new status")
     cli.add_flag(p, "--superseded-by", metavar="ID", help="the conclusion that replaces it (status superseded)")
-    p = sub.add_parser("import-run", parents=[common], help="add a finished run from its workdir (run.json)")
-    p.add_argument("workdir")
+    p = command("import-run", "Add a completed run from its workdir (run.json and config.gin): its data version, "
+                              "compute and final metrics.")
+    p.add_argument("workdir", help="the run's workdir (local or gs://)")
     cli.add_flag(p, "--experiment", metavar="ID", help="the experiment the run belongs to")
     cli.add_flag(p, "--role", default="manual", help="proxy, validation, manual, ...")
     cli.add_flag(p, "--eval-card", metavar="FILE", help="the eval card (YAML) the run was evaluated with, or its id")
@@ -967,12 +973,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with ConclusionsDB(args.db) as db:
             print(run_command(db, args))
-    except ConfigError as e:  # a run's config.gin that cannot be read (file and line named)
+    except (ConclusionsError, ConfigError, FileNotFoundError, ValueError, sa.exc.SQLAlchemyError) as e:
+        # input refused (exit 2, as every jaxpt program): one line naming the id, key or file
         print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
-    except (ConclusionsError, FileNotFoundError, ValueError, sa.exc.SQLAlchemyError) as e:
-        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)  # one line, naming the id, key or file
-        return 1
     return 0
 
 
