@@ -149,6 +149,20 @@ def test_superseded_needs_an_existing_other_superseded_by(db):
     assert [c["id"] for c in db.conclusions("superseded")] == [first]
 
 
+def test_two_writers_of_one_local_file_keep_both_rows_and_number_conclusions_apart(tmp_path):
+    path = str(tmp_path / "team.sqlite")
+    first, second = C.ConclusionsDB(path), C.ConclusionsDB(path)
+    first.add_data_version("from-first")
+    second.add_data_version("from-second")
+    ids = [first.add_conclusion("one", ["from-first"]), second.add_conclusion("two", ["from-second"]),
+           first.add_conclusion("three", ["from-second"])]
+    first.close(), second.close()
+    assert ids == ["c0001", "c0002", "c0003"]  # each new id is chosen under the write lock, seeing the other's
+    with C.ConclusionsDB(path) as db:
+        assert {d["id"] for d in db.data_versions()} == {"from-first", "from-second"}
+        assert [c["statement"] for c in db.conclusions()] == ["one", "two", "three"]
+
+
 # ------------------------------------------------------------------------------------------ a real run
 
 
