@@ -125,8 +125,25 @@ def test_re_adding_identical_content_is_a_no_op_and_conflicting_content_is_refus
         db.add_experiment("run-a", "mixture")
     with pytest.raises(C.ConclusionsError, match="metric 'loss' = nan: expected a finite number"):
         db.add_metrics("run-a", {"loss": float("nan")})
-    with pytest.raises(C.ConclusionsError, match="run 'run-b': data version 'raw-v9': no such data version"):
-        db.add_run("run-b", data_version="raw-v9")
+    with pytest.raises(C.ConclusionsError, match="run 'run-b' role = 'Proxy': expected a lower-case word"):
+        db.add_run("run-b", data_version="raw-v1", role="Proxy")
+    with pytest.raises(C.ConclusionsError, match="run 'run-b': eval card 'core@v9': no such eval card"):
+        db.add_run("run-b", data_version="raw-v1", eval_card="core@v9")
+
+
+def test_a_data_version_named_before_it_is_described_takes_its_first_description(db):
+    db.add_experiment("mix-002", "mixture", {"k": 2}, data_version="raw-v2")  # not recorded yet: recorded by id
+    db.add_run("run-q", data_version="raw-v2", role="validation:natural", experiment_id="mix-002")
+    assert db.resolve("raw-v2") == ("data_version", {"id": "raw-v2", "path": None, "details": {}})
+    db.add_data_version("raw-v2", "/corpora/raw-v2", {"documents": 7}, if_absent=True)
+    assert db.resolve("raw-v2")[1] == {"id": "raw-v2", "path": "/corpora/raw-v2", "details": {"documents": 7}}
+    db.add_data_version("raw-v2", "/elsewhere/raw-v2", {"documents": 7}, if_absent=True)  # kept as described
+    assert db.resolve("raw-v2")[1]["path"] == "/corpora/raw-v2"
+    with pytest.raises(C.ConclusionsError, match="data version 'raw-v2' already exists with other content "
+                                                 r"\(path: stored '/corpora/raw-v2', given '/elsewhere/raw-v2'\)"):
+        db.add_data_version("raw-v2", "/elsewhere/raw-v2", {"documents": 7})
+    assert db.has("raw-v2") and db.has("run-q") and not db.has("raw-v3")
+    assert [r["id"] for r in db.runs(role="validation:natural")] == ["run-q"]
 
 
 def test_superseded_needs_an_existing_other_superseded_by(db):
@@ -192,9 +209,11 @@ def test_import_run_takes_the_registry_id_and_computes_flops_by_the_formula(tiny
     import sentencepiece
 
     rec = json.loads((tiny_run / "run.json").read_text())
-    run_id = C.import_run(db, str(tiny_run), role="manual")
+    imported = C.import_run(db, str(tiny_run), role="manual")
+    run_id = imported["id"]
     assert run_id == rec["run_id"]
     kind, row = db.resolve(run_id)
+    assert kind == "run" and imported == row
     vocab = sentencepiece.SentencePieceProcessor(model_file=str(prepared_sample / "tokenizer.model")).vocab_size()
     tokens = STEPS * 16 * 64  # steps x global_batch_size x seq_len
     assert row["tokens"] == tokens
@@ -206,7 +225,7 @@ def test_import_run_takes_the_registry_id_and_computes_flops_by_the_formula(tiny
     assert row["metrics"] == {k: float(v) for k, v in rec["final"].items()
                               if isinstance(v, (int, float)) and not isinstance(v, bool)}
     assert row["metrics"]["step"] == STEPS and "heldout_loss" in row["metrics"]
-    assert C.import_run(db, str(tiny_run), role="manual") == run_id  # idempotent
+    assert C.import_run(db, str(tiny_run), role="manual") == row  # idempotent
     with pytest.raises(C.ConclusionsError, match=f"run '{run_id}' already exists with other content .*role"):
         C.import_run(db, str(tiny_run), role="proxy")
     with pytest.raises(C.ConclusionsError, match="experiment 'mix-404': no such experiment"):
@@ -218,7 +237,7 @@ def test_every_id_in_a_conclusion_resolves_to_its_run_data_version_and_eval_card
 
     rec = json.loads((tiny_run / "run.json").read_text())
     db.add_experiment("mix-001", "mixture", {"k": 1})
-    run_id = C.import_run(db, str(tiny_run), experiment_id="mix-001", role="proxy", eval_card=str(CARD))
+    run_id = C.import_run(db, str(tiny_run), experiment_id="mix-001", role="proxy", eval_card=str(CARD))["id"]
     card = load_card(str(CARD), check_files=False)
     card_id = f"{card.name}@v{card.version}"
     cid = db.add_conclusion("the tiny run learns", [run_id, rec["data_version"], card_id], experiment_id="mix-001")

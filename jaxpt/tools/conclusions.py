@@ -64,6 +64,8 @@ EXPERIMENT_STATUSES = ("running", "completed", "failed", "stopped")
 #: The kinds an id resolves to, in the order :meth:`ConclusionsDB.resolve` looks.
 KINDS = ("experiment", "run", "data_version", "eval_card", "conclusion")
 _WORD = re.compile(r"[a-z][a-z0-9_-]*")
+#: A run's role: a lower-case word, optionally qualified (``validation:natural``).
+_ROLE = re.compile(r"[a-z][a-z0-9_-]*(:[a-z0-9][a-z0-9_.-]*)*")
 
 
 class ConclusionsError(ValueError):
@@ -151,7 +153,7 @@ def now() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
 
 
-def default_db_path() -> str:
+def default_path() -> str:
     """``$JAXPT_CONCLUSIONS_DB``, else ``conclusions.sqlite`` in the current folder."""
     return os.environ.get(DB_ENV) or DEFAULT_DB
 
@@ -171,6 +173,13 @@ def _json_value(value: Any, what: str) -> Any:
 def _word(value: str, what: str) -> str:
     if not isinstance(value, str) or not _WORD.fullmatch(value):
         raise ConclusionsError(f"{what} = {value!r}: expected a lower-case word (letters, digits, '_' or '-')")
+    return value
+
+
+def _role(value: str, what: str) -> str:
+    if not isinstance(value, str) or not _ROLE.fullmatch(value):
+        raise ConclusionsError(f"{what} = {value!r}: expected a lower-case word (letters, digits, '_' or '-'), "
+                               "optionally qualified after ':' (validation:natural)")
     return value
 
 
@@ -203,7 +212,7 @@ class ConclusionsDB:
     """
 
     def __init__(self, path: str | None = None):
-        self.path = path or default_db_path()
+        self.path = path or default_path()
         self.remote = fs.is_remote(self.path)
         self.local = self._local_file()
         self.engine = sa.create_engine(f"sqlite:///{self.local}", connect_args={"timeout": BUSY_TIMEOUT_S})
@@ -289,6 +298,11 @@ class ConclusionsDB:
 
     # -------------------------------------------------------------------------------------------- ids
 
+    def has(self, ref_id: str) -> bool:
+        """Whether ``ref_id`` is recorded, as any kind."""
+        with self._read() as conn:
+            return self._kind_of(conn, ref_id) is not None
+
     def _kind_of(self, conn: sa.Connection, ref_id: str) -> str | None:
         for kind, table in TABLES.items():
             if conn.scalar(sa.select(table.c.id).where(table.c.id == ref_id)) is not None:
@@ -339,7 +353,8 @@ class ConclusionsDB:
         ``run.json`` records: :func:`jaxpt.data.stream.data_version`), where it lives, and ``details`` (JSON: the
         manifest, counts). Idempotent: the same content again is a no-op. With ``if_absent``, an id already recorded
         is kept as stored whatever ``path`` and ``details`` say (the id names the data; a path only locates one
-        copy). Returns the id.
+        copy). One recorded by id alone (by :meth:`add_experiment` or :meth:`add_run`) takes the first path and
+        details given. Returns the id.
 
         Raises:
           ConclusionsError: the id exists with another path or details (unless ``if_absent``), is another kind's id,
@@ -348,9 +363,18 @@ class ConclusionsDB:
         row = {"id": _id(data_version, "data version"), "path": path,
                "details": _json_value(dict(details or {}), f"data version {data_version!r} details")}
         with self._write() as conn:
-            if not (if_absent and self._existing(conn, "data_version", data_version)):
+            old = self._existing(conn, "data_version", data_version)
+            if old is not None and old["path"] is None and not old["details"] and (path or row["details"]):
+                conn.execute(data_versions_table.update().where(data_versions_table.c.id == data_version)
+                             .values(path=path, details=row["details"]))
+            elif old is None or not if_absent:
                 self._insert_once(conn, "data_version", row)
         return data_version
+
+    def _data_version_by_id(self, conn: sa.Connection, data_version: str | None, what: str) -> None:
+        """Record ``data_version`` by id alone when it is not recorded yet (None: nothing)."""
+        if data_version is not None and self._existing(conn, "data_version", _id(data_version, what)) is None:
+            conn.execute(data_versions_table.insert().values(id=data_version, path=None, details={}))
 
     def add_eval_card(self, name: str, version: int, content_sha256: str) -> str:
         """Record an eval card (:mod:`jaxpt.eval.card`) by name, version and content hash; returns its id
@@ -372,13 +396,14 @@ class ConclusionsDB:
     def add_experiment(self, experiment_id: str, kind: str, config: Mapping[str, Any] | None = None,
                        data_version: str | None = None, target: Any = None, status: str = "running") -> str:
         """Record an experiment: its ``kind`` (``'mixture'``, ...), ``config`` and ``target`` (JSON: what it varies and
-        what it optimizes), the data version it samples from (must be recorded already) and ``status`` (one of
+        what it optimizes), the data version it samples from (recorded by id alone when it is not yet: see
+        :meth:`add_data_version` and :func:`add_corpus_version` for its path and manifest) and ``status`` (one of
         :data:`EXPERIMENT_STATUSES`). ``created_at`` is now (UTC). Idempotent: adding the same kind, config, data
         version and target again (an experiment resumed after a crash) is a no-op that keeps the stored status and
         time. Returns the id.
 
         Raises:
-          ConclusionsError: the id exists with other content, the data version is unknown, or a value is malformed.
+          ConclusionsError: the id exists with other content, or a value is malformed.
         """
         row = {"id": _id(experiment_id, "experiment"), "kind": _word(kind, f"experiment {experiment_id!r} kind"),
                "config": _json_value(dict(config or {}), f"experiment {experiment_id!r} config"),
@@ -386,7 +411,7 @@ class ConclusionsDB:
                "status": self._status(status, EXPERIMENT_STATUSES, f"experiment {experiment_id!r}"),
                "created_at": now()}
         with self._write() as conn:
-            self._require(conn, "data_version", data_version, f"experiment {experiment_id!r}: data version")
+            self._data_version_by_id(conn, data_version, f"experiment {experiment_id!r}: data version")
             self._insert_once(conn, "experiment", row, ignore=("status", "created_at"))
         return experiment_id
 
@@ -413,17 +438,20 @@ class ConclusionsDB:
                 mixture: Any = None, flops: float | None = None, device_seconds: float | None = None,
                 wall_s: float | None = None, tokens: int | None = None, created_at: str | None = None) -> str:
         """Record a run under its registry id (``run.json``'s ``run_id``; :func:`import_run` reads them all from a
-        workdir). ``role``: a lower-case word, by convention ``'proxy'``, ``'validation'`` or ``'manual'``.
-        ``data_version``, ``experiment_id`` and ``eval_card`` must be recorded already. Units: ``flops`` in FLOPs
-        (training, :func:`jaxpt.training.flops.flops_per_token` x ``tokens``), ``device_seconds`` in device-seconds,
-        ``wall_s`` in seconds, ``tokens`` trained. ``mixture``: JSON (the run's mixture schedule). ``created_at``:
-        UTC ISO time (default now). Idempotent: the same content again (``created_at`` aside) is a no-op.
+        workdir). ``role``: a lower-case word, optionally qualified after ``:``; by convention ``'proxy'``,
+        ``'validation'`` (``'validation:natural'``) or ``'manual'``. ``experiment_id`` and ``eval_card`` must be
+        recorded already; ``data_version`` is recorded by id alone when it is not (:meth:`add_data_version`).
+        Units: ``flops`` in FLOPs (training, :func:`jaxpt.training.flops.flops_per_token` x ``tokens``),
+        ``device_seconds`` in device-seconds, ``wall_s`` in seconds, ``tokens`` trained. ``mixture``: JSON (the run's
+        mixture schedule as ``run.json`` records it: ``[{"start_step", "weights": {group: share}}]``).
+        ``created_at``: UTC ISO time (default now). Idempotent: the same content again (``created_at`` aside) is a
+        no-op.
 
         Raises:
           ConclusionsError: the id exists with other content (names the differing fields), a linked id is unknown,
             or a value is malformed.
         """
-        row = {"id": _id(run_id, "run"), "experiment_id": experiment_id, "role": _word(role, f"run {run_id!r} role"),
+        row = {"id": _id(run_id, "run"), "experiment_id": experiment_id, "role": _role(role, f"run {run_id!r} role"),
                "workdir": workdir, "config_hash": config_hash, "data_version": data_version, "eval_card": eval_card,
                "mixture": _json_value(mixture, f"run {run_id!r} mixture"),
                "flops": _number(flops, f"run {run_id!r} flops"),
@@ -431,8 +459,7 @@ class ConclusionsDB:
                "wall_s": _number(wall_s, f"run {run_id!r} wall_s"),
                "tokens": _number(tokens, f"run {run_id!r} tokens", integer=True), "created_at": created_at or now()}
         with self._write() as conn:
-            self._require(conn, "data_version", _id(data_version, f"run {run_id!r} data version"),
-                          f"run {run_id!r}: data version")
+            self._data_version_by_id(conn, data_version, f"run {run_id!r} data version")
             self._require(conn, "experiment", experiment_id, f"run {run_id!r}: experiment")
             self._require(conn, "eval_card", eval_card, f"run {run_id!r}: eval card")
             self._insert_once(conn, "run", row, ignore=("created_at",))
@@ -793,13 +820,13 @@ def _eval_card_id(db: ConclusionsDB, eval_card: str | None) -> str | None:
 
 
 def import_run(db: ConclusionsDB, workdir: str, experiment_id: str | None = None, role: str = "manual",
-               eval_card: str | None = None) -> str:
+               eval_card: str | None = None) -> dict[str, Any]:
     """Add the finished run in ``workdir`` (its ``run.json``, read by :func:`jaxpt.tools.runs.load_run`, and its
     operative ``config.gin``) to ``db`` under the registry's ``run_id``, with its data version, compute
     (:func:`run_compute`), mixture (the last session's recorded schedule), final metrics (:func:`final_metrics`) and,
     when given, ``eval_card`` (a recorded eval card id or a card file). Idempotent: importing the same run again is a
     no-op, and one interrupted part-way (each step is its own transaction) is finished by importing it again.
-    Returns the run id.
+    Returns the run's row as :meth:`ConclusionsDB.resolve` gives it (``id``, ..., ``metrics``).
 
     Raises:
       FileNotFoundError: no run.json there. ConfigError: its config.gin cannot be read (or its tokenizer, when the
@@ -813,7 +840,7 @@ def import_run(db: ConclusionsDB, workdir: str, experiment_id: str | None = None
                                "metrics; import it when it has completed")
     if experiment_id is not None:
         db.experiment(experiment_id)  # raises for an unknown one before anything is written
-    _word(role, f"run {rec.get('run_id')} role")
+    _role(role, f"run {rec.get('run_id')} role")
     cfg = resolve_vocab(config_lib.parse([fs.join(rec["workdir"], "config.gin")]))
     compute = run_compute(rec, cfg)
     data_version = _run_data_version(db, rec, cfg)
@@ -824,7 +851,7 @@ def import_run(db: ConclusionsDB, workdir: str, experiment_id: str | None = None
                device_seconds=compute.device_seconds, wall_s=compute.wall_s, tokens=compute.tokens,
                created_at=rec.get("started_at"))
     db.add_metrics(rec["run_id"], final_metrics(rec))
-    return rec["run_id"]
+    return db.resolve(rec["run_id"])[1]
 
 
 # ------------------------------------------------------------------------------------------------ the program
@@ -961,8 +988,8 @@ def run_command(db: ConclusionsDB, args: argparse.Namespace) -> str:
     if args.cmd == "set-status":
         db.set_status(args.conclusion, args.status, args.superseded_by)
         return f"{args.conclusion}: {args.status}" + (f" by {args.superseded_by}" if args.superseded_by else "")
-    run_id = import_run(db, args.workdir, args.experiment, args.role, args.eval_card)
-    row = db.resolve(run_id)[1]
+    row = import_run(db, args.workdir, args.experiment, args.role, args.eval_card)
+    run_id = row["id"]
     device_s = "unknown" if row["device_seconds"] is None else f"{row['device_seconds']:.4g}"
     return (f"{run_id}: {row['tokens']:,} tokens, {row['flops']:.4g} FLOPs, {device_s} device-seconds, "
             f"{len(row['metrics'])} metrics (data version {row['data_version']})")
