@@ -1,0 +1,579 @@
+"""``python -m jaxpt.tools.mixtures``: a mixture experiment by proxy runs, from a corpus to a proposed mixture.
+
+    python -m jaxpt.tools.mixtures run --experiment configs/mixtures/sample.gin       # proxies, fit, proposal
+    python -m jaxpt.tools.mixtures fit --experiment configs/mixtures/sample.gin       # refit from the database
+    python -m jaxpt.tools.mixtures validate --experiment configs/mixtures/sample.gin  # at a larger scale
+    python -m jaxpt.train --config configs/quickstart.gin --config runs/mixtures/sample/proposal.gin
+
+The experiment file is a gin file: a base training config (the usual bindings; the data must carry a ``domain`` per
+document) and a :class:`MixtureExperiment`. ``run``:
+
+1. counts each domain's training tokens (the natural mixture, and what each domain has for the availability limit);
+2. samples ``proxies`` mixtures (:func:`jaxpt.tools.mixture_search.sample_mixtures`: natural, uniform, Dirichlet
+   draws) and trains one proxy run per mixture, one after another, each an ordinary
+   :func:`jaxpt.run.session.run_training` run in ``<output>/<name>/proxy-<i>`` (token-true
+   ``DataConfig.mixture_weights``, the same seed and data order for all, the proxy model and token budget of the
+   experiment, per-domain held-out losses), and records it in the conclusions database
+   (:mod:`jaxpt.tools.conclusions`) with the run registry's id, its mixture, FLOPs and metrics. A line per proxy says
+   which, its mixture, how far the experiment is and its ETA. Proxies already in the database are not trained
+   again, and a proxy killed mid-run resumes from its own checkpoint, so a crashed experiment continues where it
+   stopped;
+3. computes each proxy's target (the weighted mean of the metrics the target file names), fits the regression
+   (:func:`jaxpt.tools.mixture_search.fit_model`), measures its leave-one-out Spearman correlation, and proposes
+   the best mixture under the floors, caps and availability limit;
+4. writes ``fit.json``, ``predicted_vs_actual.png`` and ``proposal.gin`` (a one-stage
+   ``DataConfig.mixture_schedule`` the trainer runs directly, headed by the experiment's id) under
+   ``<output>/<name>``, and a ``proposed`` conclusion in the database whose evidence is the proxy runs.
+
+``fit`` repeats steps 3-4 from the database alone (no training). ``validate`` trains the proposed, natural and
+uniform mixtures at the validation scale (``validation_model``, ``validation_tokens``; at least 4x a proxy's FLOPs is
+the point), one run per ``validation_seeds`` entry, reports each mixture's target with its seed spread, and marks the
+conclusion ``confirmed`` when the proposal beats both others by more than the largest seed spread, else
+``refuted``.
+
+The target file (JSON): ``{"name": "code+web", "metrics": {"heldout/domain/code/loss": 1, ...}}``: a positive weight
+per metric of a proxy's final record (held-out losses per domain: ``heldout/domain/<domain>/loss``); the target is
+their weighted mean, lower is better.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import math
+import sys
+import time
+from typing import Any, Sequence
+
+import gin
+import numpy as np
+
+from jaxpt import config as config_lib
+from jaxpt.config import ConfigError
+from jaxpt.data import corpus, loader, stream
+from jaxpt.model.config import ModelConfig
+from jaxpt.run import resolve as resolve_lib, session
+from jaxpt.tools import conclusions, mixture_search as search
+from jaxpt.util import fs
+from jaxpt.util import progress as progress_lib
+from jaxpt.util.progress import format_duration
+
+log = logging.getLogger("jaxpt.tools.mixtures")
+
+#: The database's role of a proxy run, and the prefix of a validation run's role (``validation:<label>``).
+PROXY_ROLE = "proxy"
+VALIDATION_ROLE = "validation"
+#: Settings that change the proposal or the validation but not the proxies: an experiment may be refit with others.
+PROPOSAL_ONLY = ("database", "floors", "caps", "target_tokens", "max_epochs", "validation_model",
+                 "validation_tokens", "validation_seeds")
+#: The mixtures a validation compares.
+VALIDATION_LABELS = ("proposed", "natural", "uniform")
+
+
+@dataclasses.dataclass(frozen=True)
+class MixtureExperiment:
+    """A mixture experiment (gin configurable ``MixtureExperiment``; module docstring).
+
+    Attributes:
+      name: the experiment's id in the conclusions database and its directory under ``output``.
+      output: the root of the experiment directories.
+      target: the target file (JSON, module docstring).
+      proxies: proxy runs (at least 3: natural, uniform and sampled mixtures).
+      proxy_tokens: training tokens per proxy run (steps = ceil(tokens / (global_batch_size x seq_len))).
+      proxy_model: ``ModelConfig`` overrides of the proxy model (empty: the base config's model).
+      seed: the mixture sampling's seed (the runs all use ``TrainConfig.seed``).
+      floors, caps: ``(('domain', share), ...)``: the proposal's per-domain least and largest shares.
+      target_tokens: the token budget of the run the mixture is for (0: no availability limit).
+      max_epochs: how many times a domain may be read at ``target_tokens``.
+      validation_model, validation_tokens: the validation runs' model overrides and tokens.
+      validation_seeds: ``TrainConfig.seed`` of each validation run of each mixture.
+      database: the conclusions database (''': ``$JAXPT_CONCLUSIONS_DB`` or ``conclusions.sqlite``).
+    """
+
+    name: str = ""
+    output: str = "runs/mixtures"
+    target: str = ""
+    proxies: int = 16
+    proxy_tokens: int = 0
+    proxy_model: Any = None
+    seed: int = 0
+    floors: tuple = ()
+    caps: tuple = ()
+    target_tokens: float = 0.0
+    max_epochs: float = 4.0
+    validation_model: Any = None
+    validation_tokens: int = 0
+    validation_seeds: tuple = (0, 1)
+    database: str = ""
+
+    @property
+    def directory(self) -> str:
+        return fs.join(self.output, self.name)
+
+
+_GIN_EXPERIMENT = gin.external_configurable(MixtureExperiment, name="MixtureExperiment", module="jaxpt")
+
+
+def load_experiment(path: str, bindings: Sequence[str] = ()) -> tuple[MixtureExperiment, config_lib.TrainConfig]:
+    """Parse the experiment file (+ bindings) into the experiment and the base train config.
+
+    Raises:
+      ConfigError: a missing name, target or token budget, an unknown ``ModelConfig`` field in ``proxy_model`` or
+        ``validation_model``, naming the file and the key.
+    """
+    base = config_lib.parse([path], bindings)
+    exp = _GIN_EXPERIMENT()
+    if not exp.name or "/" in exp.name:
+        raise ConfigError(f"{path}: MixtureExperiment.name must be a non-empty name without '/' (got {exp.name!r})")
+    if not exp.target:
+        raise ConfigError(f"{path}: MixtureExperiment.target: the target file is required")
+    if exp.proxy_tokens <= 0:
+        raise ConfigError(f"{path}: MixtureExperiment.proxy_tokens must be positive (got {exp.proxy_tokens!r})")
+    fields = {f.name for f in dataclasses.fields(ModelConfig)}
+    for key in ("proxy_model", "validation_model"):
+        value = getattr(exp, key) or {}
+        if not isinstance(value, dict) or set(value) - fields:
+            raise ConfigError(f"{path}: MixtureExperiment.{key} = {value!r}: a dict of ModelConfig fields "
+                              f"(unknown: {sorted(set(value) - fields) if isinstance(value, dict) else value!r})")
+    return exp, base
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """The experiment's target: ``name`` and ``metrics`` (``{metric name: positive weight}``)."""
+
+    name: str
+    metrics: dict
+
+    @classmethod
+    def load(cls, path: str) -> "Target":
+        """Read a target file.
+
+        Raises:
+          ConfigError: not a JSON object with ``name`` and a non-empty ``metrics`` of positive weights (naming the
+            file and the entry).
+        """
+        raw = fs.read_json(path, "a mixture target file")
+        if not isinstance(raw, dict) or not isinstance(raw.get("metrics"), dict) or not raw["metrics"]:
+            raise ConfigError(f"{path}: a target file is {{\"name\": ..., \"metrics\": {{metric: weight, ...}}}}")
+        for k, v in raw["metrics"].items():
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+                raise ConfigError(f"{path}: metrics[{k!r}] = {v!r} must be a positive weight")
+        return cls(str(raw.get("name") or path), {str(k): float(v) for k, v in raw["metrics"].items()})
+
+    def value(self, metrics: dict[str, float], run_id: str = "") -> float:
+        """The weighted mean of the named metrics of one run (nats per token for losses).
+
+        Raises:
+          ConfigError: a metric the run does not have (naming it and the run).
+        """
+        missing = [m for m in self.metrics if m not in metrics]
+        if missing:
+            raise ConfigError(f"run {run_id}: no metric(s) {missing} for the target {self.name!r} (the run has "
+                              f"{sorted(k for k in metrics if k.startswith('heldout'))[:12]} ...)")
+        total = sum(self.metrics.values())
+        return sum(w * float(metrics[m]) for m, w in self.metrics.items()) / total
+
+
+def domain_tokens(cfg: config_lib.TrainConfig) -> dict[str, int]:
+    """``{domain: training tokens}`` of the run's data: the manifest's ``tokens_by_domain`` for a corpus version,
+    else each training document's tokens plus its boundary tokens, summed by its ``domain``.
+
+    Raises:
+      ConfigError: documents without a ``domain``, or a corpus version whose manifest has no token counts.
+    """
+    d = cfg.data
+    if d.source == "corpus":
+        counts = corpus.read_corpus_version(d.corpus_dir).manifest.get("tokens_by_domain")
+        if not counts:
+            raise ConfigError(f"DataConfig.corpus_dir = {d.corpus_dir!r}: its manifest has no tokens_by_domain")
+        return {k: int(v) for k, v in counts.items()}
+    tok = resolve_lib.load_tokenizer(cfg)
+    extra = {"eos": 1, "bos": 1, "bos_eos": 2, "none": 0}[d.document_boundary]
+    counts: dict[str, int] = {}
+    for i, doc in enumerate(loader.load_documents(d.train_path)):
+        domain = doc.get("domain")
+        if not domain:
+            raise ConfigError(f"DataConfig.train_path = {d.train_path!r}: document {doc.get('id', i)!r} has no "
+                              "'domain'; a mixture experiment mixes domains")
+        counts[domain] = counts.get(domain, 0) + len(tok.encode(doc["text"])) + extra
+    return dict(sorted(counts.items()))
+
+
+def run_bindings(exp: MixtureExperiment, base: config_lib.TrainConfig, workdir: str, domains: Sequence[str],
+                 weights: np.ndarray, model: dict | None, tokens: int, seed: int | None = None) -> list[str]:
+    """The gin bindings of one run of the experiment: its model, token budget (a schedule over its own steps),
+    workdir, mixture and per-domain held-out evaluation."""
+    steps = max(1, math.ceil(tokens / (base.global_batch_size * base.seq_len)))
+    mix = tuple((d, float(w)) for d, w in zip(domains, weights))
+    b = [f"ModelConfig.{k} = {v!r}" for k, v in (model or {}).items()]
+    b += [f"TrainConfig.steps = {steps}", f"TrainConfig.workdir = {workdir!r}",
+          f"OptimizerConfig.warmup_steps = {max(1, round(0.05 * steps))}", "OptimizerConfig.decay_steps = 0",
+          "TrainConfig.progress_bar = False", f"DataConfig.mixture_weights = {mix!r}",
+          "DataConfig.mixture_schedule = ()", "HeldoutEvalConfig.enabled = True",
+          "HeldoutEvalConfig.group_by = ('domain',)",
+          # one compile cache for the experiment: proxies of one shape compile once
+          f"TrainConfig.compilation_cache_dir = {fs.join(exp.directory, 'jax_cache')!r}"]
+    if seed is not None:
+        b.append(f"TrainConfig.seed = {seed}")
+    return b
+
+
+def _train(path: str, bindings: Sequence[str], run_bindings_: list[str]) -> config_lib.TrainConfig:
+    cfg = config_lib.parse([path], [*run_bindings_, *bindings])
+    session.run_training(cfg)
+    return cfg
+
+
+def open_database(exp: MixtureExperiment) -> "conclusions.ConclusionsDB":
+    """The experiment's conclusions database (``MixtureExperiment.database`` or the default path), after creating
+    the experiment's output folder (where a team often keeps the file)."""
+    fs.makedirs(exp.directory)
+    return conclusions.ConclusionsDB(exp.database or conclusions.default_path())
+
+
+def experiment_record(exp: MixtureExperiment, target: Target, domains: Sequence[str],
+                      tokens: dict[str, int]) -> dict[str, Any]:
+    """What identifies an experiment in the database: its settings, target, domains and their token counts."""
+    return {"experiment": dataclasses.asdict(exp), "target": dataclasses.asdict(target), "domains": list(domains),
+            "domain_tokens": tokens}
+
+
+def _register(db, exp: MixtureExperiment, record: dict[str, Any], data_version: str) -> None:
+    """Add the experiment, or check that the one already there has the same settings (a resume).
+
+    Raises:
+      ConfigError: an experiment of that name with other settings (naming the keys that differ).
+    """
+    known = db.experiment(exp.name) if db.has(exp.name) else None
+    if known is None:
+        db.add_experiment(exp.name, kind="mixture", config=record, data_version=data_version,
+                          target=record["target"])
+        return
+    old = known["config"]
+    differ = sorted(k for k in set(old["experiment"]) | set(record["experiment"])
+                    if old["experiment"].get(k) != record["experiment"].get(k) and k not in PROPOSAL_ONLY)
+    differ += [k for k in ("target", "domains", "domain_tokens") if old.get(k) != record[k]]
+    if differ:
+        raise ConfigError(f"mixture experiment {exp.name!r} is already in {db.path} with other settings "
+                          f"({', '.join(differ)}): choose a new MixtureExperiment.name to start another")
+
+
+def proxy_mixtures(exp: MixtureExperiment, domains: Sequence[str], tokens: dict[str, int]) -> np.ndarray:
+    """The experiment's proxy mixtures, float64 [proxies, n] (deterministic in ``seed``)."""
+    return search.sample_mixtures(search.natural_shares(tokens, domains), exp.proxies, exp.seed)
+
+
+def run_proxies(path: str, bindings: Sequence[str] = ()) -> dict[str, Any]:
+    """``run``: train the proxies not yet in the database, then fit and propose (:func:`fit_and_propose`)."""
+    exp, base = load_experiment(path, bindings)
+    target = Target.load(exp.target)
+    tokens = domain_tokens(base)
+    domains = tuple(sorted(tokens))
+    mixtures = proxy_mixtures(exp, domains, tokens)
+    db = open_database(exp)
+    data_version = _data_version(base)
+    _register(db, exp, experiment_record(exp, target, domains, tokens), data_version)
+    done = {fs.absolute(r["workdir"]): r for r in db.runs(experiment_id=exp.name, role=PROXY_ROLE)}
+    workdirs = [fs.absolute(fs.join(exp.directory, f"proxy-{i:03d}")) for i in range(len(mixtures))]
+    t0, trained = time.perf_counter(), 0
+    for i, (w, workdir) in enumerate(zip(mixtures, workdirs)):
+        if workdir in done:
+            _check_same_mixture(done[workdir], domains, w)
+            continue
+        left = sum(wd not in done for wd in workdirs[i:])
+        eta = (time.perf_counter() - t0) / trained * left if trained else float("nan")
+        log.info("[%d/%d] proxy-%03d: %s; %d done, %d to train, ETA %s", i + 1, len(mixtures), i,
+                 search.describe(w, domains), len(done) + trained, left, format_duration(eta))
+        cfg = _train(path, bindings, run_bindings(exp, base, workdir, domains, w, exp.proxy_model, exp.proxy_tokens))
+        rec = conclusions.import_run(db, cfg.workdir, experiment_id=exp.name, role=PROXY_ROLE)
+        log.info("proxy-%03d: target %.4f (run %s)", i, target.value(rec["metrics"], rec["id"]), rec["id"])
+        trained += 1
+    return fit_and_propose(path, bindings)
+
+
+def _data_version(cfg: config_lib.TrainConfig) -> str:
+    return stream.data_version(cfg)
+
+
+def run_weights(run: dict[str, Any], domains: Sequence[str]) -> np.ndarray:
+    """The mixture a recorded run trained on, float64 [n] in ``domains`` order (its last stage's weights, as
+    ``run.json`` records the schedule).
+
+    Raises:
+      ConfigError: a run with no recorded mixture, or with groups that are not these domains.
+    """
+    stages = run.get("mixture") or []
+    if not stages:
+        raise ConfigError(f"run {run['id']} ({run['workdir']}): no recorded mixture")
+    weights = stages[-1]["weights"]
+    if set(weights) - set(domains):
+        raise ConfigError(f"run {run['id']}: mixture groups {sorted(set(weights) - set(domains))} are not the "
+                          f"experiment's domains {list(domains)}")
+    w = np.array([float(weights.get(d, 0.0)) for d in domains])
+    return w / w.sum()
+
+
+def _check_same_mixture(run: dict[str, Any], domains: Sequence[str], w: np.ndarray) -> None:
+    have = run_weights(run, domains)
+    if not np.allclose(have, w, rtol=0, atol=1e-12):
+        raise ConfigError(f"{run['workdir']}: the database's proxy run {run['id']} trained mixture "
+                          f"{search.describe(have, domains)}, not this experiment's {search.describe(w, domains)}")
+
+
+def proxy_table(db, exp: MixtureExperiment, domains: Sequence[str],
+                target: Target) -> tuple[list[dict[str, Any]], np.ndarray, np.ndarray]:
+    """The experiment's proxy runs from the database, in proxy order: ``(runs, weights [k, n], targets [k])``.
+    A proxy whose target is not finite (a diverged run) is left out and logged by name."""
+    runs = sorted(db.runs(experiment_id=exp.name, role=PROXY_ROLE), key=lambda r: fs.basename(r["workdir"]))
+    kept, w, y = [], [], []
+    for r in runs:
+        value = target.value(r["metrics"], r["id"])
+        if not math.isfinite(value):
+            log.warning("proxy run %s (%s): target %s is not finite; left out of the fit", r["id"], r["workdir"],
+                        value)
+            continue
+        kept.append(r)
+        w.append(run_weights(r, domains))
+        y.append(value)
+    return kept, np.asarray(w, np.float64), np.asarray(y, np.float64)
+
+
+def constraints(exp: MixtureExperiment, domains: Sequence[str], tokens: dict[str, int]) -> search.Constraints:
+    """The proposal's constraints from the experiment's floors, caps and availability settings."""
+    return search.Constraints(tuple(domains), dict(exp.floors), dict(exp.caps), tokens, float(exp.target_tokens),
+                              float(exp.max_epochs))
+
+
+def fit_and_propose(path: str, bindings: Sequence[str] = ()) -> dict[str, Any]:
+    """``fit``: fit the regression to the database's proxy runs, propose a mixture, write the files and the
+    ``proposed`` conclusion. Returns the fit's summary (also ``fit.json``).
+
+    Raises:
+      ConfigError: an experiment not in the database, or with fewer than 3 finished proxy runs.
+    """
+    exp, base = load_experiment(path, bindings)
+    db = open_database(exp)
+    if not db.has(exp.name):
+        raise ConfigError(f"mixture experiment {exp.name!r} is not in {db.path}: `run` it first")
+    rec = db.experiment(exp.name)["config"]
+    domains, tokens, target = tuple(rec["domains"]), rec["domain_tokens"], Target(**rec["target"])
+    runs, w, y = proxy_table(db, exp, domains, target)
+    if len(runs) < 3:
+        raise ConfigError(f"mixture experiment {exp.name!r}: {len(runs)} finished proxy runs; a fit needs 3")
+    model = search.fit_model(w, y)
+    rho, loo = search.cross_validated_spearman(w, y)
+    natural = search.natural_shares(tokens, domains)
+    proposal = search.round_mixture(search.propose(model, constraints(exp, domains, tokens), natural,
+                                                   seed=exp.seed))
+    summary = _summary(exp, domains, runs, w, y, model, rho, loo, proposal, natural)
+    fs.makedirs(exp.directory)
+    fs.write_text_atomic(fs.join(exp.directory, "fit.json"), json.dumps(summary, indent=1))
+    fs.write_text_atomic(fs.join(exp.directory, "proposal.gin"), proposal_gin(exp, path, domains, proposal, summary))
+    plot_fit(y, loo, fs.join(exp.directory, "predicted_vs_actual.png"), target.name)
+    summary["conclusion"] = _conclude(db, exp, runs, summary)
+    return summary
+
+
+def _summary(exp, domains, runs, w, y, model, rho, loo, proposal, natural) -> dict[str, Any]:
+    return {"experiment": exp.name, "domains": list(domains), "proxies": len(runs),
+            "runs": [r["id"] for r in runs], "weights": w.tolist(), "targets": y.tolist(),
+            "model": {"coef": model.coef.tolist(), "intercept": model.intercept, "alpha": model.alpha,
+                      "eps": model.eps, "r2": model.r2},
+            "loo_predictions": loo.tolist(), "loo_spearman": rho,
+            "proposal": dict(zip(domains, proposal.tolist())), "natural": dict(zip(domains, natural.tolist())),
+            "predicted": {"proposal": float(model.predict(proposal)), "natural": float(model.predict(natural)),
+                          "uniform": float(model.predict(np.full(len(domains), 1 / len(domains))))},
+            "proxy_flops": float(np.mean([r["flops"] for r in runs])),
+            "proxy_tokens": float(np.mean([r["tokens"] for r in runs]))}
+
+
+def proposal_gin(exp: MixtureExperiment, path: str, domains: Sequence[str], proposal: np.ndarray,
+                 summary: dict[str, Any]) -> str:
+    """The proposal as a staged mixture file the trainer runs after its base config."""
+    stage = tuple((d, float(w)) for d, w in zip(domains, proposal))  # a 0 leaves that domain out
+    pred = summary["predicted"]
+    return (f"# Mixture experiment {exp.name!r} (python -m jaxpt.tools.mixtures, {path}): the proposed mixture.\n"
+            f"# experiment id: {exp.name}; {summary['proxies']} proxy runs; leave-one-out Spearman "
+            f"{summary['loo_spearman']:.3f}; predicted target {pred['proposal']:.4f} (natural {pred['natural']:.4f}, "
+            f"uniform {pred['uniform']:.4f}).\n"
+            f"#   python -m jaxpt.train --config <base config> --config {fs.join(exp.directory, 'proposal.gin')}\n"
+            f"DataConfig.mixture_schedule = ((1, {stage!r}),)\n"
+            "DataConfig.mixture_weights = ()\n")
+
+
+def plot_fit(actual: np.ndarray, predicted: np.ndarray, out: str, target_name: str) -> None:
+    """Scatter of leave-one-out predicted against measured targets, with the identity line."""
+    import matplotlib  # matplotlib: imported only to draw
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(4.5, 4.5))
+    ax.scatter(actual, predicted)
+    lo, hi = float(min(actual.min(), predicted.min())), float(max(actual.max(), predicted.max()))
+    ax.plot([lo, hi], [lo, hi], color="gray", linestyle="--")
+    ax.set_xlabel(f"measured target ({target_name})")
+    ax.set_ylabel("predicted (leave-one-out)")
+    fig.tight_layout()
+    fs.write_figure(fig, out)
+    plt.close(fig)
+
+
+def _conclude(db, exp: MixtureExperiment, runs: list[dict[str, Any]], summary: dict[str, Any]) -> str:
+    """The experiment's ``proposed`` conclusion (a refit with more runs supersedes the previous one)."""
+    statement = (f"mixture {search.describe(np.array(list(summary['proposal'].values())), summary['domains'])} "
+                 f"minimizes the target among mixtures the constraints allow (predicted {summary['predicted']['proposal']:.4f}"
+                 f" vs natural {summary['predicted']['natural']:.4f}); {len(runs)} proxies, leave-one-out Spearman "
+                 f"{summary['loo_spearman']:.3f}")
+    previous = [c for c in db.conclusions(experiment_id=exp.name) if c["status"] == "proposed"]
+    if previous and previous[-1]["statement"] == statement:
+        return previous[-1]["id"]
+    cid = db.add_conclusion(statement, evidence=[exp.name, *[r["id"] for r in runs]], status="proposed",
+                            experiment_id=exp.name, author="jaxpt.tools.mixtures")
+    for c in previous:
+        db.set_status(c["id"], "superseded", superseded_by=cid)
+    return cid
+
+
+# --------------------------------------------------------------------------------------------------
+# validate
+
+
+def validation_mixtures(summary: dict[str, Any]) -> dict[str, np.ndarray]:
+    """``{label: mixture}`` of the validation: the proposal, the natural and the uniform mixture."""
+    domains = summary["domains"]
+    return {"proposed": np.array([summary["proposal"][d] for d in domains]),
+            "natural": np.array([summary["natural"][d] for d in domains]),
+            "uniform": np.full(len(domains), 1.0 / len(domains))}
+
+
+def validate(path: str, bindings: Sequence[str] = ()) -> dict[str, Any]:
+    """``validate``: train each validation mixture at the validation scale for each seed (resumable: runs already
+    in the database are not trained again), then report and settle the conclusion (module docstring).
+
+    Raises:
+      ConfigError: no ``validation_tokens``, or no ``fit.json`` (run ``run`` or ``fit`` first).
+    """
+    exp, base = load_experiment(path, bindings)
+    if exp.validation_tokens <= 0:
+        raise ConfigError(f"{path}: MixtureExperiment.validation_tokens must be positive to validate")
+    fit_file = fs.join(exp.directory, "fit.json")
+    if not fs.exists(fit_file):
+        raise ConfigError(f"{fit_file}: no fit yet; `run` (or `fit`) the experiment first")
+    summary = fs.read_json(fit_file, "a mixture experiment's fit")
+    db = open_database(exp)
+    done = {fs.absolute(r["workdir"]) for r in db.runs(experiment_id=exp.name)}
+    jobs = [(label, w, s) for label, w in validation_mixtures(summary).items() for s in exp.validation_seeds]
+    for i, (label, w, seed) in enumerate(jobs):
+        workdir = fs.absolute(fs.join(exp.directory, f"validate-{label}-seed{seed}"))
+        if workdir in done:
+            continue
+        log.info("[%d/%d] validation %s seed %d: %s", i + 1, len(jobs), label, seed,
+                 search.describe(w, summary["domains"]))
+        cfg = _train(path, bindings, run_bindings(exp, base, workdir, summary["domains"], w, exp.validation_model,
+                                                  exp.validation_tokens, seed))
+        conclusions.import_run(db, cfg.workdir, experiment_id=exp.name, role=f"{VALIDATION_ROLE}:{label}")
+    report = validation_report(db, exp, summary)
+    fs.write_text_atomic(fs.join(exp.directory, "validation.json"), json.dumps(report, indent=1))
+    return report
+
+
+def validation_report(db, exp: MixtureExperiment, summary: dict[str, Any]) -> dict[str, Any]:
+    """Each validation mixture's target (mean over seeds, seed spread), the proposal's differences from the others,
+    the compute ratio to a proxy, and the conclusion's new status (``confirmed`` when the proposal beats both others
+    by more than the largest seed spread, else ``refuted``)."""
+    target = Target(**db.experiment(exp.name)["config"]["target"])
+    figures, runs = {}, []
+    for label in VALIDATION_LABELS:
+        rows = db.runs(experiment_id=exp.name, role=f"{VALIDATION_ROLE}:{label}")
+        values = [target.value(r["metrics"], r["id"]) for r in rows]
+        runs += rows
+        figures[label] = {"runs": [r["id"] for r in rows], "targets": values,
+                          "mean": float(np.mean(values)) if values else float("nan"), "spread": search.spread(values)}
+    worst_spread = max((f["spread"] for f in figures.values() if math.isfinite(f["spread"])), default=float("nan"))
+    diffs = {k: figures[k]["mean"] - figures["proposed"]["mean"] for k in ("natural", "uniform")}
+    beats = all(math.isfinite(d) and d > worst_spread for d in diffs.values()) and math.isfinite(worst_spread)
+    flops = float(np.mean([r["flops"] for r in runs])) if runs else float("nan")
+    report = {"experiment": exp.name, "figures": figures, "improvement_over": diffs, "largest_seed_spread":
+              worst_spread, "validation_flops": flops, "compute_ratio_to_proxy": flops / summary["proxy_flops"],
+              "status": "confirmed" if beats else "refuted"}
+    if runs:
+        report["conclusion"] = _settle(db, exp, runs, report)
+    return report
+
+
+def _settle(db, exp: MixtureExperiment, runs: list[dict[str, Any]], report: dict[str, Any]) -> str:
+    """Record the validation's verdict: the proposed conclusion takes the new status, with the validation runs'
+    result as a new conclusion that cites them."""
+    f = report["figures"]
+    statement = (f"at {report['compute_ratio_to_proxy']:.1f}x a proxy's FLOPs the proposed mixture's target is "
+                 f"{f['proposed']['mean']:.4f} vs natural {f['natural']['mean']:.4f} and uniform "
+                 f"{f['uniform']['mean']:.4f} (largest seed spread {report['largest_seed_spread']:.4f}): "
+                 f"{report['status']}")
+    same = [c for c in db.conclusions(experiment_id=exp.name) if c["statement"] == statement]
+    if same:
+        return same[-1]["id"]
+    cid = db.add_conclusion(statement, evidence=[exp.name, *[r["id"] for r in runs]], status=report["status"],
+                            experiment_id=exp.name, author="jaxpt.tools.mixtures")
+    for c in db.conclusions(experiment_id=exp.name):
+        if c["status"] == "proposed":
+            db.set_status(c["id"], report["status"])
+    return cid
+
+
+# --------------------------------------------------------------------------------------------------
+# command line
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m jaxpt.tools.mixtures`` (``run``, ``fit``, ``validate``)."""
+    p = argparse.ArgumentParser(prog="python -m jaxpt.tools.mixtures", description=__doc__.splitlines()[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    for name, text in (("run", "train the proxies not yet done, fit, propose"),
+                       ("fit", "fit and propose from the proxies in the database (no training)"),
+                       ("validate", "train the proposal, natural and uniform mixtures at the validation scale")):
+        s = sub.add_parser(name, help=text)
+        s.add_argument("--experiment", required=True, help="gin file with the base config and MixtureExperiment")
+        s.add_argument("--gin", action="append", default=[], help="extra binding (every run); may repeat")
+    return p
+
+
+def _print_fit(summary: dict[str, Any]) -> None:
+    print(f"{summary['proxies']} proxy runs; leave-one-out Spearman {summary['loo_spearman']:.3f}; "
+          f"in-sample R^2 {summary['model']['r2']:.3f}")
+    print("proposed: " + search.describe(np.array(list(summary["proposal"].values())), summary["domains"]))
+    pred = summary["predicted"]
+    print(f"predicted target: proposed {pred['proposal']:.4f}, natural {pred['natural']:.4f}, "
+          f"uniform {pred['uniform']:.4f}; conclusion {summary['conclusion']}")
+
+
+def _print_validation(report: dict[str, Any]) -> None:
+    for label, f in report["figures"].items():
+        print(f"{label:9s} target {f['mean']:.4f} (seed spread {f['spread']:.4f}, {len(f['runs'])} runs)")
+    print(f"proposal better than natural by {report['improvement_over']['natural']:.4f}, than uniform by "
+          f"{report['improvement_over']['uniform']:.4f}; largest seed spread {report['largest_seed_spread']:.4f}; "
+          f"{report['compute_ratio_to_proxy']:.1f}x a proxy's FLOPs: {report['status']}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The command line (module docstring); returns the exit status (2: bad input)."""
+    args = build_parser().parse_args(argv)
+    progress_lib.quiet_startup()
+    # jaxpt's INFO lines (a line per proxy, the runs' own); the libraries' (Orbax's) only from WARNING up
+    logging.basicConfig(level=logging.WARNING, format="[%(asctime)s] %(name)s: %(message)s", force=True)
+    logging.getLogger("jaxpt").setLevel(logging.INFO)
+    try:
+        if args.cmd == "validate":
+            _print_validation(validate(args.experiment, args.gin))
+        else:
+            _print_fit((run_proxies if args.cmd == "run" else fit_and_propose)(args.experiment, args.gin))
+    except (ConfigError, ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,166 @@
+"""The mixture experiment (python -m jaxpt.tools.mixtures) end to end on a tiny corpus with a planted answer.
+
+The corpus has three domains: 'arith' (synthetic sums, ``12+7=19``, a language of its own) and 'web' and 'code'
+cut from the bundled sample. The target is arith's held-out loss, so the best mixture is known: most weight on
+arith. The proxies are real training runs (a 1-layer model, 24 steps each).
+"""
+
+import gzip
+import itertools
+import json
+import pathlib
+import random
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from jaxpt import config as config_lib
+from jaxpt.tools import conclusions, mixtures
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _corpus(root: pathlib.Path) -> None:
+    """train/held-out JSON Lines (disjoint documents) and a 384-piece tokenizer."""
+    from jaxpt.data import tokenizer as tokenizer_lib
+    rng = random.Random(0)
+    docs = [{"id": f"arith-{i}", "domain": "arith",
+             "text": "\n".join(f"{a}+{b}={a + b}" for a, b in ((rng.randrange(50), rng.randrange(50))
+                                                               for _ in range(40)))} for i in range(60)]
+    for domain in ("web", "code"):
+        with gzip.open(REPO / "data" / "sample" / f"{domain}.jsonl.gz", "rt", encoding="utf-8") as f:
+            for line in itertools.islice(f, 0, 120, 2):
+                doc = json.loads(line)
+                docs.append({"id": doc["id"], "domain": domain, "text": doc["text"][:1200]})
+    heldout, train = docs[::6], [d for i, d in enumerate(docs) if i % 6]
+    for name, part in (("train", train), ("heldout", heldout)):
+        with gzip.open(root / f"{name}.jsonl.gz", "wt", encoding="utf-8") as f:
+            f.writelines(json.dumps(d) + "\n" for d in part)
+    tokenizer_lib.train_sentencepiece([d["text"] for d in train], root / "tokenizer.model", 384)
+
+
+def _experiment(root: pathlib.Path, name: str) -> str:
+    (root / "target.json").write_text(json.dumps({"name": "arith", "metrics": {"heldout/domain/arith/loss": 1}}))
+    lines = [f"DataConfig.{k}_path = '{root / f}'" for k, f in
+             (("train", "train.jsonl.gz"), ("heldout", "heldout.jsonl.gz"), ("tokenizer", "tokenizer.model"))]
+    lines += ["DataConfig.source = 'jsonl'", "ModelConfig.vocab_size = 0", "ModelConfig.d_model = 16",
+              "ModelConfig.num_layers = 1", "ModelConfig.num_heads = 2", "ModelConfig.num_kv_heads = 2",
+              "ModelConfig.head_dim = 8", "ModelConfig.mlp_dim = 48", "ModelConfig.max_seq_len = 32",
+              "ModelConfig.param_dtype = 'float32'", "ModelConfig.compute_dtype = 'float32'",
+              "OptimizerConfig.peak_learning_rate = 1e-2", "OptimizerConfig.schedule = 'cosine'",
+              "CheckpointConfig.enabled = False", "TrainConfig.mesh = 'data=8'", "TrainConfig.global_batch_size = 8",
+              "TrainConfig.seq_len = 32", "TrainConfig.eval_every = 0", "TrainConfig.log_every = 100",
+              f"MixtureExperiment.name = '{name}'", f"MixtureExperiment.output = '{root / 'runs'}'",
+              f"MixtureExperiment.target = '{root / 'target.json'}'", "MixtureExperiment.proxies = 6",
+              f"MixtureExperiment.proxy_tokens = {8 * 32 * 24}", "MixtureExperiment.seed = 0",
+              f"MixtureExperiment.database = '{root / name}.sqlite'"]
+    path = root / f"{name}.gin"
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory):
+    """An uninterrupted experiment: (root, experiment file, fit summary)."""
+    root = tmp_path_factory.mktemp("mixtures")
+    _corpus(root)
+    path = _experiment(root, "planted")
+    assert mixtures.main(["run", "--experiment", path]) == 0
+    return root, path, json.loads((root / "runs" / "planted" / "fit.json").read_text())
+
+
+@pytest.mark.slow
+def test_the_proposal_puts_the_most_weight_on_the_target_domain(planted):
+    """The target is arith's held-out loss: the proposal gives arith the largest share, and the fitted model
+    predicts it better than the natural and the uniform mixture; six proxies were trained and recorded."""
+    root, path, fit = planted
+    assert fit["proxies"] == 6 and fit["domains"] == ["arith", "code", "web"]
+    assert max(fit["proposal"], key=fit["proposal"].get) == "arith"
+    assert fit["predicted"]["proposal"] < min(fit["predicted"]["natural"], fit["predicted"]["uniform"])
+    # the planted answer is in the measurements: arith's loss falls as its share grows (rank correlation)
+    w, y = np.array(fit["weights"]), np.array(fit["targets"])
+    assert stats.spearmanr(w[:, 0], y).statistic < -0.8
+    assert (root / "runs" / "planted" / "predicted_vs_actual.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.slow
+def test_the_proposal_is_a_config_the_trainer_runs(planted):
+    """proposal.gin, layered on the base config, parses into a one-stage mixture schedule equal to the proposal
+    and names the experiment."""
+    root, path, fit = planted
+    proposal = root / "runs" / "planted" / "proposal.gin"
+    assert "experiment id: planted" in proposal.read_text()
+    base = root / "base.gin"
+    base.write_text("\n".join(line for line in pathlib.Path(path).read_text().splitlines()
+                              if not line.startswith("MixtureExperiment")) + "\n")
+    cfg = config_lib.parse([str(base), str(proposal)], [])
+    ((start, weights),) = cfg.data.mixture_schedule
+    assert start == 1 and dict(weights) == pytest.approx(fit["proposal"])
+
+
+@pytest.mark.slow
+def test_caps_and_floors_bind_at_refit(planted, capsys):
+    """A refit (no training) with a cap on arith gives arith exactly the cap and meets a floor; the earlier
+    proposed conclusion is superseded by the new one."""
+    root, path, _ = planted
+    gin = ["--gin", "MixtureExperiment.caps = (('arith', 0.4),)", "--gin", "MixtureExperiment.floors = (('web', 0.2),)"]
+    assert mixtures.main(["fit", "--experiment", path, *gin]) == 0
+    fit = json.loads((root / "runs" / "planted" / "fit.json").read_text())
+    assert fit["proposal"]["arith"] == pytest.approx(0.4, abs=1e-4)
+    assert fit["proposal"]["web"] >= 0.2 - 1e-4
+    db = conclusions.ConclusionsDB(str(root / "planted.sqlite"))
+    statuses = [c["status"] for c in db.conclusions(experiment_id="planted")]
+    assert statuses.count("proposed") == 1 and "superseded" in statuses
+
+
+@pytest.mark.slow
+def test_every_id_of_the_conclusion_resolves(planted):
+    """The proposed conclusion's evidence is the experiment and its six proxy runs, each resolving in the
+    database to a run whose id is its workdir's run.json run_id, with its data version."""
+    root, _, fit = planted
+    db = conclusions.ConclusionsDB(str(root / "planted.sqlite"))
+    (c,) = [c for c in db.conclusions(experiment_id="planted") if c["status"] == "proposed"]
+    kinds = [db.resolve(ref)[0] for ref in c["evidence"]]
+    assert kinds.count("run") == 6 and kinds.count("experiment") == 1
+    for run in db.runs(experiment_id="planted", role=mixtures.PROXY_ROLE):
+        assert json.loads((pathlib.Path(run["workdir"]) / "run.json").read_text())["run_id"] == run["id"]
+        assert db.resolve(run["data_version"])[0] == "data_version"
+
+
+@pytest.mark.slow
+def test_a_killed_experiment_resumed_from_the_database_fits_the_same(planted, monkeypatch):
+    """The same experiment under another name, killed after its third proxy run and started again, trains only
+    the rest and gives the uninterrupted experiment's targets and fit."""
+    root, _, fit = planted
+    path = _experiment(root, "resumed")
+    real, calls = mixtures.session.run_training, []
+
+    def dies_after_three(cfg):
+        if len(calls) == 3:
+            raise KeyboardInterrupt("killed")
+        calls.append(cfg.workdir)
+        return real(cfg)
+
+    monkeypatch.setattr(mixtures.session, "run_training", dies_after_three)
+    with pytest.raises(KeyboardInterrupt):
+        mixtures.main(["run", "--experiment", path])
+    monkeypatch.setattr(mixtures.session, "run_training", lambda cfg: (calls.append(cfg.workdir), real(cfg))[1])
+    assert mixtures.main(["run", "--experiment", path]) == 0
+    assert len(calls) == 6 and len(set(calls)) == 6  # three before the kill, three after, none twice
+    again = json.loads((root / "runs" / "resumed" / "fit.json").read_text())
+    np.testing.assert_array_equal(again["weights"], fit["weights"])
+    np.testing.assert_array_equal(again["targets"], fit["targets"])
+    np.testing.assert_allclose(again["model"]["coef"], fit["model"]["coef"], rtol=1e-12)
+    assert again["proposal"] == fit["proposal"]
+
+
+def test_target_file_and_metric_errors_name_what_is_wrong(tmp_path):
+    bad = tmp_path / "t.json"
+    bad.write_text(json.dumps({"name": "x", "metrics": {"heldout/domain/web/loss": -1}}))
+    with pytest.raises(config_lib.ConfigError, match=r"metrics\['heldout/domain/web/loss'\] = -1"):
+        mixtures.Target.load(str(bad))
+    t = mixtures.Target("x", {"heldout/domain/web/loss": 1.0, "heldout/domain/code/loss": 3.0})
+    assert t.value({"heldout/domain/web/loss": 2.0, "heldout/domain/code/loss": 4.0}) == pytest.approx(3.5)
+    with pytest.raises(config_lib.ConfigError, match=r"run r1: no metric\(s\) \['heldout/domain/code/loss'\]"):
+        t.value({"heldout/domain/web/loss": 2.0}, "r1")
