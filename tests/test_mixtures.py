@@ -130,8 +130,9 @@ def test_every_id_of_the_conclusion_resolves(planted):
 
 @pytest.mark.slow
 def test_a_killed_experiment_resumed_from_the_database_fits_the_same(planted, monkeypatch):
-    """The same experiment under another name, killed after its third proxy run and started again, trains only
-    the rest and gives the uninterrupted experiment's targets and fit."""
+    """The same experiment under another name, killed after its third proxy run, then one proxy run alone
+    (``--proxy 5``) and the experiment started again: it trains only the rest and gives the uninterrupted
+    experiment's targets and fit."""
     root, _, fit = planted
     path = _experiment(root, "resumed")
     real, calls = mixtures.session.run_training, []
@@ -146,6 +147,10 @@ def test_a_killed_experiment_resumed_from_the_database_fits_the_same(planted, mo
     with pytest.raises(KeyboardInterrupt):
         mixtures.main(["run", "--experiment", path])
     monkeypatch.setattr(mixtures.session, "run_training", lambda cfg: (calls.append(cfg.workdir), real(cfg))[1])
+    # one proxy as its own job (as a scheduler would start it): no fit while others are missing
+    assert mixtures.main(["run", "--experiment", path, "--proxy", "5"]) == 0
+    assert calls[-1].endswith("proxy-005") and not (root / "runs" / "resumed" / "fit.json").exists()
+    assert mixtures.main(["run", "--experiment", path, "--proxy", "6"]) == 2  # there are proxies 0-5
     assert mixtures.main(["run", "--experiment", path]) == 0
     assert len(calls) == 6 and len(set(calls)) == 6  # three before the kill, three after, none twice
     again = json.loads((root / "runs" / "resumed" / "fit.json").read_text())

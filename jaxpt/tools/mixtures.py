@@ -266,9 +266,18 @@ def proxy_mixtures(exp: MixtureExperiment, domains: Sequence[str], tokens: dict[
     return search.sample_mixtures(search.natural_shares(tokens, domains), exp.proxies, exp.seed)
 
 
-def run_proxies(path: str, bindings: Sequence[str] = ()) -> dict[str, Any]:
-    """``run``: train the proxies not yet in the database, then fit and propose (:func:`fit_and_propose`)."""
+def run_proxies(path: str, bindings: Sequence[str] = (), only: Sequence[int] = ()) -> dict[str, Any] | None:
+    """``run``: train the proxies not yet in the database, then fit and propose (:func:`fit_and_propose`).
+
+    ``only``: train just these proxy indices (0-based), e.g. one per job of a cluster scheduler writing one local
+    database file; the fit then waits for every proxy, and None is returned while some are missing.
+
+    Raises:
+      ConfigError: an index in ``only`` outside the experiment's proxies; as :func:`load_experiment`.
+    """
     exp, base = load_experiment(path, bindings)
+    if any(not 0 <= i < exp.proxies for i in only):
+        raise ConfigError(f"--proxy {list(only)}: the experiment has proxies 0-{exp.proxies - 1}")
     target = Target.load(exp.target)
     tokens = domain_tokens(base)
     domains = tuple(sorted(tokens))
@@ -283,7 +292,9 @@ def run_proxies(path: str, bindings: Sequence[str] = ()) -> dict[str, Any]:
         if workdir in done:
             _check_same_mixture(done[workdir], domains, w)
             continue
-        left = sum(wd not in done for wd in workdirs[i:])
+        if only and i not in only:
+            continue
+        left = sum(wd not in done and (not only or j in only) for j, wd in enumerate(workdirs) if j >= i)
         eta = (time.perf_counter() - t0) / trained * left if trained else float("nan")
         log.info("[%d/%d] proxy-%03d: %s; %d done, %d to train, ETA %s", i + 1, len(mixtures), i,
                  search.describe(w, domains), len(done) + trained, left, format_duration(eta))
@@ -291,6 +302,11 @@ def run_proxies(path: str, bindings: Sequence[str] = ()) -> dict[str, Any]:
         rec = conclusions.import_run(db, cfg.workdir, experiment_id=exp.name, role=PROXY_ROLE)
         log.info("proxy-%03d: target %.4f (run %s)", i, target.value(rec["metrics"], rec["id"]), rec["id"])
         trained += 1
+    missing = len(mixtures) - len(done) - trained
+    if missing:
+        log.info("%d of %d proxies still to train: `run` them (or `fit` once all are in %s)", missing, len(mixtures),
+                 db.path)
+        return None
     return fit_and_propose(path, bindings)
 
 
@@ -537,6 +553,9 @@ def build_parser() -> argparse.ArgumentParser:
         s = sub.add_parser(name, help=text)
         s.add_argument("--experiment", required=True, help="gin file with the base config and MixtureExperiment")
         s.add_argument("--gin", action="append", default=[], help="extra binding (every run); may repeat")
+        if name == "run":
+            s.add_argument("--proxy", type=int, action="append", default=[],
+                           help="train only this proxy (0-based; may repeat): one job per proxy on a scheduler")
     return p
 
 
@@ -567,8 +586,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.cmd == "validate":
             _print_validation(validate(args.experiment, args.gin))
+        elif args.cmd == "fit":
+            _print_fit(fit_and_propose(args.experiment, args.gin))
         else:
-            _print_fit((run_proxies if args.cmd == "run" else fit_and_propose)(args.experiment, args.gin))
+            summary = run_proxies(args.experiment, args.gin, args.proxy)
+            if summary is not None:
+                _print_fit(summary)
     except (ConfigError, ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
