@@ -329,3 +329,18 @@ def test_a_gs_database_is_uploaded_after_each_write_and_reopened(gcs, tmp_path):
     with C.ConclusionsDB(path) as db:
         kept = {d["id"] for d in db.data_versions()}
     assert "from-second" in kept and "from-first" not in kept
+
+
+def test_a_role_without_qualifier_lists_its_qualified_runs_and_db_goes_before_the_command(tmp_path, capsys):
+    """``--role validation`` lists ``validation:natural`` and ``validation:proposed`` runs (not ``proxy`` nor a
+    ``validationx`` role); a qualified role lists only its own; ``--db`` may come before the command."""
+    path = str(tmp_path / "team.sqlite")
+    with C.ConclusionsDB(path) as db:
+        db.add_experiment("mix-001", "mixture")
+        for rid, role in (("r1", "validation:natural"), ("r2", "validation:proposed"), ("r3", "proxy"),
+                          ("r4", "validationx")):
+            db.add_run(rid, data_version="raw-v1", role=role, experiment_id="mix-001")
+        assert [r["id"] for r in db.runs(role="validation")] == ["r1", "r2"]
+        assert [r["id"] for r in db.runs(role="validation:natural")] == ["r1"]
+    rc, out, _ = _main(capsys, "--db", path, "list", "runs", "--role", "validation")
+    assert rc == 0 and "r1" in out and "r2" in out and "r3" not in out and "r4" not in out

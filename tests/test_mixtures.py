@@ -10,6 +10,7 @@ import itertools
 import json
 import pathlib
 import random
+import re
 
 import numpy as np
 import pytest
@@ -61,10 +62,16 @@ def _experiment(root: pathlib.Path, name: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def planted(tmp_path_factory):
-    """An uninterrupted experiment: (root, experiment file, fit summary)."""
+def corpus(tmp_path_factory):
     root = tmp_path_factory.mktemp("mixtures")
     _corpus(root)
+    return root
+
+
+@pytest.fixture(scope="module")
+def planted(corpus):
+    """An uninterrupted experiment: (root, experiment file, fit summary)."""
+    root = corpus
     path = _experiment(root, "planted")
     assert mixtures.main(["run", "--experiment", path]) == 0
     return root, path, json.loads((root / "runs" / "planted" / "fit.json").read_text())
@@ -169,3 +176,73 @@ def test_target_file_and_metric_errors_name_what_is_wrong(tmp_path):
     assert t.value({"heldout/domain/web/loss": 2.0, "heldout/domain/code/loss": 4.0}) == pytest.approx(3.5)
     with pytest.raises(config_lib.ConfigError, match=r"run r1: no metric\(s\) \['heldout/domain/code/loss'\]"):
         t.value({"heldout/domain/web/loss": 2.0}, "r1")
+
+
+@pytest.mark.parametrize("binding, message", [
+    ("MixtureExperiment.proxies = 3", "proxies = 3: at least 4"),
+    ("MixtureExperiment.proxies = 4", "proxies = 4 with 3 domains: at least 5"),
+    ("MixtureExperiment.floors = ('web', 0.05)", r"floors = \('web', 0.05\): write \(\('domain', share\), ...\)"),
+    ("MixtureExperiment.floors = (('wbe', 0.05),)", "floors: 'wbe' is not a domain of the data"),
+    ("MixtureExperiment.floors = (('web', 0.6), ('code', 0.6))", "floors sum to 1.2"),
+    ("MixtureExperiment.target = '/nonexistent/target.json'", "MixtureExperiment.target = '/nonexistent/target.json': "
+                                                              "no such file"),
+])
+def test_a_bad_experiment_is_refused_before_any_proxy_trains(corpus, binding, message, capsys, monkeypatch):
+    """Settings no fit could use are refused naming the key, before any training (run_training is never called)."""
+    path = _experiment(corpus, "refused")
+    monkeypatch.setattr(mixtures.session, "run_training", lambda cfg: pytest.fail("trained"))
+    assert mixtures.main(["run", "--experiment", path, "--gin", binding]) == 2
+    assert re.search(message, capsys.readouterr().err)
+
+
+def test_a_target_metric_no_proxy_records_is_refused_before_training(corpus, capsys, monkeypatch):
+    path = _experiment(corpus, "typo")
+    (corpus / "typo.json").write_text(json.dumps({"name": "t", "metrics": {"heldout/domain/arith/los": 1}}))
+    monkeypatch.setattr(mixtures.session, "run_training", lambda cfg: pytest.fail("trained"))
+    assert mixtures.main(["run", "--experiment", path, "--gin",
+                          f"MixtureExperiment.target = '{corpus / 'typo.json'}'"]) == 2
+    assert "target metric(s) ['heldout/domain/arith/los'] are not in a proxy's final record" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_changed_training_setting_is_refused_by_name_but_a_new_target_refits(planted, capsys):
+    """Proxies of one experiment differ by their mixture alone: a later run with another learning rate is refused
+    naming the setting. The target is not a proxy setting: a refit for code's held-out loss moves the proposal to
+    code, and a validation judges that proposal by that target."""
+    root, path, _ = planted
+    assert mixtures.main(["run", "--experiment", path, "--gin", "OptimizerConfig.peak_learning_rate = 0.03"]) == 2
+    assert "with other settings (OptimizerConfig.peak_learning_rate)" in capsys.readouterr().err
+    (root / "code.json").write_text(json.dumps({"name": "code", "metrics": {"heldout/domain/code/loss": 1}}))
+    assert mixtures.main(["fit", "--experiment", path, "--gin", f"MixtureExperiment.target = '{root / 'code.json'}'"]) == 0
+    fit = json.loads((root / "runs" / "planted" / "fit.json").read_text())
+    assert fit["target"]["name"] == "code" and max(fit["proposal"], key=fit["proposal"].get) == "code"
+    assert "target 'code'" in (root / "runs" / "planted" / "proposal.gin").read_text()
+
+
+@pytest.mark.slow
+def test_validation_trains_the_current_proposal_at_the_current_scale(planted, monkeypatch):
+    """validate trains proposed, natural and uniform once per seed and settles the conclusions (the claim's status
+    is the verdict, the proposal's conclusion takes it, the experiment is completed); run again it trains nothing;
+    with another validation budget it trains new runs rather than reading the old ones."""
+    root, path, _ = planted
+    real, calls = mixtures.session.run_training, []
+    monkeypatch.setattr(mixtures.session, "run_training", lambda cfg: (calls.append(cfg.workdir), real(cfg))[1])
+    scale = ["--gin", "MixtureExperiment.validation_model = {'d_model': 32, 'head_dim': 16, 'mlp_dim': 96}",
+             "--gin", f"MixtureExperiment.validation_tokens = {8 * 32 * 48}"]
+    assert mixtures.main(["validate", "--experiment", path, *scale]) == 0
+    assert len(calls) == 6
+    report = json.loads((root / "runs" / "planted" / "validation.json").read_text())
+    assert [len(f["targets"]) for f in report["figures"].values()] == [2, 2, 2]
+    assert report["target"] == json.loads((root / "runs" / "planted" / "fit.json").read_text())["target"]["name"]
+    assert report["compute_ratio_to_proxy"] > 4  # twice the tokens, about 2.5x the FLOPs per token
+    db = conclusions.ConclusionsDB(str(root / "planted.sqlite"))
+    kind, claim = db.resolve(report["conclusion"])
+    assert kind == "conclusion" and claim["status"] == report["status"]
+    proposed = json.loads((root / "runs" / "planted" / "fit.json").read_text())["conclusion"]
+    assert proposed in claim["evidence"] and db.resolve(proposed)[1]["status"] == report["status"]
+    assert db.experiment("planted")["status"] == "completed"
+    assert mixtures.main(["validate", "--experiment", path, *scale]) == 0 and len(calls) == 6
+    more = ["--gin", f"MixtureExperiment.validation_tokens = {8 * 32 * 40}"]
+    assert mixtures.main(["validate", "--experiment", path, *scale[:2], *more]) == 0 and len(calls) == 12
+    again = json.loads((root / "runs" / "planted" / "validation.json").read_text())
+    assert not set(again["figures"]["proposed"]["runs"]) & set(report["figures"]["proposed"]["runs"])

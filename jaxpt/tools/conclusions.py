@@ -608,7 +608,8 @@ class ConclusionsDB:
 
     def runs(self, experiment_id: str | None = None, role: str | None = None) -> list[dict[str, Any]]:
         """Every run's row with its ``metrics`` (``{name: value}``), by creation time; only an experiment's and/or a
-        role's when given.
+        role's when given (a role without ``:`` also matches its qualified forms: ``validation`` matches
+        ``validation:natural``).
 
         Raises:
           ConclusionsError: an unknown experiment.
@@ -617,7 +618,8 @@ class ConclusionsDB:
         if experiment_id is not None:
             q = q.where(runs_table.c.experiment_id == experiment_id)
         if role is not None:
-            q = q.where(runs_table.c.role == role)
+            match = runs_table.c.role == role
+            q = q.where(match if ":" in role else match | runs_table.c.role.startswith(role + ":", autoescape=True))
         with self._read() as conn:
             self._require(conn, "experiment", experiment_id, "experiment")
             rows = [dict(r) for r in conn.execute(q).mappings()]
@@ -746,8 +748,9 @@ def run_compute(rec: Mapping[str, Any], cfg) -> RunCompute:
     - tokens: the trainer's own count (:meth:`jaxpt.run.monitor.Throughput.tokens_seen`): rows of steps
       ``start+1 .. final.step`` (the batch-size ramp's when there is one: :mod:`jaxpt.training.batch_ramp`) times
       ``seq_len``, where ``start`` is the last stage's ``start_step`` (0 for a base run: a stage's own tokens only).
-    - device_seconds: ``final.train_time_s`` (the training loop's time through the last step, carried across
-      resumes; evaluation and start-up left out) times ``devices.count`` (every device of the run).
+    - device_seconds: ``final.train_time_s`` (the run's training time, carried across resumes: its compiles,
+      checkpoint saves and in-loop and final evaluations included, process start-up not) times ``devices.count``
+      (every device of the run).
     - wall_s: the sum of every session's ``goodput.wall_s`` (start-up, compiles, steps, checkpoints, evaluation,
       steps redone after a resume), else ``ended_at - started_at``; None when neither is recorded.
     """
@@ -841,7 +844,11 @@ def import_run(db: ConclusionsDB, workdir: str, experiment_id: str | None = None
     if experiment_id is not None:
         db.experiment(experiment_id)  # raises for an unknown one before anything is written
     _role(role, f"run {rec.get('run_id')} role")
-    cfg = resolve_vocab(config_lib.parse([fs.join(rec["workdir"], "config.gin")]))
+    try:
+        cfg = resolve_vocab(config_lib.parse([fs.join(rec["workdir"], "config.gin")]))
+    except ConfigError as e:
+        raise ConfigError(f"{e} (reading {fs.join(rec['workdir'], 'config.gin')}: its relative paths are relative to "
+                          "the folder the run was started in; import it from there)") from None
     compute = run_compute(rec, cfg)
     data_version = _run_data_version(db, rec, cfg)
     mixtures = [s["mixture"] for s in rec.get("sessions", []) if s.get("mixture") is not None]
@@ -939,6 +946,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m jaxpt.tools.conclusions",
                                  description="The conclusions database: experiments, runs, data versions, eval cards, "
                                              "compute, metrics and conclusions (one SQLite file per team).")
+    # --db before the command too (`conclusions --db F list runs`), under its own name: a subcommand's default
+    # would overwrite it
+    ap.add_argument("--db", dest="db_before", default=None, metavar="PATH", help="as each command's --db")
     sub = ap.add_subparsers(dest="cmd", required=True)
 
     def command(name: str, text: str) -> argparse.ArgumentParser:
@@ -948,7 +958,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("what", choices=LISTS, help="which rows")
     cli.add_flag(p, "--experiment", metavar="ID", help="runs or conclusions of this experiment only")
     cli.add_flag(p, "--status", help="experiments or conclusions with this status only")
-    cli.add_flag(p, "--role", help="runs with this role only (proxy, validation, manual, ...)")
+    cli.add_flag(p, "--role", help="runs with this role only (proxy, validation, manual, ...; validation also lists "
+                                   "validation:<label>)")
     p = command("show", "Any id: its kind and row, a run's metrics, a conclusion's evidence, the runs and "
                         "conclusions linked to it.")
     p.add_argument("id", help="an experiment, run, data version, eval card or conclusion id")
@@ -998,7 +1009,7 @@ def run_command(db: ConclusionsDB, args: argparse.Namespace) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        with ConclusionsDB(args.db) as db:
+        with ConclusionsDB(args.db or args.db_before) as db:
             print(run_command(db, args))
     except (ConclusionsError, ConfigError, FileNotFoundError, ValueError, sa.exc.SQLAlchemyError) as e:
         # input refused (exit 2, as every jaxpt program): one line naming the id, key or file

@@ -3,7 +3,7 @@
     python -m jaxpt.tools.mixtures run --experiment configs/mixtures/sample.gin       # proxies, fit, proposal
     python -m jaxpt.tools.mixtures fit --experiment configs/mixtures/sample.gin       # refit from the database
     python -m jaxpt.tools.mixtures validate --experiment configs/mixtures/sample.gin  # at a larger scale
-    python -m jaxpt.train --config configs/quickstart.gin --config runs/mixtures/sample/proposal.gin
+    python -m jaxpt.train --config configs/quickstart.gin --config runs/mixtures/sample-balanced/proposal.gin
 
 The experiment file is a gin file: a base training config (the usual bindings; the data must carry a ``domain`` per
 document) and a :class:`MixtureExperiment`. ``run``:
@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import json
 import logging
 import math
@@ -56,7 +57,7 @@ from jaxpt.data import corpus, loader, stream
 from jaxpt.model.config import ModelConfig
 from jaxpt.run import resolve as resolve_lib, session
 from jaxpt.tools import conclusions, mixture_search as search
-from jaxpt.util import fs
+from jaxpt.util import fs, jsonl
 from jaxpt.util import progress as progress_lib
 from jaxpt.util.progress import format_duration
 
@@ -65,8 +66,14 @@ log = logging.getLogger("jaxpt.tools.mixtures")
 #: The database's role of a proxy run, and the prefix of a validation run's role (``validation:<label>``).
 PROXY_ROLE = "proxy"
 VALIDATION_ROLE = "validation"
+#: The fewest proxies: the leave-one-out check fits on all runs but one, and a fit needs 3.
+MIN_PROXIES = 4
+#: Final-record metrics a target may name besides the per-domain ones (``heldout/domain/<domain>/loss|perplexity``).
+RUN_METRICS = ("heldout_loss", "heldout_perplexity", "train_loss", "train_loss_mean_last20")
+#: The metric prefix of a proxy's realized token share of a domain (:func:`realized_shares`).
+REALIZED = "mixture/realized/"
 #: Settings that change the proposal or the validation but not the proxies: an experiment may be refit with others.
-PROPOSAL_ONLY = ("database", "floors", "caps", "target_tokens", "max_epochs", "validation_model",
+PROPOSAL_ONLY = ("database", "target", "floors", "caps", "target_tokens", "max_epochs", "validation_model",
                  "validation_tokens", "validation_seeds")
 #: The mixtures a validation compares.
 VALIDATION_LABELS = ("proposed", "natural", "uniform")
@@ -131,6 +138,13 @@ def load_experiment(path: str, bindings: Sequence[str] = ()) -> tuple[MixtureExp
         raise ConfigError(f"{path}: MixtureExperiment.target: the target file is required")
     if exp.proxy_tokens <= 0:
         raise ConfigError(f"{path}: MixtureExperiment.proxy_tokens must be positive (got {exp.proxy_tokens!r})")
+    if exp.proxies < MIN_PROXIES:
+        raise ConfigError(f"{path}: MixtureExperiment.proxies = {exp.proxies}: at least {MIN_PROXIES} (the "
+                          "leave-one-out check fits on all runs but one, and a fit needs 3)")
+    for key in ("floors", "caps"):
+        _check_pairs(path, key, getattr(exp, key))
+    if not fs.exists(exp.target):
+        raise ConfigError(f"{path}: MixtureExperiment.target = {exp.target!r}: no such file")
     fields = {f.name for f in dataclasses.fields(ModelConfig)}
     for key in ("proxy_model", "validation_model"):
         value = getattr(exp, key) or {}
@@ -138,6 +152,20 @@ def load_experiment(path: str, bindings: Sequence[str] = ()) -> tuple[MixtureExp
             raise ConfigError(f"{path}: MixtureExperiment.{key} = {value!r}: a dict of ModelConfig fields "
                               f"(unknown: {sorted(set(value) - fields) if isinstance(value, dict) else value!r})")
     return exp, base
+
+
+def _check_pairs(path: str, key: str, value: Any) -> None:
+    """``floors``/``caps`` must be ``(('domain', share), ...)``.
+
+    Raises:
+      ConfigError: any other shape (a single pair without the outer tuple is the usual slip), naming the key.
+    """
+    ok = isinstance(value, (tuple, list)) and all(
+        isinstance(e, (tuple, list)) and len(e) == 2 and isinstance(e[0], str)
+        and isinstance(e[1], (int, float)) and not isinstance(e[1], bool) for e in value)
+    if not ok:
+        raise ConfigError(f"{path}: MixtureExperiment.{key} = {value!r}: write (('domain', share), ...), a tuple of "
+                          f"pairs, e.g. (('web', 0.05),) for one")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,6 +190,18 @@ class Target:
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
                 raise ConfigError(f"{path}: metrics[{k!r}] = {v!r} must be a positive weight")
         return cls(str(raw.get("name") or path), {str(k): float(v) for k, v in raw["metrics"].items()})
+
+    def check_names(self, domains: Sequence[str], path: str) -> None:
+        """Refuse, before anything trains, a metric no run of the experiment will have.
+
+        Raises:
+          ConfigError: naming the metric and the file, with the names a target may use.
+        """
+        known = set(RUN_METRICS) | {f"heldout/domain/{d}/{k}" for d in domains for k in ("loss", "perplexity")}
+        unknown = sorted(set(self.metrics) - known)
+        if unknown:
+            raise ConfigError(f"{path}: target metric(s) {unknown} are not in a proxy's final record; use "
+                              f"{sorted(known)}")
 
     def value(self, metrics: dict[str, float], run_id: str = "") -> float:
         """The weighted mean of the named metrics of one run (nats per token for losses).
@@ -234,11 +274,27 @@ def open_database(exp: MixtureExperiment) -> "conclusions.ConclusionsDB":
     return conclusions.ConclusionsDB(exp.database or conclusions.default_path())
 
 
-def experiment_record(exp: MixtureExperiment, target: Target, domains: Sequence[str],
-                      tokens: dict[str, int]) -> dict[str, Any]:
-    """What identifies an experiment in the database: its settings, target, domains and their token counts."""
+def experiment_record(exp: MixtureExperiment, target: Target, domains: Sequence[str], tokens: dict[str, int],
+                      proxy_settings: dict[str, Any]) -> dict[str, Any]:
+    """What identifies an experiment in the database: its settings, domains and their token counts, and every
+    setting of a proxy run that can change its numbers (``proxy_settings``); the target is recorded as first given
+    (a later ``fit`` may use another)."""
     return {"experiment": dataclasses.asdict(exp), "target": dataclasses.asdict(target), "domains": list(domains),
-            "domain_tokens": tokens}
+            "domain_tokens": tokens, "proxy_settings": proxy_settings}
+
+
+def proxy_settings(path: str, bindings: Sequence[str], exp: MixtureExperiment, base: config_lib.TrainConfig,
+                   domains: Sequence[str]) -> dict[str, Any]:
+    """``{'Class.field': value}`` of a proxy run's operative config that can change its numbers (bookkeeping, the
+    workdir and the mixture, which differs per proxy, left out): a base config changed between two runs of one
+    experiment is refused by name, since its proxies would no longer differ by their mixture alone."""
+    weights = np.full(len(domains), 1.0 / len(domains))
+    cfg = config_lib.parse([path], [*run_bindings(exp, base, "proxy", domains, weights, exp.proxy_model,
+                                                  exp.proxy_tokens), *bindings])
+    settings = config_lib.saved_settings({"config_gin": config_lib.operative_config_str(cfg)})
+    return {k: json.loads(json.dumps(v, default=repr)) for k, v in sorted(settings.items())
+            if not config_lib.is_bookkeeping(k) and k not in ("DataConfig.mixture_weights",
+                                                               "DataConfig.mixture_schedule")}
 
 
 def _register(db, exp: MixtureExperiment, record: dict[str, Any], data_version: str) -> None:
@@ -255,7 +311,10 @@ def _register(db, exp: MixtureExperiment, record: dict[str, Any], data_version: 
     old = known["config"]
     differ = sorted(k for k in set(old["experiment"]) | set(record["experiment"])
                     if old["experiment"].get(k) != record["experiment"].get(k) and k not in PROPOSAL_ONLY)
-    differ += [k for k in ("target", "domains", "domain_tokens") if old.get(k) != record[k]]
+    differ += [k for k in ("domains", "domain_tokens") if old.get(k) != record[k]]
+    settings_old, settings_new = old.get("proxy_settings", {}), record["proxy_settings"]
+    differ += sorted(k for k in set(settings_old) | set(settings_new)
+                     if not config_lib.same_value(settings_old.get(k), settings_new.get(k)))
     if differ:
         raise ConfigError(f"mixture experiment {exp.name!r} is already in {db.path} with other settings "
                           f"({', '.join(differ)}): choose a new MixtureExperiment.name to start another")
@@ -281,10 +340,17 @@ def run_proxies(path: str, bindings: Sequence[str] = (), only: Sequence[int] = (
     target = Target.load(exp.target)
     tokens = domain_tokens(base)
     domains = tuple(sorted(tokens))
+    target.check_names(domains, exp.target)
+    constraints(exp, domains, tokens).bounds()  # a floor naming no domain fails now, not after the proxies
+    if exp.proxies < len(domains) + 2:
+        raise ConfigError(f"{path}: MixtureExperiment.proxies = {exp.proxies} with {len(domains)} domains: at least "
+                          f"{len(domains) + 2}, else the fit has as many unknowns as runs")
     mixtures = proxy_mixtures(exp, domains, tokens)
     db = open_database(exp)
     data_version = _data_version(base)
-    _register(db, exp, experiment_record(exp, target, domains, tokens), data_version)
+    record = experiment_record(exp, target, domains, tokens, proxy_settings(path, bindings, exp, base, domains))
+    _register(db, exp, record, data_version)
+    db.set_experiment_status(exp.name, "running")
     done = {fs.absolute(r["workdir"]): r for r in db.runs(experiment_id=exp.name, role=PROXY_ROLE)}
     workdirs = [fs.absolute(fs.join(exp.directory, f"proxy-{i:03d}")) for i in range(len(mixtures))]
     t0, trained = time.perf_counter(), 0
@@ -300,6 +366,8 @@ def run_proxies(path: str, bindings: Sequence[str] = (), only: Sequence[int] = (
                  search.describe(w, domains), len(done) + trained, left, format_duration(eta))
         cfg = _train(path, bindings, run_bindings(exp, base, workdir, domains, w, exp.proxy_model, exp.proxy_tokens))
         rec = conclusions.import_run(db, cfg.workdir, experiment_id=exp.name, role=PROXY_ROLE)
+        db.add_metrics(rec["id"], realized_shares(cfg.workdir, domains, rec["tokens"]))
+        rec = db.resolve(rec["id"])[1]
         log.info("proxy-%03d: target %.4f (run %s)", i, target.value(rec["metrics"], rec["id"]), rec["id"])
         trained += 1
     missing = len(mixtures) - len(done) - trained
@@ -314,12 +382,42 @@ def _data_version(cfg: config_lib.TrainConfig) -> str:
     return stream.data_version(cfg)
 
 
+def realized_shares(workdir: str, domains: Sequence[str], tokens: int) -> dict[str, float]:
+    """``{REALIZED + domain: share}``: each domain's share of the tokens the run trained on, from the last step
+    record of ``metrics.jsonl`` (``mixture/share/<group>``). The token-true mixture keeps a group within a few rows
+    of its weight, which for a share of 0.1% over a proxy's few hundred rows is several times the weight: the fit
+    uses what was trained on. Empty (the nominal weights are used, and that is logged) when the record does not
+    cover the whole run: a resumed run counts shares from its last session's start."""
+    last = None
+    for _, rec in jsonl.iter_objects(fs.join(workdir, "metrics.jsonl")):
+        if "mixture/stage_tokens" in rec:
+            last = rec
+    if last is None or int(last["mixture/stage_tokens"]) != int(tokens):
+        log.info("%s: no step record covers all %s tokens (a resumed run): its nominal weights stand for its "
+                 "mixture", workdir, tokens)
+        return {}
+    return {REALIZED + d: float(last.get(f"mixture/share/{d}", 0.0)) for d in domains}
+
+
 def run_weights(run: dict[str, Any], domains: Sequence[str]) -> np.ndarray:
-    """The mixture a recorded run trained on, float64 [n] in ``domains`` order (its last stage's weights, as
-    ``run.json`` records the schedule).
+    """The mixture a recorded run trained on, float64 [n] in ``domains`` order: its realized shares
+    (:func:`realized_shares`) when recorded, else its last stage's weights as ``run.json`` records the schedule.
 
     Raises:
       ConfigError: a run with no recorded mixture, or with groups that are not these domains.
+    """
+    metrics = run.get("metrics") or {}
+    if all(REALIZED + d in metrics for d in domains):
+        w = np.array([float(metrics[REALIZED + d]) for d in domains])
+        return w / w.sum()
+    return nominal_weights(run, domains)
+
+
+def nominal_weights(run: dict[str, Any], domains: Sequence[str]) -> np.ndarray:
+    """A recorded run's mixture weights (its last stage's, as ``run.json`` records the schedule), float64 [n].
+
+    Raises:
+      ConfigError: as :func:`run_weights`.
     """
     stages = run.get("mixture") or []
     if not stages:
@@ -333,7 +431,7 @@ def run_weights(run: dict[str, Any], domains: Sequence[str]) -> np.ndarray:
 
 
 def _check_same_mixture(run: dict[str, Any], domains: Sequence[str], w: np.ndarray) -> None:
-    have = run_weights(run, domains)
+    have = nominal_weights(run, domains)
     if not np.allclose(have, w, rtol=0, atol=1e-12):
         raise ConfigError(f"{run['workdir']}: the database's proxy run {run['id']} trained mixture "
                           f"{search.describe(have, domains)}, not this experiment's {search.describe(w, domains)}")
@@ -367,29 +465,38 @@ def fit_and_propose(path: str, bindings: Sequence[str] = ()) -> dict[str, Any]:
     """``fit``: fit the regression to the database's proxy runs, propose a mixture, write the files and the
     ``proposed`` conclusion. Returns the fit's summary (also ``fit.json``).
 
+    The target is the experiment file's (``MixtureExperiment.target``, read now): proxies do not depend on it, so one
+    experiment may be refit for another target; ``fit.json``, ``proposal.gin`` and the conclusion name it and the
+    constraints used.
+
     Raises:
-      ConfigError: an experiment not in the database, or with fewer than 3 finished proxy runs.
+      ConfigError: an experiment not in the database, with fewer than :data:`MIN_PROXIES` finished proxy runs, or
+        a target naming a metric the proxies lack.
     """
     exp, base = load_experiment(path, bindings)
     db = open_database(exp)
     if not db.has(exp.name):
         raise ConfigError(f"mixture experiment {exp.name!r} is not in {db.path}: `run` it first")
     rec = db.experiment(exp.name)["config"]
-    domains, tokens, target = tuple(rec["domains"]), rec["domain_tokens"], Target(**rec["target"])
+    domains, tokens, target = tuple(rec["domains"]), rec["domain_tokens"], Target.load(exp.target)
+    target.check_names(domains, exp.target)
     runs, w, y = proxy_table(db, exp, domains, target)
-    if len(runs) < 3:
-        raise ConfigError(f"mixture experiment {exp.name!r}: {len(runs)} finished proxy runs; a fit needs 3")
+    if len(runs) < MIN_PROXIES:
+        raise ConfigError(f"mixture experiment {exp.name!r}: {len(runs)} finished proxy runs with a finite target; "
+                          f"a fit and its leave-one-out check need {MIN_PROXIES}")
     model = search.fit_model(w, y)
     rho, loo = search.cross_validated_spearman(w, y)
     natural = search.natural_shares(tokens, domains)
     proposal = search.round_mixture(search.propose(model, constraints(exp, domains, tokens), natural,
                                                    seed=exp.seed))
     summary = _summary(exp, domains, runs, w, y, model, rho, loo, proposal, natural)
-    fs.makedirs(exp.directory)
+    summary["target"] = dataclasses.asdict(target)
+    summary["constraints"] = {"floors": dict(exp.floors), "caps": dict(exp.caps), "target_tokens": exp.target_tokens,
+                              "max_epochs": exp.max_epochs}
+    summary["conclusion"] = _conclude(db, exp, runs, summary)
     fs.write_text_atomic(fs.join(exp.directory, "fit.json"), json.dumps(summary, indent=1))
     fs.write_text_atomic(fs.join(exp.directory, "proposal.gin"), proposal_gin(exp, path, domains, proposal, summary))
     plot_fit(y, loo, fs.join(exp.directory, "predicted_vs_actual.png"), target.name)
-    summary["conclusion"] = _conclude(db, exp, runs, summary)
     return summary
 
 
@@ -400,6 +507,7 @@ def _summary(exp, domains, runs, w, y, model, rho, loo, proposal, natural) -> di
                       "eps": model.eps, "r2": model.r2},
             "loo_predictions": loo.tolist(), "loo_spearman": rho,
             "proposal": dict(zip(domains, proposal.tolist())), "natural": dict(zip(domains, natural.tolist())),
+            "uniform": {d: 1.0 / len(domains) for d in domains},
             "predicted": {"proposal": float(model.predict(proposal)), "natural": float(model.predict(natural)),
                           "uniform": float(model.predict(np.full(len(domains), 1 / len(domains))))},
             "proxy_flops": float(np.mean([r["flops"] for r in runs])),
@@ -408,16 +516,21 @@ def _summary(exp, domains, runs, w, y, model, rho, loo, proposal, natural) -> di
 
 def proposal_gin(exp: MixtureExperiment, path: str, domains: Sequence[str], proposal: np.ndarray,
                  summary: dict[str, Any]) -> str:
-    """The proposal as a staged mixture file the trainer runs after its base config."""
+    """The proposal as a staged mixture file the trainer runs after its base config; it also turns on the
+    per-domain held-out evaluation, so the run records the metrics the target names."""
     stage = tuple((d, float(w)) for d, w in zip(domains, proposal))  # a 0 leaves that domain out
-    pred = summary["predicted"]
+    pred, c = summary["predicted"], summary["constraints"]
     return (f"# Mixture experiment {exp.name!r} (python -m jaxpt.tools.mixtures, {path}): the proposed mixture.\n"
-            f"# experiment id: {exp.name}; {summary['proxies']} proxy runs; leave-one-out Spearman "
-            f"{summary['loo_spearman']:.3f}; predicted target {pred['proposal']:.4f} (natural {pred['natural']:.4f}, "
-            f"uniform {pred['uniform']:.4f}).\n"
+            f"# experiment id: {exp.name}; conclusion {summary['conclusion']}; target {summary['target']['name']!r}; "
+            f"{summary['proxies']} proxy runs; leave-one-out Spearman {summary['loo_spearman']:.3f}.\n"
+            f"# predicted target {pred['proposal']:.4f} (natural {pred['natural']:.4f}, uniform {pred['uniform']:.4f});"
+            f" floors {c['floors']}, caps {c['caps']}, at most {c['max_epochs']:g} epochs of a domain at "
+            f"{c['target_tokens']:g} tokens (0: no limit).\n"
             f"#   python -m jaxpt.train --config <base config> --config {fs.join(exp.directory, 'proposal.gin')}\n"
             f"DataConfig.mixture_schedule = ((1, {stage!r}),)\n"
-            "DataConfig.mixture_weights = ()\n")
+            "DataConfig.mixture_weights = ()\n"
+            "HeldoutEvalConfig.enabled = True\n"
+            "HeldoutEvalConfig.group_by = ('domain',)\n")
 
 
 def plot_fit(actual: np.ndarray, predicted: np.ndarray, out: str, target_name: str) -> None:
@@ -437,11 +550,14 @@ def plot_fit(actual: np.ndarray, predicted: np.ndarray, out: str, target_name: s
 
 
 def _conclude(db, exp: MixtureExperiment, runs: list[dict[str, Any]], summary: dict[str, Any]) -> str:
-    """The experiment's ``proposed`` conclusion (a refit with more runs supersedes the previous one)."""
+    """The experiment's ``proposed`` conclusion, naming the target and the constraints (a refit with more runs,
+    another target or other constraints supersedes the earlier proposed one)."""
+    c = summary["constraints"]
     statement = (f"mixture {search.describe(np.array(list(summary['proposal'].values())), summary['domains'])} "
-                 f"minimizes the target among mixtures the constraints allow (predicted {summary['predicted']['proposal']:.4f}"
-                 f" vs natural {summary['predicted']['natural']:.4f}); {len(runs)} proxies, leave-one-out Spearman "
-                 f"{summary['loo_spearman']:.3f}")
+                 f"minimizes target {summary['target']['name']!r} among mixtures with floors {c['floors']}, caps "
+                 f"{c['caps']} and at most {c['max_epochs']:g} epochs at {c['target_tokens']:g} tokens (predicted "
+                 f"{summary['predicted']['proposal']:.4f} vs natural {summary['predicted']['natural']:.4f}); "
+                 f"{len(runs)} proxies, leave-one-out Spearman {summary['loo_spearman']:.3f}")
     previous = [c for c in db.conclusions(experiment_id=exp.name) if c["status"] == "proposed"]
     if previous and previous[-1]["statement"] == statement:
         return previous[-1]["id"]
@@ -464,77 +580,102 @@ def validation_mixtures(summary: dict[str, Any]) -> dict[str, np.ndarray]:
             "uniform": np.full(len(domains), 1.0 / len(domains))}
 
 
+def validation_jobs(exp: MixtureExperiment, summary: dict[str, Any]) -> list[tuple[str, np.ndarray, int, str]]:
+    """``(label, mixture, seed, workdir)`` of every validation run. The workdir names a digest of the mixture, the
+    validation model and tokens, so a refit's new proposal or a new validation scale trains new runs instead of
+    reading old ones."""
+    jobs = []
+    for label, w in validation_mixtures(summary).items():
+        key = json.dumps([np.round(w, 6).tolist(), exp.validation_model or {}, exp.validation_tokens], sort_keys=True)
+        digest = hashlib.sha256(key.encode()).hexdigest()[:8]
+        for seed in exp.validation_seeds:
+            jobs.append((label, w, seed, fs.absolute(fs.join(exp.directory, f"validate-{label}-{digest}-seed{seed}"))))
+    return jobs
+
+
 def validate(path: str, bindings: Sequence[str] = ()) -> dict[str, Any]:
     """``validate``: train each validation mixture at the validation scale for each seed (resumable: runs already
     in the database are not trained again), then report and settle the conclusion (module docstring).
 
     Raises:
-      ConfigError: no ``validation_tokens``, or no ``fit.json`` (run ``run`` or ``fit`` first).
+      ConfigError: no ``validation_tokens`` or seeds, or no ``fit.json`` (run ``run`` or ``fit`` first).
     """
     exp, base = load_experiment(path, bindings)
-    if exp.validation_tokens <= 0:
-        raise ConfigError(f"{path}: MixtureExperiment.validation_tokens must be positive to validate")
+    if exp.validation_tokens <= 0 or not exp.validation_seeds:
+        raise ConfigError(f"{path}: MixtureExperiment.validation_tokens and validation_seeds must be set to validate")
     fit_file = fs.join(exp.directory, "fit.json")
     if not fs.exists(fit_file):
         raise ConfigError(f"{fit_file}: no fit yet; `run` (or `fit`) the experiment first")
     summary = fs.read_json(fit_file, "a mixture experiment's fit")
     db = open_database(exp)
-    done = {fs.absolute(r["workdir"]) for r in db.runs(experiment_id=exp.name)}
-    jobs = [(label, w, s) for label, w in validation_mixtures(summary).items() for s in exp.validation_seeds]
-    for i, (label, w, seed) in enumerate(jobs):
-        workdir = fs.absolute(fs.join(exp.directory, f"validate-{label}-seed{seed}"))
+    done = {fs.absolute(r["workdir"]): r for r in db.runs(experiment_id=exp.name)}
+    jobs = validation_jobs(exp, summary)
+    t0, trained = time.perf_counter(), 0
+    for i, (label, w, seed, workdir) in enumerate(jobs):
         if workdir in done:
             continue
-        log.info("[%d/%d] validation %s seed %d: %s", i + 1, len(jobs), label, seed,
-                 search.describe(w, summary["domains"]))
+        left = sum(j[3] not in done for j in jobs[i:])
+        eta = (time.perf_counter() - t0) / trained * left if trained else float("nan")
+        log.info("[%d/%d] validation %s seed %d: %s; %d to train, ETA %s", i + 1, len(jobs), label, seed,
+                 search.describe(w, summary["domains"]), left, format_duration(eta))
         cfg = _train(path, bindings, run_bindings(exp, base, workdir, summary["domains"], w, exp.validation_model,
                                                   exp.validation_tokens, seed))
-        conclusions.import_run(db, cfg.workdir, experiment_id=exp.name, role=f"{VALIDATION_ROLE}:{label}")
-    report = validation_report(db, exp, summary)
+        done[workdir] = conclusions.import_run(db, cfg.workdir, experiment_id=exp.name,
+                                               role=f"{VALIDATION_ROLE}:{label}")
+        trained += 1
+    report = validation_report(db, exp, summary, {j[3]: j[0] for j in jobs}, done)
     fs.write_text_atomic(fs.join(exp.directory, "validation.json"), json.dumps(report, indent=1))
     return report
 
 
-def validation_report(db, exp: MixtureExperiment, summary: dict[str, Any]) -> dict[str, Any]:
-    """Each validation mixture's target (mean over seeds, seed spread), the proposal's differences from the others,
-    the compute ratio to a proxy, and the conclusion's new status (``confirmed`` when the proposal beats both others
-    by more than the largest seed spread, else ``refuted``)."""
-    target = Target(**db.experiment(exp.name)["config"]["target"])
+def validation_report(db, exp: MixtureExperiment, summary: dict[str, Any], labels: dict[str, str],
+                      runs_by_workdir: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Each validation mixture's target (mean over seeds, seed spread), the proposal's margins over the others, the
+    compute ratio to a proxy (warned about under 4x), and the verdict: ``confirmed`` when the proposal beats both
+    others by more than the largest seed spread, else ``refuted``; recorded in the database (:func:`_settle`).
+    ``labels``: ``{workdir: label}`` of this validation's runs; ``runs_by_workdir``: their database rows."""
+    target = Target(**summary["target"])  # the fit's target: the one the proposal was made for
     figures, runs = {}, []
     for label in VALIDATION_LABELS:
-        rows = db.runs(experiment_id=exp.name, role=f"{VALIDATION_ROLE}:{label}")
+        rows = [runs_by_workdir[w] for w, lab in labels.items() if lab == label]
         values = [target.value(r["metrics"], r["id"]) for r in rows]
         runs += rows
         figures[label] = {"runs": [r["id"] for r in rows], "targets": values,
-                          "mean": float(np.mean(values)) if values else float("nan"), "spread": search.spread(values)}
+                          "mean": float(np.mean(values)), "spread": search.spread(values)}
     worst_spread = max((f["spread"] for f in figures.values() if math.isfinite(f["spread"])), default=float("nan"))
     diffs = {k: figures[k]["mean"] - figures["proposed"]["mean"] for k in ("natural", "uniform")}
-    beats = all(math.isfinite(d) and d > worst_spread for d in diffs.values()) and math.isfinite(worst_spread)
-    flops = float(np.mean([r["flops"] for r in runs])) if runs else float("nan")
-    report = {"experiment": exp.name, "figures": figures, "improvement_over": diffs, "largest_seed_spread":
-              worst_spread, "validation_flops": flops, "compute_ratio_to_proxy": flops / summary["proxy_flops"],
+    beats = math.isfinite(worst_spread) and all(d > worst_spread for d in diffs.values())
+    ratio = float(np.mean([r["flops"] for r in runs])) / summary["proxy_flops"]
+    if ratio < 4:
+        log.warning("the validation runs have %.1fx a proxy's FLOPs: a test of the proposal at a larger scale wants "
+                    "at least 4x (MixtureExperiment.validation_model, validation_tokens)", ratio)
+    report = {"experiment": exp.name, "target": target.name, "proposal": summary["proposal"], "figures": figures,
+              "improvement_over": diffs, "largest_seed_spread": worst_spread,
+              "validation_flops": float(np.mean([r["flops"] for r in runs])), "compute_ratio_to_proxy": ratio,
               "status": "confirmed" if beats else "refuted"}
-    if runs:
-        report["conclusion"] = _settle(db, exp, runs, report)
+    report["conclusion"] = _settle(db, exp, runs, report, summary.get("conclusion"))
+    db.set_experiment_status(exp.name, "completed")
     return report
 
 
-def _settle(db, exp: MixtureExperiment, runs: list[dict[str, Any]], report: dict[str, Any]) -> str:
-    """Record the validation's verdict: the proposed conclusion takes the new status, with the validation runs'
-    result as a new conclusion that cites them."""
-    f = report["figures"]
-    statement = (f"at {report['compute_ratio_to_proxy']:.1f}x a proxy's FLOPs the proposed mixture's target is "
-                 f"{f['proposed']['mean']:.4f} vs natural {f['natural']['mean']:.4f} and uniform "
-                 f"{f['uniform']['mean']:.4f} (largest seed spread {report['largest_seed_spread']:.4f}): "
-                 f"{report['status']}")
+def _settle(db, exp: MixtureExperiment, runs: list[dict[str, Any]], report: dict[str, Any],
+            proposed: str | None) -> str:
+    """Record the validation as a claim with its verdict as status ("the proposal beats natural and uniform at this
+    scale by more than the seed spread": confirmed or refuted), citing the validation runs and the proposal's
+    conclusion; the proposal's conclusion takes the same status."""
+    f, mix = report["figures"], report["proposal"]
+    statement = (f"the proposed mixture ({search.describe(np.array(list(mix.values())), list(mix))}) beats the "
+                 f"natural and the uniform mixture on target {report['target']!r} by more than the seed spread at "
+                 f"{report['compute_ratio_to_proxy']:.1f}x a proxy's FLOPs: proposed {f['proposed']['mean']:.4f}, "
+                 f"natural {f['natural']['mean']:.4f}, uniform {f['uniform']['mean']:.4f}, largest seed spread "
+                 f"{report['largest_seed_spread']:.4f}")
     same = [c for c in db.conclusions(experiment_id=exp.name) if c["statement"] == statement]
-    if same:
-        return same[-1]["id"]
-    cid = db.add_conclusion(statement, evidence=[exp.name, *[r["id"] for r in runs]], status=report["status"],
-                            experiment_id=exp.name, author="jaxpt.tools.mixtures")
-    for c in db.conclusions(experiment_id=exp.name):
-        if c["status"] == "proposed":
-            db.set_status(c["id"], report["status"])
+    cid = same[-1]["id"] if same else db.add_conclusion(
+        statement, evidence=[exp.name, *([proposed] if proposed and db.has(proposed) else []),
+                             *[r["id"] for r in runs]],
+        status=report["status"], experiment_id=exp.name, author="jaxpt.tools.mixtures")
+    if proposed and db.has(proposed) and db.resolve(proposed)[1]["status"] != "superseded":
+        db.set_status(proposed, report["status"])
     return cid
 
 
@@ -571,7 +712,8 @@ def _print_fit(summary: dict[str, Any]) -> None:
 def _print_validation(report: dict[str, Any]) -> None:
     for label, f in report["figures"].items():
         print(f"{label:9s} target {f['mean']:.4f} (seed spread {f['spread']:.4f}, {len(f['runs'])} runs)")
-    print(f"proposal better than natural by {report['improvement_over']['natural']:.4f}, than uniform by "
+    print(f"conclusion {report['conclusion']}: proposal better than natural by "
+          f"{report['improvement_over']['natural']:.4f}, than uniform by "
           f"{report['improvement_over']['uniform']:.4f}; largest seed spread {report['largest_seed_spread']:.4f}; "
           f"{report['compute_ratio_to_proxy']:.1f}x a proxy's FLOPs: {report['status']}")
 
