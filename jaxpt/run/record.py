@@ -30,7 +30,8 @@ from jaxpt.util import fs
 __all__ = ["RUN_FILE", "RunRegistry", "git_state"]
 
 
-def _now() -> str:
+def utc_now() -> str:
+    """The current UTC time, ISO 8601 to the second (``2025-01-31T12:00:00+00:00``): the registry's timestamps."""
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
 
 
@@ -70,7 +71,7 @@ class RunRegistry:
             self.record = json.loads(fs.read_text(self.path))
         else:
             self.record = {"run_id": f"{fs.basename(fs.absolute(cfg.workdir))}-{uuid.uuid4().hex[:8]}",
-                           "workdir": fs.absolute(cfg.workdir), "started_at": _now(), "events": [],
+                           "workdir": fs.absolute(cfg.workdir), "started_at": utc_now(), "events": [],
                            "sessions": []}
         self.record.update({
             "status": "running",
@@ -90,7 +91,7 @@ class RunRegistry:
                 ev.setdefault("superseded_at", start)
         if ident.stages and not self.record.get("stages"):
             self.record["stages"] = ident.stages
-        self.record["sessions"].append({"started_at": _now(), "start_step": start})
+        self.record["sessions"].append({"started_at": utc_now(), "start_step": start})
         self._write()
 
     def steps_reached_before(self) -> int:
@@ -107,14 +108,14 @@ class RunRegistry:
 
     def add_event(self, event: dict[str, Any]) -> None:
         if self.enabled:
-            self.record.setdefault("events", []).append({**event, "time": _now()})
+            self.record.setdefault("events", []).append({**event, "time": utc_now()})
             self._write()
 
     def finish(self, status: str, final: dict[str, Any]) -> None:
         if not self.enabled or not self.record:
             return
         self.record["status"] = status
-        self.record["ended_at"] = _now()
+        self.record["ended_at"] = utc_now()
         if final:
             self.record["final"] = final
         if self.record.get("sessions"):

@@ -46,6 +46,7 @@ import sqlalchemy as sa
 from jaxpt import config as config_lib
 from jaxpt.data import corpus as corpus_lib, stream
 from jaxpt.eval import card as card_lib
+from jaxpt.run.record import utc_now
 from jaxpt.run.resolve import resolve_vocab
 from jaxpt.tools import runs as runs_lib
 from jaxpt.training import batch_ramp, flops as flops_lib
@@ -146,11 +147,6 @@ evidence_table = sa.Table(
 #: ``{kind: table}`` of the id-bearing tables, in :data:`KINDS` order.
 TABLES = {"experiment": experiments_table, "run": runs_table, "data_version": data_versions_table,
           "eval_card": eval_cards_table, "conclusion": conclusions_table}
-
-
-def now() -> str:
-    """The current UTC time, ISO 8601 to the second (``2025-01-31T12:00:00+00:00``)."""
-    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
 
 
 def default_path() -> str:
@@ -409,7 +405,7 @@ class ConclusionsDB:
                "config": _json_value(dict(config or {}), f"experiment {experiment_id!r} config"),
                "data_version": data_version, "target": _json_value(target, f"experiment {experiment_id!r} target"),
                "status": self._status(status, EXPERIMENT_STATUSES, f"experiment {experiment_id!r}"),
-               "created_at": now()}
+               "created_at": utc_now()}
         with self._write() as conn:
             self._data_version_by_id(conn, data_version, f"experiment {experiment_id!r}: data version")
             self._insert_once(conn, "experiment", row, ignore=("status", "created_at"))
@@ -457,7 +453,7 @@ class ConclusionsDB:
                "flops": _number(flops, f"run {run_id!r} flops"),
                "device_seconds": _number(device_seconds, f"run {run_id!r} device_seconds"),
                "wall_s": _number(wall_s, f"run {run_id!r} wall_s"),
-               "tokens": _number(tokens, f"run {run_id!r} tokens", integer=True), "created_at": created_at or now()}
+               "tokens": _number(tokens, f"run {run_id!r} tokens", integer=True), "created_at": created_at or utc_now()}
         with self._write() as conn:
             self._data_version_by_id(conn, data_version, f"run {run_id!r} data version")
             self._require(conn, "experiment", experiment_id, f"run {run_id!r}: experiment")
@@ -511,7 +507,7 @@ class ConclusionsDB:
             cid = self._next_conclusion_id(conn)
             conn.execute(conclusions_table.insert().values(
                 id=cid, statement=statement.strip(), status=status, superseded_by=None, experiment_id=experiment_id,
-                author=author or _login(), created_at=now()))
+                author=author or _login(), created_at=utc_now()))
             conn.execute(evidence_table.insert(),
                          [{"conclusion_id": cid, "ref_id": r, "kind": k, "position": i}
                           for i, (r, k) in enumerate(kinds.items())])
@@ -939,6 +935,8 @@ def cmd_compare(db: ConclusionsDB, run_ids: Sequence[str], metric_names: Sequenc
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m jaxpt.tools.conclusions`` (list, show, compare, add-conclusion, set-status,
+    import-run; ``--db`` on each, or before the command)."""
     common = argparse.ArgumentParser(add_help=False)
     cli.add_flag(common, "--db", default=None, metavar="PATH",
                  help=f"the database file, local or gs:// (default: ${DB_ENV}, else {DEFAULT_DB} in the current "
@@ -1007,6 +1005,7 @@ def run_command(db: ConclusionsDB, args: argparse.Namespace) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command line; returns the exit status (2: a refused input, one line on stderr naming it)."""
     args = build_parser().parse_args(argv)
     try:
         with ConclusionsDB(args.db or args.db_before) as db:

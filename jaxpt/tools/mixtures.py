@@ -53,7 +53,7 @@ import numpy as np
 
 from jaxpt import config as config_lib
 from jaxpt.config import ConfigError
-from jaxpt.data import corpus, loader, stream
+from jaxpt.data import boundary, corpus, loader, stream
 from jaxpt.model.config import ModelConfig
 from jaxpt.run import resolve as resolve_lib, session
 from jaxpt.tools import conclusions, mixture_search as search
@@ -87,7 +87,8 @@ class MixtureExperiment:
       name: the experiment's id in the conclusions database and its directory under ``output``.
       output: the root of the experiment directories.
       target: the target file (JSON, module docstring).
-      proxies: proxy runs (at least 3: natural, uniform and sampled mixtures).
+      proxies: proxy runs (natural, uniform, then sampled mixtures): at least :data:`MIN_PROXIES` and 2 more than
+        the domains.
       proxy_tokens: training tokens per proxy run (steps = ceil(tokens / (global_batch_size x seq_len))).
       proxy_model: ``ModelConfig`` overrides of the proxy model (empty: the base config's model).
       seed: the mixture sampling's seed (the runs all use ``TrainConfig.seed``).
@@ -117,6 +118,7 @@ class MixtureExperiment:
 
     @property
     def directory(self) -> str:
+        """``<output>/<name>``: the experiment's runs, fit, proposal and validation files."""
         return fs.join(self.output, self.name)
 
 
@@ -231,14 +233,14 @@ def domain_tokens(cfg: config_lib.TrainConfig) -> dict[str, int]:
             raise ConfigError(f"DataConfig.corpus_dir = {d.corpus_dir!r}: its manifest has no tokens_by_domain")
         return {k: int(v) for k, v in counts.items()}
     tok = resolve_lib.load_tokenizer(cfg)
-    extra = {"eos": 1, "bos": 1, "bos_eos": 2, "none": 0}[d.document_boundary]
+    marks = boundary.for_tokenizer(d.document_boundary, tok)
     counts: dict[str, int] = {}
     for i, doc in enumerate(loader.load_documents(d.train_path)):
         domain = doc.get("domain")
         if not domain:
             raise ConfigError(f"DataConfig.train_path = {d.train_path!r}: document {doc.get('id', i)!r} has no "
                               "'domain'; a mixture experiment mixes domains")
-        counts[domain] = counts.get(domain, 0) + len(tok.encode(doc["text"])) + extra
+        counts[domain] = counts.get(domain, 0) + len(marks.wrap(tok.encode(doc["text"])))
     return dict(sorted(counts.items()))
 
 
@@ -347,7 +349,7 @@ def run_proxies(path: str, bindings: Sequence[str] = (), only: Sequence[int] = (
                           f"{len(domains) + 2}, else the fit has as many unknowns as runs")
     mixtures = proxy_mixtures(exp, domains, tokens)
     db = open_database(exp)
-    data_version = _data_version(base)
+    data_version = stream.data_version(base)
     record = experiment_record(exp, target, domains, tokens, proxy_settings(path, bindings, exp, base, domains))
     _register(db, exp, record, data_version)
     db.set_experiment_status(exp.name, "running")
@@ -361,9 +363,8 @@ def run_proxies(path: str, bindings: Sequence[str] = (), only: Sequence[int] = (
         if only and i not in only:
             continue
         left = sum(wd not in done and (not only or j in only) for j, wd in enumerate(workdirs) if j >= i)
-        eta = (time.perf_counter() - t0) / trained * left if trained else float("nan")
         log.info("[%d/%d] proxy-%03d: %s; %d done, %d to train, ETA %s", i + 1, len(mixtures), i,
-                 search.describe(w, domains), len(done) + trained, left, format_duration(eta))
+                 search.describe(w, domains), len(done) + trained, left, _eta(t0, trained, left))
         cfg = _train(path, bindings, run_bindings(exp, base, workdir, domains, w, exp.proxy_model, exp.proxy_tokens))
         rec = conclusions.import_run(db, cfg.workdir, experiment_id=exp.name, role=PROXY_ROLE)
         db.add_metrics(rec["id"], realized_shares(cfg.workdir, domains, rec["tokens"]))
@@ -378,8 +379,9 @@ def run_proxies(path: str, bindings: Sequence[str] = (), only: Sequence[int] = (
     return fit_and_propose(path, bindings)
 
 
-def _data_version(cfg: config_lib.TrainConfig) -> str:
-    return stream.data_version(cfg)
+def _eta(t0: float, trained: int, left: int) -> str:
+    """``H:MM:SS`` left for ``left`` runs at the mean time of the ``trained`` ones since ``t0`` (``?`` before one)."""
+    return format_duration((time.perf_counter() - t0) / trained * left if trained else float("nan"))
 
 
 def realized_shares(workdir: str, domains: Sequence[str], tokens: int) -> dict[str, float]:
@@ -615,9 +617,8 @@ def validate(path: str, bindings: Sequence[str] = ()) -> dict[str, Any]:
         if workdir in done:
             continue
         left = sum(j[3] not in done for j in jobs[i:])
-        eta = (time.perf_counter() - t0) / trained * left if trained else float("nan")
         log.info("[%d/%d] validation %s seed %d: %s; %d to train, ETA %s", i + 1, len(jobs), label, seed,
-                 search.describe(w, summary["domains"]), left, format_duration(eta))
+                 search.describe(w, summary["domains"]), left, _eta(t0, trained, left))
         cfg = _train(path, bindings, run_bindings(exp, base, workdir, summary["domains"], w, exp.validation_model,
                                                   exp.validation_tokens, seed))
         done[workdir] = conclusions.import_run(db, cfg.workdir, experiment_id=exp.name,
