@@ -270,7 +270,7 @@ def finalize(cfg, sources, out_dir, eval_index, beam_seconds) -> dict:
             for d in sorted(lengths)
         },
     }
-    sink.write_text(fs.join(out_dir, "mixture.json"), json.dumps(mixture, sort_keys=True, indent=1))
+    sink.write_text(fs.join(out_dir, "mixture.json"), jsonl.dumps(mixture, sort_keys=True, indent=1))
     input_hashes = {}
     for s in sources:
         if s.format != "tfds":
@@ -307,7 +307,7 @@ def finalize(cfg, sources, out_dir, eval_index, beam_seconds) -> dict:
         "output_sha256": manifest_lib.shard_hashes(out_dir),
     }
     sink.write_text(fs.join(out_dir, "manifest.json"),
-                         json.dumps(manifest, sort_keys=True, indent=1, ensure_ascii=False))
+                         jsonl.dumps(manifest, sort_keys=True, indent=1, ensure_ascii=False))
     manifest["_beam_seconds"] = beam_seconds
     return manifest
 

@@ -292,11 +292,11 @@ def _calibrate(args) -> int:
             raise ConfigError(f"--sample {args.sample}: {len(absent)} labelled documents have no text there, e.g. "
                               f"{absent[:3]} (another sample's file?)")
     os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
-    fs.replace_local(args.output, (json.dumps(cal, indent=1, sort_keys=True) + "\n").encode("utf-8"))
+    fs.replace_local(args.output, (jsonl.dumps(cal, indent=1, sort_keys=True) + "\n").encode("utf-8"))
     print(markdown(cal))
     if args.compare:
         cmp = compare_scorers(rows, texts)
-        fs.replace_local(args.compare, (json.dumps(cmp, indent=1, sort_keys=True) + "\n").encode("utf-8"))
+        fs.replace_local(args.compare, (jsonl.dumps(cmp, indent=1, sort_keys=True) + "\n").encode("utf-8"))
         print("\n| source | labels | build's score AUC | label classifier AUC (5-fold) |\n|---|---:|---:|---:|")
         for g, c in cmp.items():
             f = [("-" if c[k] is None else f"{c[k]:.3f}") for k in ("score_auc", "classifier_auc")]

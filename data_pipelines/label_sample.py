@@ -31,7 +31,7 @@ import sys
 
 from data_pipelines import manifest as manifest_lib, readers, stages
 from data_pipelines.config import BuildConfig
-from jaxpt.util import fs
+from jaxpt.util import fs, jsonl
 
 FILTER_STAGES = ("admission:extraction_empty", "normalize", "langid", "rules", "quality", "decontamination")
 
@@ -143,11 +143,11 @@ def write_quality_sample(rows: list[dict], texts: dict[str, str], path: str, key
     lines, keys = [], []
     for r in rows:
         text = texts.get(r["id"], "")
-        lines.append(json.dumps({
+        lines.append(jsonl.dumps({
             "id": r["id"], "domain": r["domain"], "source": r["source"], "lang": r.get("lang"),
             "n_chars": r.get("n_chars") or len(text), "text": text[:excerpt_chars],
             "text_truncated": len(text) > excerpt_chars, "good": None}, ensure_ascii=False, sort_keys=True) + "\n")
-        keys.append(json.dumps(dict({k: r.get(k) for k in ("id", "source", "domain", "verdict", "quality_score",
+        keys.append(jsonl.dumps(dict({k: r.get(k) for k in ("id", "source", "domain", "verdict", "quality_score",
                                                            "score_quantile", "band", "stratum_size", "sample_rank")},
                                     build_content_id=build_content_id), sort_keys=True) + "\n")
     for p, body in ((path, lines), (key_path, keys)):
@@ -180,7 +180,7 @@ def write_sample(rows: list[dict], texts: dict[str, str], path: str, excerpt_cha
     lines = []
     for r in rows:
         text = texts.get(r["id"], "")
-        lines.append(json.dumps({
+        lines.append(jsonl.dumps({
             "id": r["id"], "rule": r["verdict"], "domain": r["domain"], "source": r["source"],
             "lang": r.get("lang"), "n_chars": r.get("n_chars") or len(text),
             "text": text[:excerpt_chars], "text_truncated": len(text) > excerpt_chars,

@@ -12,12 +12,11 @@ from a sorted list, so two runs on the same inputs give byte-identical files.
 
 from __future__ import annotations
 
-import json
 
 import apache_beam as beam
 import numpy as np
 
-from jaxpt.util import fs
+from jaxpt.util import fs, jsonl
 
 from data_pipelines import minhash, paragraphs, progress, readers, sink, stages, writer
 from data_pipelines.config import BuildConfig, Source
@@ -576,7 +575,7 @@ def write_review(kv, out_dir):
     (stage, reason), items = kv
     rows = [dict(r, review_priority=u) for u, r in sorted(items, key=lambda x: (x[0], x[1]["id"]))]
     path = fs.join(out_dir, "review", f"{stage}__{reason}.jsonl")
-    sink.write_text(path, "".join(json.dumps(r, sort_keys=True, ensure_ascii=False) + "\n" for r in rows))
+    sink.write_text(path, "".join(jsonl.dumps(r, sort_keys=True, ensure_ascii=False) + "\n" for r in rows))
     yield path
 
 
@@ -614,7 +613,7 @@ def write_longtail(df_all, df_kept, out_dir, max_df):
         "all_terms_in": int((df_all > 0).sum()),
         "all_terms_kept": int((df_kept > 0).sum()),
     }
-    sink.write_text(fs.join(out_dir, "_stats", "longtail.json"), json.dumps(stats, sort_keys=True, indent=1))
+    sink.write_text(fs.join(out_dir, "_stats", "longtail.json"), jsonl.dumps(stats, sort_keys=True, indent=1))
     return stats
 
 
@@ -784,5 +783,5 @@ def _write_decision_log(drops: list, near_side, cfg: BuildConfig, out_dir: str) 
 
 
 def _write_json(obj, path):
-    sink.write_text(path, json.dumps(obj, sort_keys=True, indent=1))
+    sink.write_text(path, jsonl.dumps(obj, sort_keys=True, indent=1))
     return path

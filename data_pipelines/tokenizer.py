@@ -52,7 +52,7 @@ import gin
 import numpy as np
 
 from jaxpt import config as jaxpt_config
-from jaxpt.util import fs
+from jaxpt.util import fs, jsonl
 from jaxpt.data import corpus as corpus_lib
 from jaxpt.data import documents
 from jaxpt.data import tokenizer as tokenizer_lib
@@ -378,7 +378,7 @@ def _heldout_summary(figures: dict[str, dict[str, float]]) -> dict[str, Any]:
 
 def write_json(path: str | os.PathLike, record: dict) -> None:
     """``record`` as sorted, indented JSON at ``path`` (local or ``gs://``; a reader never sees half of it)."""
-    fs.write_text_atomic(os.fspath(path), json.dumps(record, indent=1, ensure_ascii=False, sort_keys=True) + "\n")
+    fs.write_text_atomic(os.fspath(path), jsonl.dumps(record, indent=1, ensure_ascii=False, sort_keys=True) + "\n")
 
 
 def train_tokenizer(cfg: TokenizerConfig, corpus_dir: str | os.PathLike,

@@ -18,7 +18,6 @@ from __future__ import annotations
 import gzip
 import hashlib
 import io
-import json
 import os
 
 import numpy as np
@@ -132,7 +131,7 @@ def write_jsonl_gz(path: str, rows: list[dict]) -> None:
     buf = io.BytesIO()
     with gzip.GzipFile(filename="", mode="wb", fileobj=buf, mtime=0, compresslevel=6) as gz:
         for r in rows:
-            gz.write(json.dumps(r, sort_keys=True, ensure_ascii=False).encode("utf-8") + b"\n")
+            gz.write(jsonl.dumps(r, sort_keys=True, ensure_ascii=False).encode("utf-8") + b"\n")
     sink.write_bytes(path, buf.getvalue())
 
 

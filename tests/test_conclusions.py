@@ -146,6 +146,22 @@ def test_a_data_version_named_before_it_is_described_takes_its_first_description
     assert [r["id"] for r in db.runs(role="validation:natural")] == ["run-q"]
 
 
+def test_non_finite_numbers_in_details_are_stored_as_strings_and_read_back_as_strict_json(db, tmp_path):
+    # A corpus manifest records an unset quality threshold as -inf; storing it used to fail after the first proxy
+    manifest = {"stages": {"quality": {"thresholds_per_source": {"dict-gcide": float("-inf"), "web": 0.25}}},
+                "nan_metric": float("nan"), "rates": (1.0, float("inf"))}
+    db.add_data_version("raw-v1-clean-1", "/corpora/raw-v1", manifest)
+    stored = db.resolve("raw-v1-clean-1")[1]["details"]
+    assert stored == {"stages": {"quality": {"thresholds_per_source": {"dict-gcide": "-inf", "web": 0.25}}},
+                      "nan_metric": "nan", "rates": [1.0, "inf"]}
+    db.add_data_version("raw-v1-clean-1", "/corpora/raw-v1", manifest)  # the same content again: a no-op
+    raw = sqlite3.connect(db.path).execute("SELECT details FROM data_versions").fetchone()[0]
+
+    def refuse(name):
+        raise ValueError(f"non-standard JSON constant {name}")
+    assert json.loads(raw, parse_constant=refuse) == stored
+
+
 def test_superseded_needs_an_existing_other_superseded_by(db):
     ids = _populate(db)
     first = ids["conclusion"]

@@ -262,9 +262,33 @@ def test_build_over_every_variant_and_a_truncated_file_completes_and_counts_add_
     dropped = sum(n for reasons in m["documents_dropped"].values() for n in reasons.values())
     assert m["documents_in"] == m["documents_out"] + m["documents_heldout"] + dropped
     assert m["damaged_input_files"] == [{"file": cut, "source": "t", "lines_read": 4}]
+    written = sorted((tmp_path / "out").rglob("*.json"))
+    assert any(p.name == "manifest.json" for p in written)
+    for p in written:  # standard JSON that strict parsers (jq, JavaScript, SQLite) read: no NaN or Infinity
+        _strict_json(p.read_text(encoding="utf-8"), p)
     with pytest.raises(ConfigError, match="truncated_file after line 4"):
         build.run(build.load_config([str(gin_path)], ["AdmissionConfig.fail_on_damaged_file = True"]),
                   str(tmp_path / "out2"))
+
+
+def _strict_json(text: str, where) -> object:
+    def refuse(name):
+        raise AssertionError(f"{where}: non-standard JSON constant {name}")
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_json_writers_write_non_finite_numbers_as_strings_a_strict_parser_reads():
+    import numpy as np
+    value = {"threshold": float("-inf"), "ok": 0.5, "nested": [np.float32("nan"), (np.float64("inf"), 2)],
+             "n": np.int64(3), "flag": True, "none": None}
+    text = jsonl.dumps(value, sort_keys=True)
+    assert text == ('{"flag": true, "n": 3, "nested": ["nan", ["inf", 2]], "none": null, "ok": 0.5, '
+                    '"threshold": "-inf"}')
+    assert _strict_json(text, "dumps") == {"flag": True, "n": 3, "nested": ["nan", ["inf", 2]], "none": None,
+                                           "ok": 0.5, "threshold": "-inf"}
+    assert float(_strict_json(text, "dumps")["threshold"]) == float("-inf")  # readers that take float() still can
+    with pytest.raises(TypeError):
+        jsonl.dumps({"x": object()})
 
 
 # ------------------------------------------------------------------------------------------ metrics.jsonl

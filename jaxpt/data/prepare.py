@@ -54,7 +54,7 @@ from importlib import metadata
 from typing import Any
 
 from jaxpt.data import documents, tokenizer as tokenizer_lib
-from jaxpt.util import fs
+from jaxpt.util import fs, jsonl
 
 FORMAT_VERSION = 1
 SCHEMA = ("id", "text", "source", "domain", "lang", "url_or_path", "license")
@@ -308,7 +308,7 @@ def prepare(source_dir: str | os.PathLike, output: str | os.PathLike,
     # The data's identity, from what was written (the same inputs and settings give the same version).
     record["data_version"] = "prepared:" + hashlib.sha256(
         json.dumps(record["outputs"], sort_keys=True).encode()).hexdigest()[:16]
-    fs.write_text_atomic(fs.join(output, "prepare.json"), json.dumps(record, indent=1, ensure_ascii=False) + "\n")
+    fs.write_text_atomic(fs.join(output, "prepare.json"), jsonl.dumps(record, indent=1, ensure_ascii=False) + "\n")
     write_data_config(output, fs.basename(model_path), given is not None)
     record["up_to_date"] = False
     return record

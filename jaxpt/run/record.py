@@ -25,7 +25,7 @@ import jax
 from jaxpt import config as config_lib, mesh as mesh_lib
 from jaxpt.run.lineage import RUN_FILE
 from jaxpt.training import state as state_lib
-from jaxpt.util import fs
+from jaxpt.util import fs, jsonl
 
 __all__ = ["RUN_FILE", "RunRegistry", "git_state"]
 
@@ -59,7 +59,7 @@ class RunRegistry:
         if not self.enabled:
             return
         # atomic: a reader never sees half a file
-        fs.write_text_atomic(self.path, json.dumps(self.record, indent=2, default=str))
+        fs.write_text_atomic(self.path, jsonl.dumps(self.record, indent=2, default=str))
 
     def start(self, cfg, run, ident) -> None:
         """Create run.json, or add a session to an existing one (a resumed run keeps its id), from the run's

@@ -50,7 +50,7 @@ from jaxpt.run.record import utc_now
 from jaxpt.run.resolve import resolve_vocab
 from jaxpt.tools import runs as runs_lib
 from jaxpt.training import batch_ramp, flops as flops_lib
-from jaxpt.util import cli, fs
+from jaxpt.util import cli, fs, jsonl
 from jaxpt.util.errors import ConfigError
 
 #: The schema this code writes. A file recording a newer one is refused (its rows may mean what this code cannot).
@@ -155,13 +155,15 @@ def default_path() -> str:
 
 
 def _json_value(value: Any, what: str) -> Any:
-    """``value`` as it reads back from a JSON column (tuples become lists), for comparing a re-add with the row.
+    """``value`` as it reads back from a JSON column (tuples become lists, non-finite floats their strings as
+    :func:`jaxpt.util.jsonl.finite` writes them: a corpus manifest records an unset quality threshold as -inf), for
+    comparing a re-add with the row.
 
     Raises:
       ConclusionsError: not JSON-serializable (names ``what``).
     """
     try:
-        return json.loads(json.dumps(value, allow_nan=False))
+        return json.loads(jsonl.dumps(value))
     except (TypeError, ValueError) as e:
         raise ConclusionsError(f"{what}: not JSON-serializable ({e})") from None
 
@@ -793,10 +795,16 @@ def add_corpus_version(db: ConclusionsDB, corpus_dir: str) -> str:
     return db.add_data_version(ident, fs.absolute(corpus_dir), version.manifest, if_absent=True)
 
 
-def _run_data_version(db: ConclusionsDB, rec: Mapping[str, Any], cfg) -> str:
-    """Record the run's data version (kept when already recorded): the corpus directory and its manifest, or the
-    training documents' path."""
+def record_data_version(db: ConclusionsDB, cfg, data_version: str | None = None) -> str:
+    """Record the data version of a run of ``cfg`` (a :class:`jaxpt.config.TrainConfig`; kept when already
+    recorded): ``data_version`` (default :func:`jaxpt.data.stream.data_version`, what ``run.json`` records) with the
+    corpus directory and its manifest, or the training documents' path. Returns the id.
+
+    Raises:
+      ConclusionsError: details the database cannot hold (named), so a program can call this before it trains.
+    """
     d = cfg.data
+    rec = {"data_version": data_version or stream.data_version(cfg)}
     if d.source == "corpus":
         try:
             details = {"source": "corpus", "manifest": corpus_lib.read_corpus_version(d.corpus_dir).manifest}
@@ -846,7 +854,7 @@ def import_run(db: ConclusionsDB, workdir: str, experiment_id: str | None = None
         raise ConfigError(f"{e} (reading {fs.join(rec['workdir'], 'config.gin')}: its relative paths are relative to "
                           "the folder the run was started in; import it from there)") from None
     compute = run_compute(rec, cfg)
-    data_version = _run_data_version(db, rec, cfg)
+    data_version = record_data_version(db, cfg, rec["data_version"])
     mixtures = [s["mixture"] for s in rec.get("sessions", []) if s.get("mixture") is not None]
     db.add_run(rec["run_id"], data_version=data_version, role=role, experiment_id=experiment_id,
                workdir=rec["workdir"], config_hash=rec.get("config_hash"), eval_card=_eval_card_id(db, eval_card),

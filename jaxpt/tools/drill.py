@@ -38,7 +38,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import hashlib
-import json
 import os
 import random
 import signal
@@ -563,7 +562,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"drill error: {e}", file=sys.stderr)
         return 2
     path = fs.join(args.workdir, "drill_report.json")
-    fs.write_text_atomic(path, json.dumps(report, indent=2))
+    fs.write_text_atomic(path, jsonl.dumps(report, indent=2))
     s = report["summary"]
     print(f"drill: {len(report['restarts'])} kills ({s['kills_inside_save']} inside an unfinished save); "
           f"recovery {s['recovery_time_s_mean']} s mean, {s['recovery_time_s_max']} s max; "

@@ -226,7 +226,7 @@ def _write_jsonl(path: str, rows: list[dict[str, Any]]) -> None:
     fs.makedirs(fs.dirname(fs.absolute(path)))
     with fs.open(path, "w", encoding="utf-8") as f:
         for r in rows:
-            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+            f.write(jsonl.dumps(r, ensure_ascii=False) + "\n")
 
 
 def format_report(report: dict[str, Any]) -> str:
@@ -343,7 +343,7 @@ def cmd_extrapolation(args) -> int:
     fs.makedirs(fs.dirname(fs.absolute(output)))
     report["plot"] = os.path.splitext(output)[0] + ".png"
     extrapolation.plot(report, report["plot"], label=fs.basename(fs.absolute(args.workdir)))  # local or gs://
-    fs.write_text_atomic(output, json.dumps(report, indent=2))
+    fs.write_text_atomic(output, jsonl.dumps(report, indent=2))
     print(extrapolation.format_report(report))
     print(f"wrote {output} and {report['plot']}")
     return 0
@@ -353,7 +353,7 @@ def _write_json(path: str | None, obj: Any) -> None:
     if not path:
         return
     fs.makedirs(fs.dirname(fs.absolute(path)))
-    fs.write_text_atomic(path, json.dumps(obj, indent=1, ensure_ascii=False, allow_nan=True))
+    fs.write_text_atomic(path, jsonl.dumps(obj, indent=1, ensure_ascii=False))
 
 
 def read_report(path: str) -> dict[str, Any]:
@@ -454,7 +454,7 @@ def cmd_spot_check_build(args) -> int:
     rows = review.build_spot_check(heldout.load_documents(args.heldout, "heldout"), seed=args.seed)
     with fs.open(args.output, "w", encoding="utf-8") as f:
         for r in rows:
-            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+            f.write(jsonl.dumps(r, ensure_ascii=False) + "\n")
     print(f"{args.output}: {len(rows)} prompts, sha256 {file_sha256(args.output)}")
     return 0
 
@@ -471,7 +471,7 @@ def cmd_export_probes(args) -> int:
             for ex in te.examples:
                 text = (ex["contexts"][ex["label"]] + ex["continuations"][ex["label"]] if te.spec.is_choice
                         else ex["prompt"] + ex["target"])
-                f.write(json.dumps({**ex, "text": text}, ensure_ascii=False) + "\n")
+                f.write(jsonl.dumps({**ex, "text": text}, ensure_ascii=False) + "\n")
         print(f"{path}: {len(te.examples)} examples ({te.counts})")
     return 0
 

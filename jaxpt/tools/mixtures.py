@@ -352,6 +352,7 @@ def run_proxies(path: str, bindings: Sequence[str] = (), only: Sequence[int] = (
     data_version = stream.data_version(base)
     record = experiment_record(exp, target, domains, tokens, proxy_settings(path, bindings, exp, base, domains))
     _register(db, exp, record, data_version)
+    conclusions.record_data_version(db, base, data_version)  # fails now, not after the first proxy
     db.set_experiment_status(exp.name, "running")
     done = {fs.absolute(r["workdir"]): r for r in db.runs(experiment_id=exp.name, role=PROXY_ROLE)}
     workdirs = [fs.absolute(fs.join(exp.directory, f"proxy-{i:03d}")) for i in range(len(mixtures))]
@@ -496,7 +497,7 @@ def fit_and_propose(path: str, bindings: Sequence[str] = ()) -> dict[str, Any]:
     summary["constraints"] = {"floors": dict(exp.floors), "caps": dict(exp.caps), "target_tokens": exp.target_tokens,
                               "max_epochs": exp.max_epochs}
     summary["conclusion"] = _conclude(db, exp, runs, summary)
-    fs.write_text_atomic(fs.join(exp.directory, "fit.json"), json.dumps(summary, indent=1))
+    fs.write_text_atomic(fs.join(exp.directory, "fit.json"), jsonl.dumps(summary, indent=1))
     fs.write_text_atomic(fs.join(exp.directory, "proposal.gin"), proposal_gin(exp, path, domains, proposal, summary))
     plot_fit(y, loo, fs.join(exp.directory, "predicted_vs_actual.png"), target.name)
     return summary
@@ -625,7 +626,7 @@ def validate(path: str, bindings: Sequence[str] = ()) -> dict[str, Any]:
                                                role=f"{VALIDATION_ROLE}:{label}")
         trained += 1
     report = validation_report(db, exp, summary, {j[3]: j[0] for j in jobs}, done)
-    fs.write_text_atomic(fs.join(exp.directory, "validation.json"), json.dumps(report, indent=1))
+    fs.write_text_atomic(fs.join(exp.directory, "validation.json"), jsonl.dumps(report, indent=1))
     return report
 
 

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import logging
 import math
 import sys
@@ -247,7 +246,7 @@ def run_grid(grid_path: str, bindings: Sequence[str] = (), compile_cache: bool =
                   "train_loss": final.get("train_loss"), "wall_s": time.perf_counter() - t0,
                   "workdir": cfg.workdir}
         jsonl.drop_partial_last_line(runs_file)  # a record half-written by a killed grid run
-        fs.append_text(runs_file, json.dumps(record) + "\n")
+        fs.append_text(runs_file, jsonl.dumps(record) + "\n")
     names = {p.name for p in points}
     return [r for r in read_runs([runs_file]) if r["name"] in names]
 
@@ -433,7 +432,7 @@ def fit_runs(paths: Sequence[str], *, n_kind: str = "non_embedding", loss: str =
         pred = (predict[0], predict[1], pl)
     out_dir = out_dir or (paths[0] if fs.isdir(paths[0]) else fs.dirname(paths[0]) or ".")
     fs.makedirs(out_dir)
-    fs.write_text_atomic(fs.join(out_dir, "fit.json"), json.dumps(result, indent=1))
+    fs.write_text_atomic(fs.join(out_dir, "fit.json"), jsonl.dumps(result, indent=1))
     plot_fit(fit, n, d, y, fs.join(out_dir, "scaling_fit.png"), pred, n_kind)
     result["text"] = format_fit(fit)
     return result
@@ -490,7 +489,7 @@ def rules_cmd(args) -> dict[str, Any]:
     result = rules_lib.fit_rules(read_runs(args.runs), args.tolerance)
     first = args.runs[0]
     out = args.output or fs.join(first if fs.isdir(first) else (fs.dirname(first) or "."), "rules.json")
-    fs.write_text_atomic(out, json.dumps(result, indent=1))
+    fs.write_text_atomic(out, jsonl.dumps(result, indent=1))
     return {**result, "path": out}
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import json
+import math
 import os
 import zlib
 from typing import BinaryIO, Iterable, Iterator
@@ -349,3 +350,26 @@ def last_step(path: str | os.PathLike) -> int | None:
     steps = [r["step"] for r in drop_superseded(read_objects(path, partial_last_line=True))
              if isinstance(r.get("step"), int) and SUPERSEDED_AFTER not in r]
     return max(steps) if steps else None
+
+
+def finite(value):
+    """``value`` with every non-finite float (Python or NumPy: NaN, +-infinity), at any depth of dicts, lists and
+    tuples, replaced by its string (``"nan"``, ``"inf"``, ``"-inf"``), the form :class:`jaxpt.run.monitor.MetricWriter`
+    writes. JSON has no such numbers: ``json.dumps`` writes ``NaN``/``Infinity`` by default, which strict parsers
+    (``jq``, JavaScript, SQLite's JSON functions, ``json.dumps(allow_nan=False)``) refuse. Tuples become lists and
+    NumPy scalars Python numbers; anything else is returned unchanged."""
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(v) for v in value]
+    if hasattr(value, "dtype") and getattr(value, "shape", None) == ():  # a NumPy scalar
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return value
+
+
+def dumps(value, **kwargs) -> str:
+    """``json.dumps`` of :func:`finite` ``(value)``: standard JSON a strict parser reads (keyword arguments as
+    ``json.dumps``'s). Raises TypeError for a value JSON cannot hold, as ``json.dumps`` does."""
+    return json.dumps(finite(value), allow_nan=False, **kwargs)
