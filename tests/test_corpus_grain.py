@@ -187,3 +187,28 @@ def test_domain_source_reads_the_tfds_split_in_its_order_without_tfds(built):
         for i in range(len(ours)):
             np.testing.assert_array_equal(ours[i]["tokens"], np.asarray(theirs[i]["tokens"], np.int32))
             assert ours[i]["id"] == theirs[i]["id"].decode()
+
+
+def test_a_mixture_experiment_reads_a_corpus_versions_domains_and_records_it_with_an_older_manifest(built, tmp_path):
+    """A mixture experiment on a corpus version: its natural mixture is the manifest's tokens_by_domain, and the
+    version goes into the conclusions database before any proxy trains, even from a manifest written before the
+    build wrote strict JSON (an unset quality threshold as -Infinity)."""
+    import shutil
+    from jaxpt import config as C
+    from jaxpt.tools import conclusions, mixtures
+
+    corpus_dir = tmp_path / "v"
+    shutil.copytree(built, corpus_dir)
+    manifest = json.loads((corpus_dir / "manifest.json").read_text())
+    manifest.setdefault("stages", {}).setdefault("quality", {})["thresholds_per_source"] = {"t": float("-inf")}
+    (corpus_dir / "manifest.json").write_text(json.dumps(manifest))  # Python's default: -Infinity
+    assert "-Infinity" in (corpus_dir / "manifest.json").read_text()
+    cfg = C.TrainConfig(data=C.DataConfig(source="corpus", corpus_dir=str(corpus_dir)))
+    assert mixtures.domain_tokens(cfg) == {k: int(v) for k, v in manifest["tokens_by_domain"].items()}
+    with conclusions.ConclusionsDB(str(tmp_path / "team.sqlite")) as db:
+        ident = conclusions.record_data_version(db, cfg)
+        kind, row = db.resolve(ident)
+    assert ident == manifest["data_version"] and kind == "data_version"
+    assert row["path"] == str(corpus_dir)
+    assert row["details"]["manifest"]["stages"]["quality"]["thresholds_per_source"] == {"t": "-inf"}
+    assert row["details"]["manifest"]["tokens_by_domain"] == manifest["tokens_by_domain"]
