@@ -131,6 +131,24 @@ def test_re_adding_identical_content_is_a_no_op_and_conflicting_content_is_refus
         db.add_run("run-b", data_version="raw-v1", eval_card="core@v9")
 
 
+def test_a_run_imported_before_it_was_scored_is_linked_to_its_card_once(db):
+    """link_eval_card sets a run's card when it has none, is a no-op for the same card, and refuses another card,
+    an unknown run and an unknown card, naming them."""
+    _populate(db)
+    db.add_run("run-b", data_version="raw-v1")
+    other = db.add_eval_card("core", 3, "cd" * 32)
+    db.link_eval_card("run-b", other)
+    db.link_eval_card("run-b", other)
+    assert db.resolve("run-b")[1]["eval_card"] == "core@v3"
+    with pytest.raises(C.ConclusionsError, match="run 'run-a' is linked to eval card 'core@v2', not 'core@v3'"):
+        db.link_eval_card("run-a", other)
+    with pytest.raises(C.ConclusionsError, match="run 'run-z': no such run"):
+        db.link_eval_card("run-z", other)
+    with pytest.raises(C.ConclusionsError, match="run 'run-b': eval card 'core@v9': no such eval card"):
+        db.link_eval_card("run-b", "core@v9")
+    assert db.resolve("run-a")[1]["eval_card"] == "core@v2"
+
+
 def test_a_data_version_named_before_it_is_described_takes_its_first_description(db):
     db.add_experiment("mix-002", "mixture", {"k": 2}, data_version="raw-v2")  # not recorded yet: recorded by id
     db.add_run("run-q", data_version="raw-v2", role="validation:natural", experiment_id="mix-002")

@@ -2,7 +2,8 @@
 
 The corpus has three domains: 'arith' (synthetic sums, ``12+7=19``, a language of its own) and 'web' and 'code'
 cut from the bundled sample. The target is arith's held-out loss, so the best mixture is known: most weight on
-arith. The proxies are real training runs (a 1-layer model, 24 steps each).
+arith. The proxies are real training runs (a 1-layer model, 24 steps each). A card target adds a tiny eval card's
+next-line task on the code domain, scored from each proxy's final checkpoint.
 """
 
 import gzip
@@ -14,10 +15,11 @@ import re
 
 import numpy as np
 import pytest
+import yaml
 from scipy import stats
 
 from jaxpt import config as config_lib
-from jaxpt.tools import conclusions, mixtures
+from jaxpt.tools import conclusions, evaluate, mixtures
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -246,3 +248,221 @@ def test_validation_trains_the_current_proposal_at_the_current_scale(planted, mo
     assert mixtures.main(["validate", "--experiment", path, *scale[:2], *more]) == 0 and len(calls) == 12
     again = json.loads((root / "runs" / "planted" / "validation.json").read_text())
     assert not set(again["figures"]["proposed"]["runs"]) & set(report["figures"]["proposed"]["runs"])
+
+
+# --------------------------------------------------------------------------------------------------
+# card targets
+
+#: The card task's held-out loss partner and weights of the card target: arith's loss 1, the task's error 2.
+CARD_METRIC = "card/code_next_line/accuracy_norm"
+
+
+def _card(path: pathlib.Path, domain: str = "code", task: str = "code_next_line") -> str:
+    """A card in configs/eval/card_v1.yaml's layout with one next_line task of 16 examples, stamped as a changed card
+    is (``python -m jaxpt.tools.evaluate card-stamp``: version 1 and its content hash)."""
+    raw = {"name": f"planted-{domain}", "task_set_version": "planted_v1", "seed": 0,
+           "sources": {"heldout": "", "train": ""}, "decontamination": {"ngram": 13, "min_words": 8},
+           "perplexity": {"group_by": ["domain"], "stride": 0, "batch_size": 16, "core_grouping": "domain",
+                          "regression_tolerance": 0.05},
+           "decoding": {"strategy": "greedy", "temperature": 0.0, "max_new_tokens": 8, "stop": ["\n"],
+                        "batch_size": 8},
+           "tasks": {task: {"kind": "next_line", "domain": domain, "max_examples": 16,
+                            "template": {"context": "{context}", "choice": "{choice}"},
+                            "params": {"num_choices": 4, "context_lines": 2, "min_line_chars": 10,
+                                       "max_line_chars": 40},
+                            "chance": 0.25, "primary_metric": "accuracy_norm", "threshold": None}}}
+    path.write_text("version: 0\ncontent_sha256: ''\n" + yaml.safe_dump(raw, sort_keys=False))
+    assert evaluate.main(["card-stamp", str(path)]) == 0
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def card_target(corpus):
+    """(card file, target file): arith's held-out loss (weight 1) and the card task's accuracy_norm (weight 2)."""
+    card = _card(corpus / "card.yaml")
+    target = corpus / "card-target.json"
+    target.write_text(json.dumps({"name": "arith+code-lines", "eval_card": card,
+                                  "metrics": {"heldout/domain/arith/loss": 1, CARD_METRIC: 2}}))
+    return card, str(target)
+
+
+@pytest.fixture(scope="module")
+def carded(corpus, card_target):
+    """An experiment of 5 proxies trained for the card target: (experiment file, fit summary, probe-task builds)."""
+    path = _experiment(corpus, "carded")
+    builds = []
+    real = evaluate.build_probe_tasks
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(mixtures.evaluate_lib, "build_probe_tasks", lambda *a: (builds.append(a[0].name), real(*a))[1])
+        assert mixtures.main(["run", "--experiment", path, "--gin", f"MixtureExperiment.target = '{card_target[1]}'",
+                              "--gin", "MixtureExperiment.proxies = 5"]) == 0
+    return path, json.loads((corpus / "runs" / "carded" / "fit.json").read_text()), builds
+
+
+def _proxies(corpus, name: str) -> list[dict]:
+    db = conclusions.ConclusionsDB(str(corpus / f"{name}.sqlite"))
+    return sorted(db.runs(experiment_id=name, role=mixtures.PROXY_ROLE), key=lambda r: r["workdir"])
+
+
+@pytest.mark.slow
+def test_a_card_target_scores_each_proxy_on_the_card_and_weighs_its_error(corpus, card_target, carded, tmp_path):
+    """Each proxy's recorded card scores are what `python -m jaxpt.tools.evaluate --no-seqio` reports on its
+    checkpoint, the run is linked to the card (name@v1), the examples were built once for the experiment, and each
+    proxy's target is (arith loss + 2 (1 - accuracy_norm)) / 3 from the run's own final record and that report."""
+    card, _ = card_target
+    _, fit, builds = carded
+    assert builds == ["planted-code"]  # five proxies and the fit, one build
+    assert fit["target"] == {"name": "arith+code-lines", "metrics": {"heldout/domain/arith/loss": 1.0, CARD_METRIC: 2.0},
+                             "eval_card": card, "card": "planted-code@v1"}
+    runs = _proxies(corpus, "carded")
+    assert len(runs) == 5 and fit["runs"] == [r["id"] for r in runs]
+    for i, run in enumerate(runs):
+        out = tmp_path / f"{i}.json"
+        assert evaluate.main(["--workdir", run["workdir"], "--card", card, "--no-seqio", "--output", str(out)]) == 0
+        report = json.loads(out.read_text())
+        assert report["card"]["name"] == "planted-code" and report["card"]["version"] == 1
+        task = report["tasks"]["code_next_line"]
+        assert task["num_examples"] == 16 and report["checkpoint"]["step"] == run["metrics"]["step"] == 24
+        assert run["eval_card"] == "planted-code@v1"
+        for score in ("accuracy", "accuracy_norm"):
+            assert run["metrics"][f"card/code_next_line/{score}"] == task["metrics"][score]
+        final = json.loads((pathlib.Path(run["workdir"]) / "run.json").read_text())["final"]
+        expected = (final["heldout/domain/arith/loss"] + 2 * (1 - task["metrics"]["accuracy_norm"])) / 3
+        assert fit["targets"][i] == pytest.approx(expected, rel=1e-12)
+    assert "planted-code@v1" in [c["id"] for c in conclusions.ConclusionsDB(str(corpus / "carded.sqlite")).eval_cards()]
+
+
+@pytest.mark.slow
+def test_a_refit_with_a_card_target_scores_proxies_trained_without_it(corpus, card_target, carded, monkeypatch):
+    """The same five proxies trained for arith's loss alone (checkpoints on), then refit for the card target: the
+    fit scores each from its final checkpoint and records what the card experiment recorded, and fits the same
+    targets; a second refit scores nothing again."""
+    path = _experiment(corpus, "uncarded")
+    five = ["--gin", "MixtureExperiment.proxies = 5"]
+    assert mixtures.main(["run", "--experiment", path, *five, "--gin", "CheckpointConfig.enabled = True"]) == 0
+    assert not any(k.startswith("card/") for r in _proxies(corpus, "uncarded") for k in r["metrics"])
+    refit = [*five, "--gin", f"MixtureExperiment.target = '{card_target[1]}'"]
+    assert mixtures.main(["fit", "--experiment", path, *refit]) == 0
+    runs, reference = _proxies(corpus, "uncarded"), _proxies(corpus, "carded")
+    for run, ref in zip(runs, reference, strict=True):
+        assert pathlib.Path(run["workdir"]).name == pathlib.Path(ref["workdir"]).name
+        assert run["eval_card"] == "planted-code@v1"
+        assert {k: v for k, v in run["metrics"].items() if k.startswith("card/")} == \
+            {k: v for k, v in ref["metrics"].items() if k.startswith("card/")} != {}
+    fit = json.loads((corpus / "runs" / "uncarded" / "fit.json").read_text())
+    np.testing.assert_array_equal(fit["targets"], carded[1]["targets"])
+    monkeypatch.setattr(mixtures, "score_card", lambda *a: pytest.fail("scored again"))
+    assert mixtures.main(["fit", "--experiment", path, *refit]) == 0
+
+
+@pytest.mark.slow
+def test_a_validation_of_a_card_target_scores_its_runs_on_the_card(corpus, card_target, carded):
+    """Validating the card experiment's proposal (one seed) scores each validation run on the card from its final
+    checkpoint, links it to the card, and judges it by the fit's target, error 1 - score included."""
+    path = carded[0]
+    scale = ["--gin", "MixtureExperiment.proxies = 5", "--gin", "MixtureExperiment.validation_seeds = (0,)",
+             "--gin", f"MixtureExperiment.validation_tokens = {8 * 32 * 24}"]
+    assert mixtures.main(["validate", "--experiment", path, *scale]) == 0
+    report = json.loads((corpus / "runs" / "carded" / "validation.json").read_text())
+    db = conclusions.ConclusionsDB(str(corpus / "carded.sqlite"))
+    runs = {r["id"]: r for r in db.runs(experiment_id="carded", role=mixtures.VALIDATION_ROLE)}
+    assert len(runs) == 3
+    for label, figures in report["figures"].items():
+        (run_id,) = figures["runs"]
+        m = runs[run_id]["metrics"]
+        assert runs[run_id]["eval_card"] == "planted-code@v1" and runs[run_id]["role"] == f"validation:{label}"
+        assert 0 <= m[CARD_METRIC] <= 1 and "card/code_next_line/accuracy" in m
+        assert figures["targets"] == [pytest.approx((m["heldout/domain/arith/loss"] + 2 * (1 - m[CARD_METRIC])) / 3)]
+
+
+@pytest.mark.slow
+def test_a_card_target_over_proxies_without_checkpoints_is_refused_naming_the_run(planted, card_target, capsys,
+                                                                                   monkeypatch):
+    """The planted proxies trained without checkpoints: a refit or a run for a card target is refused naming a
+    proxy run and its workdir, before anything is scored, trained or written."""
+    root, path, _ = planted
+    fit_before = (root / "runs" / "planted" / "fit.json").read_bytes()
+    monkeypatch.setattr(mixtures.session, "run_training", lambda cfg: pytest.fail("trained"))
+    monkeypatch.setattr(mixtures, "score_card", lambda *a: pytest.fail("scored"))
+    target = ["--gin", f"MixtureExperiment.target = '{card_target[1]}'"]
+    for cmd in ("fit", "run"):
+        assert mixtures.main([cmd, "--experiment", path, *target]) == 2
+        err = capsys.readouterr().err
+        assert re.search(r"run \S+ \(\S+/runs/planted/proxy-000\): no checkpoint of its final step 24", err), err
+    assert (root / "runs" / "planted" / "fit.json").read_bytes() == fit_before
+    db = conclusions.ConclusionsDB(str(root / "planted.sqlite"))
+    assert all(r["eval_card"] is None for r in db.runs(experiment_id="planted"))
+
+
+def _bad_card_targets(corpus: pathlib.Path, card: str) -> dict[str, dict]:
+    """Target files that name card metrics wrongly, by what is wrong."""
+    stale = corpus / "stale-card.yaml"
+    stale.write_text(pathlib.Path(card).read_text().replace("max_examples: 16", "max_examples: 17"))
+    elsewhere = _card(corpus / "reference-card.yaml", domain="reference", task="reference_lines")
+    return {
+        "no eval_card": {"metrics": {CARD_METRIC: 1}},
+        "no such task": {"eval_card": card, "metrics": {"card/code_lines/accuracy": 1}},
+        "not a score": {"eval_card": card, "metrics": {"card/code_next_line/exact_match": 1}},
+        "a count": {"eval_card": card, "metrics": {"card/code_next_line/num_examples": 1}},
+        "no such card": {"eval_card": str(corpus / "nocard.yaml"), "metrics": {CARD_METRIC: 1}},
+        "changed card": {"eval_card": str(stale), "metrics": {CARD_METRIC: 1}},
+        "other domain": {"eval_card": elsewhere, "metrics": {"card/reference_lines/accuracy": 1}},
+    }
+
+
+#: (what is wrong, the refusal's message).
+CARD_REFUSALS = [
+    ("no eval_card", r"metrics \['card/code_next_line/accuracy_norm'\] are eval-card task scores: name the card"),
+    ("no such task", r"metrics\['card/code_lines/accuracy'\]: card planted-code v1 \(\S+card.yaml\) has no task "
+                     r"'code_lines'; its tasks: \['code_next_line'\]"),
+    ("not a score", r"metrics\['card/code_next_line/exact_match'\]: task 'code_next_line' \(next_line\) reports "
+                    r"\['accuracy', 'accuracy_norm'\], not 'exact_match'"),
+    ("a count", r"task 'code_next_line' \(next_line\) reports \['accuracy', 'accuracy_norm'\], not 'num_examples'"),
+    ("no such card", r"eval_card = '\S+nocard.yaml': \S+nocard.yaml: no such card"),
+    ("changed card", r"eval_card = '\S+stale-card.yaml': .*content changed since version 1 was stamped"),
+    ("other domain", r"task 'reference_lines' of card planted-reference v1 \(\S+\), whose examples come from held-out "
+                     r"documents of domain 'reference'; the experiment's held-out data \(\S+heldout.jsonl.gz\) has "
+                     r"domains \['arith', 'code', 'web'\]"),
+]
+
+
+@pytest.mark.parametrize("case, message", CARD_REFUSALS, ids=[case for case, _ in CARD_REFUSALS])
+def test_a_wrong_card_target_is_refused_before_any_proxy_trains(corpus, card_target, case, message, capsys,
+                                                                  monkeypatch):
+    """Each mistake in a card target is refused naming the target file and the entry, before anything trains (no
+    proxy folder is made)."""
+    target = corpus / f"bad-{case.replace(' ', '-')}.json"
+    target.write_text(json.dumps({"name": case, **_bad_card_targets(corpus, card_target[0])[case]}))
+    path = _experiment(corpus, "refused-card")
+    monkeypatch.setattr(mixtures.session, "run_training", lambda cfg: pytest.fail("trained"))
+    assert mixtures.main(["run", "--experiment", path, "--gin", f"MixtureExperiment.target = '{target}'"]) == 2
+    err = capsys.readouterr().err
+    assert f"{target}: " in err and re.search(message, err), err
+    assert not list((corpus / "runs").glob("refused-card/proxy-*"))
+
+
+def test_a_card_metric_enters_the_target_as_its_error():
+    """A card score (higher is better) counts as 1 - score in the weighted mean; a target without card metrics
+    records what it recorded before card targets (name and metrics alone), with or without an unused card."""
+    t = mixtures.Target("x", {"heldout/domain/web/loss": 1.0, CARD_METRIC: 3.0}, "card.yaml")
+    assert t.value({"heldout/domain/web/loss": 2.0, CARD_METRIC: 0.25}) == pytest.approx((2.0 + 3 * 0.75) / 4)
+    assert t.record() == {"name": "x", "metrics": {"heldout/domain/web/loss": 1.0, CARD_METRIC: 3.0},
+                          "eval_card": "card.yaml"}
+    assert mixtures.Target.from_record(t.record()) == t
+    plain = mixtures.Target("y", {"heldout/domain/web/loss": 1.0}, "card.yaml")
+    assert plain.record() == {"name": "y", "metrics": {"heldout/domain/web/loss": 1.0}} and plain.card("t.json") is None
+
+
+@pytest.mark.slow
+def test_an_experiment_without_card_metrics_records_and_trains_as_before(planted):
+    """No checkpoint binding, no eval card, no card metric, and the experiment's target is name and metrics alone."""
+    root, path, _ = planted
+    db = conclusions.ConclusionsDB(str(root / "planted.sqlite"))
+    assert db.experiment("planted")["config"]["target"] == {"name": "arith",
+                                                             "metrics": {"heldout/domain/arith/loss": 1.0}}
+    assert all(r["eval_card"] is None and not any(k.startswith("card/") for k in r["metrics"])
+               for r in db.runs(experiment_id="planted"))
+    exp, base = mixtures.load_experiment(path)
+    b = mixtures.run_bindings(exp, base, "w", ["arith"], np.ones(1), None, 256)
+    assert not any(x.startswith("CheckpointConfig") for x in b)
+    assert set(json.loads((root / "runs" / "planted" / "fit.json").read_text())["target"]) == {"name", "metrics"}

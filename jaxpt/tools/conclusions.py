@@ -463,6 +463,25 @@ class ConclusionsDB:
             self._insert_once(conn, "run", row, ignore=("created_at",))
         return run_id
 
+    def link_eval_card(self, run_id: str, eval_card: str) -> None:
+        """Link a recorded run to the eval card it was scored on, when it was imported before it was scored (a mixture
+        experiment's proxy scored on a card target at a refit). Idempotent: the same card again is a no-op.
+
+        Raises:
+          ConclusionsError: an unknown run or eval card, or a run already linked to another card (naming both: a
+            run's card metrics are one card's).
+        """
+        with self._write() as conn:
+            self._require(conn, "run", run_id, "run")
+            self._require(conn, "eval_card", eval_card, f"run {run_id!r}: eval card")
+            old = conn.scalar(sa.select(runs_table.c.eval_card).where(runs_table.c.id == run_id))
+            if old == eval_card:
+                return
+            if old is not None:
+                raise ConclusionsError(f"run {run_id!r} is linked to eval card {old!r}, not {eval_card!r}: a run's "
+                                       "card metrics are one card's")
+            conn.execute(runs_table.update().where(runs_table.c.id == run_id).values(eval_card=eval_card))
+
     def add_metrics(self, run_id: str, values: Mapping[str, float]) -> None:
         """Record a run's metrics ``{name: value}`` (finite numbers; units as the name says: ``heldout_loss`` in
         nats/token, ``train_time_s`` in seconds). Idempotent per metric: the same value again is a no-op.

@@ -34,6 +34,19 @@ conclusion ``confirmed`` when the proposal beats both others by more than the la
 The target file (JSON): ``{"name": "code+web", "metrics": {"heldout/domain/code/loss": 1, ...}}``: a positive weight
 per metric of a proxy's final record (held-out losses per domain: ``heldout/domain/<domain>/loss``); the target is
 their weighted mean, lower is better.
+
+A target may also weigh eval-card tasks (:mod:`jaxpt.eval.card`): ``"eval_card": "configs/eval/card_v1.yaml"`` (a
+path relative to the working directory, like the target's own) and metrics ``card/<task>/<score>``, a task of that
+card and a score it reports (``accuracy`` or ``accuracy_norm`` for a choice task, ``exact_match`` for
+``next_line_greedy``). A score is higher-is-better in [0, 1]: it enters the weighted mean as its error
+``1 - score``, so the target stays lower-is-better. Such a target is checked before anything trains (the card
+loads and is stamped, names the task and score, and the task's domain is in the held-out data); the runs it trains
+save checkpoints, and each proxy (and validation run) is scored on those tasks from its final checkpoint after
+training (the tasks' examples are built once per process; no perplexity, spot check or safety; scored without
+seqio, the same rows and metric functions), the scores recorded with its metrics in the database under
+``card/<task>/<score>``, the run linked to the card (``<name>@v<version>``). A ``fit`` for a card target over
+proxies trained without one scores them from their final checkpoints first; a proxy whose checkpoint is gone is
+refused by name and workdir.
 """
 
 from __future__ import annotations
@@ -52,11 +65,15 @@ import gin
 import numpy as np
 
 from jaxpt import config as config_lib
+from jaxpt.checkpoint import CheckpointConfig, CheckpointError, Checkpointer
 from jaxpt.config import ConfigError
 from jaxpt.data import boundary, corpus, loader, stream
+from jaxpt.eval import card as card_lib, heldout as heldout_lib
+from jaxpt.eval.scorer import scorer_for_restored
+from jaxpt.infer.restore import restore as restore_checkpoint
 from jaxpt.model.config import ModelConfig
 from jaxpt.run import resolve as resolve_lib, session
-from jaxpt.tools import conclusions, mixture_search as search
+from jaxpt.tools import conclusions, evaluate as evaluate_lib, mixture_search as search
 from jaxpt.util import fs, jsonl
 from jaxpt.util import progress as progress_lib
 from jaxpt.util.progress import format_duration
@@ -72,6 +89,8 @@ MIN_PROXIES = 4
 RUN_METRICS = ("heldout_loss", "heldout_perplexity", "train_loss", "train_loss_mean_last20")
 #: The metric prefix of a proxy's realized token share of a domain (:func:`realized_shares`).
 REALIZED = "mixture/realized/"
+#: The metric prefix of an eval-card task's score (``card/<task>/<score>``, :func:`card_scores`).
+CARD = "card/"
 #: Settings that change the proposal or the validation but not the proxies: an experiment may be refit with others.
 PROPOSAL_ONLY = ("database", "target", "floors", "caps", "target_tokens", "max_epochs", "validation_model",
                  "validation_tokens", "validation_seeds")
@@ -172,18 +191,20 @@ def _check_pairs(path: str, key: str, value: Any) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class Target:
-    """The experiment's target: ``name`` and ``metrics`` (``{metric name: positive weight}``)."""
+    """The experiment's target: ``name``, ``metrics`` (``{metric name: positive weight}``) and ``eval_card`` (the card
+    file its ``card/<task>/<score>`` metrics are scored on; '' for a target without them)."""
 
     name: str
     metrics: dict
+    eval_card: str = ""
 
     @classmethod
     def load(cls, path: str) -> "Target":
         """Read a target file.
 
         Raises:
-          ConfigError: not a JSON object with ``name`` and a non-empty ``metrics`` of positive weights (naming the
-            file and the entry).
+          ConfigError: not a JSON object with ``name`` and a non-empty ``metrics`` of positive weights, or an
+            ``eval_card`` that is not a path (naming the file and the entry).
         """
         raw = fs.read_json(path, "a mixture target file")
         if not isinstance(raw, dict) or not isinstance(raw.get("metrics"), dict) or not raw["metrics"]:
@@ -191,22 +212,78 @@ class Target:
         for k, v in raw["metrics"].items():
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
                 raise ConfigError(f"{path}: metrics[{k!r}] = {v!r} must be a positive weight")
-        return cls(str(raw.get("name") or path), {str(k): float(v) for k, v in raw["metrics"].items()})
+        card = raw.get("eval_card") or ""
+        if not isinstance(card, str):
+            raise ConfigError(f"{path}: eval_card = {card!r} must be the path of an eval card (YAML)")
+        return cls(str(raw.get("name") or path), {str(k): float(v) for k, v in raw["metrics"].items()}, card)
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> "Target":
+        """The target as :meth:`record` wrote it (``fit.json``, the database)."""
+        return cls(record["name"], dict(record["metrics"]), record.get("eval_card") or "")
+
+    def record(self) -> dict[str, Any]:
+        """What ``fit.json`` and the database record: name and metrics, and ``eval_card`` only for a target with card
+        metrics (a target without them is recorded as before card targets existed)."""
+        out = {"name": self.name, "metrics": dict(self.metrics)}
+        if self.card_metrics:
+            out["eval_card"] = self.eval_card
+        return out
+
+    @property
+    def card_metrics(self) -> list[str]:
+        """The ``card/<task>/<score>`` metrics, in the file's order."""
+        return [m for m in self.metrics if m.startswith(CARD)]
 
     def check_names(self, domains: Sequence[str], path: str) -> None:
-        """Refuse, before anything trains, a metric no run of the experiment will have.
+        """Refuse, before anything trains, a metric no run of the experiment will have (card metrics: :meth:`card`).
 
         Raises:
           ConfigError: naming the metric and the file, with the names a target may use.
         """
         known = set(RUN_METRICS) | {f"heldout/domain/{d}/{k}" for d in domains for k in ("loss", "perplexity")}
-        unknown = sorted(set(self.metrics) - known)
+        unknown = sorted(set(self.metrics) - known - set(self.card_metrics))
         if unknown:
             raise ConfigError(f"{path}: target metric(s) {unknown} are not in a proxy's final record; use "
-                              f"{sorted(known)}")
+                              f"{sorted(known)}, or {CARD}<task>/<score> with an eval_card")
+
+    def card(self, path: str) -> card_lib.Card | None:
+        """The eval card the card metrics are scored on (``eval_card``, relative to the working directory), reduced to
+        the tasks they name, without spot check and safety (which a target does not use); None without card metrics.
+
+        Raises:
+          ConfigError: naming the target file and the entry: card metrics without ``eval_card``, a card that does not
+            load (not found, not stamped), a task the card does not have, a score the task does not report
+            (:func:`card_scores`).
+        """
+        names = self.card_metrics
+        if not names:
+            if self.eval_card:
+                log.warning("%s: eval_card %s is not used: no metric is a card task's (%s<task>/<score>)", path,
+                            self.eval_card, CARD)
+            return None
+        if not self.eval_card:
+            raise ConfigError(f"{path}: metrics {names} are eval-card task scores: name the card in the target file, "
+                              '"eval_card": "configs/eval/card_v1.yaml"')
+        try:
+            card = card_lib.load_card(self.eval_card, check_files=False)
+        except card_lib.CardError as e:
+            raise ConfigError(f"{path}: eval_card = {self.eval_card!r}: {e}") from None
+        specs, needed = {s.name: s for s in card.tasks}, {}
+        for m in names:
+            task, _, score = m[len(CARD):].partition("/")
+            if task not in specs:
+                raise ConfigError(f"{path}: metrics[{m!r}]: card {card.name} v{card.version} ({self.eval_card}) has no "
+                                  f"task {task!r}; its tasks: {sorted(specs)}")
+            if score not in card_scores(specs[task]):
+                raise ConfigError(f"{path}: metrics[{m!r}]: task {task!r} ({specs[task].kind}) reports "
+                                  f"{list(card_scores(specs[task]))}, not {score!r} (write {CARD}<task>/<score>)")
+            needed[task] = specs[task]
+        return dataclasses.replace(card, tasks=tuple(needed.values()), spot_check=None, safety=None)
 
     def value(self, metrics: dict[str, float], run_id: str = "") -> float:
-        """The weighted mean of the named metrics of one run (nats per token for losses).
+        """The weighted mean of the named metrics of one run (nats per token for losses); a card metric, a score where
+        higher is better, enters as its error ``1 - score``, so the target stays lower-is-better.
 
         Raises:
           ConfigError: a metric the run does not have (naming it and the run).
@@ -214,9 +291,17 @@ class Target:
         missing = [m for m in self.metrics if m not in metrics]
         if missing:
             raise ConfigError(f"run {run_id}: no metric(s) {missing} for the target {self.name!r} (the run has "
-                              f"{sorted(k for k in metrics if k.startswith('heldout'))[:12]} ...)")
+                              f"{sorted(k for k in metrics if k.startswith(('heldout', CARD)))[:12]} ...)")
         total = sum(self.metrics.values())
-        return sum(w * float(metrics[m]) for m, w in self.metrics.items()) / total
+        return sum(w * (1.0 - float(metrics[m]) if m.startswith(CARD) else float(metrics[m]))
+                   for m, w in self.metrics.items()) / total
+
+
+def card_scores(spec) -> tuple[str, ...]:
+    """The scores (in [0, 1], higher is better) a card task reports (:func:`jaxpt.tools.evaluate.score_tasks`):
+    ``accuracy`` and ``accuracy_norm`` for a choice task (cloze, next_line, langid), ``exact_match`` for a generate
+    task (next_line_greedy). Its ``num_examples`` is a count, not a score a target may name."""
+    return ("accuracy", "accuracy_norm") if spec.is_choice else ("exact_match",)
 
 
 def domain_tokens(cfg: config_lib.TrainConfig) -> dict[str, int]:
@@ -245,9 +330,11 @@ def domain_tokens(cfg: config_lib.TrainConfig) -> dict[str, int]:
 
 
 def run_bindings(exp: MixtureExperiment, base: config_lib.TrainConfig, workdir: str, domains: Sequence[str],
-                 weights: np.ndarray, model: dict | None, tokens: int, seed: int | None = None) -> list[str]:
+                 weights: np.ndarray, model: dict | None, tokens: int, seed: int | None = None,
+                 checkpoint: bool = False) -> list[str]:
     """The gin bindings of one run of the experiment: its model, token budget (a schedule over its own steps),
-    workdir, mixture and per-domain held-out evaluation."""
+    workdir, mixture and per-domain held-out evaluation; with ``checkpoint`` (a target with card metrics, scored
+    from the run's final checkpoint), checkpoints on."""
     steps = max(1, math.ceil(tokens / (base.global_batch_size * base.seq_len)))
     mix = tuple((d, float(w)) for d, w in zip(domains, weights))
     b = [f"ModelConfig.{k} = {v!r}" for k, v in (model or {}).items()]
@@ -260,6 +347,8 @@ def run_bindings(exp: MixtureExperiment, base: config_lib.TrainConfig, workdir: 
           f"TrainConfig.compilation_cache_dir = {fs.join(exp.directory, 'jax_cache')!r}"]
     if seed is not None:
         b.append(f"TrainConfig.seed = {seed}")
+    if checkpoint:  # bookkeeping (config.BOOKKEEPING): not a proxy setting; the last step is always saved
+        b += ["CheckpointConfig.enabled = True", f"CheckpointConfig.keep_last = {max(1, base.checkpoint.keep_last)}"]
     return b
 
 
@@ -267,6 +356,160 @@ def _train(path: str, bindings: Sequence[str], run_bindings_: list[str]) -> conf
     cfg = config_lib.parse([path], [*run_bindings_, *bindings])
     session.run_training(cfg)
     return cfg
+
+
+# --------------------------------------------------------------------------------------------------
+# card tasks
+
+
+#: Probe tasks built in this process, by card content, task names and sources: building them decontaminates the
+#: examples against every training text, which on a real corpus is the expensive part, so it is done once.
+_PROBE_TASKS: dict[tuple, dict[str, Any]] = {}
+
+
+@dataclasses.dataclass
+class CardEvaluation:
+    """How the runs of an experiment are scored on a card target's tasks: ``card`` (reduced to those tasks,
+    :meth:`Target.card`), the held-out and training sources its examples come from (the card's ``sources``, else
+    the experiment's data, as ``python -m jaxpt.tools.evaluate`` chooses them), and the held-out documents."""
+
+    card: card_lib.Card
+    heldout: str
+    train: str
+    docs: list
+
+    @property
+    def ident(self) -> str:
+        """The card's id in the conclusions database (``<name>@v<version>``)."""
+        return f"{self.card.name}@v{self.card.version}"
+
+    @property
+    def metrics(self) -> list[str]:
+        """Every score of every task (recorded together: a refit naming another score of a task scores nothing)."""
+        return [f"{CARD}{s.name}/{m}" for s in self.card.tasks for m in card_scores(s)]
+
+    def tasks(self) -> dict[str, Any]:
+        """The tasks' examples (:func:`jaxpt.tools.evaluate.build_probe_tasks`), built once per process."""
+        key = (self.card.content_sha256, tuple(s.name for s in self.card.tasks), fs.absolute(self.heldout),
+               fs.absolute(self.train))
+        if key not in _PROBE_TASKS:
+            log.info("card %s: building the examples of %s (decontaminated against %s)", self.ident,
+                     [s.name for s in self.card.tasks], self.train)
+            _PROBE_TASKS[key] = evaluate_lib.build_probe_tasks(self.card, self.docs,
+                                                               heldout_lib.training_texts(self.train))
+        return _PROBE_TASKS[key]
+
+
+def card_evaluation(target: Target, path: str, base: config_lib.TrainConfig) -> CardEvaluation | None:
+    """The scoring of ``target``'s card metrics (None when it names none), checked before anything trains: the
+    names (:meth:`Target.card`), that every task's domain is in the held-out data its examples come from, and that
+    a generate task's ``decoding.max_new_tokens`` fits the runs' context. ``path``: the target's file, for messages.
+
+    Raises:
+      ConfigError: as :meth:`Target.card`; a task whose domain the held-out data lacks, or a generation longer than
+        ``TrainConfig.seq_len`` allows (naming the file, the card and the task).
+    """
+    card = target.card(path)
+    if card is None:
+        return None
+    run_heldout, run_train = heldout_lib.run_sources(base.data)
+    heldout, train = card.heldout_source or run_heldout, card.train_source or run_train
+    docs = heldout_lib.load_documents(heldout, "heldout")
+    have = sorted({d.domain for d in docs})
+    for spec in card.tasks:
+        if spec.domain not in have:
+            raise ConfigError(f"{path}: metrics name task {spec.name!r} of card {card.name} v{card.version} "
+                              f"({target.eval_card}), whose examples come from held-out documents of domain "
+                              f"{spec.domain!r}; the experiment's held-out data ({heldout}) has domains {have}")
+    try:
+        card_lib.check_generation_fits(card, base.seq_len, tasks=any(not s.is_choice for s in card.tasks),
+                                       spot_check=False)
+    except card_lib.CardError as e:
+        raise ConfigError(f"{path}: eval_card: {e}") from None
+    return CardEvaluation(card, heldout, train, docs)
+
+
+def _check_final_checkpoint(run: dict[str, Any]) -> None:
+    """Raises ConfigError naming the run and its workdir when the checkpoint of its final step is gone."""
+    step = int(run["metrics"].get("step", -1))
+    try:
+        ckpt = Checkpointer(run["workdir"], CheckpointConfig(enabled=False), read_only=True)
+        try:
+            ckpt.committed_step(step)
+        finally:
+            ckpt.close()
+    except CheckpointError as e:
+        raise ConfigError(f"run {run['id']} ({run['workdir']}): no checkpoint of its final step {step} to score the "
+                          f"target's card tasks on ({e}); train with CheckpointConfig.enabled (a card target turns it "
+                          "on for the runs it trains), or use a target without card metrics") from None
+
+
+def card_pending(ev: CardEvaluation | None, runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The recorded ``runs`` that lack one of ``ev``'s card metrics (none when ``ev`` is None), checked before any
+    is scored or anything trains.
+
+    Raises:
+      ConfigError: a run linked to another eval card in the database (its card metrics are that card's), or one
+        whose final checkpoint is gone (naming the run and its workdir).
+    """
+    pending = []
+    for run in runs if ev is not None else ():
+        if run.get("eval_card") not in (None, ev.ident):
+            raise ConfigError(f"run {run['id']} ({run['workdir']}) was scored on eval card {run['eval_card']}, the "
+                              f"target's card is {ev.ident}: a run's card metrics are one card's; name that card, or "
+                              "start a new experiment")
+        if any(m not in run["metrics"] for m in ev.metrics):
+            _check_final_checkpoint(run)
+            pending.append(run)
+    return pending
+
+
+def score_card(ev: CardEvaluation, run: dict[str, Any]) -> dict[str, float]:
+    """``{card/<task>/<score>: value}`` of a recorded run, from the checkpoint of its final step: the card's tasks
+    scored as :func:`jaxpt.tools.evaluate.run_card` scores them (same examples, batch sizes and metric functions),
+    without seqio (the same rows and metrics, without TensorFlow), perplexity, spot check or safety.
+
+    Raises:
+      ConfigError: the checkpoint cannot be restored (naming the run and its workdir).
+    """
+    step = int(run["metrics"]["step"])
+    try:
+        restored = restore_checkpoint(run["workdir"], step=step)
+    except CheckpointError as e:
+        raise ConfigError(f"run {run['id']} ({run['workdir']}): cannot restore its final step {step}: {e}") from None
+    tasks = ev.tasks()
+    scorer = scorer_for_restored(restored, batch_size=ev.card.batch_size)
+    generator = (scorer.decode_step(batch_size=int(ev.card.decoding.get("batch_size", 64)))
+                 if any(not s.is_choice for s in ev.card.tasks) else None)
+    metrics = evaluate_lib.score_tasks(ev.card, tasks, scorer, generator, restored, use_seqio=False)
+    return {f"{CARD}{n}/{m}": float(v) for n, ms in metrics.items() for m, v in ms.items()
+            if m in card_scores(tasks[n].spec)}
+
+
+def record_card_metrics(db, ev: CardEvaluation | None, runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Score each of ``runs`` that lacks a card metric (:func:`card_pending`, :func:`score_card`) and record the
+    scores with its metrics, the run linked to the card (its ``name@v<version>`` id in the eval_cards table).
+    Returns the runs' rows as the database has them now (``runs`` itself when ``ev`` is None: nothing is written).
+
+    Raises:
+      ConfigError: as :func:`card_pending` and :func:`score_card`.
+    """
+    pending = card_pending(ev, runs)
+    if not pending:
+        return list(runs)
+    card_id = db.add_eval_card(ev.card.name, ev.card.version, ev.card.content_sha256)
+    for i, run in enumerate(pending):
+        log.info("[%d/%d] card %s: scoring run %s (%s)", i + 1, len(pending), card_id, run["id"], run["workdir"])
+        scores = score_card(ev, run)
+        db.link_eval_card(run["id"], card_id)
+        db.add_metrics(run["id"], {k: v for k, v in scores.items() if k not in run["metrics"]})
+    return [db.resolve(r["id"])[1] for r in runs]
+
+
+def _import(db, exp: MixtureExperiment, workdir: str, role: str, ev: CardEvaluation | None) -> dict[str, Any]:
+    """Record a finished run of the experiment, scored on the card target's tasks when there is one."""
+    rec = conclusions.import_run(db, workdir, experiment_id=exp.name, role=role)
+    return record_card_metrics(db, ev, [rec])[0]
 
 
 def open_database(exp: MixtureExperiment) -> "conclusions.ConclusionsDB":
@@ -281,7 +524,7 @@ def experiment_record(exp: MixtureExperiment, target: Target, domains: Sequence[
     """What identifies an experiment in the database: its settings, domains and their token counts, and every
     setting of a proxy run that can change its numbers (``proxy_settings``); the target is recorded as first given
     (a later ``fit`` may use another)."""
-    return {"experiment": dataclasses.asdict(exp), "target": dataclasses.asdict(target), "domains": list(domains),
+    return {"experiment": dataclasses.asdict(exp), "target": target.record(), "domains": list(domains),
             "domain_tokens": tokens, "proxy_settings": proxy_settings}
 
 
@@ -334,7 +577,9 @@ def run_proxies(path: str, bindings: Sequence[str] = (), only: Sequence[int] = (
     database file; the fit then waits for every proxy, and None is returned while some are missing.
 
     Raises:
-      ConfigError: an index in ``only`` outside the experiment's proxies; as :func:`load_experiment`.
+      ConfigError: an index in ``only`` outside the experiment's proxies; as :func:`load_experiment`,
+        :meth:`Target.check_names`, :func:`card_evaluation` and :func:`card_pending` (proxies recorded without the
+        target's card metrics whose checkpoints are gone).
     """
     exp, base = load_experiment(path, bindings)
     if any(not 0 <= i < exp.proxies for i in only):
@@ -343,6 +588,7 @@ def run_proxies(path: str, bindings: Sequence[str] = (), only: Sequence[int] = (
     tokens = domain_tokens(base)
     domains = tuple(sorted(tokens))
     target.check_names(domains, exp.target)
+    ev = card_evaluation(target, exp.target, base)
     constraints(exp, domains, tokens).bounds()  # a floor naming no domain fails now, not after the proxies
     if exp.proxies < len(domains) + 2:
         raise ConfigError(f"{path}: MixtureExperiment.proxies = {exp.proxies} with {len(domains)} domains: at least "
@@ -353,8 +599,9 @@ def run_proxies(path: str, bindings: Sequence[str] = (), only: Sequence[int] = (
     record = experiment_record(exp, target, domains, tokens, proxy_settings(path, bindings, exp, base, domains))
     _register(db, exp, record, data_version)
     conclusions.record_data_version(db, base, data_version)  # fails now, not after the first proxy
-    db.set_experiment_status(exp.name, "running")
     done = {fs.absolute(r["workdir"]): r for r in db.runs(experiment_id=exp.name, role=PROXY_ROLE)}
+    card_pending(ev, list(done.values()))  # each can still be scored (by the fit)
+    db.set_experiment_status(exp.name, "running")
     workdirs = [fs.absolute(fs.join(exp.directory, f"proxy-{i:03d}")) for i in range(len(mixtures))]
     t0, trained = time.perf_counter(), 0
     for i, (w, workdir) in enumerate(zip(mixtures, workdirs)):
@@ -366,8 +613,9 @@ def run_proxies(path: str, bindings: Sequence[str] = (), only: Sequence[int] = (
         left = sum(wd not in done and (not only or j in only) for j, wd in enumerate(workdirs) if j >= i)
         log.info("[%d/%d] proxy-%03d: %s; %d done, %d to train, ETA %s", i + 1, len(mixtures), i,
                  search.describe(w, domains), len(done) + trained, left, _eta(t0, trained, left))
-        cfg = _train(path, bindings, run_bindings(exp, base, workdir, domains, w, exp.proxy_model, exp.proxy_tokens))
-        rec = conclusions.import_run(db, cfg.workdir, experiment_id=exp.name, role=PROXY_ROLE)
+        cfg = _train(path, bindings, run_bindings(exp, base, workdir, domains, w, exp.proxy_model, exp.proxy_tokens,
+                                                  checkpoint=ev is not None))
+        rec = _import(db, exp, cfg.workdir, PROXY_ROLE, ev)
         db.add_metrics(rec["id"], realized_shares(cfg.workdir, domains, rec["tokens"]))
         rec = db.resolve(rec["id"])[1]
         log.info("proxy-%03d: target %.4f (run %s)", i, target.value(rec["metrics"], rec["id"]), rec["id"])
@@ -470,11 +718,13 @@ def fit_and_propose(path: str, bindings: Sequence[str] = ()) -> dict[str, Any]:
 
     The target is the experiment file's (``MixtureExperiment.target``, read now): proxies do not depend on it, so one
     experiment may be refit for another target; ``fit.json``, ``proposal.gin`` and the conclusion name it and the
-    constraints used.
+    constraints used. A target with card metrics the proxies were not scored on scores them first, each from its
+    final checkpoint (:func:`record_card_metrics`), and records the scores in the database.
 
     Raises:
       ConfigError: an experiment not in the database, with fewer than :data:`MIN_PROXIES` finished proxy runs, or
-        a target naming a metric the proxies lack.
+        a target naming a metric the proxies lack; as :func:`card_evaluation` and :func:`card_pending` (a proxy to
+        score whose checkpoint is gone, naming the run and its workdir).
     """
     exp, base = load_experiment(path, bindings)
     db = open_database(exp)
@@ -483,6 +733,8 @@ def fit_and_propose(path: str, bindings: Sequence[str] = ()) -> dict[str, Any]:
     rec = db.experiment(exp.name)["config"]
     domains, tokens, target = tuple(rec["domains"]), rec["domain_tokens"], Target.load(exp.target)
     target.check_names(domains, exp.target)
+    ev = card_evaluation(target, exp.target, base)
+    record_card_metrics(db, ev, db.runs(experiment_id=exp.name, role=PROXY_ROLE))  # proxies trained without them
     runs, w, y = proxy_table(db, exp, domains, target)
     if len(runs) < MIN_PROXIES:
         raise ConfigError(f"mixture experiment {exp.name!r}: {len(runs)} finished proxy runs with a finite target; "
@@ -493,7 +745,7 @@ def fit_and_propose(path: str, bindings: Sequence[str] = ()) -> dict[str, Any]:
     proposal = search.round_mixture(search.propose(model, constraints(exp, domains, tokens), natural,
                                                    seed=exp.seed))
     summary = _summary(exp, domains, runs, w, y, model, rho, loo, proposal, natural)
-    summary["target"] = dataclasses.asdict(target)
+    summary["target"] = {**target.record(), **({"card": ev.ident} if ev else {})}
     summary["constraints"] = {"floors": dict(exp.floors), "caps": dict(exp.caps), "target_tokens": exp.target_tokens,
                               "max_epochs": exp.max_epochs}
     summary["conclusion"] = _conclude(db, exp, runs, summary)
@@ -530,6 +782,9 @@ def proposal_gin(exp: MixtureExperiment, path: str, domains: Sequence[str], prop
             f" floors {c['floors']}, caps {c['caps']}, at most {c['max_epochs']:g} epochs of a domain at "
             f"{c['target_tokens']:g} tokens (0: no limit).\n"
             f"#   python -m jaxpt.train --config <base config> --config {fs.join(exp.directory, 'proposal.gin')}\n"
+            + (f"# the target's card scores ({summary['target']['card']}) come from the evaluation, not the run:\n"
+               f"#   python -m jaxpt.tools.evaluate --workdir <run> --card {summary['target']['eval_card']}\n"
+               if summary["target"].get("card") else "") +
             f"DataConfig.mixture_schedule = ((1, {stage!r}),)\n"
             "DataConfig.mixture_weights = ()\n"
             "HeldoutEvalConfig.enabled = True\n"
@@ -600,8 +855,12 @@ def validate(path: str, bindings: Sequence[str] = ()) -> dict[str, Any]:
     """``validate``: train each validation mixture at the validation scale for each seed (resumable: runs already
     in the database are not trained again), then report and settle the conclusion (module docstring).
 
+    A fit whose target has card metrics scores each validation run on its card tasks after training (and one
+    recorded without them before the report), as the proxies are (:func:`record_card_metrics`).
+
     Raises:
-      ConfigError: no ``validation_tokens`` or seeds, or no ``fit.json`` (run ``run`` or ``fit`` first).
+      ConfigError: no ``validation_tokens`` or seeds, or no ``fit.json`` (run ``run`` or ``fit`` first); as
+        :func:`card_evaluation` and :func:`card_pending`.
     """
     exp, base = load_experiment(path, bindings)
     if exp.validation_tokens <= 0 or not exp.validation_seeds:
@@ -610,9 +869,11 @@ def validate(path: str, bindings: Sequence[str] = ()) -> dict[str, Any]:
     if not fs.exists(fit_file):
         raise ConfigError(f"{fit_file}: no fit yet; `run` (or `fit`) the experiment first")
     summary = fs.read_json(fit_file, "a mixture experiment's fit")
+    ev = card_evaluation(Target.from_record(summary["target"]), fit_file, base)
     db = open_database(exp)
     done = {fs.absolute(r["workdir"]): r for r in db.runs(experiment_id=exp.name)}
     jobs = validation_jobs(exp, summary)
+    card_pending(ev, [done[j[3]] for j in jobs if j[3] in done])
     t0, trained = time.perf_counter(), 0
     for i, (label, w, seed, workdir) in enumerate(jobs):
         if workdir in done:
@@ -621,10 +882,11 @@ def validate(path: str, bindings: Sequence[str] = ()) -> dict[str, Any]:
         log.info("[%d/%d] validation %s seed %d: %s; %d to train, ETA %s", i + 1, len(jobs), label, seed,
                  search.describe(w, summary["domains"]), left, _eta(t0, trained, left))
         cfg = _train(path, bindings, run_bindings(exp, base, workdir, summary["domains"], w, exp.validation_model,
-                                                  exp.validation_tokens, seed))
-        done[workdir] = conclusions.import_run(db, cfg.workdir, experiment_id=exp.name,
-                                               role=f"{VALIDATION_ROLE}:{label}")
+                                                  exp.validation_tokens, seed, checkpoint=ev is not None))
+        done[workdir] = _import(db, exp, cfg.workdir, f"{VALIDATION_ROLE}:{label}", ev)
         trained += 1
+    for r in record_card_metrics(db, ev, [done[j[3]] for j in jobs]):  # runs recorded before they were scored
+        done[fs.absolute(r["workdir"])] = r
     report = validation_report(db, exp, summary, {j[3]: j[0] for j in jobs}, done)
     fs.write_text_atomic(fs.join(exp.directory, "validation.json"), jsonl.dumps(report, indent=1))
     return report
@@ -636,7 +898,7 @@ def validation_report(db, exp: MixtureExperiment, summary: dict[str, Any], label
     compute ratio to a proxy (warned about under 4x), and the verdict: ``confirmed`` when the proposal beats both
     others by more than the largest seed spread, else ``refuted``; recorded in the database (:func:`_settle`).
     ``labels``: ``{workdir: label}`` of this validation's runs; ``runs_by_workdir``: their database rows."""
-    target = Target(**summary["target"])  # the fit's target: the one the proposal was made for
+    target = Target.from_record(summary["target"])  # the fit's target: the one the proposal was made for
     figures, runs = {}, []
     for label in VALIDATION_LABELS:
         rows = [runs_by_workdir[w] for w, lab in labels.items() if lab == label]
