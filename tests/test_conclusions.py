@@ -180,6 +180,14 @@ def test_non_finite_numbers_in_details_are_stored_as_strings_and_read_back_as_st
     assert json.loads(raw, parse_constant=refuse) == stored
 
 
+def test_compare_names_what_an_id_is_when_it_is_not_a_run(db):
+    cid = _populate(db)["conclusion"]
+    with pytest.raises(C.ConclusionsError, match=rf"run '{cid}': no such run in \S+ \('{cid}' is a conclusion\)"):
+        db.compare([cid])
+    with pytest.raises(C.ConclusionsError, match=r"run 'nothing': no such run in \S+team.sqlite$"):
+        db.compare(["nothing"])
+
+
 def test_superseded_needs_an_existing_other_superseded_by(db):
     ids = _populate(db)
     first = ids["conclusion"]

@@ -19,6 +19,7 @@ import yaml
 from scipy import stats
 
 from jaxpt import config as config_lib
+from jaxpt.config import ConfigError
 from jaxpt.tools import conclusions, evaluate, mixtures
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -238,6 +239,13 @@ def test_validation_trains_the_current_proposal_at_the_current_scale(planted, mo
     assert report["target"] == json.loads((root / "runs" / "planted" / "fit.json").read_text())["target"]["name"]
     assert report["compute_ratio_to_proxy"] > 4  # twice the tokens, about 2.5x the FLOPs per token
     db = conclusions.ConclusionsDB(str(root / "planted.sqlite"))
+    for run_id in (i for f in report["figures"].values() for i in f["runs"]):  # realized shares, as a proxy's
+        run = db.resolve(run_id)[1]
+        shares = {k: v for k, v in run["metrics"].items() if k.startswith(mixtures.REALIZED)}
+        last = [r for r in map(json.loads, open(pathlib.Path(run["workdir"]) / "metrics.jsonl"))
+                if "mixture/stage_tokens" in r][-1]
+        assert shares == {mixtures.REALIZED + d: last[f"mixture/share/{d}"] for d in ("arith", "code", "web")}
+        assert abs(sum(shares.values()) - 1) < 1e-6
     kind, claim = db.resolve(report["conclusion"])
     assert kind == "conclusion" and claim["status"] == report["status"]
     proposed = json.loads((root / "runs" / "planted" / "fit.json").read_text())["conclusion"]
@@ -439,6 +447,37 @@ def test_a_wrong_card_target_is_refused_before_any_proxy_trains(corpus, card_tar
     err = capsys.readouterr().err
     assert f"{target}: " in err and re.search(message, err), err
     assert not list((corpus / "runs").glob("refused-card/proxy-*"))
+
+
+def test_a_target_file_with_an_unknown_key_is_refused_naming_it(tmp_path):
+    target = tmp_path / "t.json"
+    target.write_text(json.dumps({"name": "t", "evalcard": "card.yaml", "metrics": {"heldout_loss": 1}}))
+    with pytest.raises(ConfigError, match=r"t.json: unknown key\(s\) \['evalcard'\]; a target file has "
+                                          r"\['name', 'metrics', 'eval_card'\]"):
+        mixtures.Target.load(str(target))
+
+
+@pytest.mark.parametrize("rho, warned", [(0.44, True), (float("nan"), True), (-0.6, True), (0.8, False),
+                                         (0.93, False)])
+def test_the_fit_warns_when_it_does_not_rank_unseen_mixtures(rho, warned, capsys):
+    summary = {"proxies": 16, "loo_spearman": rho, "model": {"r2": 0.7}, "domains": ["a", "b"],
+               "proposal": {"a": 0.25, "b": 0.75}, "predicted": {"proposal": 1.0, "natural": 1.1, "uniform": 1.2},
+               "conclusion": "c0001"}
+    mixtures._print_fit(summary)
+    out = capsys.readouterr().out
+    assert ("warning: leave-one-out Spearman" in out) == warned, out
+    assert "proposed: a 0.250, b 0.750" in out
+
+
+def test_the_verdict_names_each_mixture_the_proposal_does_not_beat_by_the_seed_spread(capsys):
+    report = {"figures": {k: {"mean": m, "spread": 0.065, "runs": ["r1", "r2"]}
+                          for k, m in (("proposed", 5.0), ("natural", 5.052), ("uniform", 5.2))},
+              "conclusion": "c0004", "improvement_over": {"natural": 0.052, "uniform": 0.2},
+              "largest_seed_spread": 0.065, "compute_ratio_to_proxy": 4.2, "status": "refuted"}
+    mixtures._print_validation(report)
+    out = capsys.readouterr().out
+    assert "not by more than the largest seed spread over: natural (0.0520 <= 0.0650)" in out
+    assert "uniform (" not in out
 
 
 def test_a_card_metric_enters_the_target_as_its_error():

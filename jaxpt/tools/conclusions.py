@@ -321,8 +321,10 @@ class ConclusionsDB:
 
     def _require(self, conn: sa.Connection, kind: str, ref_id: str | None, what: str) -> None:
         """Raise ConclusionsError naming ``what`` and ``ref_id`` unless it is an existing ``kind`` (None passes)."""
-        if ref_id is not None and self._kind_of(conn, ref_id) != kind:
-            raise ConclusionsError(f"{what} {ref_id!r}: no such {_name(kind)} in {self.path}")
+        found = None if ref_id is None else self._kind_of(conn, ref_id)
+        if ref_id is not None and found != kind:
+            other = f" ({ref_id!r} is {_a(found)})" if found else ""
+            raise ConclusionsError(f"{what} {ref_id!r}: no such {_name(kind)} in {self.path}{other}")
 
     def _insert_once(self, conn: sa.Connection, kind: str, row: dict[str, Any], ignore: Sequence[str] = ()) -> bool:
         """Insert ``row`` unless a row with its id exists; an existing row must equal it (``ignore``'s columns aside).
@@ -1037,6 +1039,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with ConclusionsDB(args.db or args.db_before) as db:
             print(run_command(db, args))
+    except BrokenPipeError:  # `... | head` closed the pipe: what it wanted was printed
+        sys.stderr.close()
+        return 0
     except (ConclusionsError, ConfigError, FileNotFoundError, ValueError, sa.exc.SQLAlchemyError) as e:
         # input refused (exit 2, as every jaxpt program): one line naming the id, key or file
         print(f"error: {' '.join(str(e).split())}", file=sys.stderr)

@@ -91,6 +91,11 @@ RUN_METRICS = ("heldout_loss", "heldout_perplexity", "train_loss", "train_loss_m
 REALIZED = "mixture/realized/"
 #: The metric prefix of an eval-card task's score (``card/<task>/<score>``, :func:`card_scores`).
 CARD = "card/"
+#: The keys of a target file (a misspelled one is refused, never ignored).
+TARGET_KEYS = ("name", "metrics", "eval_card")
+#: Below this leave-one-out Spearman the fit is reported as not ranking unseen mixtures (published proxy fits reach
+#: 0.89 and above; Liu et al. 2024, RegMix): its proposal is printed with a warning.
+TRUSTED_SPEARMAN = 0.8
 #: Settings that change the proposal or the validation but not the proxies: an experiment may be refit with others.
 PROPOSAL_ONLY = ("database", "target", "floors", "caps", "target_tokens", "max_epochs", "validation_model",
                  "validation_tokens", "validation_seeds")
@@ -203,12 +208,15 @@ class Target:
         """Read a target file.
 
         Raises:
-          ConfigError: not a JSON object with ``name`` and a non-empty ``metrics`` of positive weights, or an
-            ``eval_card`` that is not a path (naming the file and the entry).
+          ConfigError: not a JSON object with ``name`` and a non-empty ``metrics`` of positive weights, a key
+            other than :data:`TARGET_KEYS`, or an ``eval_card`` that is not a path (naming the file and the entry).
         """
         raw = fs.read_json(path, "a mixture target file")
         if not isinstance(raw, dict) or not isinstance(raw.get("metrics"), dict) or not raw["metrics"]:
             raise ConfigError(f"{path}: a target file is {{\"name\": ..., \"metrics\": {{metric: weight, ...}}}}")
+        unknown = sorted(set(raw) - set(TARGET_KEYS))
+        if unknown:
+            raise ConfigError(f"{path}: unknown key(s) {unknown}; a target file has {list(TARGET_KEYS)}")
         for k, v in raw["metrics"].items():
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
                 raise ConfigError(f"{path}: metrics[{k!r}] = {v!r} must be a positive weight")
@@ -440,8 +448,9 @@ def _check_final_checkpoint(run: dict[str, Any]) -> None:
             ckpt.close()
     except CheckpointError as e:
         raise ConfigError(f"run {run['id']} ({run['workdir']}): no checkpoint of its final step {step} to score the "
-                          f"target's card tasks on ({e}); train with CheckpointConfig.enabled (a card target turns it "
-                          "on for the runs it trains), or use a target without card metrics") from None
+                          f"target's card tasks on ({e}); runs already in the database are not trained again, so "
+                          "start a new experiment (another MixtureExperiment.name: a card target saves the checkpoints "
+                          "of the runs it trains), or use a target without card metrics") from None
 
 
 def card_pending(ev: CardEvaluation | None, runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -887,6 +896,10 @@ def validate(path: str, bindings: Sequence[str] = ()) -> dict[str, Any]:
         trained += 1
     for r in record_card_metrics(db, ev, [done[j[3]] for j in jobs]):  # runs recorded before they were scored
         done[fs.absolute(r["workdir"])] = r
+    for j in jobs:  # each run's realized token shares, as a proxy's (compare --metric mixture/realized/<domain>)
+        r = done[j[3]]
+        if not any(k.startswith(REALIZED) for k in r.get("metrics", {})):
+            db.add_metrics(r["id"], realized_shares(r["workdir"], summary["domains"], r["tokens"]))
     report = validation_report(db, exp, summary, {j[3]: j[0] for j in jobs}, done)
     fs.write_text_atomic(fs.join(exp.directory, "validation.json"), jsonl.dumps(report, indent=1))
     return report
@@ -965,8 +978,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _print_fit(summary: dict[str, Any]) -> None:
-    print(f"{summary['proxies']} proxy runs; leave-one-out Spearman {summary['loo_spearman']:.3f}; "
+    rho = summary["loo_spearman"]
+    print(f"{summary['proxies']} proxy runs; leave-one-out Spearman {rho:.3f}; "
           f"in-sample R^2 {summary['model']['r2']:.3f}")
+    if not rho >= TRUSTED_SPEARMAN:
+        print(f"warning: leave-one-out Spearman {rho:.3f} < {TRUSTED_SPEARMAN}: the fit does not rank mixtures it "
+              "did not see, so the proposal is a weak guess; train the proxies longer (past the unigram plateau) "
+              "or add proxies, and validate before using it")
     print("proposed: " + search.describe(np.array(list(summary["proposal"].values())), summary["domains"]))
     pred = summary["predicted"]
     print(f"predicted target: proposed {pred['proposal']:.4f}, natural {pred['natural']:.4f}, "
@@ -980,6 +998,10 @@ def _print_validation(report: dict[str, Any]) -> None:
           f"{report['improvement_over']['natural']:.4f}, than uniform by "
           f"{report['improvement_over']['uniform']:.4f}; largest seed spread {report['largest_seed_spread']:.4f}; "
           f"{report['compute_ratio_to_proxy']:.1f}x a proxy's FLOPs: {report['status']}")
+    short = [k for k, d in report["improvement_over"].items() if not d > report["largest_seed_spread"]]
+    if short:
+        print("not by more than the largest seed spread over: " + ", ".join(
+            f"{k} ({report['improvement_over'][k]:.4f} <= {report['largest_seed_spread']:.4f})" for k in short))
 
 
 def main(argv: list[str] | None = None) -> int:
