@@ -20,7 +20,7 @@ from scipy import stats
 
 from jaxpt import config as config_lib
 from jaxpt.config import ConfigError
-from jaxpt.tools import conclusions, evaluate, mixtures
+from jaxpt.tools import conclusions, evaluate, mixture_cards, mixtures
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -301,7 +301,7 @@ def carded(corpus, card_target):
     builds = []
     real = evaluate.build_probe_tasks
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(mixtures.evaluate_lib, "build_probe_tasks", lambda *a: (builds.append(a[0].name), real(*a))[1])
+        mp.setattr(evaluate, "build_probe_tasks", lambda *a: (builds.append(a[0].name), real(*a))[1])
         assert mixtures.main(["run", "--experiment", path, "--gin", f"MixtureExperiment.target = '{card_target[1]}'",
                               "--gin", "MixtureExperiment.proxies = 5"]) == 0
     return path, json.loads((corpus / "runs" / "carded" / "fit.json").read_text()), builds
@@ -359,7 +359,7 @@ def test_a_refit_with_a_card_target_scores_proxies_trained_without_it(corpus, ca
             {k: v for k, v in ref["metrics"].items() if k.startswith("card/")} != {}
     fit = json.loads((corpus / "runs" / "uncarded" / "fit.json").read_text())
     np.testing.assert_array_equal(fit["targets"], carded[1]["targets"])
-    monkeypatch.setattr(mixtures, "score_card", lambda *a: pytest.fail("scored again"))
+    monkeypatch.setattr(mixture_cards, "score_card", lambda *a: pytest.fail("scored again"))
     assert mixtures.main(["fit", "--experiment", path, *refit]) == 0
 
 
@@ -391,7 +391,7 @@ def test_a_card_target_over_proxies_without_checkpoints_is_refused_naming_the_ru
     root, path, _ = planted
     fit_before = (root / "runs" / "planted" / "fit.json").read_bytes()
     monkeypatch.setattr(mixtures.session, "run_training", lambda cfg: pytest.fail("trained"))
-    monkeypatch.setattr(mixtures, "score_card", lambda *a: pytest.fail("scored"))
+    monkeypatch.setattr(mixture_cards, "score_card", lambda *a: pytest.fail("scored"))
     target = ["--gin", f"MixtureExperiment.target = '{card_target[1]}'"]
     for cmd in ("fit", "run"):
         assert mixtures.main([cmd, "--experiment", path, *target]) == 2

@@ -65,15 +65,14 @@ import gin
 import numpy as np
 
 from jaxpt import config as config_lib
-from jaxpt.checkpoint import CheckpointConfig, CheckpointError, Checkpointer
 from jaxpt.config import ConfigError
 from jaxpt.data import boundary, corpus, loader, stream
-from jaxpt.eval import card as card_lib, heldout as heldout_lib
-from jaxpt.eval.scorer import scorer_for_restored
-from jaxpt.infer.restore import restore as restore_checkpoint
+from jaxpt.eval import card as card_lib
 from jaxpt.model.config import ModelConfig
 from jaxpt.run import resolve as resolve_lib, session
-from jaxpt.tools import conclusions, evaluate as evaluate_lib, mixture_search as search
+from jaxpt.tools import conclusions, mixture_search as search
+from jaxpt.tools.mixture_cards import (CARD, CardEvaluation, card_evaluation, card_pending, card_scores,
+                                       record_card_metrics)
 from jaxpt.util import fs, jsonl
 from jaxpt.util import progress as progress_lib
 from jaxpt.util.progress import format_duration
@@ -89,8 +88,6 @@ MIN_PROXIES = 4
 RUN_METRICS = ("heldout_loss", "heldout_perplexity", "train_loss", "train_loss_mean_last20")
 #: The metric prefix of a proxy's realized token share of a domain (:func:`realized_shares`).
 REALIZED = "mixture/realized/"
-#: The metric prefix of an eval-card task's score (``card/<task>/<score>``, :func:`card_scores`).
-CARD = "card/"
 #: The keys of a target file (a misspelled one is refused, never ignored).
 TARGET_KEYS = ("name", "metrics", "eval_card")
 #: Below this leave-one-out Spearman the fit is reported as not ranking unseen mixtures (published proxy fits reach
@@ -305,13 +302,6 @@ class Target:
                    for m, w in self.metrics.items()) / total
 
 
-def card_scores(spec) -> tuple[str, ...]:
-    """The scores (in [0, 1], higher is better) a card task reports (:func:`jaxpt.tools.evaluate.score_tasks`):
-    ``accuracy`` and ``accuracy_norm`` for a choice task (cloze, next_line, langid), ``exact_match`` for a generate
-    task (next_line_greedy). Its ``num_examples`` is a count, not a score a target may name."""
-    return ("accuracy", "accuracy_norm") if spec.is_choice else ("exact_match",)
-
-
 def domain_tokens(cfg: config_lib.TrainConfig) -> dict[str, int]:
     """``{domain: training tokens}`` of the run's data: the manifest's ``tokens_by_domain`` for a corpus version,
     else each training document's tokens plus its boundary tokens, summed by its ``domain``.
@@ -364,155 +354,6 @@ def _train(path: str, bindings: Sequence[str], run_bindings_: list[str]) -> conf
     cfg = config_lib.parse([path], [*run_bindings_, *bindings])
     session.run_training(cfg)
     return cfg
-
-
-# --------------------------------------------------------------------------------------------------
-# card tasks
-
-
-#: Probe tasks built in this process, by card content, task names and sources: building them decontaminates the
-#: examples against every training text, which on a real corpus is the expensive part, so it is done once.
-_PROBE_TASKS: dict[tuple, dict[str, Any]] = {}
-
-
-@dataclasses.dataclass
-class CardEvaluation:
-    """How the runs of an experiment are scored on a card target's tasks: ``card`` (reduced to those tasks,
-    :meth:`Target.card`), the held-out and training sources its examples come from (the card's ``sources``, else
-    the experiment's data, as ``python -m jaxpt.tools.evaluate`` chooses them), and the held-out documents."""
-
-    card: card_lib.Card
-    heldout: str
-    train: str
-    docs: list
-
-    @property
-    def ident(self) -> str:
-        """The card's id in the conclusions database (``<name>@v<version>``)."""
-        return f"{self.card.name}@v{self.card.version}"
-
-    @property
-    def metrics(self) -> list[str]:
-        """Every score of every task (recorded together: a refit naming another score of a task scores nothing)."""
-        return [f"{CARD}{s.name}/{m}" for s in self.card.tasks for m in card_scores(s)]
-
-    def tasks(self) -> dict[str, Any]:
-        """The tasks' examples (:func:`jaxpt.tools.evaluate.build_probe_tasks`), built once per process."""
-        key = (self.card.content_sha256, tuple(s.name for s in self.card.tasks), fs.absolute(self.heldout),
-               fs.absolute(self.train))
-        if key not in _PROBE_TASKS:
-            log.info("card %s: building the examples of %s (decontaminated against %s)", self.ident,
-                     [s.name for s in self.card.tasks], self.train)
-            _PROBE_TASKS[key] = evaluate_lib.build_probe_tasks(self.card, self.docs,
-                                                               heldout_lib.training_texts(self.train))
-        return _PROBE_TASKS[key]
-
-
-def card_evaluation(target: Target, path: str, base: config_lib.TrainConfig) -> CardEvaluation | None:
-    """The scoring of ``target``'s card metrics (None when it names none), checked before anything trains: the
-    names (:meth:`Target.card`), that every task's domain is in the held-out data its examples come from, and that
-    a generate task's ``decoding.max_new_tokens`` fits the runs' context. ``path``: the target's file, for messages.
-
-    Raises:
-      ConfigError: as :meth:`Target.card`; a task whose domain the held-out data lacks, or a generation longer than
-        ``TrainConfig.seq_len`` allows (naming the file, the card and the task).
-    """
-    card = target.card(path)
-    if card is None:
-        return None
-    run_heldout, run_train = heldout_lib.run_sources(base.data)
-    heldout, train = card.heldout_source or run_heldout, card.train_source or run_train
-    docs = heldout_lib.load_documents(heldout, "heldout")
-    have = sorted({d.domain for d in docs})
-    for spec in card.tasks:
-        if spec.domain not in have:
-            raise ConfigError(f"{path}: metrics name task {spec.name!r} of card {card.name} v{card.version} "
-                              f"({target.eval_card}), whose examples come from held-out documents of domain "
-                              f"{spec.domain!r}; the experiment's held-out data ({heldout}) has domains {have}")
-    try:
-        card_lib.check_generation_fits(card, base.seq_len, tasks=any(not s.is_choice for s in card.tasks),
-                                       spot_check=False)
-    except card_lib.CardError as e:
-        raise ConfigError(f"{path}: eval_card: {e}") from None
-    return CardEvaluation(card, heldout, train, docs)
-
-
-def _check_final_checkpoint(run: dict[str, Any]) -> None:
-    """Raises ConfigError naming the run and its workdir when the checkpoint of its final step is gone."""
-    step = int(run["metrics"].get("step", -1))
-    try:
-        ckpt = Checkpointer(run["workdir"], CheckpointConfig(enabled=False), read_only=True)
-        try:
-            ckpt.committed_step(step)
-        finally:
-            ckpt.close()
-    except CheckpointError as e:
-        raise ConfigError(f"run {run['id']} ({run['workdir']}): no checkpoint of its final step {step} to score the "
-                          f"target's card tasks on ({e}); runs already in the database are not trained again, so "
-                          "start a new experiment (another MixtureExperiment.name: a card target saves the checkpoints "
-                          "of the runs it trains), or use a target without card metrics") from None
-
-
-def card_pending(ev: CardEvaluation | None, runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The recorded ``runs`` that lack one of ``ev``'s card metrics (none when ``ev`` is None), checked before any
-    is scored or anything trains.
-
-    Raises:
-      ConfigError: a run linked to another eval card in the database (its card metrics are that card's), or one
-        whose final checkpoint is gone (naming the run and its workdir).
-    """
-    pending = []
-    for run in runs if ev is not None else ():
-        if run.get("eval_card") not in (None, ev.ident):
-            raise ConfigError(f"run {run['id']} ({run['workdir']}) was scored on eval card {run['eval_card']}, the "
-                              f"target's card is {ev.ident}: a run's card metrics are one card's; name that card, or "
-                              "start a new experiment")
-        if any(m not in run["metrics"] for m in ev.metrics):
-            _check_final_checkpoint(run)
-            pending.append(run)
-    return pending
-
-
-def score_card(ev: CardEvaluation, run: dict[str, Any]) -> dict[str, float]:
-    """``{card/<task>/<score>: value}`` of a recorded run, from the checkpoint of its final step: the card's tasks
-    scored as :func:`jaxpt.tools.evaluate.run_card` scores them (same examples, batch sizes and metric functions),
-    without seqio (the same rows and metrics, without TensorFlow), perplexity, spot check or safety.
-
-    Raises:
-      ConfigError: the checkpoint cannot be restored (naming the run and its workdir).
-    """
-    step = int(run["metrics"]["step"])
-    try:
-        restored = restore_checkpoint(run["workdir"], step=step)
-    except CheckpointError as e:
-        raise ConfigError(f"run {run['id']} ({run['workdir']}): cannot restore its final step {step}: {e}") from None
-    tasks = ev.tasks()
-    scorer = scorer_for_restored(restored, batch_size=ev.card.batch_size)
-    generator = (scorer.decode_step(batch_size=int(ev.card.decoding.get("batch_size", 64)))
-                 if any(not s.is_choice for s in ev.card.tasks) else None)
-    metrics = evaluate_lib.score_tasks(ev.card, tasks, scorer, generator, restored, use_seqio=False)
-    return {f"{CARD}{n}/{m}": float(v) for n, ms in metrics.items() for m, v in ms.items()
-            if m in card_scores(tasks[n].spec)}
-
-
-def record_card_metrics(db, ev: CardEvaluation | None, runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Score each of ``runs`` that lacks a card metric (:func:`card_pending`, :func:`score_card`) and record the
-    scores with its metrics, the run linked to the card (its ``name@v<version>`` id in the eval_cards table).
-    Returns the runs' rows as the database has them now (``runs`` itself when ``ev`` is None: nothing is written).
-
-    Raises:
-      ConfigError: as :func:`card_pending` and :func:`score_card`.
-    """
-    pending = card_pending(ev, runs)
-    if not pending:
-        return list(runs)
-    card_id = db.add_eval_card(ev.card.name, ev.card.version, ev.card.content_sha256)
-    for i, run in enumerate(pending):
-        log.info("[%d/%d] card %s: scoring run %s (%s)", i + 1, len(pending), card_id, run["id"], run["workdir"])
-        scores = score_card(ev, run)
-        db.link_eval_card(run["id"], card_id)
-        db.add_metrics(run["id"], {k: v for k, v in scores.items() if k not in run["metrics"]})
-    return [db.resolve(r["id"])[1] for r in runs]
 
 
 def _import(db, exp: MixtureExperiment, workdir: str, role: str, ev: CardEvaluation | None) -> dict[str, Any]:
