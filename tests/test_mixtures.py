@@ -461,12 +461,25 @@ def test_a_target_file_with_an_unknown_key_is_refused_naming_it(tmp_path):
                                          (0.93, False)])
 def test_the_fit_warns_when_it_does_not_rank_unseen_mixtures(rho, warned, capsys):
     summary = {"proxies": 16, "loo_spearman": rho, "model": {"r2": 0.7}, "domains": ["a", "b"],
+               "weights": [[0.25, 0.75], [0.5, 0.5]],
                "proposal": {"a": 0.25, "b": 0.75}, "predicted": {"proposal": 1.0, "natural": 1.1, "uniform": 1.2},
                "conclusion": "c0001"}
     mixtures._print_fit(summary)
     out = capsys.readouterr().out
     assert ("warning: leave-one-out Spearman" in out) == warned, out
     assert "proposed: a 0.250, b 0.750" in out
+
+
+def test_the_fit_warns_when_the_proposal_leaves_the_proxies_range(capsys):
+    summary = {"proxies": 3, "loo_spearman": 0.9, "model": {"r2": 0.9}, "domains": ["code", "multilingual"],
+               "weights": [[0.5, 0.5], [0.914, 0.086], [0.2, 0.8]], "proposal": {"code": 0.95, "multilingual": 0.05},
+               "predicted": {"proposal": 1.0, "natural": 1.1, "uniform": 1.2}, "conclusion": "c0001"}
+    assert mixtures.outside_proxies(summary) == {"code": (0.95, 0.2, 0.914), "multilingual": (0.05, 0.086, 0.8)}
+    mixtures._print_fit(summary)
+    out = capsys.readouterr().out
+    assert "warning: the proposal gives multilingual 0.050, outside the proxies' shares (0.086 to 0.800)" in out
+    summary["proposal"] = {"code": 0.6, "multilingual": 0.4}
+    assert mixtures.outside_proxies(summary) == {}
 
 
 def test_the_verdict_names_each_mixture_the_proposal_does_not_beat_by_the_seed_spread(capsys):
