@@ -321,8 +321,10 @@ class ConclusionsDB:
 
     def _require(self, conn: sa.Connection, kind: str, ref_id: str | None, what: str) -> None:
         """Raise ConclusionsError naming ``what`` and ``ref_id`` unless it is an existing ``kind`` (None passes)."""
-        found = None if ref_id is None else self._kind_of(conn, ref_id)
-        if ref_id is not None and found != kind:
+        if ref_id is None:
+            return
+        found = self._kind_of(conn, ref_id)
+        if found != kind:
             other = f" ({ref_id!r} is {_a(found)})" if found else ""
             raise ConclusionsError(f"{what} {ref_id!r}: no such {_name(kind)} in {self.path}{other}")
 
@@ -825,14 +827,14 @@ def record_data_version(db: ConclusionsDB, cfg, data_version: str | None = None)
       ConclusionsError: details the database cannot hold (named), so a program can call this before it trains.
     """
     d = cfg.data
-    rec = {"data_version": data_version or stream.data_version(cfg)}
+    data_version = data_version or stream.data_version(cfg)
     if d.source == "corpus":
         try:
             details = {"source": "corpus", "manifest": corpus_lib.read_corpus_version(d.corpus_dir).manifest}
         except (OSError, ValueError) as e:  # moved or deleted since the run: the id still names the data
             details = {"source": "corpus", "note": f"corpus not readable at import: {e}"}
-        return db.add_data_version(rec["data_version"], d.corpus_dir, details, if_absent=True)
-    return db.add_data_version(rec["data_version"], d.train_path, {"source": d.source}, if_absent=True)
+        return db.add_data_version(data_version, d.corpus_dir, details, if_absent=True)
+    return db.add_data_version(data_version, d.train_path, {"source": d.source}, if_absent=True)
 
 
 def _eval_card_id(db: ConclusionsDB, eval_card: str | None) -> str | None:
