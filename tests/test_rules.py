@@ -143,6 +143,19 @@ def test_grid_points_cover_lr_times_batch_times_budget(tmp_path):
         scaling.load_grid(_write_grid(tmp_path / "g3.gin", models, [4096], "ScalingGrid.learning_rates = [-0.1]\n"))
 
 
+def test_paired_grid_gives_one_budget_per_model(tmp_path):
+    """ScalingGrid.paired: model i trains tokens[i] only (2 budgets, not 2 x 2); unequal lengths are refused."""
+    models = [{"d_model": 32, "num_layers": 1}, {"d_model": 64, "num_layers": 2}]
+    extra = "ScalingGrid.learning_rates = [1e-3, 3e-3]\nScalingGrid.paired = True\n"
+    grid, base = scaling.load_grid(_write_grid(tmp_path / "g.gin", models, [4096, 8192], extra))
+    points = scaling.grid_points(grid, base)
+    assert [(p.model_overrides["d_model"], p.budget_tokens) for p in points] == [(32, 4096)] * 2 + [(64, 8192)] * 2
+    assert len({p.budget for p in points}) == 2
+    with pytest.raises(ConfigError, match=r"g2.gin: ScalingGrid.paired = True needs one token budget per model: "
+                                          r"2 models, 3 entries"):
+        scaling.load_grid(_write_grid(tmp_path / "g2.gin", models, [4096, 8192, 16384], extra))
+
+
 @pytest.mark.slow
 def test_tiny_lr_batch_grid_end_to_end(tmp_path):
     """2 budgets x 2 learning rates x 2 batch sizes (8 runs of a 1-layer model) on real text: every run records

@@ -71,6 +71,10 @@ class ScalingGrid:
         learning rate x batch size x compute that :mod:`jaxpt.tools.rules` fits (DeepSeek-AI 2024, sec. 3.1).
       batch_sizes: global batch sizes in rows (``TrainConfig.global_batch_size``) to try at every budget; empty:
         the base config's only. Each run still trains on its budget's tokens: fewer steps for a larger batch.
+      paired: False (default): every model trains every token budget (``models x tokens`` budgets). True: model
+        ``i`` trains ``tokens[i]`` only, one compute budget per model size, as a learning-rate/batch-size grid
+        over compute wants it (DeepSeek-AI 2024 grow the model with the budget); ``models`` and ``tokens`` must
+        then be of equal length.
     """
 
     models: tuple = ()
@@ -79,6 +83,7 @@ class ScalingGrid:
     warmup_fraction: float = 0.05
     learning_rates: tuple = ()
     batch_sizes: tuple = ()
+    paired: bool = False
 
 
 _GIN_GRID = gin.external_configurable(ScalingGrid, name="ScalingGrid", module="jaxpt")
@@ -106,12 +111,16 @@ def load_grid(grid_path: str, bindings: Sequence[str] = ()) -> tuple[ScalingGrid
 
     Raises:
       ConfigError: unparsable file, an empty grid, an unknown ``ModelConfig`` field in
-        ``ScalingGrid.models``, or a non-positive token budget (naming the grid file).
+        ``ScalingGrid.models``, a non-positive token budget, or ``paired`` with unequal lengths (naming the
+        grid file).
     """
     base = config_lib.parse([grid_path], bindings)
     grid = _GIN_GRID()
     if not grid.models or not grid.tokens:
         raise ConfigError(f"{grid_path}: ScalingGrid.models and ScalingGrid.tokens must both be non-empty")
+    if grid.paired and len(grid.models) != len(grid.tokens):
+        raise ConfigError(f"{grid_path}: ScalingGrid.paired = True needs one token budget per model: "
+                          f"{len(grid.models)} models, {len(grid.tokens)} entries in ScalingGrid.tokens")
     fields = {f.name for f in dataclasses.fields(ModelConfig)}
     for i, m in enumerate(grid.models):
         if not isinstance(m, dict):
@@ -132,15 +141,15 @@ def load_grid(grid_path: str, bindings: Sequence[str] = ()) -> tuple[ScalingGrid
 def grid_points(grid: ScalingGrid, base: config_lib.TrainConfig) -> list[GridPoint]:
     """Every (model, tokens[, learning rate, batch size]) combination with the gin bindings that make its run.
 
-    Names of a grid without ``learning_rates``/``batch_sizes`` are as before (a grid resumes by name); with them,
+    (model, tokens) pairs are ``models x tokens``, or ``zip(models, tokens)`` with ``ScalingGrid.paired``. Names of a grid without ``learning_rates``/``batch_sizes`` are as before (a grid resumes by name); with them,
     ``_lr<rate>`` and ``_bs<rows>`` are appended.
     """
     points = []
     lrs = grid.learning_rates or (None,)
     batches = grid.batch_sizes or (None,)
-    for m in grid.models:
+    for i, m in enumerate(grid.models):
         tag = "_".join(f"{k}{v}" for k, v in sorted(m.items()))
-        for t in grid.tokens:
+        for t in (grid.tokens[i],) if grid.paired else grid.tokens:
             for lr in lrs:
                 for bs in batches:
                     points.append(_grid_point(grid, base, m, tag, t, lr, bs))
