@@ -13,6 +13,7 @@ from flax import nnx
 
 from conftest import tiny_bindings
 from jaxpt import config as config_lib
+from jaxpt import mesh as mesh_lib
 from jaxpt.model import Decoder, ModelConfig
 from jaxpt.run import build as builder
 from jaxpt.training import optim
@@ -57,12 +58,20 @@ def _params(kind: str) -> dict:
     return nnx.to_pure_dict(nnx.split(Decoder(cfg, rngs=nnx.Rngs(0)), nnx.Param)[1])
 
 
-@pytest.mark.parametrize("kind", ["scanned_moe", "dense"])
-def test_one_muon_update_equals_optax_muon_applied_by_hand(kind):
+@pytest.mark.parametrize("kind,on_mesh", [("scanned_moe", False), ("dense", False), ("scanned_moe", True)])
+def test_one_muon_update_equals_optax_muon_applied_by_hand(kind, on_mesh, monkeypatch):
     """Two updates of jaxpt's Muon on a model's params equal, per parameter (to float32 rounding, rtol 1e-5),
     optax.contrib.muon run on the matrices with the dimension numbers written out above (Nesterov, consistent RMS
-    0.2, decayed) and optax.adamw run on the rest with jaxpt's decay mask (norms, biases, embedding undecayed)."""
+    0.2, decayed) and optax.adamw run on the rest with jaxpt's decay mask (norms, biases, embedding undecayed).
+
+    ``on_mesh``: the update traced as the train step traces it, under a data=2,fsdp=2,tensor=2 mesh, where each
+    stacked matrix is split by layer (its 2 layers padded with zero matrices to 8, one per device) for Newton-Schulz
+    (:func:`jaxpt.training.optim.by_layer`); the reference is still optax on one device."""
     params = _params(kind)
+    split = []
+    if on_mesh:
+        real = optim._layer_padded  # noqa: SLF001
+        monkeypatch.setattr(optim, "_layer_padded", lambda x, d, m: split.append(x.shape) or real(x, d, m))
     flat = {_key(p): x for p, x in jax.tree_util.tree_leaves_with_path(params)}
     assert {k.split("/")[-1] for k in flat} >= {"wq", "wo", "w_gate", "embedding", "output", "scale"}
     lr, wd = 0.01, 0.1
@@ -83,7 +92,7 @@ def test_one_muon_update_equals_optax_muon_applied_by_hand(kind):
         keys = jax.random.split(jax.random.key(seed), len(leaves))
         grads = jax.tree.unflatten(treedef, [jax.random.normal(k, x.shape) for k, x in zip(keys, leaves)])
         g = {_key(p): x for p, x in jax.tree_util.tree_leaves_with_path(grads)}
-        updates, state = jax.jit(tx.update)(grads, state, params)
+        updates, state = jax.jit(_traced(tx.update, on_mesh))(grads, state, params)
         um, rm = jax.jit(ref_muon.update)(sub(g, muon_keys), rm, sub(flat, muon_keys))
         ua, ra = jax.jit(ref_adam.update)(sub(g, adam_keys), ra, sub(flat, adam_keys))
         got = {_key(p): x for p, x in jax.tree_util.tree_leaves_with_path(updates)}
@@ -93,6 +102,47 @@ def test_one_muon_update_equals_optax_muon_applied_by_hand(kind):
         k = next(k for k in muon_keys if k.endswith("w_up"))
         rms = float(jnp.sqrt(jnp.mean((got[k] + lr * wd * flat[k]) ** 2)))
         assert 0.1 * lr < rms < 0.3 * lr, (k, rms)
+    # On the mesh every Muon matrix (2 updates x gradient and momentum) went through the split; off it none did.
+    assert len(split) == (2 * 2 * len(muon_keys) if on_mesh else 0)
+
+
+def _traced(fn, on_mesh: bool):
+    """``fn`` traced under the train step's mesh context (data=2,fsdp=2,tensor=2, default rules) if ``on_mesh``."""
+    if not on_mesh:
+        return fn
+    mesh = mesh_lib.mesh_from_config(MESH)
+
+    def traced(*args):
+        with mesh_lib.activation_sharding(mesh, mesh_lib.DEFAULT_RULES):
+            return fn(*args)
+
+    return traced
+
+
+def _compiled_temp_bytes(prepared, tmp_path, algorithm: str) -> int:
+    """Per-device temporary bytes (``memory_analysis``) of the compiled train step of an 8-layer scanned model
+    (d_model 256, mlp 1024) on fsdp=8 with ``algorithm``."""
+    b = _tiny(prepared, tmp_path, **{"OptimizerConfig.algorithm": repr(algorithm), "ModelConfig.scan_layers": "True",
+                                     "ModelConfig.num_layers": "8", "ModelConfig.d_model": "256",
+                                     "ModelConfig.mlp_dim": "1024", "ModelConfig.head_dim": "64",
+                                     "TrainConfig.global_batch_size": "8"}, mesh="fsdp=8")
+    return builder.build_for(b).lower_train_step().compile().memory_analysis().temp_size_in_bytes
+
+
+@pytest.mark.slow
+def test_newton_schulz_needs_one_layer_per_device_not_the_whole_stack(prepared_sample, tmp_path, monkeypatch):
+    """The Muon matrices of an 8-layer scanned model (q 256x256, k and v 256x128, o 256x256, gate/up/down
+    256x1024: 983,040 float32 parameters, 3.93 MB, per layer) on fsdp=8: the compiled step's temporaries exceed
+    AdamW's by less than two layers' matrices (each device orthogonalizes one layer); with the split turned off
+    (XLA left to place Newton-Schulz) they exceed them by more than the whole stack (8 layers, 31.5 MB), because
+    every device gathers and orthogonalizes every layer. Measured: +5.2 MB with the split, +34.2 MB without."""
+    per_layer = 4 * (256 * 256 * 2 + 256 * 128 * 2 + 256 * 1024 * 3)
+    adamw = _compiled_temp_bytes(prepared_sample, tmp_path, "adamw")
+    muon = _compiled_temp_bytes(prepared_sample, tmp_path, "muon")
+    monkeypatch.setattr(optim, "by_layer", lambda inner, dims: inner)
+    unsplit = _compiled_temp_bytes(prepared_sample, tmp_path, "muon")
+    assert muon - adamw < 2 * per_layer, (muon, adamw)
+    assert unsplit - adamw > 8 * per_layer, (unsplit, adamw)
 
 
 def test_groups_by_name_and_refusals():
@@ -117,9 +167,9 @@ def test_groups_by_name_and_refusals():
             optim.OptimizerConfig(**{field: value})
 
 
-def _tiny(prepared, tmp_path, **overrides):
+def _tiny(prepared, tmp_path, mesh=MESH, **overrides):
     b = tiny_bindings(prepared, tmp_path, **{"OptimizerConfig.algorithm": "'muon'", **overrides})
-    return config_lib.parse(["configs/quickstart.gin"], b, mesh=MESH)
+    return config_lib.parse(["configs/quickstart.gin"], b, mesh=mesh)
 
 
 def _moments(opt_tree) -> dict[str, object]:

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import optax
 from optax.contrib import _muon as optax_muon
 
+from jaxpt import mesh as mesh_lib
 from jaxpt.util.errors import ConfigError
 from jaxpt.util.validation import check_types, non_negative, positive, require
 
@@ -245,6 +246,56 @@ def muon_parameter_groups(params: Any) -> tuple[Any, Any]:
     return labels, dims
 
 
+def _layer_padded(x: jax.Array, dims: Any, mesh: Any) -> jax.Array:
+    """``x`` (a stacked matrix ``[layers, (experts,) ...matrix axes]``) padded with zeros along its layer axis to a
+    multiple of the mesh's device count and sharded there over every mesh axis, its matrix axes whole on each device.
+    An unstacked matrix (no leading batch axis) is returned as it is."""
+    reduction, output = optax_muon._normalize_axes(x, dims)  # noqa: SLF001 - optax's own reading of dims
+    if x.ndim == len(reduction) + len(output):
+        return x
+    pad = -x.shape[0] % mesh.size
+    if pad:
+        x = jnp.pad(x, [(0, pad)] + [(0, 0)] * (x.ndim - 1))
+    spec = jax.sharding.PartitionSpec(tuple(mesh.axis_names), *([None] * (x.ndim - 1)))
+    return jax.lax.with_sharding_constraint(x, jax.sharding.NamedSharding(mesh, spec))
+
+
+def by_layer(inner: optax.GradientTransformation, dims: Any) -> optax.GradientTransformation:
+    """``inner`` (Muon's momentum and Newton-Schulz orthogonalization) run with each stacked matrix split by layer.
+
+    Under FSDP each matrix is split along a matrix axis, and Newton-Schulz needs it whole: left to XLA, every device
+    gathers every stacked matrix (``[layers, d_model, mlp_dim]`` at once) and orthogonalizes all of them, so the
+    per-device temporaries grow with the whole model and the work with the layer count (the per-chip figures for
+    the presets before and after: docs/results/optimizers.md). Here the gradients and the momentum of each stacked matrix go to a layout split along
+    the layer axis over every mesh axis (padded with zero matrices to a multiple of the device count), so each
+    device orthogonalizes ``ceil(layers / devices)`` whole matrices per parameter, as distributed Muon does
+    (Liu et al. 2025, "Muon is Scalable for LLM Training", sec. 2.3, gathers a whole matrix per update), and the
+    momentum goes back to its own layout when the step stores it. The numbers are the same: a matrix is
+    orthogonalized on one device in the order a single device would. Unstacked matrices (``scan_layers = False``)
+    are left to XLA. Outside a traced step with a mesh (:func:`jaxpt.mesh.activation_sharding`), ``inner`` as is.
+
+    Args:
+      inner: ``optax.contrib.scale_by_muon`` (state ``MuonState(count, mu, ns_coeffs)``).
+      dims: ``MuonDimensionNumbers`` per Muon leaf (:func:`muon_parameter_groups`).
+    """
+
+    def update(updates, state, params=None):
+        ctx = mesh_lib.current_activation_sharding()
+        mesh = None if ctx is None else ctx[0]
+        if mesh is None or mesh.size == 1:
+            return inner.update(updates, state, params)
+        def pad(tree):  # a Muon leaf's dims is a subtree of dims where tree has an array: map gets it whole
+            return jax.tree.map(lambda x, d: _layer_padded(x, d, mesh), tree, dims)
+
+        def unpad(tree, like):
+            return jax.tree.map(lambda x, y: x[: y.shape[0]] if x.shape != y.shape else x, tree, like)
+
+        out, new = inner.update(pad(updates), state._replace(mu=pad(state.mu)), None)
+        return unpad(out, updates), new._replace(mu=unpad(new.mu, state.mu))
+
+    return optax.GradientTransformation(inner.init, update)
+
+
 def _muon(cfg: OptimizerConfig, schedule: optax.Schedule, params: Any, mask: Any,
           adamw: optax.GradientTransformation) -> optax.GradientTransformation:
     """``partition``: Muon for the matrices, ``adamw`` for the rest (:func:`muon_parameter_groups`).
@@ -256,8 +307,8 @@ def _muon(cfg: OptimizerConfig, schedule: optax.Schedule, params: Any, mask: Any
     """
     labels, dims = muon_parameter_groups(params)
     muon = optax.chain(
-        optax.contrib.scale_by_muon(ns_steps=cfg.muon_ns_steps, beta=cfg.muon_momentum, eps=cfg.eps,
-                                    weight_dimension_numbers=dims),
+        by_layer(optax.contrib.scale_by_muon(ns_steps=cfg.muon_ns_steps, beta=cfg.muon_momentum, eps=cfg.eps,
+                                             weight_dimension_numbers=dims), dims),
         optax_muon.scale_by_shape(dims, consistent_rms=cfg.muon_consistent_rms or None),
         optax.add_decayed_weights(cfg.weight_decay, mask),
         optax.scale_by_learning_rate(schedule))
