@@ -2,6 +2,7 @@
 against optax's Muon applied by hand, refusals, the optimizer state's shardings under FSDP and ZeRO-1 on a
 (data=2, fsdp=2, tensor=2) mesh, and an exact resume on that mesh."""
 
+import dataclasses
 import re
 
 import jax
@@ -58,20 +59,29 @@ def _params(kind: str) -> dict:
     return nnx.to_pure_dict(nnx.split(Decoder(cfg, rngs=nnx.Rngs(0)), nnx.Param)[1])
 
 
-@pytest.mark.parametrize("kind,on_mesh", [("scanned_moe", False), ("dense", False), ("scanned_moe", True)])
+@pytest.mark.parametrize("kind,on_mesh", [("scanned_moe", ""), ("dense", ""), ("scanned_moe", MESH),
+                                          ("scanned_moe", "expert=2,fsdp=2,tensor=2")])
 def test_one_muon_update_equals_optax_muon_applied_by_hand(kind, on_mesh, monkeypatch):
     """Two updates of jaxpt's Muon on a model's params equal, per parameter (to float32 rounding, rtol 1e-5),
     optax.contrib.muon run on the matrices with the dimension numbers written out above (Nesterov, consistent RMS
     0.2, decayed) and optax.adamw run on the rest with jaxpt's decay mask (norms, biases, embedding undecayed).
 
-    ``on_mesh``: the update traced as the train step traces it, under a data=2,fsdp=2,tensor=2 mesh, where each
-    stacked matrix is split by layer (its 2 layers padded with zero matrices to 8, one per device) for Newton-Schulz
-    (:func:`jaxpt.training.optim.by_layer`); the reference is still optax on one device."""
+    ``on_mesh``: the update traced as the train step traces it, under that mesh, where each stacked matrix is split
+    by layer for Newton-Schulz (:func:`jaxpt.training.optim.by_layer`): its 2 layers padded with zero matrices to 8,
+    one per device; on a mesh with an ``expert`` axis, the MoE matrices ``[layers, experts, in, out]`` keep their
+    experts split over it and pad their layers to 4 (fsdp x tensor). The reference is still optax on one device."""
     params = _params(kind)
     split = []
     if on_mesh:
         real = optim._layer_padded  # noqa: SLF001
-        monkeypatch.setattr(optim, "_layer_padded", lambda x, d, m: split.append(x.shape) or real(x, d, m))
+
+        def recorded(x, d, m, r):  # (leading batch axes, rows of the padded layer axis)
+            out = real(x, d, m, r)
+            reduction, output = optim.optax_muon._normalize_axes(x, d)  # noqa: SLF001
+            split.append((x.ndim - len(reduction) - len(output), out.shape[0]))
+            return out
+
+        monkeypatch.setattr(optim, "_layer_padded", recorded)
     flat = {_key(p): x for p, x in jax.tree_util.tree_leaves_with_path(params)}
     assert {k.split("/")[-1] for k in flat} >= {"wq", "wo", "w_gate", "embedding", "output", "scale"}
     lr, wd = 0.01, 0.1
@@ -104,13 +114,16 @@ def test_one_muon_update_equals_optax_muon_applied_by_hand(kind, on_mesh, monkey
         assert 0.1 * lr < rms < 0.3 * lr, (k, rms)
     # On the mesh every Muon matrix (2 updates x gradient and momentum) went through the split; off it none did.
     assert len(split) == (2 * 2 * len(muon_keys) if on_mesh else 0)
+    experts_split = "expert" in on_mesh
+    assert {rows for batch, rows in split if batch == 1} == ({8} if on_mesh else set()), split
+    assert {rows for batch, rows in split if batch == 2} == ({4 if experts_split else 8} if on_mesh else set()), split
 
 
-def _traced(fn, on_mesh: bool):
-    """``fn`` traced under the train step's mesh context (data=2,fsdp=2,tensor=2, default rules) if ``on_mesh``."""
+def _traced(fn, on_mesh: str):
+    """``fn`` traced under the train step's mesh context (the mesh ``on_mesh``, default rules), if one is given."""
     if not on_mesh:
         return fn
-    mesh = mesh_lib.mesh_from_config(MESH)
+    mesh = mesh_lib.mesh_from_config(on_mesh)
 
     def traced(*args):
         with mesh_lib.activation_sharding(mesh, mesh_lib.DEFAULT_RULES):
@@ -245,3 +258,61 @@ def test_resume_on_a_sharded_mesh_is_bitwise_the_uninterrupted_run(prepared_samp
     assert any("mu" in jax.tree_util.keystr(p) for p, _ in la)
     for (p, x), (_, y) in zip(la, lb):
         assert np.array_equal(x, y), jax.tree_util.keystr(p)
+
+
+@pytest.mark.parametrize("field", [f.name for f in dataclasses.fields(optim.OptimizerConfig)])
+def test_state_layout_names_every_setting_that_changes_the_state_structure(field):
+    """Each OptimizerConfig field set to another legal value changes the optimizer state's tree structure (params
+    of a small model with a stack, a norm and an embedding) exactly when :func:`optim.state_layout` changes: so the
+    admission check (:func:`jaxpt.run.lineage._check_optimizer_state`) refuses every resume Orbax would fail on."""
+    other = {"peak_learning_rate": 1e-2, "schedule": "wsd", "warmup_steps": 7, "decay_steps": 50,
+             "min_lr_ratio": 0.5, "wsd_decay_fraction": 0.3, "b1": 0.8, "b2": 0.9, "eps": 1e-6,
+             "weight_decay": 0.0, "decay_embeddings": True, "grad_clip_norm": 0.0, "algorithm": "muon",
+             "muon_momentum": 0.9, "muon_ns_steps": 3, "muon_consistent_rms": 0.0}
+    base = optim.OptimizerConfig(warmup_steps=5)
+    assert getattr(base, field) != other[field]
+    changed = dataclasses.replace(base, **{field: other[field]})
+    params = _params("dense")
+
+    def structure(cfg):
+        return jax.tree_util.tree_structure(jax.eval_shape(optim.make_optimizer(cfg, 100, params).init, params))
+
+    def layout(cfg):
+        return optim.state_layout({f"OptimizerConfig.{f.name}": getattr(cfg, f.name)
+                                   for f in dataclasses.fields(cfg)})
+
+    assert (structure(changed) != structure(base)) == (layout(changed) != layout(base)), field
+    assert (layout(changed) != layout(base)) == (field in optim.STATE_LAYOUT), field
+
+
+@pytest.mark.slow
+def test_a_resume_under_another_optimizer_is_refused_before_orbax(prepared_sample, tmp_path):
+    """An AdamW run saved at step 2: resuming it with Muon, or without gradient clipping, is refused by the dry run
+    and by the run, naming each key and both values, and nothing is written; a stage from it (init_from) with Muon
+    is refused unless it resets the optimizer, and with ``reset_optimizer`` it trains (the parent's AdamW moments
+    are not read)."""
+    from jaxpt import train as T
+    from jaxpt.util.errors import CheckpointError
+    ckpt = {"CheckpointConfig.enabled": "True", "CheckpointConfig.save_every_steps": "2",
+            "CheckpointConfig.async_save": "False"}
+
+    def cfg(workdir, steps, **over):
+        return config_lib.parse(["configs/quickstart.gin"], tiny_bindings(prepared_sample, workdir, **ckpt, **over),
+                                steps=steps, mesh=MESH)
+
+    work = tmp_path / "adamw"
+    T.run_training(cfg(work, 2))
+    muon = {"OptimizerConfig.algorithm": "'muon'"}
+    with pytest.raises(CheckpointError, match=r"optimizer state of another structure .*OptimizerConfig.algorithm = "
+                                              r"'adamw' there, 'muon' here.*TrainConfig.reset_optimizer = True"):
+        T.dry_run(cfg(work, 4, **muon))
+    with pytest.raises(CheckpointError, match=r"OptimizerConfig.grad_clip_norm = 1.0 there, 0.0 here"):
+        T.dry_run(cfg(work, 4, **{"OptimizerConfig.grad_clip_norm": "0.0"}))
+    with pytest.raises(CheckpointError, match="OptimizerConfig.algorithm"):
+        T.run_training(cfg(work, 4, **muon))
+    assert sorted(p.name for p in (work / "checkpoints").iterdir() if p.name.isdigit()) == ["2"]
+    stage = {"TrainConfig.init_from": repr(str(work)), **muon}
+    with pytest.raises(CheckpointError, match=r"'adamw' there, 'muon' here.*set TrainConfig.reset_optimizer = True"):
+        T.dry_run(cfg(tmp_path / "stage", 4, **stage))
+    T.run_training(cfg(tmp_path / "stage", 4, **stage, **{"TrainConfig.reset_optimizer": "True"}))
+    assert (tmp_path / "stage" / "checkpoints" / "4").is_dir()

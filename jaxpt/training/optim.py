@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import typing
 from typing import Any, Literal
 
@@ -246,17 +247,32 @@ def muon_parameter_groups(params: Any) -> tuple[Any, Any]:
     return labels, dims
 
 
-def _layer_padded(x: jax.Array, dims: Any, mesh: Any) -> jax.Array:
-    """``x`` (a stacked matrix ``[layers, (experts,) ...matrix axes]``) padded with zeros along its layer axis to a
-    multiple of the mesh's device count and sharded there over every mesh axis, its matrix axes whole on each device.
-    An unstacked matrix (no leading batch axis) is returned as it is."""
+def _layer_padded(x: jax.Array, dims: Any, mesh: Any, rules: Any) -> jax.Array:
+    """``x`` (a stacked matrix ``[layers, (experts,) ...matrix axes]``) padded with zeros along its layer axis and
+    sharded there over the mesh axes, its matrix axes whole on each device.
+
+    An experts axis (a second leading axis) keeps the mesh axes ``rules`` give the logical ``exp`` axis (those of
+    size > 1 whose product divides it); the layer axis takes every other mesh axis and is padded to a multiple of
+    their product. Moving the experts too would make XLA gather every expert onto every device on the way.
+    An unstacked matrix (no leading batch axis) is returned as it is; an unstacked MoE matrix ``[experts, ...]``
+    is split along its experts as a stack."""
     reduction, output = optax_muon._normalize_axes(x, dims)  # noqa: SLF001 - optax's own reading of dims
-    if x.ndim == len(reduction) + len(output):
+    batch = x.ndim - len(reduction) - len(output)
+    if batch == 0:
         return x
-    pad = -x.shape[0] % mesh.size
+    sizes = mesh_lib.mesh_shape(mesh)
+    inner: tuple[str, ...] = ()
+    if batch > 1:
+        entry = (tuple(mesh_lib.logical_to_spec(("exp",), rules, mesh)) or (None,))[0]
+        inner = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+        if x.shape[1] % math.prod(sizes[a] for a in inner):
+            inner = ()
+    outer = tuple(a for a in mesh.axis_names if a not in inner and sizes[a] > 1)
+    pad = -x.shape[0] % math.prod(sizes[a] for a in outer)
     if pad:
         x = jnp.pad(x, [(0, pad)] + [(0, 0)] * (x.ndim - 1))
-    spec = jax.sharding.PartitionSpec(tuple(mesh.axis_names), *([None] * (x.ndim - 1)))
+    lead = (outer or None, inner or None)[:min(batch, 2)]
+    spec = jax.sharding.PartitionSpec(*lead, *([None] * (x.ndim - len(lead))))
     return jax.lax.with_sharding_constraint(x, jax.sharding.NamedSharding(mesh, spec))
 
 
@@ -281,11 +297,12 @@ def by_layer(inner: optax.GradientTransformation, dims: Any) -> optax.GradientTr
 
     def update(updates, state, params=None):
         ctx = mesh_lib.current_activation_sharding()
-        mesh = None if ctx is None else ctx[0]
-        if mesh is None or mesh.size == 1:
+        if ctx is None or ctx[0].size == 1:
             return inner.update(updates, state, params)
+        mesh, rules = ctx
+
         def pad(tree):  # a Muon leaf's dims is a subtree of dims where tree has an array: map gets it whole
-            return jax.tree.map(lambda x, d: _layer_padded(x, d, mesh), tree, dims)
+            return jax.tree.map(lambda x, d: _layer_padded(x, d, mesh, rules), tree, dims)
 
         def unpad(tree, like):
             return jax.tree.map(lambda x, y: x[: y.shape[0]] if x.shape != y.shape else x, tree, like)
@@ -319,6 +336,36 @@ def _muon(cfg: OptimizerConfig, schedule: optax.Schedule, params: Any, mask: Any
 MUP_WITH_MUON = ("OptimizerConfig.algorithm = 'muon' with ModelConfig.parametrization = 'mup': µP's learning-rate "
                  "table is for Adam-type updates, and Muon sets the size of its matrices' updates itself; use one of "
                  "the two")
+
+
+#: The :class:`OptimizerConfig` settings that decide the optimizer state's tree structure, each with the part of its
+#: value that does (``grad_clip_norm`` adds a chain element only when positive). A checkpoint's optimizer state
+#: restores under another config only where these agree (:func:`state_layout`); tests/test_muon.py varies every
+#: field to keep this table complete.
+STATE_LAYOUT = {"algorithm": lambda v: v, "grad_clip_norm": lambda v: float(v) > 0}
+
+
+def _settings_of(settings: dict[str, Any]) -> dict[str, Any]:
+    """``settings`` (``{'OptimizerConfig.<field>': value}``) completed with the :class:`OptimizerConfig` defaults."""
+    return {f.name: settings.get(f"OptimizerConfig.{f.name}", f.default) for f in dataclasses.fields(OptimizerConfig)}
+
+
+def state_layout(settings: dict[str, Any]) -> dict[str, Any]:
+    """``{'OptimizerConfig.<field>': what decides the state's structure}`` (:data:`STATE_LAYOUT`) of ``settings``
+    (``{'OptimizerConfig.<field>': value}``, e.g. a checkpoint's saved gin bindings); a field missing from it takes
+    the :class:`OptimizerConfig` default. Two configs whose layouts are equal build optimizer states of the same tree
+    structure, so one's checkpointed state restores under the other."""
+    values = _settings_of(settings)
+    return {f"OptimizerConfig.{k}": part(values[k]) for k, part in STATE_LAYOUT.items()}
+
+
+def state_layout_changes(saved: dict[str, Any], ours: dict[str, Any]) -> list[str]:
+    """``'OptimizerConfig.<field> = <saved> there, <ours> here'`` for each :data:`STATE_LAYOUT` setting on which
+    ``saved`` and ``ours`` (``{'OptimizerConfig.<field>': value}``, defaults filled in) build optimizer states of
+    different tree structures; empty when one's state restores under the other."""
+    a, b = _settings_of(saved), _settings_of(ours)
+    return [f"OptimizerConfig.{k} = {a[k]!r} there, {b[k]!r} here" for k, part in STATE_LAYOUT.items()
+            if part(a[k]) != part(b[k])]
 
 
 def make_optimizer(cfg: OptimizerConfig, total_steps: int, params: Any,
