@@ -58,6 +58,7 @@ from jaxpt.config import TrainConfig
 from jaxpt.model import parametrization
 from jaxpt.model.compat import compare_params, config_from_record
 from jaxpt.model.decoder import count_params
+from jaxpt.training import optim
 from jaxpt.training.optim import check_schedule
 from jaxpt.training.stability import init_history
 from jaxpt.training.state import TrainState
@@ -184,16 +185,19 @@ def admit(candidate: Checkpoint, cfg: TrainConfig, tokenizer, *, resume: bool) -
     """The one admission check: may ``candidate`` continue this run (``resume``: as its own checkpoint; else as a
     new stage's parent or converted model)? Returns the notes to report (settings ignored or changed).
 
-    In order: the step relation (a resume cannot go back, ``TrainConfig.steps >= step``; a stage must train past
-    its parent, ``steps > step``); settings unknown to this version (:func:`jaxpt.config.check_saved_config`); the
-    params (:func:`check_compatible`); the parametrization (:func:`_check_parametrization`); the tokenizer (the sha256 the checkpoint records must be this run's; a
-    converted model without a recorded tokenizer is refused, since its token ids cannot be checked); for a resume,
-    the data layout (logical data shards and the batch-size ramp must stay fixed).
+    In order: the step relation (a resume cannot go back, ``TrainConfig.steps >= step``; a stage must train past its
+    parent, ``steps > step``); settings unknown to this version (:func:`jaxpt.config.check_saved_config`); the
+    params (:func:`check_compatible`); the parametrization (:func:`_check_parametrization`); the tokenizer (the
+    sha256 the checkpoint records must be this run's; a converted model without a recorded tokenizer is refused,
+    since its token ids cannot be checked); the optimizer state's structure, unless a stage resets it
+    (:func:`_check_optimizer_state`); for a resume, the data layout (logical data shards and the batch-size ramp
+    must stay fixed).
 
     Raises:
       ConfigError: the step relation, or a converted model without a tokenizer (exit 2).
       CheckpointError: unknown numerics-changing settings, another model, parametrization (another width
-        multiplier: :func:`_check_parametrization`), tokenizer or data layout (exit 3).
+        multiplier: :func:`_check_parametrization`), tokenizer, an optimizer state of another structure
+        (:func:`_check_optimizer_state`) or data layout (exit 3).
     """
     meta, where = candidate.meta, candidate.where
     if resume and cfg.steps < candidate.step:
@@ -208,6 +212,8 @@ def admit(candidate: Checkpoint, cfg: TrainConfig, tokenizer, *, resume: bool) -
     check_compatible(meta, cfg.model, where)
     _check_parametrization(meta, cfg.model, where)
     _check_tokenizer(meta, cfg, tokenizer, where)
+    if resume or not (cfg.reset_optimizer or candidate.params_only):
+        _check_optimizer_state(meta, cfg, where, resume=resume)
     if resume:
         shards = meta.get("data_shards")
         if shards and cfg.data.num_shards and shards != cfg.data.num_shards:
@@ -272,6 +278,26 @@ def _check_tokenizer(meta: dict, cfg: TrainConfig, tokenizer, where: str) -> Non
     if saved and saved != tokenizer.sha256:
         raise CheckpointError(f"{where} was trained with tokenizer sha256 {saved[:12]}, this run uses "
                               f"{tokenizer.sha256[:12]} (DataConfig.tokenizer_path)")
+
+
+def _check_optimizer_state(meta: dict, cfg: TrainConfig, where: str, *, resume: bool) -> None:
+    """The checkpoint's optimizer state restores into this run's optimizer: the settings that decide its tree
+    structure (:data:`jaxpt.training.optim.STATE_LAYOUT`: the algorithm, gradient clipping on or off) are the saved
+    ones. Checked for a resume, and for a stage that keeps its parent's moments (no ``reset_optimizer``).
+
+    Raises:
+      CheckpointError: naming each such setting, both values, and the way out.
+    """
+    diffs = optim.state_layout_changes(
+        config_lib.saved_settings({"config_gin": meta.get("config_gin")}),
+        {f"OptimizerConfig.{f.name}": getattr(cfg.optimizer, f.name) for f in dataclasses.fields(cfg.optimizer)})
+    if not diffs:
+        return
+    way = ("keep the saved settings, or start a new stage from this checkpoint with TrainConfig.init_from and "
+           "TrainConfig.reset_optimizer = True" if resume else "set TrainConfig.reset_optimizer = True to start "
+           "the optimizer afresh from the parent's weights, or keep the saved settings")
+    raise CheckpointError(f"{where} holds an optimizer state of another structure than this run's optimizer ("
+                          + "; ".join(diffs) + f"), so it cannot be restored: {way}")
 
 
 def _check_ramp_unchanged(meta: dict, cfg: TrainConfig, where: str) -> None:
@@ -674,7 +700,8 @@ def begin_stage(built, parent: Parent, batches=None) -> TrainState:
             saved = {"params": ckpt.restore_params(parent.step, spec.abstract.params)["params"],
                      "opt_state": None, "rng": jax.random.key_data(jax.random.key(cfg.seed + 1))}
         else:
-            saved = ckpt.restore_fields(parent.step, spec.abstract, ("params", "opt_state", "rng"))
+            fields = ("params", "rng") if cfg.reset_optimizer else ("params", "opt_state", "rng")
+            saved = {"opt_state": None, **ckpt.restore_fields(parent.step, spec.abstract, fields)}
     finally:
         ckpt.close()
 
