@@ -60,6 +60,21 @@ def test_planted_power_laws_survive_noise():
     assert abs(r["peak_learning_rate"]["b"] - B) < 0.03 and abs(r["batch_tokens"]["d"] - D) < 0.03, r
 
 
+def test_a_best_on_the_grid_edge_is_warned():
+    """A budget whose grid stops short of the planted optimum (learning rates and batches cut off above it) gets a
+    warning naming the budget, the quantity and the side; the full grid's budgets (optimum inside) get none."""
+    records = _planted_records(budgets=[1e15, 1e17, 1e19])
+    assert all(not b["edges"] for b in rules.fit_rules(records)["budgets"])
+    lr_opt = A * 1e17 ** B
+    cut = [r for r in records if r["budget"] != "b1" or r["peak_learning_rate"] < lr_opt / 2]
+    result = rules.fit_rules(cut)
+    edges = {b["budget"]: b["edges"] for b in result["budgets"]}
+    assert edges["b0"] == edges["b2"] == []
+    assert len(edges["b1"]) == 1 and edges["b1"][0].startswith("best peak_learning_rate"), edges
+    assert "is the largest tried" in edges["b1"][0]
+    assert "WARNING: budget b1: best peak_learning_rate" in rules.format_rules(result)
+
+
 def test_two_budgets_fit_without_a_heldout_check_and_one_is_refused():
     two = rules.fit_rules(_planted_records(budgets=[1e15, 1e17]))
     assert two["heldout"] == [] and two["heldout_rms_log_error"] is None

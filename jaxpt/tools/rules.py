@@ -46,7 +46,8 @@ def budgets_from_runs(records: Sequence[dict[str, Any]], tolerance: float = DEFA
         (nats/token).
       tolerance: relative loss margin of the near-optimal set (>= 0).
     Returns: budgets sorted by FLOPs, each ``{"budget", "flops", "runs", "best": {peak_learning_rate, batch_tokens,
-      heldout_loss}, "near_optimal": [{peak_learning_rate, batch_tokens, heldout_loss}, ...]}``.
+      heldout_loss}, "near_optimal": [{peak_learning_rate, batch_tokens, heldout_loss}, ...], "edges": [str]}``
+      (``edges``: :func:`grid_edges`).
     Raises:
       ValueError: a record lacks a key (naming the run and key), a non-finite or non-positive value, tolerance < 0.
     """
@@ -69,8 +70,23 @@ def budgets_from_runs(records: Sequence[dict[str, Any]], tolerance: float = DEFA
         best = min(runs, key=lambda r: r["heldout_loss"])
         near = [point(r) for r in runs if r["heldout_loss"] <= best["heldout_loss"] * (1 + tolerance)]
         out.append({"budget": name, "flops": float(np.mean([r["budget_flops"] for r in runs])), "runs": len(runs),
-                    "best": point(best), "near_optimal": near})
+                    "best": point(best), "near_optimal": near, "edges": grid_edges(runs, best)})
     return sorted(out, key=lambda b: b["flops"])
+
+
+def grid_edges(runs: Sequence[dict[str, Any]], best: dict[str, Any]) -> list[str]:
+    """Where ``best`` (one of ``runs``, a budget's records) lies on the edge of what the budget tried: one line per
+    quantity of :data:`RULES` whose best value is the smallest or the largest of ``runs`` (more than one value
+    tried). Such a best only bounds the optimum, which may lie beyond it: extend the grid there."""
+    out = []
+    for field, _, _ in RULES.values():
+        tried = sorted({float(r[field]) for r in runs})
+        value = float(best[field])
+        if len(tried) > 1 and value in (tried[0], tried[-1]):
+            side = "smallest" if value == tried[0] else "largest"
+            out.append(f"best {field} {value:.4g} is the {side} tried ({tried[0]:.4g}-{tried[-1]:.4g}): the optimum "
+                       f"may lie beyond it")
+    return out
 
 
 def fit_power_law(flops: Sequence[float], values: Sequence[float]) -> tuple[float, float]:
@@ -215,4 +231,6 @@ def format_rules(result: dict[str, Any]) -> str:
                      f"{bt['best']:.4g} tokens (ln err {bt['log_error']:+.2f})")
     if not result["heldout"]:
         lines.append("  no held-out check: it needs at least 3 compute budgets")
+    for b in result["budgets"]:
+        lines += [f"  WARNING: budget {b['budget']}: {edge}; extend the grid there" for edge in b.get("edges", ())]
     return "\n".join(lines)
