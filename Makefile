@@ -27,7 +27,7 @@ export XLA_FLAGS
 JAX_PLATFORMS ?= cpu
 export JAX_PLATFORMS
 
-.PHONY: quickstart test test-fast prepare venv venv-core docs clean
+.PHONY: quickstart test test-fast test-newest prepare venv venv-core docs clean
 
 # The quickstart installs the core (about 1.1 GB); the tests install the dev extra on top (TensorFlow, torch, libtpu,
 # Beam, lm-eval: about 5.7 GB). pip prints little: each step says what it installs first.
@@ -54,10 +54,19 @@ quickstart: prepare
 	$(VPY) -m jaxpt.train --config configs/quickstart.gin --workdir $(WORKDIR)
 
 test: venv
-	$(VPY) -m pytest -q -n 2 --durations=15 tests
+	$(VPY) -m pytest -q -n 2 --timeout=1200 --durations=30 tests
 
 test-fast: venv
-	$(VPY) -m pytest -q -n 2 -m 'not slow' tests
+	$(VPY) -m pytest -q -n 2 --timeout=1200 -m 'not slow' tests
+
+# CI's second interpreter (Python 3.12, the newest jax/flax/optax/orbax/grain): the fast tests of the files that call
+# those libraries most directly (model, sharding, train step, optimizers, checkpoints, the data loader, the programs'
+# goldens), so a library change shows there without a second run of the whole suite.
+NEWEST_TESTS := test_behaviour_goldens test_imports test_config test_model test_model_seams test_sharding \
+	test_attention_xla test_attention_blockwise test_train test_step_donation test_optim test_muon test_zero \
+	test_moe test_checkpoint test_data_loader test_corpus_grain test_data_packing
+test-newest: venv
+	$(VPY) -m pytest -q -n 2 --timeout=1200 -m 'not slow' $(NEWEST_TESTS:%=tests/%.py)
 
 # The documentation site, built strictly (a broken link, anchor or nav entry fails) into site/. The reference pages
 # are generated from the code during the build (docs/gen_reference.py), so it needs the dev venv too. The theme's
