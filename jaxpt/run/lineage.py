@@ -212,8 +212,7 @@ def admit(candidate: Checkpoint, cfg: TrainConfig, tokenizer, *, resume: bool) -
     check_compatible(meta, cfg.model, where)
     _check_parametrization(meta, cfg.model, where)
     _check_tokenizer(meta, cfg, tokenizer, where)
-    if resume or not (cfg.reset_optimizer or candidate.params_only):
-        _check_optimizer_state(meta, cfg, where, resume=resume)
+    _check_optimizer_state(meta, cfg, where, resume=resume)
     if resume:
         shards = meta.get("data_shards")
         if shards and cfg.data.num_shards and shards != cfg.data.num_shards:
@@ -288,6 +287,8 @@ def _check_optimizer_state(meta: dict, cfg: TrainConfig, where: str, *, resume: 
     Raises:
       CheckpointError: naming each such setting, both values, and the way out.
     """
+    if not resume and (cfg.reset_optimizer or meta.get("params_only")):
+        return  # a fresh optimizer state: the parent's is not read
     diffs = optim.state_layout_changes(
         config_lib.saved_settings({"config_gin": meta.get("config_gin")}),
         {f"OptimizerConfig.{f.name}": getattr(cfg.optimizer, f.name) for f in dataclasses.fields(cfg.optimizer)})

@@ -264,7 +264,8 @@ def _layer_padded(x: jax.Array, dims: Any, mesh: Any, rules: Any) -> jax.Array:
     inner: tuple[str, ...] = ()
     if batch > 1:
         entry = (tuple(mesh_lib.logical_to_spec(("exp",), rules, mesh)) or (None,))[0]
-        inner = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+        named = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+        inner = tuple(a for a in named if sizes[a] > 1)
         if x.shape[1] % math.prod(sizes[a] for a in inner):
             inner = ()
     outer = tuple(a for a in mesh.axis_names if a not in inner and sizes[a] > 1)
