@@ -41,8 +41,10 @@ def test_near_dedup_recall_and_false_merges_vs_exact_jaccard(raw_v1):
     assert s["false_merge_rate"] <= 0.01, s["false_merges"]
 
 
-# Latency-bound, not CPU-bound (about 320 s of CPU in 9 to 15 minutes alone; past 20 minutes beside a full test
-# run): it gets twice the suite's per-test limit (Makefile, pytest-timeout).
+# One core for about 9 minutes alone (Beam's in-process runner runs the stages serially; past 20 minutes beside a
+# loaded test run): it gets twice the suite's per-test limit (Makefile, pytest-timeout), and starts first so that it
+# runs beside the rest of the suite rather than after it.
+@pytest.mark.first
 @pytest.mark.timeout(2400)
 def test_full_build_counts_add_up(raw_v1, tmp_path):
     """The whole raw-v1 build: counts add up, per domain and per decision row. Its duration is printed, not
