@@ -1,7 +1,7 @@
 """µP (ModelConfig.parametrization = 'mup'): the multiplier table, the wiring into a run, and the coordinate check.
 
 The coordinate check follows Yang et al. 2022 ("Tensor Programs V", sec. 6 and Fig. 5; the ``mup`` package's
-``get_coord_data``): train a few Adam steps at one learning rate at widths 64 to 512 and look at the size (RMS) of
+``get_coord_data``): train a few Adam steps at one learning rate at widths 64 and 512 and look at the size (RMS) of
 each layer's activations. Under µP they stay flat with width; under SP the updates' effect grows with width.
 """
 
@@ -23,7 +23,9 @@ from jaxpt.run import build as build_lib
 from jaxpt.training import optim, state as S, step as step_lib
 from jaxpt.util.errors import ConfigError
 
-WIDTHS = (64, 128, 256, 512)
+# The check needs the two ends only (its assertions compare width 512 with 64); the table on the µP results page has
+# 128 and 256 too, from the commit it names.
+WIDTHS = (64, 512)
 HEAD_DIM = 16
 OCFG = optim.OptimizerConfig(peak_learning_rate=1e-2, schedule="constant", warmup_steps=0, grad_clip_norm=0.0,
                              weight_decay=0.0)

@@ -35,13 +35,13 @@ def test_run_writes_records_and_learns(prepared_sample, tmp_path, without_sessio
 
 @pytest.mark.slow
 def test_sharding_does_not_change_the_math(prepared_sample, tmp_path):
-    """20 steps on four meshes give the same losses (relative difference < 1e-4, fp32)."""
+    """8 steps on four meshes give the same losses (relative difference < 1e-4, fp32)."""
     losses = {}
     for mesh in ("data=8", "fsdp=8", "data=2,fsdp=2,tensor=2", "fsdp=4,tensor=2"):
-        _, records = run(prepared_sample, tmp_path / mesh.replace(",", "_"), 20, mesh=mesh)
+        _, records = run(prepared_sample, tmp_path / mesh.replace(",", "_"), 8, mesh=mesh)
         losses[mesh] = np.array([r["loss"] for r in records if "loss" in r])
     ref = losses["data=8"]
-    assert len(ref) == 20 and ref[-1] < ref[0]
+    assert len(ref) == 8 and ref[-1] < ref[0]
     for mesh, l in losses.items():
         np.testing.assert_allclose(l, ref, rtol=1e-4, err_msg=mesh)
 
