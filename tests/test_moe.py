@@ -289,15 +289,15 @@ def _losses(cfg, steps):
 
 @pytest.mark.slow
 def test_quickstart_moe_losses_equal_across_meshes():
-    """configs/quickstart_moe.gin (capacity factor 2.0 = experts / top_k: nothing dropped), 20 steps on a
+    """configs/quickstart_moe.gin (capacity factor 2.0 = experts / top_k: nothing dropped), 8 steps on a
     fixed synthetic batch stream: the losses on expert=4,data=2 and on expert=2,fsdp=2,tensor=2 equal those of
     plain data parallelism (data=8) within rel 1e-4."""
     binds = ["ModelConfig.vocab_size = 512", "ModelConfig.moe_capacity_factor = 2.0",
              "TrainConfig.global_batch_size = 8", "TrainConfig.seq_len = 32"]
-    ref = _losses(C.parse(["configs/quickstart_moe.gin"], binds, steps=20, mesh="data=8"), 20)
+    ref = _losses(C.parse(["configs/quickstart_moe.gin"], binds, steps=8, mesh="data=8"), 8)
     assert np.all(ref[:, 1] == 0) and np.ptp(ref[:, 0]) > 1e-3   # nothing dropped; the steps change the loss
     for mesh in ("expert=4,data=2", "expert=2,fsdp=2,tensor=2"):
-        got = _losses(C.parse(["configs/quickstart_moe.gin"], binds, steps=20, mesh=mesh), 20)
+        got = _losses(C.parse(["configs/quickstart_moe.gin"], binds, steps=8, mesh=mesh), 8)
         np.testing.assert_allclose(got[:, 0], ref[:, 0], rtol=1e-4, err_msg=mesh)
         np.testing.assert_allclose(got[:, 2], ref[:, 2], rtol=1e-4, err_msg=mesh)
 

@@ -3,6 +3,7 @@ against optax's Muon applied by hand, refusals, the optimizer state's shardings 
 (data=2, fsdp=2, tensor=2) mesh, and an exact resume on that mesh."""
 
 import dataclasses
+import functools
 import re
 
 import jax
@@ -54,9 +55,16 @@ def _expected_dims(kind: str, key: str):
     return table.get(name) or table["/".join(key.split("/")[-2:])]
 
 
-def _params(kind: str) -> dict:
+@functools.cache
+def _init(kind: str):
+    """The params' initializer as one jit, compiled once per kind (eagerly, every distinct param shape would
+    compile its own initializer)."""
     cfg = ModelConfig(**(SCANNED_MOE if kind == "scanned_moe" else DENSE))
-    return nnx.to_pure_dict(nnx.split(Decoder(cfg, rngs=nnx.Rngs(0)), nnx.Param)[1])
+    return jax.jit(lambda: nnx.to_pure_dict(nnx.split(Decoder(cfg, rngs=nnx.Rngs(0)), nnx.Param)[1]))
+
+
+def _params(kind: str) -> dict:
+    return _init(kind)()
 
 
 @pytest.mark.parametrize("kind,on_mesh", [("scanned_moe", ""), ("dense", ""), ("scanned_moe", MESH),
@@ -98,9 +106,9 @@ def test_one_muon_update_equals_optax_muon_applied_by_hand(kind, on_mesh, monkey
     sub = lambda d, ks: {k: d[k] for k in ks}  # noqa: E731
     state, rm, ra = tx.init(params), ref_muon.init(sub(flat, muon_keys)), ref_adam.init(sub(flat, adam_keys))
     for seed in (1, 2):
-        leaves, treedef = jax.tree.flatten(params)
-        keys = jax.random.split(jax.random.key(seed), len(leaves))
-        grads = jax.tree.unflatten(treedef, [jax.random.normal(k, x.shape) for k, x in zip(keys, leaves)])
+        # Gaussian gradients drawn by numpy (jax.random.normal eagerly compiles once per distinct shape).
+        rng = np.random.default_rng(seed)
+        grads = jax.tree.map(lambda x: jnp.asarray(rng.standard_normal(x.shape, dtype=np.float32)), params)
         g = {_key(p): x for p, x in jax.tree_util.tree_leaves_with_path(grads)}
         updates, state = jax.jit(_traced(tx.update, on_mesh))(grads, state, params)
         um, rm = jax.jit(ref_muon.update)(sub(g, muon_keys), rm, sub(flat, muon_keys))
