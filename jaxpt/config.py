@@ -222,7 +222,8 @@ class TrainConfig:
       z_loss_weight: weight of the z-loss ``log(Z)^2`` (PaLM, Chowdhery et al. 2022, sec. 5); 0 disables.
       log_every: steps between metric records.
       eval_every: steps between held-out evaluations (0: only at the end).
-      eval_batches: held-out batches per evaluation (0: the whole held-out set).
+      eval_batches: held-out batches per in-loop evaluation (0: the whole held-out set); the final evaluation
+        always scores the whole held-out set, so runs of any ``eval_batches`` compare on it.
       workdir: run directory (metrics, TensorBoard, config.gin, checkpoints).
       progress_bar: show a tqdm bar on the terminal.
       log_batch_documents: append, per step, the indices of the documents in this process's rows to
@@ -542,18 +543,34 @@ def parse(config_files: Sequence[str] = (), bindings: Sequence[str] = (), *,
         raise ConfigError(f"config: {e}") from None
 
 
+_TOOL_CLASSES: dict[str, type] = {}
+
+
+def tool_configurable(cls: type) -> Any:
+    """Register a tool's dataclass (``ScalingGrid``, ``MixtureExperiment``) with gin under its class name, so config
+    files bind it and a misspelled field gets :func:`did_you_mean`'s suggestion as the train configs' do."""
+    _TOOL_CLASSES[cls.__name__] = cls
+    return gin.external_configurable(cls, name=cls.__name__, module="jaxpt")
+
+
+def close_names(name: str, known: Sequence[str]) -> list[str]:
+    """Up to three names of ``known`` closest to a misspelled ``name`` (:func:`difflib.get_close_matches`)."""
+    return difflib.get_close_matches(name, list(known), n=3, cutoff=0.6)
+
+
 def did_you_mean(gin_message: str) -> str:
     """``"\n  did you mean 'ModelConfig.d_model'?"`` for gin's message about an unknown configurable or parameter
-    (closest known names by :func:`difflib.get_close_matches`), else ``""``."""
+    of a config class or a :func:`tool_configurable` (closest known names by :func:`close_names`), else ``""``."""
     unknown_param = re.search(r"Configurable '(\w+)' doesn't have a parameter named '(\w+)'", gin_message)
     unknown_cls = re.search(r"No configurable matching '([\w.]+)'", gin_message)
-    if unknown_param and unknown_param.group(1) in CONFIG_CLASSES:
+    classes = {**CONFIG_CLASSES, **_TOOL_CLASSES}
+    if unknown_param and unknown_param.group(1) in classes:
         cls, name = unknown_param.groups()
-        names = [f.name for f in dataclasses.fields(CONFIG_CLASSES[cls]) if f.name not in
+        names = [f.name for f in dataclasses.fields(classes[cls]) if f.name not in
                  (_SUB_CONFIGS if cls == "TrainConfig" else ())]
-        close = [f"{cls}.{n}" for n in difflib.get_close_matches(name, names, n=3, cutoff=0.6)]
+        close = [f"{cls}.{n}" for n in close_names(name, names)]
     elif unknown_cls:
-        close = difflib.get_close_matches(unknown_cls.group(1).split(".")[-1], list(CONFIG_CLASSES), n=3, cutoff=0.6)
+        close = close_names(unknown_cls.group(1).split(".")[-1], classes)
     else:
         return ""
     return f"\n  did you mean {' or '.join(repr(c) for c in close)}?" if close else ""

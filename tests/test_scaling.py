@@ -94,14 +94,39 @@ def test_grid_points_cover_models_times_tokens(tmp_path):
 
 
 def test_grid_errors_name_the_file_and_key(tmp_path):
-    with pytest.raises(ConfigError, match=r"g1.gin.*unknown ModelConfig field.*d_modle"):
+    with pytest.raises(ConfigError, match=r"g1.gin.*unknown ModelConfig field.*d_modle.*did you mean 'd_model'"):
         scaling.load_grid(_write_grid(tmp_path / "g1.gin", [{"d_modle": 32}], [1000]))
+    with pytest.raises(ConfigError, match=r"(?s)g4.gin.*line 8.*did you mean 'ScalingGrid.learning_rates'"):
+        scaling.load_grid(_write_grid(tmp_path / "g4.gin", [{"d_model": 32}], [1000], "ScalingGrid.learning_rate = [0.1]"))
     with pytest.raises(ConfigError, match="g2.gin.*non-empty"):
         scaling.load_grid(_write_grid(tmp_path / "g2.gin", [], [1000]))
     path = _write_grid(tmp_path / "g3.gin", [{"num_heads": 3, "num_kv_heads": 3}], [1000])
     grid, base = scaling.load_grid(path)
     with pytest.raises(ConfigError, match="g3.gin: grid point .*num_heads = 3"):
         scaling.check_points(path, scaling.grid_points(grid, base))  # quickstart mesh has tensor=2
+
+
+def test_a_finished_point_trained_with_another_config_is_refused_not_skipped(tmp_path):
+    """A grid rerun into the same output with another seed must not count the old runs as its own: the point's
+    saved config.gin (else the record's config_hash) is compared with the config the grid gives it now."""
+    from jaxpt import config as config_lib
+    path = _write_grid(tmp_path / "g.gin", [{"d_model": 32}], [1000])
+    grid, base = scaling.load_grid(path)
+    (pt,) = scaling.grid_points(grid, base)
+    cfg = config_lib.parse([path], pt.bindings)
+    workdir = pathlib.Path(cfg.workdir)
+    workdir.mkdir(parents=True)
+    (workdir / "config.gin").write_text(config_lib.operative_config_str(cfg))
+    record = {"name": pt.name, "workdir": str(workdir)}
+    scaling.check_same_config(pt.name, record, cfg, "runs.jsonl")  # the same config: counted as done
+    seed1 = config_lib.parse([path], [*pt.bindings, "TrainConfig.seed = 1"])
+    with pytest.raises(ConfigError, match=rf"runs.jsonl: grid point {pt.name} .*TrainConfig.seed = 0 there, 1 now"):
+        scaling.check_same_config(pt.name, record, seed1, "runs.jsonl")
+    (workdir / "config.gin").unlink()  # a moved run dir: the record's hash decides
+    record["config_hash"] = config_lib.config_hash(config_lib.operative_config_str(cfg))
+    scaling.check_same_config(pt.name, record, cfg, "runs.jsonl")
+    with pytest.raises(ConfigError, match="config hash differs"):
+        scaling.check_same_config(pt.name, record, seed1, "runs.jsonl")
 
 
 def _runs_jsonl(path, n, d, y):
@@ -174,6 +199,10 @@ def test_tiny_grid_end_to_end(tmp_path):
 
     again = subprocess.run([*cmd, "run", "--grid", grid], check=True, cwd=REPO, env=env, capture_output=True, text=True)
     assert again.stderr.count("already in") == 6 and len(scaling.read_runs([str(tmp_path / "runs")])) == 6
+    assert all(r["config_hash"] for r in scaling.read_runs([str(tmp_path / "runs")]))
+    seed1 = subprocess.run([*cmd, "run", "--grid", grid, "--gin", "TrainConfig.seed = 1"], cwd=REPO, env=env,
+                           capture_output=True, text=True)
+    assert seed1.returncode != 0 and "TrainConfig.seed = 0 there, 1 now" in seed1.stderr, seed1.stderr[-2000:]
 
     fit = subprocess.run([*cmd, "fit", str(tmp_path / "runs"), "--predict-params", "1e6", "--predict-tokens", "1e6"],
                          check=True, cwd=REPO, env=env, capture_output=True, text=True)
@@ -182,3 +211,21 @@ def test_tiny_grid_end_to_end(tmp_path):
     assert result["points"] == 6 and result["fit"]["rmse"] < 0.1
     assert math.isfinite(result["prediction"]["loss"])
     assert (tmp_path / "runs" / "scaling_fit.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_output_flag_sets_where_the_grid_and_the_mixture_experiment_write(monkeypatch):
+    """`--output` of `scaling run` and of every `mixtures` command is the gin output of the grid or experiment
+    (the README's one grammar: programs write to --output), after the file's and the --gin bindings."""
+    from jaxpt.tools import mixtures
+    seen = {}
+    monkeypatch.setattr(scaling, "run_grid", lambda grid, bindings, compile_cache: seen.update(grid=list(bindings)) or [])
+    assert scaling.main(["run", "--grid", "g.gin", "--gin", "TrainConfig.seed = 1", "--output", "runs/s1"]) == 0
+    assert seen["grid"] == ["TrainConfig.seed = 1", "ScalingGrid.output = 'runs/s1'"]
+
+    def fake(path, bindings, *rest):
+        seen["mix"] = list(bindings)
+        raise ValueError("stop here")
+    for cmd, fn in (("run", "run_proxies"), ("fit", "fit_and_propose"), ("validate", "validate")):
+        monkeypatch.setattr(mixtures, fn, fake)
+        assert mixtures.main([cmd, "--experiment", "e.gin", "--output", "runs/m"]) == 2
+        assert seen.pop("mix") == ["MixtureExperiment.output = 'runs/m'"], cmd

@@ -61,7 +61,6 @@ import sys
 import time
 from typing import Any, Sequence
 
-import gin
 import numpy as np
 
 from jaxpt import config as config_lib
@@ -143,7 +142,7 @@ class MixtureExperiment:
         return fs.join(self.output, self.name)
 
 
-_GIN_EXPERIMENT = gin.external_configurable(MixtureExperiment, name="MixtureExperiment", module="jaxpt")
+_GIN_EXPERIMENT = config_lib.tool_configurable(MixtureExperiment)
 
 
 def load_experiment(path: str, bindings: Sequence[str] = ()) -> tuple[MixtureExperiment, config_lib.TrainConfig]:
@@ -812,6 +811,7 @@ def build_parser() -> argparse.ArgumentParser:
         s = sub.add_parser(name, help=text)
         s.add_argument("--experiment", required=True, help="gin file with the base config and MixtureExperiment")
         s.add_argument("--gin", action="append", default=[], help="extra binding (every run); may repeat")
+        s.add_argument("--output", help="root of the experiment directories (MixtureExperiment.output)")
         if name == "run":
             s.add_argument("--proxy", type=int, action="append", default=[],
                            help="train only this proxy (0-based; may repeat): one job per proxy on a scheduler")
@@ -865,6 +865,8 @@ def _print_validation(report: dict[str, Any]) -> None:
 def main(argv: list[str] | None = None) -> int:
     """The command line (module docstring); returns the exit status (2: bad input)."""
     args = build_parser().parse_args(argv)
+    if args.output:
+        args.gin.append(f"MixtureExperiment.output = {args.output!r}")
     progress_lib.quiet_startup()
     # jaxpt's INFO lines (a line per proxy, the runs' own); the libraries' (Orbax's) only from WARNING up
     logging.basicConfig(level=logging.WARNING, format="[%(asctime)s] %(name)s: %(message)s", force=True)

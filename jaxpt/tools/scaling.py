@@ -36,7 +36,6 @@ import sys
 import time
 from typing import Any, Sequence
 
-import gin
 import numpy as np
 
 from jaxpt import config as config_lib
@@ -86,7 +85,7 @@ class ScalingGrid:
     paired: bool = False
 
 
-_GIN_GRID = gin.external_configurable(ScalingGrid, name="ScalingGrid", module="jaxpt")
+_GIN_GRID = config_lib.tool_configurable(ScalingGrid)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -127,7 +126,10 @@ def load_grid(grid_path: str, bindings: Sequence[str] = ()) -> tuple[ScalingGrid
             raise ConfigError(f"{grid_path}: ScalingGrid.models[{i}] = {m!r} is not a dict of ModelConfig fields")
         unknown = sorted(set(m) - fields)
         if unknown:
-            raise ConfigError(f"{grid_path}: ScalingGrid.models[{i}] has unknown ModelConfig field(s) {unknown}")
+            hints = "".join(f" ({k!r}: did you mean {' or '.join(map(repr, config_lib.close_names(k, fields)))}?)"
+                            for k in unknown if config_lib.close_names(k, fields))
+            raise ConfigError(f"{grid_path}: ScalingGrid.models[{i}] has unknown ModelConfig field(s) {unknown}"
+                              + hints)
     for key, values, kind in (("tokens", grid.tokens, (int, float)), ("learning_rates", grid.learning_rates,
                                                                           (int, float)),
                               ("batch_sizes", grid.batch_sizes, int)):
@@ -224,6 +226,32 @@ def enable_compile_cache(path: str) -> None:
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
+def check_same_config(name: str, record: dict[str, Any], cfg: config_lib.TrainConfig, runs_file: str) -> None:
+    """Refuse to count a finished run under a grid point whose config has changed since it trained.
+
+    A run's name carries its model, tokens, learning rate and batch, not its seed, schedule or data: rerunning a grid
+    into the same output with another ``--gin`` (``TrainConfig.seed = 1``, say) would otherwise skip every point as
+    done and report the old runs as the new grid. Compares the run's own ``<workdir>/config.gin`` (else the record's
+    ``config_hash``; a record with neither, from before these were kept, is taken as it is).
+
+    Raises:
+      ConfigError: naming the runs file, the point and the settings that differ (at most five).
+    """
+    now = config_lib.operative_config_str(cfg)
+    saved_path = fs.join(record.get("workdir") or cfg.workdir, "config.gin")
+    if fs.exists(saved_path):
+        was = config_lib.saved_settings({"config_gin": fs.read_text(saved_path)})
+        new = config_lib.saved_settings({"config_gin": now})
+        diff = sorted(k for k in set(was) | set(new) if repr(was.get(k)) != repr(new.get(k)))
+        what = ", ".join(f"{k} = {was.get(k)!r} there, {new.get(k)!r} now" for k in diff[:5])
+    else:
+        diff = record.get("config_hash") not in (None, config_lib.config_hash(now))
+        what = "its config hash differs"
+    if diff:
+        raise ConfigError(f"{runs_file}: grid point {name} is there already, trained with another config ({what}); "
+                          "a grid with another seed, schedule or data needs its own ScalingGrid.output")
+
+
 def run_grid(grid_path: str, bindings: Sequence[str] = (), compile_cache: bool = True) -> list[dict[str, Any]]:
     """Train every grid point not yet in ``<output>/runs.jsonl``; returns all records of the grid."""
 
@@ -232,14 +260,15 @@ def run_grid(grid_path: str, bindings: Sequence[str] = (), compile_cache: bool =
     runs_file = fs.join(grid.output, "runs.jsonl")
     if compile_cache:
         enable_compile_cache(fs.join(grid.output, "jax_cache"))
-    done = {r["name"] for r in read_runs([runs_file])} if fs.exists(runs_file) else set()
+    done = {r["name"]: r for r in read_runs([runs_file])} if fs.exists(runs_file) else {}
     points = grid_points(grid, base)
     check_points(grid_path, points, bindings)
     for i, pt in enumerate(points):
+        cfg = config_lib.parse([grid_path], [*pt.bindings, *bindings])
         if pt.name in done:
+            check_same_config(pt.name, done[pt.name], cfg, runs_file)
             log.info("[%d/%d] %s: already in %s, skipped", i + 1, len(points), pt.name, runs_file)
             continue
-        cfg = config_lib.parse([grid_path], [*pt.bindings, *bindings])
         counts = param_counts(cfg)
         log.info("[%d/%d] %s: %s non-embedding params, %d tokens", i + 1, len(points), pt.name,
                  f"{counts['non_embedding']:,}", pt.tokens)
@@ -253,7 +282,8 @@ def run_grid(grid_path: str, bindings: Sequence[str] = (), compile_cache: bool =
                   "global_batch_size": cfg.global_batch_size, "batch_tokens": cfg.global_batch_size * cfg.seq_len,
                   "heldout_loss": final["heldout_loss"], "heldout_tokens": final["heldout_tokens"],
                   "train_loss": final.get("train_loss"), "wall_s": time.perf_counter() - t0,
-                  "workdir": cfg.workdir}
+                  "workdir": cfg.workdir,
+                  "config_hash": config_lib.config_hash(config_lib.operative_config_str(cfg))}
         jsonl.drop_partial_last_line(runs_file)  # a record half-written by a killed grid run
         fs.append_text(runs_file, jsonl.dumps(record) + "\n")
     names = {p.name for p in points}
@@ -473,6 +503,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--grid", required=True, help="gin file with the base config and ScalingGrid bindings")
     r.add_argument("--gin", action="append", default=[], help="extra binding for every run; may repeat")
     r.add_argument("--no-compile-cache", action="store_true", help="do not use the persistent compile cache")
+    r.add_argument("--output", help="directory of the grid's runs and runs.jsonl (ScalingGrid.output)")
     f = sub.add_parser("fit", help="fit L(N, D) to finished runs")
     f.add_argument("runs", nargs="+", help="run directories (holding runs.jsonl) or runs.jsonl files")
     f.add_argument("--n-kind", default="non_embedding", choices=N_KINDS, help="which parameter count is N")
@@ -514,7 +545,8 @@ def main(argv: list[str] | None = None) -> int:
             print(rules_lib.format_rules(result) + f"\nwrote {result['path']}")
             return 0
         if args.cmd == "run":
-            records = run_grid(args.grid, args.gin, compile_cache=not args.no_compile_cache)
+            bindings = [*args.gin, *([f"ScalingGrid.output = {args.output!r}"] if args.output else [])]
+            records = run_grid(args.grid, bindings, compile_cache=not args.no_compile_cache)
             print(f"{len(records)} runs in the grid:")
             for rec in records:
                 print(f"  {rec['name']}: N={rec['params']['non_embedding']:,} (non-embedding), "
