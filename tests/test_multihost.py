@@ -75,13 +75,19 @@ def losses(workdir):
     return np.array([by_step[s] for s in sorted(by_step)]), sorted(by_step)
 
 
+# 10 steps with a checkpoint at step 5: the resumes below re-run steps 6-10, where the loss still falls step by step,
+# so a wrong restore (parameters, optimizer state or data position) shows far beyond rtol 1e-4.
+PAIR_STEPS = 10
+PAIR = {**SHARDS_2, "CheckpointConfig.save_every_steps": "5"}
+
+
 def test_two_processes_equal_one_and_checkpoints_cross_process_counts(prepared_sample, tmp_path):
     ref, two = tmp_path / "ref", tmp_path / "two"
-    run_single(prepared_sample, ref, 20)
-    errs = run_pair(prepared_sample, two, 20)
+    run_single(prepared_sample, ref, PAIR_STEPS, PAIR)
+    errs = run_pair(prepared_sample, two, PAIR_STEPS, settings=PAIR)
     l_ref, steps = losses(ref)
     l_two, steps2 = losses(two)
-    assert steps == steps2 == list(range(1, 21))
+    assert steps == steps2 == list(range(1, PAIR_STEPS + 1))
     np.testing.assert_allclose(l_two, l_ref, rtol=1e-4)
     # Only process 0 writes metrics and run.json; both write their data shards into the checkpoint.
     assert json.loads((two / "run.json").read_text())["devices"]["processes"] == 2
@@ -89,22 +95,23 @@ def test_two_processes_equal_one_and_checkpoints_cross_process_counts(prepared_s
     # 10 (timing process 0's device from process 1 once gave 7.7 PFLOP/s against 0.35 TFLOP/s).
     peaks = [float(re.search(r"matmul = ([0-9.]+) GFLOP/s", e).group(1)) for e in errs]
     assert max(peaks) < 10 * min(peaks), peaks
-    assert sorted(f for f in os.listdir(two / "checkpoints" / "10" / "data") if f.startswith("shard")) == [
+    assert sorted(f for f in os.listdir(two / "checkpoints" / "5" / "data") if f.startswith("shard")) == [
         "shard_00000-of-00002.json", "shard_00001-of-00002.json"]
 
-    # The two-process checkpoint at step 10 resumes in one process and in a new pair of processes; the new
+    # The two-process checkpoint at step 5 resumes in one process and in a new pair of processes; the new
     # pair builds its mesh over two "slices" (each process a granule): data=2 across (DCN), fsdp x tensor
     # within (ICI), with create_hybrid_device_mesh. The same math, so the same losses.
     hybrid = ["--mesh", "fsdp=2,tensor=2", "--gin", "TrainConfig.dcn_mesh = 'data=2'"]
-    for name, resume in (("one", run_single), ("pair", lambda p, w, s: run_pair(p, w, s, hybrid))):
+    for name, resume in (("one", lambda p, w, s: run_single(p, w, s, PAIR)),
+                         ("pair", lambda p, w, s: run_pair(p, w, s, hybrid, settings=PAIR))):
         wd = tmp_path / f"resume_{name}"
         shutil.copytree(two, wd)
-        shutil.rmtree(wd / "checkpoints" / "20")
+        shutil.rmtree(wd / "checkpoints" / str(PAIR_STEPS))
         (wd / "metrics.jsonl").write_text("")
-        resume(prepared_sample, wd, 20)
+        resume(prepared_sample, wd, PAIR_STEPS)
         l_res, s_res = losses(wd)
-        assert s_res == list(range(11, 21)), name
-        np.testing.assert_allclose(l_res, l_ref[10:], rtol=1e-4, err_msg=name)
+        assert s_res == list(range(6, PAIR_STEPS + 1)), name
+        np.testing.assert_allclose(l_res, l_ref[5:], rtol=1e-4, err_msg=name)
     assert json.loads((tmp_path / "resume_pair" / "run.json").read_text())["mesh"] == "data=2,fsdp=2,tensor=2"
 
 
