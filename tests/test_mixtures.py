@@ -236,6 +236,11 @@ def test_validation_trains_the_current_proposal_at_the_current_scale(planted, mo
     assert len(calls) == 6
     report = json.loads((root / "runs" / "planted" / "validation.json").read_text())
     assert [len(f["targets"]) for f in report["figures"].values()] == [2, 2, 2]
+    f = report["figures"]
+    assert [fig["seeds"] for fig in f.values()] == [[0, 1]] * 3
+    for other in ("natural", "uniform"):  # paired by seed: the other's target minus the proposal's, seed by seed
+        assert report["improvement_by_seed"][other] == {
+            str(s): f[other]["targets"][i] - f["proposed"]["targets"][i] for i, s in enumerate((0, 1))}
     assert report["target"] == json.loads((root / "runs" / "planted" / "fit.json").read_text())["target"]["name"]
     assert report["compute_ratio_to_proxy"] > 4  # twice the tokens, about 2.5x the FLOPs per token
     db = conclusions.ConclusionsDB(str(root / "planted.sqlite"))
@@ -486,10 +491,13 @@ def test_the_verdict_names_each_mixture_the_proposal_does_not_beat_by_the_seed_s
     report = {"figures": {k: {"mean": m, "spread": 0.065, "runs": ["r1", "r2"]}
                           for k, m in (("proposed", 5.0), ("natural", 5.052), ("uniform", 5.2))},
               "conclusion": "c0004", "improvement_over": {"natural": 0.052, "uniform": 0.2},
-              "largest_seed_spread": 0.065, "compute_ratio_to_proxy": 4.2, "status": "refuted"}
+              "largest_seed_spread": 0.065, "compute_ratio_to_proxy": 4.2, "status": "refuted",
+              "improvement_by_seed": {"natural": {"0": 0.05, "1": 0.054}, "uniform": {"0": 0.19, "1": 0.21}}}
     mixtures._print_validation(report)
     out = capsys.readouterr().out
     assert "not by more than the largest seed spread over: natural (0.0520 <= 0.0650)" in out
+    assert ("paired by seed (other - proposed): natural seed 0 +0.0500, seed 1 +0.0540; uniform seed 0 +0.1900, "
+            "seed 1 +0.2100") in out
     assert "uniform (" not in out
 
 

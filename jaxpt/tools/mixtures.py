@@ -740,34 +740,40 @@ def validate(path: str, bindings: Sequence[str] = ()) -> dict[str, Any]:
         r = done[j[3]]
         if not any(k.startswith(REALIZED) for k in r.get("metrics", {})):
             db.add_metrics(r["id"], realized_shares(r["workdir"], summary["domains"], r["tokens"]))
-    report = validation_report(db, exp, summary, {j[3]: j[0] for j in jobs}, done)
+    report = validation_report(db, exp, summary, {j[3]: (j[0], j[2]) for j in jobs}, done)
     fs.write_text_atomic(fs.join(exp.directory, "validation.json"), jsonl.dumps(report, indent=1))
     return report
 
 
-def validation_report(db, exp: MixtureExperiment, summary: dict[str, Any], labels: dict[str, str],
+def validation_report(db, exp: MixtureExperiment, summary: dict[str, Any], labels: dict[str, tuple[str, int]],
                       runs_by_workdir: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """Each validation mixture's target (mean over seeds, seed spread), the proposal's margins over the others, the
-    compute ratio to a proxy (warned about under 4x), and the verdict: ``confirmed`` when the proposal beats both
-    others by more than the largest seed spread, else ``refuted``; recorded in the database (:func:`_settle`).
-    ``labels``: ``{workdir: label}`` of this validation's runs; ``runs_by_workdir``: their database rows."""
+    """Each validation mixture's target per seed (mean over seeds, seed spread), the proposal's margins over the
+    others (of the means, and paired by seed: ``other - proposed`` at each seed, in nats, positive where the proposal
+    is better; a seed shifts every mixture alike when it sets the initialization and data order), the compute ratio
+    to a proxy (warned about under 4x), and the verdict: ``confirmed`` when the proposal's mean beats both others by
+    more than the largest seed spread, else ``refuted``; recorded in the database (:func:`_settle`).
+    ``labels``: ``{workdir: (label, seed)}`` of this validation's runs; ``runs_by_workdir``: their database rows."""
     target = Target.from_record(summary["target"])  # the fit's target: the one the proposal was made for
     figures, runs = {}, []
     for label in VALIDATION_LABELS:
-        rows = [runs_by_workdir[w] for w, lab in labels.items() if lab == label]
+        by_seed = sorted((seed, runs_by_workdir[w]) for w, (lab, seed) in labels.items() if lab == label)
+        rows = [r for _, r in by_seed]
         values = [target.value(r["metrics"], r["id"]) for r in rows]
         runs += rows
-        figures[label] = {"runs": [r["id"] for r in rows], "targets": values,
+        figures[label] = {"runs": [r["id"] for r in rows], "seeds": [seed for seed, _ in by_seed], "targets": values,
                           "mean": float(np.mean(values)), "spread": search.spread(values)}
     worst_spread = max((f["spread"] for f in figures.values() if math.isfinite(f["spread"])), default=float("nan"))
     diffs = {k: figures[k]["mean"] - figures["proposed"]["mean"] for k in ("natural", "uniform")}
+    proposed = dict(zip(figures["proposed"]["seeds"], figures["proposed"]["targets"]))
+    paired = {k: {str(seed): t - proposed[seed] for seed, t in zip(figures[k]["seeds"], figures[k]["targets"])
+                  if seed in proposed} for k in ("natural", "uniform")}
     beats = math.isfinite(worst_spread) and all(d > worst_spread for d in diffs.values())
     ratio = float(np.mean([r["flops"] for r in runs])) / summary["proxy_flops"]
     if ratio < 4:
         log.warning("the validation runs have %.1fx a proxy's FLOPs: a test of the proposal at a larger scale wants "
                     "at least 4x (MixtureExperiment.validation_model, validation_tokens)", ratio)
     report = {"experiment": exp.name, "target": target.name, "proposal": summary["proposal"], "figures": figures,
-              "improvement_over": diffs, "largest_seed_spread": worst_spread,
+              "improvement_over": diffs, "improvement_by_seed": paired, "largest_seed_spread": worst_spread,
               "validation_flops": float(np.mean([r["flops"] for r in runs])), "compute_ratio_to_proxy": ratio,
               "status": "confirmed" if beats else "refuted"}
     report["conclusion"] = _settle(db, exp, runs, report, summary.get("conclusion"))
@@ -856,6 +862,9 @@ def _print_validation(report: dict[str, Any]) -> None:
           f"{report['improvement_over']['natural']:.4f}, than uniform by "
           f"{report['improvement_over']['uniform']:.4f}; largest seed spread {report['largest_seed_spread']:.4f}; "
           f"{report['compute_ratio_to_proxy']:.1f}x a proxy's FLOPs: {report['status']}")
+    print("paired by seed (other - proposed): " + "; ".join(
+        f"{k} " + ", ".join(f"seed {s} {d:+.4f}" for s, d in by_seed.items())
+        for k, by_seed in report.get("improvement_by_seed", {}).items()))
     short = [k for k, d in report["improvement_over"].items() if not d > report["largest_seed_spread"]]
     if short:
         print("not by more than the largest seed spread over: " + ", ".join(
