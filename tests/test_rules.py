@@ -196,3 +196,36 @@ def test_tiny_lr_batch_grid_end_to_end(tmp_path):
     assert "no held-out check" in out
     fitted = rules.load_rules(str(tmp_path / "runs" / "rules.json"))
     assert all(math.isfinite(v) for law in fitted["rules"].values() for v in law.values())
+
+
+def test_seeds_of_one_grid_point_are_averaged():
+    """Two seeds' grids passed together: each (budget, lr, batch) is one point at the mean of its runs' losses, so
+    the best is the best mean, not the luckiest seed; the point carries its seed count and spread; a runs file
+    passed twice (one config_hash twice at a point) is refused, naming the run."""
+    seed0 = _planted_records(budgets=[1e15, 1e17, 1e19])
+    seed1 = [dict(r, config_hash=f"s1-{r['name']}") for r in seed0]
+    for r in seed0:
+        r["config_hash"] = f"s0-{r['name']}"
+    # At budget b1, seed 1's run at twice the optimal lr (0.05 ln(2)^2 = 0.024 nats above the bowl's floor) is
+    # lucky by 0.03 nats: alone it is the best; averaged with seed 0 (0.015 below its floor-plus-0.024) it is not.
+    lr_opt, b_opt = A * 1e17 ** B, C0 * 1e17 ** D
+    lucky = min((r for r in seed1 if r["budget"] == "b1"), key=lambda r: abs(math.log(
+        r["peak_learning_rate"] / (2 * lr_opt))) + abs(math.log(r["batch_tokens"] / b_opt)))
+    lucky["heldout_loss"] -= 0.03
+    alone = {b["budget"]: b for b in rules.fit_rules(seed1)["budgets"]}
+    assert alone["b1"]["best"]["peak_learning_rate"] == lucky["peak_learning_rate"]
+    both = rules.fit_rules(seed0 + seed1)
+    b = {x["budget"]: x for x in both["budgets"]}["b1"]
+    assert b["runs"] == 2 * b["points"] and b["best"]["seeds"] == 2
+    twin = [r for r in seed0 if r["budget"] == "b1" and r["peak_learning_rate"] == b["best"]["peak_learning_rate"]
+            and r["batch_tokens"] == b["best"]["batch_tokens"]][0]
+    assert b["best"]["heldout_loss"] == pytest.approx(twin["heldout_loss"]) and b["best"]["spread"] == 0.0
+    assert b["best"]["peak_learning_rate"] != lucky["peak_learning_rate"]
+    assert abs(math.log(b["best"]["peak_learning_rate"] / lr_opt)) <= math.log(2) / 8 + 1e-9
+    lucky_point = [p for p in rules.seed_averaged_points([r for r in seed0 + seed1 if r["budget"] == "b1"])
+                   if (p["peak_learning_rate"], p["batch_tokens"]) ==
+                   (lucky["peak_learning_rate"], lucky["batch_tokens"])][0]
+    assert lucky_point["spread"] == pytest.approx(0.03) and lucky_point["seeds"] == 2
+    assert "runs averaged over seeds" in rules.format_rules(both)
+    with pytest.raises(ValueError, match=f"run {seed0[0]['name']}: listed more than once"):
+        rules.fit_rules(seed0 + seed0)

@@ -8,7 +8,9 @@ The grid (:class:`jaxpt.tools.scaling.ScalingGrid` with ``learning_rates`` and `
 (peak learning rate, global batch size) pair at several compute budgets, a budget being one (model, tokens) pair
 with compute ``C = flops_per_token x tokens`` in FLOPs (:func:`jaxpt.training.flops.flops_per_token`: 6 x matmul
 params + causal attention, the MFU convention the planner uses for a config). At each budget, the *near-optimal*
-runs are those whose held-out loss is within ``tolerance`` (relative; DeepSeek: 0.25%) of the budget's best; a
+runs are those whose held-out loss is within ``tolerance`` (relative; DeepSeek: 0.25%) of the budget's best (runs
+of one grid point from several seeds' grids count as one point at their mean loss:
+``scaling rules runs/grid runs/grid_seed1``); a
 least-squares line through the logs of all near-optimal points (``numpy.polyfit``) gives
 
     eta_opt = a * C^b        (peak learning rate)
@@ -38,40 +40,74 @@ FORMAT = "jaxpt.lr_batch_rules.v1"
 
 
 def budgets_from_runs(records: Sequence[dict[str, Any]], tolerance: float = DEFAULT_TOLERANCE) -> list[dict[str, Any]]:
-    """Group grid records by compute budget and find each budget's best and near-optimal runs.
+    """Group grid records by compute budget and find each budget's best and near-optimal grid points.
+
+    Runs of one grid point (same budget, peak learning rate and batch) from several grids, e.g. a second seed's
+    ``ScalingGrid.output``, are one point whose held-out loss is their mean (``seeds`` says how many, ``spread``
+    their max - min): the rules are fitted to seed-averaged losses, not to the luckiest seed.
 
     Args:
       records: ``runs.jsonl`` records of a learning-rate x batch-size grid (:func:`jaxpt.tools.scaling.run_grid`):
         ``budget``, ``budget_flops`` (FLOPs), ``peak_learning_rate``, ``batch_tokens`` (tokens), ``heldout_loss``
-        (nats/token).
+        (nats/token); ``config_hash`` when recorded.
       tolerance: relative loss margin of the near-optimal set (>= 0).
-    Returns: budgets sorted by FLOPs, each ``{"budget", "flops", "runs", "best": {peak_learning_rate, batch_tokens,
-      heldout_loss}, "near_optimal": [{peak_learning_rate, batch_tokens, heldout_loss}, ...], "edges": [str]}``
+    Returns: budgets sorted by FLOPs, each ``{"budget", "flops", "runs", "points", "best": point, "near_optimal": [point, ...],
+      "edges": [str]}``, a point being ``{peak_learning_rate, batch_tokens, heldout_loss, seeds, spread}``
       (``edges``: :func:`grid_edges`).
     Raises:
-      ValueError: a record lacks a key (naming the run and key), a non-finite or non-positive value, tolerance < 0.
+      ValueError: a record lacks a key (naming the run and key), a non-finite or non-positive value, tolerance < 0,
+        one run listed twice (the same ``config_hash`` at one grid point: a runs file passed twice).
     """
     if not tolerance >= 0:
         raise ValueError(f"--tolerance {tolerance}: must be >= 0")
-    keys = ("budget", "budget_flops", "peak_learning_rate", "batch_tokens", "heldout_loss")
     groups: dict[str, list[dict[str, Any]]] = {}
     for r in records:
-        missing = [k for k in keys if k not in r]
-        if missing:
-            raise ValueError(f"run {r.get('name', '?')}: no {', '.join(missing)} (not a run of a learning-rate x "
-                             f"batch-size grid: ScalingGrid.learning_rates / batch_sizes)")
-        bad = [k for k in keys[1:] if not (isinstance(r[k], (int, float)) and math.isfinite(r[k]) and r[k] > 0)]
-        if bad:
-            raise ValueError(f"run {r.get('name', '?')}: {bad[0]} = {r[bad[0]]!r} is not a positive finite number")
+        _check_record(r)
         groups.setdefault(r["budget"], []).append(r)
     out = []
     for name, runs in groups.items():
-        point = lambda r: {k: float(r[k]) for k in keys[2:]}  # noqa: E731
-        best = min(runs, key=lambda r: r["heldout_loss"])
-        near = [point(r) for r in runs if r["heldout_loss"] <= best["heldout_loss"] * (1 + tolerance)]
+        points = seed_averaged_points(runs)
+        best = min(points, key=lambda p: p["heldout_loss"])
+        near = [p for p in points if p["heldout_loss"] <= best["heldout_loss"] * (1 + tolerance)]
         out.append({"budget": name, "flops": float(np.mean([r["budget_flops"] for r in runs])), "runs": len(runs),
-                    "best": point(best), "near_optimal": near, "edges": grid_edges(runs, best)})
+                    "points": len(points), "best": best, "near_optimal": near, "edges": grid_edges(points, best)})
     return sorted(out, key=lambda b: b["flops"])
+
+
+_KEYS = ("budget", "budget_flops", "peak_learning_rate", "batch_tokens", "heldout_loss")
+
+
+def _check_record(r: dict[str, Any]) -> None:
+    missing = [k for k in _KEYS if k not in r]
+    if missing:
+        raise ValueError(f"run {r.get('name', '?')}: no {', '.join(missing)} (not a run of a learning-rate x "
+                         f"batch-size grid: ScalingGrid.learning_rates / batch_sizes)")
+    bad = [k for k in _KEYS[1:] if not (isinstance(r[k], (int, float)) and math.isfinite(r[k]) and r[k] > 0)]
+    if bad:
+        raise ValueError(f"run {r.get('name', '?')}: {bad[0]} = {r[bad[0]]!r} is not a positive finite number")
+
+
+def seed_averaged_points(runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One budget's runs as grid points: runs with the same peak learning rate and batch (other seeds) averaged.
+
+    Returns: ``[{peak_learning_rate, batch_tokens, heldout_loss (mean, nats/token), seeds (runs averaged),
+      spread (max - min held-out loss, nats; 0 for one seed)}]`` in first-seen order.
+    Raises:
+      ValueError: two runs of a point with one ``config_hash`` (the same run counted twice), naming the run.
+    """
+    by_point: dict[tuple[float, float], list[dict[str, Any]]] = {}
+    for r in runs:
+        by_point.setdefault((float(r["peak_learning_rate"]), float(r["batch_tokens"])), []).append(r)
+    out = []
+    for (lr, bt), rs in by_point.items():
+        hashes = [r["config_hash"] for r in rs if r.get("config_hash")]
+        if len(set(hashes)) < len(hashes):
+            raise ValueError(f"run {rs[0].get('name', '?')}: listed more than once with the same config_hash "
+                             "(a runs file passed twice?); a second seed's runs have their own")
+        losses = [float(r["heldout_loss"]) for r in rs]
+        out.append({"peak_learning_rate": lr, "batch_tokens": bt, "heldout_loss": float(np.mean(losses)),
+                    "seeds": len(rs), "spread": max(losses) - min(losses)})
+    return out
 
 
 def grid_edges(runs: Sequence[dict[str, Any]], best: dict[str, Any]) -> list[str]:
@@ -213,6 +249,12 @@ def format_recommendation(rec: dict[str, Any]) -> str:
             f"global batch {rec['batch_tokens']:.4g} tokens{rows}; {where}{quality}{warn}")
 
 
+def _seeds_line(b: dict[str, Any]) -> str:
+    best = b["best"]
+    return (f"  budget {b['budget']}: {b['runs']} runs averaged over seeds into {b['points']} grid points; best point's loss {best['heldout_loss']:.4f} "
+            f"over {best['seeds']} seed(s), spread {best['spread']:.4f} nats")
+
+
 def _factor(flops: float, lo: float, hi: float) -> str:
     return f"{flops / hi:.3g}x above" if flops > hi else f"{lo / flops:.3g}x below"
 
@@ -231,6 +273,7 @@ def format_rules(result: dict[str, Any]) -> str:
                      f"{bt['best']:.4g} tokens (ln err {bt['log_error']:+.2f})")
     if not result["heldout"]:
         lines.append("  no held-out check: it needs at least 3 compute budgets")
+    lines += [_seeds_line(b) for b in result["budgets"] if b["runs"] > b.get("points", b["runs"])]
     for b in result["budgets"]:
         lines += [f"  WARNING: budget {b['budget']}: {edge}; extend the grid there" for edge in b.get("edges", ())]
     return "\n".join(lines)
