@@ -116,7 +116,21 @@ def test_rules_cli_and_plan_recommendation(tmp_path, capsys):
     assert rec["peak_learning_rate"] == pytest.approx(lr["a"] * 1e21 ** lr["b"])
     assert rec["extrapolation"] is True and rec["compute_range_flops"] == pytest.approx([1e15, 1e19])
     assert plan.main(["--flops", "1e21", "--rules", str(path)]) == 0
-    assert "EXTRAPOLATION: 1e+21 FLOPs is 100x above the fitted range" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "EXTRAPOLATION: 1e+21 FLOPs is 100x above the fitted range" in text
+    # --flops and --params count 6ND; the rules were fitted on flops_per_token x tokens: the line says so.
+    assert "WARNING: this compute is counted as 6ND; the rules were fitted on flops_per_token x tokens" in text
+
+
+def test_a_compute_of_another_convention_is_flagged():
+    """The rules' compute is flops_per_token x tokens (no input embedding, attention counted); a planned compute
+    counted as 6ND (--params, --flops) gets a warning, one counted like the grid's (--config) none."""
+    fitted = {"rules": {"peak_learning_rate": {"a": 0.01, "b": 0.0}, "batch_tokens": {"c": 1.0, "d": 0.5}},
+              "compute_range_flops": [1e11, 1e12], "flops_convention": "flops_per_token x tokens (6 N_matmul + attention)"}
+    assert rules.recommend(fitted, 1e12, 128, "flops_per_token (6 N_matmul + attention)")["warnings"] == []
+    warned = rules.recommend(fitted, 1e12, None, "6ND")["warnings"]
+    assert len(warned) == 1 and "counted as 6ND" in warned[0] and "6 N_matmul + attention" in warned[0]
+    assert rules.recommend(fitted, 1e12)["warnings"] == []
 
 
 def test_a_batch_under_one_row_is_flagged():

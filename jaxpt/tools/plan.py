@@ -631,7 +631,7 @@ def main(argv: list[str] | None = None) -> int:
         plan = add_hardware(plan, hw, args.mfu)
         if args.rules:
             plan["lr_batch_rules"] = rules_lib.recommend(rules_lib.load_rules(args.rules), plan["flops"],
-                                                         plan.get("seq_len"))
+                                                         plan.get("seq_len"), plan.get("flops_method"))
     except (ValueError, ConfigError, FileNotFoundError) as e:
         return report_cli_error(str(e), args.json)
     if ckpt is not None:

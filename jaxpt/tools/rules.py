@@ -211,12 +211,19 @@ def load_rules(path: str) -> dict[str, Any]:
     return rules
 
 
-def recommend(rules: dict[str, Any], flops: float, seq_len: int | None = None) -> dict[str, Any]:
+def recommend(rules: dict[str, Any], flops: float, seq_len: int | None = None,
+              flops_method: str | None = None) -> dict[str, Any]:
     """The rules' peak learning rate and global batch (tokens; rows too when ``seq_len`` is given) at ``flops``.
 
+    Args:
+      flops_method: how ``flops`` was counted (the planner's ``flops_method``: ``"6ND"`` for ``--params`` and
+        ``--flops``, ``flops_per_token`` for ``--config``); a warning when it is not the rules' convention
+        (``flops_per_token x tokens``: 6 x matmul params + attention, which leaves out the input embedding that
+        ``6ND``'s total ``N`` counts), since the same run then sits elsewhere on the fitted curve.
     Returns: ``{"flops", "peak_learning_rate", "batch_tokens", ["batch_rows"], "compute_range_flops",
       "extrapolation": bool, "heldout_rms_log_error", "warnings": [str]}``; ``extrapolation`` when ``flops`` is
-      outside the fitted range; a warning when the batch is under one row (a rule extrapolated out of meaning).
+      outside the fitted range; a warning when the batch is under one row (a rule extrapolated out of meaning) and
+      when ``flops_method`` is another convention.
     Raises:
       ValueError: ``flops`` not positive.
     """
@@ -228,6 +235,10 @@ def recommend(rules: dict[str, Any], flops: float, seq_len: int | None = None) -
            "batch_tokens": r["batch_tokens"]["c"] * flops ** r["batch_tokens"]["d"], "compute_range_flops": [lo, hi],
            "extrapolation": not lo <= flops <= hi, "heldout_rms_log_error": rules.get("heldout_rms_log_error")}
     out["warnings"] = []
+    if flops_method and not flops_method.startswith("flops_per_token"):
+        out["warnings"].append(f"this compute is counted as {flops_method}; the rules were fitted on "
+                               f"{rules.get('flops_convention', 'flops_per_token x tokens')}: plan with --config "
+                               "for the same convention (they differ by the embedding's share and attention)")
     if seq_len:
         out["batch_rows"] = out["batch_tokens"] / seq_len
         if out["batch_rows"] < 1:
