@@ -153,6 +153,42 @@ def test_plan_names_a_bad_rules_file(tmp_path, capsys):
     capsys.readouterr()
     assert plan.main(["--flops", "1e21", "--rules", str(path)]) == 2
     assert "rules.json: rules.batch_tokens.d = None" in capsys.readouterr().err
+    # The directory `scaling rules` wrote its default rules.json into is read as that file (was IsADirectoryError).
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    (fresh / "runs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in _planted_records()))
+    assert scaling.main(["rules", str(fresh)]) == 0
+    capsys.readouterr()
+    assert plan.main(["--flops", "1e17", "--rules", str(fresh), "--json"]) == 0
+    rec = json.loads(capsys.readouterr().out)["lr_batch_rules"]
+    assert rec["peak_learning_rate"] == pytest.approx(json.loads((fresh / "rules.json").read_text())["rules"][
+        "peak_learning_rate"]["a"] * 1e17 ** json.loads((fresh / "rules.json").read_text())["rules"][
+        "peak_learning_rate"]["b"])
+    assert plan.main(["--flops", "1e21", "--rules", str(tmp_path)]) == 2
+    assert f"{tmp_path / 'rules.json'}: no such rules file" in capsys.readouterr().err
+
+
+def test_rules_input_errors_name_the_file_and_line(tmp_path, capsys):
+    """`scaling rules` on bad runs files: the error names the file (and line) and exits 2; the same runs file twice
+    is refused naming where the run was read first; an empty file and a missing path are named."""
+    good = tmp_path / "a.jsonl"
+    good.write_text("".join(json.dumps(dict(r, config_hash=r["name"])) + "\n" for r in _planted_records()))
+
+    def err(*paths):
+        assert scaling.main(["rules", *map(str, paths), "--output", str(tmp_path / "r.json")]) == 2
+        return capsys.readouterr().err
+
+    assert f"{good}, line 1: run b0_" in err(good, good) and f"was read already at {good}, line 1" in err(good, good)
+    other = tmp_path / "b.jsonl"
+    other.write_text(json.dumps({"name": "r0", "heldout_loss": 3.0}) + "\n")
+    assert f"{other}, line 1: run r0: no budget" in err(good, other)
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    assert f"{empty}: no runs in this runs file" in err(empty)
+    assert f"{tmp_path / 'nope'}: no such file or directory" in err(tmp_path / "nope")
+    assert f"{tmp_path}: a directory without runs.jsonl" in err(tmp_path)
+    assert scaling.main(["rules", str(good), "--output", str(tmp_path / "r.json")]) == 0
+    assert "held-out RMS log error: lr " in capsys.readouterr().out
 
 
 def test_grid_points_cover_lr_times_batch_times_budget(tmp_path):

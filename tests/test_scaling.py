@@ -150,7 +150,9 @@ def test_fit_cli_on_runs_file(tmp_path, capsys):
 
 def test_fit_cli_reports_missing_runs(tmp_path, capsys):
     assert scaling.main(["fit", str(tmp_path / "nope")]) == 2
-    assert "no runs.jsonl" in capsys.readouterr().err
+    assert f"{tmp_path / 'nope'}: no such file or directory" in capsys.readouterr().err
+    assert scaling.main(["fit", str(tmp_path)]) == 2
+    assert f"{tmp_path}: a directory without runs.jsonl" in capsys.readouterr().err
 
 
 # --------------------------------------------------------------------------------------------------

@@ -62,7 +62,7 @@ def budgets_from_runs(records: Sequence[dict[str, Any]], tolerance: float = DEFA
         raise ValueError(f"--tolerance {tolerance}: must be >= 0")
     groups: dict[str, list[dict[str, Any]]] = {}
     for r in records:
-        _check_record(r)
+        check_record(r)
         groups.setdefault(r["budget"], []).append(r)
     out = []
     for name, runs in groups.items():
@@ -77,7 +77,13 @@ def budgets_from_runs(records: Sequence[dict[str, Any]], tolerance: float = DEFA
 _KEYS = ("budget", "budget_flops", "peak_learning_rate", "batch_tokens", "heldout_loss")
 
 
-def _check_record(r: dict[str, Any]) -> None:
+def check_record(r: dict[str, Any]) -> None:
+    """Refuse a ``runs.jsonl`` record that is not a run of a learning-rate x batch-size grid.
+
+    Raises:
+      ValueError: a missing key (named) or a value of ``budget_flops``, ``peak_learning_rate``, ``batch_tokens`` or
+        ``heldout_loss`` that is not a positive finite number (named, with the run's name).
+    """
     missing = [k for k in _KEYS if k not in r]
     if missing:
         raise ValueError(f"run {r.get('name', '?')}: no {', '.join(missing)} (not a run of a learning-rate x "
@@ -190,13 +196,15 @@ def fit_rules(records: Sequence[dict[str, Any]], tolerance: float = DEFAULT_TOLE
 
 
 def load_rules(path: str) -> dict[str, Any]:
-    """Read a rules file written by ``python -m jaxpt.tools.scaling rules``.
+    """Read a rules file written by ``python -m jaxpt.tools.scaling rules`` (a directory: its ``rules.json``).
 
     Raises:
       FileNotFoundError: no such file. ValueError: not JSON, another format, or a missing/non-numeric key (named).
     """
+    if fs.isdir(path):   # the directory `scaling rules` wrote its default rules.json into
+        path = fs.join(path, "rules.json")
     if not fs.exists(path):
-        raise FileNotFoundError(f"{path}: no such rules file")
+        raise FileNotFoundError(f"{path}: no such rules file (python -m jaxpt.tools.scaling rules writes one)")
     rules = fs.read_json(path, "a rules file")   # ConfigError (a ValueError) naming the file
     if not isinstance(rules, dict) or rules.get("format") != FORMAT:
         raise ValueError(f"{path}: not a rules file (format is not {FORMAT!r})")
@@ -282,6 +290,9 @@ def format_rules(result: dict[str, Any]) -> str:
         lines.append(f"  held out {h['budget']} ({h['flops']:.3g} FLOPs): lr predicted {lr['predicted']:.3g} vs best "
                      f"{lr['best']:.3g} (ln err {lr['log_error']:+.2f}); batch {bt['predicted']:.4g} vs "
                      f"{bt['best']:.4g} tokens (ln err {bt['log_error']:+.2f})")
+    rms = result.get("heldout_rms_log_error")
+    if rms:
+        lines.append(f"  held-out RMS log error: lr {rms['peak_learning_rate']:.2f}, batch {rms['batch_tokens']:.2f}")
     if not result["heldout"]:
         lines.append("  no held-out check: it needs at least 3 compute budgets")
     lines += [_seeds_line(b) for b in result["budgets"] if b["runs"] > b.get("points", b["runs"])]

@@ -204,15 +204,12 @@ def read_runs(paths: Sequence[str]) -> list[dict[str, Any]]:
     killed mid-append) is skipped, and `run_grid` cuts it off before appending again.
 
     Raises:
-      FileNotFoundError: a path with no runs.jsonl.
+      FileNotFoundError: a path that does not exist, or a directory without runs.jsonl.
       FileFormatError: (a ConfigError) any other bad line (file, line and reason named).
     """
     records = []
     for p in paths:
-        f = fs.join(p, "runs.jsonl") if fs.isdir(p) else p
-        if not fs.exists(f):
-            raise FileNotFoundError(f"{p}: no runs.jsonl")
-        records += jsonl.read_objects(f, partial_last_line=True)
+        records += jsonl.read_objects(_runs_file(p), partial_last_line=True)
     return records
 
 
@@ -524,9 +521,51 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def read_grid_runs(paths: Sequence[str]) -> list[dict[str, Any]]:
+    """Records of ``runs.jsonl`` files (or directories holding one) for ``rules``, each checked where it was read.
+
+    Raises:
+      FileNotFoundError: a path that does not exist, or a directory without runs.jsonl.
+      ValueError: naming the file and line: a record that is not a grid run (:func:`jaxpt.tools.rules.check_record`),
+        one run read twice (its ``config_hash`` seen before: the same runs file given twice, naming both places);
+        naming the file: a runs file with no runs. FileFormatError (a ConfigError): a line that is not JSON.
+    """
+    records, seen = [], {}
+    for p in paths:
+        f = _runs_file(p)
+        n = 0
+        for line, r in jsonl.iter_objects(f, partial_last_line=True):
+            where = f"{f}, line {line}"
+            try:
+                rules_lib.check_record(r)
+            except ValueError as e:
+                raise ValueError(f"{where}: {e}") from None
+            h = r.get("config_hash")
+            if h and h in seen:
+                raise ValueError(f"{where}: run {r.get('name', '?')} was read already at {seen[h]} (the same "
+                                 "config_hash): give each runs file once (a second seed's grid has its own)")
+            if h:
+                seen[h] = where
+            records.append(r)
+            n += 1
+        if not n:
+            raise ValueError(f"{f}: no runs in this runs file")
+    return records
+
+
+def _runs_file(p: str) -> str:
+    if not fs.exists(p):
+        raise FileNotFoundError(f"{p}: no such file or directory")
+    if fs.isdir(p):
+        if not fs.exists(fs.join(p, "runs.jsonl")):
+            raise FileNotFoundError(f"{p}: a directory without runs.jsonl (not a ScalingGrid.output)")
+        return fs.join(p, "runs.jsonl")
+    return p
+
+
 def rules_cmd(args) -> dict[str, Any]:
     """``rules``: fit the lr/batch rules to the runs and write the rules file. Returns the result plus its path."""
-    result = rules_lib.fit_rules(read_runs(args.runs), args.tolerance)
+    result = rules_lib.fit_rules(read_grid_runs(args.runs), args.tolerance)
     first = args.runs[0]
     out = args.output or fs.join(first if fs.isdir(first) else (fs.dirname(first) or "."), "rules.json")
     fs.write_text_atomic(out, jsonl.dumps(result, indent=1))
