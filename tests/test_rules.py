@@ -126,7 +126,8 @@ def test_a_compute_of_another_convention_is_flagged():
     """The rules' compute is flops_per_token x tokens (no input embedding, attention counted); a planned compute
     counted as 6ND (--params, --flops) gets a warning, one counted like the grid's (--config) none."""
     fitted = {"rules": {"peak_learning_rate": {"a": 0.01, "b": 0.0}, "batch_tokens": {"c": 1.0, "d": 0.5}},
-              "compute_range_flops": [1e11, 1e12], "flops_convention": "flops_per_token x tokens (6 N_matmul + attention)"}
+              "compute_range_flops": [1e11, 1e12],
+              "flops_convention": "flops_per_token x tokens (6 N_matmul + attention)"}
     assert rules.recommend(fitted, 1e12, 128, "flops_per_token (6 N_matmul + attention)")["warnings"] == []
     warned = rules.recommend(fitted, 1e12, None, "6ND")["warnings"]
     assert len(warned) == 1 and "counted as 6ND" in warned[0] and "6 N_matmul + attention" in warned[0]

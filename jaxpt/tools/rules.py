@@ -51,9 +51,9 @@ def budgets_from_runs(records: Sequence[dict[str, Any]], tolerance: float = DEFA
         ``budget``, ``budget_flops`` (FLOPs), ``peak_learning_rate``, ``batch_tokens`` (tokens), ``heldout_loss``
         (nats/token); ``config_hash`` when recorded.
       tolerance: relative loss margin of the near-optimal set (>= 0).
-    Returns: budgets sorted by FLOPs, each ``{"budget", "flops", "runs", "points", "best": point, "near_optimal": [point, ...],
-      "edges": [str]}``, a point being ``{peak_learning_rate, batch_tokens, heldout_loss, seeds, spread}``
-      (``edges``: :func:`grid_edges`).
+    Returns: budgets sorted by FLOPs, each ``{"budget", "flops", "runs", "points", "best": point,
+      "near_optimal": [point, ...], "edges": [str]}``, a point being ``{peak_learning_rate, batch_tokens,
+      heldout_loss, seeds, spread}`` (:func:`seed_averaged_points`; ``edges``: :func:`grid_edges`).
     Raises:
       ValueError: a record lacks a key (naming the run and key), a non-finite or non-positive value, tolerance < 0,
         one run listed twice (the same ``config_hash`` at one grid point: a runs file passed twice).
@@ -117,9 +117,9 @@ def seed_averaged_points(runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]
 
 
 def grid_edges(runs: Sequence[dict[str, Any]], best: dict[str, Any]) -> list[str]:
-    """Where ``best`` (one of ``runs``, a budget's records) lies on the edge of what the budget tried: one line per
-    quantity of :data:`RULES` whose best value is the smallest or the largest of ``runs`` (more than one value
-    tried). Such a best only bounds the optimum, which may lie beyond it: extend the grid there."""
+    """Where ``best`` (one of ``runs``, a budget's grid points or records) lies on the edge of what the budget tried:
+    one line per quantity of :data:`RULES` whose best value is the smallest or the largest of ``runs`` (more than
+    one value tried). Such a best only bounds the optimum, which may lie beyond it: extend the grid there."""
     out = []
     for field, _, _ in RULES.values():
         tried = sorted({float(r[field]) for r in runs})
@@ -270,8 +270,8 @@ def format_recommendation(rec: dict[str, Any]) -> str:
 
 def _seeds_line(b: dict[str, Any]) -> str:
     best = b["best"]
-    return (f"  budget {b['budget']}: {b['runs']} runs averaged over seeds into {b['points']} grid points; best point's loss {best['heldout_loss']:.4f} "
-            f"over {best['seeds']} seed(s), spread {best['spread']:.4f} nats")
+    return (f"  budget {b['budget']}: {b['runs']} runs averaged over seeds into {b['points']} grid points; best "
+            f"point's loss {best['heldout_loss']:.4f} over {best['seeds']} seed(s), spread {best['spread']:.4f} nats")
 
 
 def _factor(flops: float, lo: float, hi: float) -> str:
@@ -295,7 +295,7 @@ def format_rules(result: dict[str, Any]) -> str:
         lines.append(f"  held-out RMS log error: lr {rms['peak_learning_rate']:.2f}, batch {rms['batch_tokens']:.2f}")
     if not result["heldout"]:
         lines.append("  no held-out check: it needs at least 3 compute budgets")
-    lines += [_seeds_line(b) for b in result["budgets"] if b["runs"] > b.get("points", b["runs"])]
+    lines += [_seeds_line(b) for b in result["budgets"] if b["runs"] > b["points"]]
     for b in result["budgets"]:
         lines += [f"  WARNING: budget {b['budget']}: {edge}; extend the grid there" for edge in b.get("edges", ())]
     return "\n".join(lines)
