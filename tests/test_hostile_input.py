@@ -543,6 +543,9 @@ def test_a_json_file_that_is_not_json_is_named_wherever_a_tool_reads_one(tmp_pat
     bad.write_text('{"run_id": "r1", "status": ')  # a writer killed mid-file
     with pytest.raises(ConfigError, match=rf"{bad}: not valid JSON \(a run record\): Expecting value"):
         fs.read_json(str(bad), "a run record")
+    # A directory given where the JSON file is expected (plan --rules DIR crashed with IsADirectoryError).
+    with pytest.raises(ConfigError, match=rf"{bad.parent}: a directory where a file was expected \(a run record\)"):
+        fs.read_json(str(bad.parent), "a run record")
     with pytest.raises(ConfigError, match=rf"{bad}: not valid JSON \(a run record\)"):
         runs.load_run(str(bad.parent))
     with pytest.raises(ConfigError, match=rf"{bad}: not valid JSON \(the run record\)"):

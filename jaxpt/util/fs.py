@@ -206,13 +206,16 @@ def read_json(p: str | os.PathLike, what: str = "a JSON file") -> object:
     """The JSON value in the file at ``p`` (local or remote).
 
     Raises:
-      ConfigError: the file is not valid JSON, naming ``p``, ``what`` it should be and where the parse failed.
+      ConfigError: the file is not valid JSON, naming ``p``, ``what`` it should be and where the parse failed; ``p``
+        is a directory (a file was expected: naming ``p`` and ``what``).
       FileNotFoundError, OSError: the file cannot be read.
     """
     try:
         return json.loads(read_text(p))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ConfigError(f"{p}: not valid JSON ({what}): {e}") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{p}: a directory where a file was expected ({what})") from None
 
 
 def read_bytes(p: str | os.PathLike) -> bytes:
