@@ -17,6 +17,7 @@ import jax
 import numpy as np
 import pytest
 
+from conftest import run_in_child
 from jaxpt.run import build as builder
 from jaxpt import config as C
 from jaxpt.checkpoint import Checkpointer, CheckpointConfig
@@ -102,7 +103,16 @@ def test_pipelined_losses_equal_data_parallel(make, mesh, schedules):
 @pytest.mark.slow
 def test_restores_across_pipeline_layouts(tmp_path):
     """A state saved on stage=2 restores on stage=1 (data=8) and on stage=4: the next step's loss equals the
-    uninterrupted stage=2 run's within rel 1e-5, and the stored parameter shapes do not depend on stages."""
+    uninterrupted stage=2 run's within rel 1e-5, and the stored parameter shapes do not depend on stages.
+
+    Runs in a child process (conftest.run_in_child): this test's process has died of SIGABRT inside XLA's runtime
+    in full runs on the loaded 2-core CI host (CI of stop 50; earlier in 3 of 4 runs with an in-place step), the
+    cause not found, and a crashed xdist worker loses the abort's message. In a child, a death by signal is rerun
+    once with the first child's stderr in a warning; a wrong loss or shape fails at once."""
+    run_in_child(_restore_across_layouts, tmp_path)
+
+
+def _restore_across_layouts(tmp_path):
     cfg2 = _eight_layers("stage=2,data=4", pipeline_repeats=2)
     batches = _batches(cfg2, 4, seed=1)
     built = builder.build_for(cfg2)
