@@ -559,3 +559,28 @@ def test_a_json_file_that_is_not_json_is_named_wherever_a_tool_reads_one(tmp_pat
     sheet.write_text('{"set": "harmful"}\n{"set": "refusal"}\n')
     assert evaluate.main(["compare", str(sheet), str(sheet)]) == 2
     assert f"{sheet}: not valid JSON (a report is one JSON object" in capsys.readouterr().err
+
+
+def test_a_pretty_printed_json_document_given_as_json_lines_is_named_as_such(tmp_path):
+    """An indented JSON document or a JSON array where JSON Lines is expected (a runs file, a documents file) is
+    refused at its first line with the usual cause said, in the shared line reader every JSON Lines file goes
+    through; a plain broken line gets no such guess."""
+    import json
+    from jaxpt.tools import scaling
+    from jaxpt.util import jsonl
+    from jaxpt.util.errors import FileFormatError
+    pretty = tmp_path / "runs.jsonl"
+    pretty.write_text(json.dumps({"name": "r1", "lr": 1e-3}, indent=1) + "\n")
+    with pytest.raises(FileFormatError, match=rf"{pretty}:1: bad_json: not JSON .*; a pretty-printed JSON document\? "
+                       "JSON Lines holds one whole object per line"):
+        scaling.read_grid_runs([str(tmp_path)])
+    array = tmp_path / "docs.jsonl"
+    array.write_text('[{"text": "a"}, {"text": "b"}]\n')
+    with pytest.raises(FileFormatError, match=rf"{array}:1: not_an_object: a JSON list, not an object \(a JSON array: "
+                       "JSON Lines holds one object per line\\)"):
+        jsonl.read_objects(str(array))
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"text": "unterminated\n')
+    with pytest.raises(FileFormatError, match=rf"{broken}:1: bad_json: not JSON \(Unterminated string") as e:
+        jsonl.read_objects(str(broken))
+    assert "pretty-printed" not in str(e.value)

@@ -240,10 +240,20 @@ def parse_object(raw: bytes) -> dict:
     try:
         value = json.loads(line)
     except ValueError as e:
-        raise LineError("bad_json", f"not JSON ({e})") from None
+        raise LineError("bad_json", f"not JSON ({e}){_whole_document_hint(line)}") from None
     if not isinstance(value, dict):
-        raise LineError("not_an_object", f"a JSON {type(value).__name__}, not an object")
+        hint = " (a JSON array: JSON Lines holds one object per line)" if isinstance(value, list) else ""
+        raise LineError("not_an_object", f"a JSON {type(value).__name__}, not an object{hint}")
     return value
+
+
+def _whole_document_hint(line: str) -> str:
+    """A hint for the usual cause of a line that opens or closes a JSON value and is not one: an indented
+    (pretty-printed) JSON document given where JSON Lines, one whole object per line, is expected."""
+    bare = line.strip()
+    if bare in ("{", "[", "}", "]", "},", "],") or bare.startswith('"') and bare.endswith(","):
+        return "; a pretty-printed JSON document? JSON Lines holds one whole object per line"
+    return ""
 
 
 def iter_objects(path: str | os.PathLike, *, error: type[FileFormatError] = FileFormatError,
