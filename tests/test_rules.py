@@ -115,6 +115,7 @@ def test_rules_cli_and_plan_recommendation(tmp_path, capsys):
     lr = fitted["rules"]["peak_learning_rate"]
     assert rec["peak_learning_rate"] == pytest.approx(lr["a"] * 1e21 ** lr["b"])
     assert rec["extrapolation"] is True and rec["compute_range_flops"] == pytest.approx([1e15, 1e19])
+    assert rec["extrapolation_factor"] == pytest.approx(100.0)  # 1e21 / 1e19
     assert plan.main(["--flops", "1e21", "--rules", str(path)]) == 0
     text = capsys.readouterr().out
     assert "EXTRAPOLATION: 1e+21 FLOPs is 100x above the fitted range" in text

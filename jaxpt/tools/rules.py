@@ -229,9 +229,10 @@ def recommend(rules: dict[str, Any], flops: float, seq_len: int | None = None,
         (``flops_per_token x tokens``: 6 x matmul params + attention, which leaves out the input embedding that
         ``6ND``'s total ``N`` counts), since the same run then sits elsewhere on the fitted curve.
     Returns: ``{"flops", "peak_learning_rate", "batch_tokens", ["batch_rows"], "compute_range_flops",
-      "extrapolation": bool, "heldout_rms_log_error", "warnings": [str]}``; ``extrapolation`` when ``flops`` is
-      outside the fitted range; a warning when the batch is under one row (a rule extrapolated out of meaning) and
-      when ``flops_method`` is another convention.
+      "extrapolation": bool, "extrapolation_factor", "heldout_rms_log_error", "warnings": [str]}``;
+      ``extrapolation`` when ``flops`` is outside the fitted range, ``extrapolation_factor`` how far (``flops /
+      hi`` above it, ``lo / flops`` below it, 1.0 inside); a warning when the batch is under one row (a rule
+      extrapolated out of meaning) and when ``flops_method`` is another convention.
     Raises:
       ValueError: ``flops`` not positive.
     """
@@ -241,7 +242,8 @@ def recommend(rules: dict[str, Any], flops: float, seq_len: int | None = None,
     lo, hi = rules["compute_range_flops"]
     out = {"flops": flops, "peak_learning_rate": r["peak_learning_rate"]["a"] * flops ** r["peak_learning_rate"]["b"],
            "batch_tokens": r["batch_tokens"]["c"] * flops ** r["batch_tokens"]["d"], "compute_range_flops": [lo, hi],
-           "extrapolation": not lo <= flops <= hi, "heldout_rms_log_error": rules.get("heldout_rms_log_error")}
+           "extrapolation": not lo <= flops <= hi, "extrapolation_factor": max(flops / hi, lo / flops, 1.0),
+           "heldout_rms_log_error": rules.get("heldout_rms_log_error")}
     out["warnings"] = []
     if flops_method and not flops_method.startswith("flops_per_token"):
         out["warnings"].append(f"this compute is counted as {flops_method}; the rules were fitted on "
@@ -258,8 +260,10 @@ def format_recommendation(rec: dict[str, Any]) -> str:
     """One line for the planner (:mod:`jaxpt.tools.plan`)."""
     lo, hi = rec["compute_range_flops"]
     rows = f" ({rec['batch_rows']:.4g} rows)" if "batch_rows" in rec else ""
-    where = (f"an EXTRAPOLATION: {rec['flops']:.3g} FLOPs is {_factor(rec['flops'], lo, hi)} the fitted range "
-             f"{lo:.3g}-{hi:.3g} FLOPs" if rec["extrapolation"] else f"inside the fitted range {lo:.3g}-{hi:.3g} FLOPs")
+    span = f"the fitted range {lo:.3g}-{hi:.3g} FLOPs"
+    side = "above" if rec["flops"] > hi else "below"
+    where = (f"an EXTRAPOLATION: {rec['flops']:.3g} FLOPs is {rec['extrapolation_factor']:.3g}x {side} {span}"
+             if rec["extrapolation"] else f"inside {span}")
     rms = rec.get("heldout_rms_log_error")
     quality = (f"; held-out RMS log error: lr {rms['peak_learning_rate']:.2f}, batch {rms['batch_tokens']:.2f}"
                if rms else "; no held-out check (fewer than 3 budgets)")
@@ -272,10 +276,6 @@ def _seeds_line(b: dict[str, Any]) -> str:
     best = b["best"]
     return (f"  budget {b['budget']}: {b['runs']} runs averaged over seeds into {b['points']} grid points; best "
             f"point's loss {best['heldout_loss']:.4f} over {best['seeds']} seed(s), spread {best['spread']:.4f} nats")
-
-
-def _factor(flops: float, lo: float, hi: float) -> str:
-    return f"{flops / hi:.3g}x above" if flops > hi else f"{lo / flops:.3g}x below"
 
 
 def format_rules(result: dict[str, Any]) -> str:
