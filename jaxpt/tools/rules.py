@@ -52,8 +52,9 @@ def budgets_from_runs(records: Sequence[dict[str, Any]], tolerance: float = DEFA
         (nats/token); ``config_hash`` when recorded.
       tolerance: relative loss margin of the near-optimal set (>= 0).
     Returns: budgets sorted by FLOPs, each ``{"budget", "flops", "runs", "points", "best": point,
-      "near_optimal": [point, ...], "edges": [str]}``, a point being ``{peak_learning_rate, batch_tokens,
-      heldout_loss, seeds, spread}`` (:func:`seed_averaged_points`; ``edges``: :func:`grid_edges`).
+      "near_optimal": [point, ...], "edges": [str], "uneven_seeds": [str]}``, a point being ``{peak_learning_rate,
+      batch_tokens, heldout_loss, seeds, spread}`` (:func:`seed_averaged_points`; ``edges``: :func:`grid_edges`;
+      ``uneven_seeds``: :func:`uneven_seeds`).
     Raises:
       ValueError: a record lacks a key (naming the run and key), a non-finite or non-positive value, tolerance < 0,
         one run listed twice (the same ``config_hash`` at one grid point: a runs file passed twice).
@@ -70,7 +71,8 @@ def budgets_from_runs(records: Sequence[dict[str, Any]], tolerance: float = DEFA
         best = min(points, key=lambda p: p["heldout_loss"])
         near = [p for p in points if p["heldout_loss"] <= best["heldout_loss"] * (1 + tolerance)]
         out.append({"budget": name, "flops": float(np.mean([r["budget_flops"] for r in runs])), "runs": len(runs),
-                    "points": len(points), "best": best, "near_optimal": near, "edges": grid_edges(points, best)})
+                    "points": len(points), "best": best, "near_optimal": near, "edges": grid_edges(points, best),
+                    "uneven_seeds": uneven_seeds(points, best)})
     return sorted(out, key=lambda b: b["flops"])
 
 
@@ -129,6 +131,19 @@ def grid_edges(runs: Sequence[dict[str, Any]], best: dict[str, Any]) -> list[str
             out.append(f"best {field} {value:.4g} is the {side} tried ({tried[0]:.4g}-{tried[-1]:.4g}): the optimum "
                        f"may lie beyond it")
     return out
+
+
+def uneven_seeds(points: Sequence[dict[str, Any]], best: dict[str, Any]) -> list[str]:
+    """A line when ``best`` (one of a budget's ``points``, :func:`seed_averaged_points`) averages fewer seeds than
+    other points of its budget: a one-seed best among two-seed means won with the noisier estimate (on the size
+    grid of docs/results/scaling-rules.md a point's two seeds differ by a median 0.08-0.17 nats), so its lead may be
+    one seed's luck. Empty when the best has as many seeds as any point."""
+    most = max(p["seeds"] for p in points)
+    if best["seeds"] >= most:
+        return []
+    more = sum(p["seeds"] == most for p in points)
+    return [f"best point (lr {best['peak_learning_rate']:.4g}, batch {best['batch_tokens']:.4g}) has {best['seeds']} "
+            f"seed(s) where {more} point(s) of this budget have {most}: its lead may be one seed's luck"]
 
 
 def fit_power_law(flops: Sequence[float], values: Sequence[float]) -> tuple[float, float]:
@@ -298,4 +313,5 @@ def format_rules(result: dict[str, Any]) -> str:
     lines += [_seeds_line(b) for b in result["budgets"] if b["runs"] > b["points"]]
     for b in result["budgets"]:
         lines += [f"  WARNING: budget {b['budget']}: {edge}; extend the grid there" for edge in b.get("edges", ())]
+        lines += [f"  WARNING: budget {b['budget']}: {line}; run its other seeds" for line in b.get("uneven_seeds", ())]
     return "\n".join(lines)
