@@ -35,6 +35,7 @@ os.environ["XLA_FLAGS"] = simulated_cpu_flags(8)
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
+RAW_V1 = REPO_ROOT.parent / "shared" / "corpus" / "raw-v1"
 
 
 def run_in_child(function, directory: pathlib.Path, *, reruns_after_a_signal: int = 1, timeout: float = 1200):
@@ -61,7 +62,6 @@ def run_in_child(function, directory: pathlib.Path, *, reruns_after_a_signal: in
         if proc.returncode > 0 or attempt == reruns_after_a_signal:
             pytest.fail(said, pytrace=False)
         warnings.warn(f"rerun after a death by signal {-proc.returncode}: {said}", stacklevel=2)
-RAW_V1 = REPO_ROOT.parent / "shared" / "corpus" / "raw-v1"
 
 
 def pytest_collection_modifyitems(config, items):

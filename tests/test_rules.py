@@ -287,10 +287,11 @@ def test_seeds_of_one_grid_point_are_averaged():
              (lucky["peak_learning_rate"], lucky["batch_tokens"])][0]
     others1 = [r for r in seed1 if r["budget"] == "b1" and r is not lucky][:3]
     mixed = [r for r in seed0 if r is not twin0] + [lucky] + others1
-    m = {x["budget"]: x for x in rules.fit_rules(mixed)["budgets"]}["b1"]
+    mixed_fit = rules.fit_rules(mixed)
+    m = {x["budget"]: x for x in mixed_fit["budgets"]}["b1"]
     assert m["best"]["seeds"] == 1 and m["best"]["peak_learning_rate"] == lucky["peak_learning_rate"]
     point = f"lr {lucky['peak_learning_rate']:.4g}, batch {lucky['batch_tokens']:.4g}"
     assert m["uneven_seeds"] == [f"best point ({point}) has 1 seed(s) where 3 point(s) of this budget have 2: its "
                                  "lead may be one seed's luck"]
     assert b["uneven_seeds"] == [] and "its lead may be one seed's luck; run its other seeds" in rules.format_rules(
-        rules.fit_rules(mixed))
+        mixed_fit)

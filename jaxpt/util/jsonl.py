@@ -251,7 +251,7 @@ def _whole_document_hint(line: str) -> str:
     """A hint for the usual cause of a line that opens or closes a JSON value and is not one: an indented
     (pretty-printed) JSON document given where JSON Lines, one whole object per line, is expected."""
     bare = line.strip()
-    if bare in ("{", "[", "}", "]", "},", "],") or bare.startswith('"') and bare.endswith(","):
+    if bare in ("{", "[", "}", "]", "},", "],") or (bare.startswith('"') and bare.endswith(",")):
         return "; a pretty-printed JSON document? JSON Lines holds one whole object per line"
     return ""
 
