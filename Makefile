@@ -27,7 +27,7 @@ export XLA_FLAGS
 JAX_PLATFORMS ?= cpu
 export JAX_PLATFORMS
 
-.PHONY: quickstart test test-fast test-newest prepare venv venv-core docs clean
+.PHONY: quickstart test test-unit test-integration test-corpus test-fast test-newest prepare venv venv-core docs clean
 
 # The quickstart installs the core (about 1.1 GB); the tests install the dev extra on top (TensorFlow, torch, libtpu,
 # Beam, lm-eval: about 5.7 GB). pip prints little: each step says what it installs first.
@@ -53,11 +53,27 @@ prepare: venv-core
 quickstart: prepare
 	$(VPY) -m jaxpt.train --config configs/quickstart.gin --workdir $(WORKDIR)
 
-test: venv
-	$(VPY) -m pytest -q -n 2 --timeout=1200 --durations=30 tests
+# The tiers (tests/tiers.py, docs/design/testing.md): unit (no training, no child process, a few seconds a test: run
+# it before a commit), integration (training, processes, conversions, TPU compiles), corpus (all of raw-v1).
+# `make test` runs the unit tier alone first (timed on its own, and a broken unit shows in minutes), then the other
+# two in one run; it fails if either failed. Each run ends with its tiers' counts and seconds and its slowest tests.
+PYTEST := $(VPY) -m pytest -q -n 2 --timeout=1200
 
-test-fast: venv
-	$(VPY) -m pytest -q -n 2 --timeout=1200 -m 'not slow' tests
+test: venv
+	$(PYTEST) -m unit tests; unit=$$?; $(PYTEST) -m 'not unit' tests; rest=$$?; \
+	echo "make test: unit tier exit $$unit, integration and corpus exit $$rest"; [ $$unit = 0 ] && [ $$rest = 0 ]
+
+test-unit: venv
+	$(PYTEST) -m unit tests
+
+test-integration: venv
+	$(PYTEST) -m integration tests
+
+test-corpus: venv
+	$(PYTEST) -m corpus tests
+
+# The unit tier under its old name.
+test-fast: test-unit
 
 # CI's second interpreter (Python 3.12, the newest jax/flax/optax/orbax/grain): the fast tests of the files that call
 # those libraries most directly (the programs' goldens, model, sharding, train step, optimizers, checkpoints, the

@@ -11,6 +11,9 @@ import warnings
 
 import pytest
 
+# The tiers' hooks (tests/tiers.py): the markers set at collection, the unit tier's checks, the summary.
+from tiers import pytest_runtest_call, pytest_runtest_makereport  # noqa: F401  (hooks pytest finds here)
+import tiers
 
 
 def simulated_cpu_flags(devices: int = 8) -> str:
@@ -64,11 +67,18 @@ def run_in_child(function, directory: pathlib.Path, *, reruns_after_a_signal: in
         warnings.warn(f"rerun after a death by signal {-proc.returncode}: {said}", stacklevel=2)
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects: the tier markers must be on the items by then
 def pytest_collection_modifyitems(config, items):
-    """Tests marked ``first`` go to the front of the run, the rest keep their order. pytest-xdist hands out the
-    first tests one per worker, so a long test marked ``first`` (the whole raw-v1 build: about 9 minutes on one
-    core) runs beside the rest of the suite instead of starting late and leaving the other worker idle at the end."""
+    """Each test gets its tier's marker (tests/tiers.py). Tests marked ``first`` go to the front of the run, the
+    rest keep their order. pytest-xdist hands out the first tests one per worker, so a long test marked ``first``
+    (the whole raw-v1 build: about 9 minutes on one core) runs beside the rest of the suite instead of starting
+    late and leaving the other worker idle at the end."""
+    tiers.mark_tiers(items)
     items.sort(key=lambda item: item.get_closest_marker("first") is None)
+
+
+def pytest_terminal_summary(terminalreporter):
+    tiers.terminal_summary(terminalreporter)
 
 
 @pytest.fixture(scope="session")

@@ -21,6 +21,7 @@ def test_auto_choice_by_platform_and_row_length(platform, seq_len, want):
     assert choose(platform, seq_len) == want
 
 
+@pytest.mark.integration
 def test_auto_equals_xla_on_cpu_and_reports_no_max_logit():
     q, k, v, _ = _inputs(2, 40, 4, 2, 8)
     segs = _packed_segments(2, 40)

@@ -41,14 +41,15 @@ def _packed_segments(B, L, seed=0):
 
 
 def _attend(impl_fn, q, k, v, segs, cot):
-    """(out, max logit, grads of <out, cot> w.r.t. q, k, v)."""
+    """(out, max logit, grads of <out, cot> w.r.t. q, k, v), as one jitted program (one compile, not one per op)."""
     def f(q, k, v):
         out, aux = impl_fn(q, k, v, segs, segs, scale=q.shape[-1] ** -0.5)
         return jnp.sum(out * cot), (out, aux["max_attention_logit"])
-    (_, (out, mx)), grads = jax.value_and_grad(f, argnums=(0, 1, 2), has_aux=True)(q, k, v)
+    (_, (out, mx)), grads = jax.jit(jax.value_and_grad(f, argnums=(0, 1, 2), has_aux=True))(q, k, v)
     return out, mx, grads
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("H, K", [(4, 2), (4, 4), (8, 1)])
 @pytest.mark.parametrize("block_q, block_k", [(16, 16), (16, 8), (8, 32), (64, 64)])
 def test_blockwise_equals_xla_forward_and_gradients(H, K, block_q, block_k):
@@ -66,6 +67,7 @@ def test_blockwise_equals_xla_forward_and_gradients(H, K, block_q, block_k):
         np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL, err_msg=f"d/d{name}")
 
 
+@pytest.mark.integration
 def test_decoder_loss_and_gradients_equal_under_xla_and_blockwise():
     """The seam: the whole model (scanned, remat) trains the same under either implementation."""
     cfg = ModelConfig(vocab_size=64, d_model=32, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8, mlp_dim=64,
@@ -76,7 +78,8 @@ def test_decoder_loss_and_gradients_equal_under_xla_and_blockwise():
     results = []
     for impl in ("xla", "blockwise"):
         g, p = nnx.split(Decoder(dataclasses.replace(cfg, attention_impl=impl), rngs=nnx.Rngs(0)), nnx.Param)
-        results.append(jax.value_and_grad(step_lib.loss_fn, has_aux=True)(p, g, batch, 1e-4))
+        grad_fn = jax.jit(jax.value_and_grad(step_lib.loss_fn, has_aux=True), static_argnums=1)
+        results.append(grad_fn(p, g, batch, 1e-4))
     ((_, aux0), g0), ((_, aux1), g1) = results
     for key in ("loss", "max_attention_logit", "max_logit"):
         np.testing.assert_allclose(aux1[key], aux0[key], rtol=1e-5, err_msg=key)
@@ -97,6 +100,7 @@ def _temp_bytes(impl_fn, B, L, H, K, Hd):
     return compiled.memory_analysis().temp_size_in_bytes
 
 
+@pytest.mark.integration
 def test_blockwise_backward_uses_under_an_eighth_of_xla_temp_memory_at_4096_tokens():
     """Compiled (not run) on CPU: forward + backward of one attention call at L = 4096, 4 heads over 2 kv heads.
     ``xla`` holds float32 logits and probabilities (256 MiB each for [B, H, L, L]; 5/8 of that in its four causal

@@ -95,6 +95,7 @@ def gpu_platform(monkeypatch):
     return calls
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("impl", ["auto", "cudnn"])
 def test_on_gpu_auto_and_cudnn_call_cudnn_and_say_so(impl, gpu_platform, caplog):
     """bf16 inputs on an (injected) GPU: the cuDNN call is made with implementation='cudnn', its result equals

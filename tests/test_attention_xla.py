@@ -36,6 +36,7 @@ def _numpy_attention(q, k, v, segs, scale):
     return out, mx
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("L, H, K, n", [(128, 4, 2, 2), (192, 4, 4, 3), (256, 8, 1, 4)])
 def test_causal_blocks_equal_one_dense_block_and_numpy(L, H, K, n):
     """Packed rows with padding, GQA; forward and max logit also against a float64 NumPy loop."""

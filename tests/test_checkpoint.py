@@ -362,6 +362,7 @@ def _heldout_loss(model, cfg, tokenizer, heldout_path) -> float:
     return total / count
 
 
+@pytest.mark.integration
 def test_restore_anywhere_gives_the_trained_model(ckpt_env, trained10):
     """jaxpt.restore returns the run's config, tokenizer and params: on the saved 8-device mesh and on one
     device, the restored model's held-out loss equals the one the trainer logged at its end (rel 1e-5)."""

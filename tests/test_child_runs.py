@@ -23,17 +23,20 @@ def _wrong_value(directory):
     assert 1 + 1 == 3, "planted wrong value"
 
 
+@pytest.mark.integration
 def test_a_death_by_signal_is_rerun_once_with_its_stderr_in_a_warning(tmp_path):
     with pytest.warns(UserWarning, match=r"(?s)rerun after a death by signal 6.*Fatal Python error: Aborted"):
         run_in_child(_abort_in_first_attempt, tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["attempt0", "attempt1"]
 
 
+@pytest.mark.integration
 def test_two_deaths_by_signal_fail(tmp_path):
     with pytest.warns(UserWarning), pytest.raises(pytest.fail.Exception, match=r"_abort in a child process exited -6"):
         run_in_child(_abort, tmp_path)
 
 
+@pytest.mark.integration
 def test_a_failed_assertion_fails_at_once_and_is_not_rerun(tmp_path):
     with pytest.raises(pytest.fail.Exception, match=r"(?s)exited 1; .*AssertionError: planted wrong value"):
         run_in_child(_wrong_value, tmp_path)

@@ -291,6 +291,7 @@ def _python_m(*argv: str) -> subprocess.CompletedProcess:
                           timeout=300)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("alias", ALIASES)
 def test_moved_program_aliases_still_answer_help(alias):
     r = _python_m(alias, "--help")
@@ -298,6 +299,7 @@ def test_moved_program_aliases_still_answer_help(alias):
     assert r.stdout.startswith("usage: python -m jaxpt.tools.") and "is now `python -m jaxpt.tools." in r.stderr
 
 
+@pytest.mark.integration
 def test_the_old_evaluate_form_runs_the_extrapolation_subcommand(tmp_path, capsys):
     r = _python_m("jaxpt.evaluate", "--workdir", str(tmp_path / "none"), "--lengths", "16,32")
     assert r.returncode == 2, r.stderr[-2000:]  # no checkpoint there: refused by the extrapolation command

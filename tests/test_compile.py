@@ -44,6 +44,7 @@ def test_bad_topology_names_are_config_errors_naming_the_flag(name):
         compile_lib.parse_topology(name)
 
 
+@pytest.mark.integration
 def test_cpu_compile_reports_per_chip_bytes_for_two_simulated_slices(capsys):
     """cpu:4 x 2 slices: the DCN axis is data=2 (the default), the state is an argument aliased by its output
     (donated), and total = arguments + outputs - aliased + temp. With the long-row settings of the slice presets
@@ -129,6 +130,7 @@ def test_model_and_slice_presets_compose_with_the_quickstart_data_config(model, 
     assert (m.attention_impl, m.loss_chunk_size) == ("splash", 1024)
 
 
+@pytest.mark.integration
 @pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
                     reason="libtpu not installed (pip install -e '.[tpu]'); TPU topology devices need it")
 def test_mesh_axes_that_split_the_physical_torus_are_laid_out_with_a_warning():
@@ -155,6 +157,7 @@ def test_mesh_axes_that_split_the_physical_torus_are_laid_out_with_a_warning():
     assert len(warnings) == 1 and "fsdp=8,expert=8" in warnings[0], proc.stderr[-2000:]
 
 
+@pytest.mark.integration
 @pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
                     reason="libtpu not installed (pip install -e '.[tpu]'); TPU topology devices need it")
 def test_the_dry_run_plans_a_target_slice_from_any_host_quietly_and_notes_the_default_data(prepared_sample, tmp_path):

@@ -69,6 +69,7 @@ def _run(arg: str, env_cache: str | None = None) -> tuple[int, int]:
     return tuple(int(v) for v in line.split()[1:])
 
 
+@pytest.mark.integration
 def test_a_second_process_loads_the_program_from_the_cache(tmp_path):
     """Process 1 compiles the program and writes it to the cache directory (0 hits); process 2, started afresh with
     the same directory, loads every program it looks up (hits = requests) and writes nothing new; with the cache

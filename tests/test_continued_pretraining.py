@@ -125,6 +125,7 @@ def test_step_1_loss_is_the_base_models_loss_on_that_batch(base, tmp_path):
     assert pre.cfg.init_from == str(base_dir.resolve()) and C.start_step(pre.cfg) == 0
 
 
+@pytest.mark.integration
 def test_a_tokenizer_other_than_the_base_models_is_refused(base, tmp_path):
     from jaxpt.run import resolve as preflight
     from jaxpt.data.tokenizer import train_sentencepiece

@@ -42,6 +42,7 @@ def _tokens(batch=2, seed=1):
 LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8, "low_freq_factor": 1.0,
           "high_freq_factor": 4.0}
 
+@pytest.mark.integration
 @pytest.mark.parametrize("tied,scan,rope_scaling", [(False, False, None), (True, True, LLAMA3)])
 def test_hf_to_jaxpt_logits_match_transformers(tmp_path, tied, scan, rope_scaling):
     """GQA (4 query heads over 2 kv heads), tied or untied embeddings, looped or scanned layers, plain RoPE or
@@ -94,6 +95,7 @@ def _jaxpt_checkpoint(tmp_path, tokenizer_path, **options):
                                     Tokenizer.load(tokenizer_path), source={"format": "test"})
     return out
 
+@pytest.mark.integration
 def test_jaxpt_to_hf_logits_and_tokenizer(tmp_path):
     """A jaxpt checkpoint (random init, GQA, untied) exports to a folder transformers loads; its logits equal
     jaxpt's within 1e-4, and AutoTokenizer encodes and decodes as jaxpt's SentencePiece tokenizer does."""
@@ -118,6 +120,7 @@ def test_jaxpt_to_hf_logits_and_tokenizer(tmp_path):
     assert hf_tok.decode(ids) == r.tokenizer.decode(ids) == "a \u2581 b"
     assert hf_tok.eos_token_id == r.tokenizer.eos_id and hf_tok.pad_token_id == r.tokenizer.pad_id
 
+@pytest.mark.integration
 def test_a_mup_model_exports_with_its_output_multiplier_folded_in(tmp_path):
     """µP at m = 4 (d_model 64, base 16): the logits carry 1/4, which the export folds into lm_head, so transformers'
     Llama computes jaxpt's logits within 1e-4 (and the logits are not those of the same params without it); a tied

@@ -25,6 +25,7 @@ PIECES = ["plain ascii words", "a & b", "&amp;", "&#233;", "&lt;b&gt;", "&nbsp;x
           "日本語のテキスト", "ｶﾀｶﾅ", "\t", " ", "\n"]
 
 
+@pytest.mark.integration
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.one_of(st.sampled_from(PIECES), st.text(max_size=8)), max_size=30))
 def test_normalize_equals_ftfy_on_generated_text(parts):

@@ -238,6 +238,7 @@ def test_quota_keeps_the_hash_ranked_prefix_of_each_group(corpus):
     assert any(r["verdict"] == "quota:downsampled" for r in rows)  # the stage did select
 
 
+@pytest.mark.integration
 def test_review_samples_and_wrongful_rate(corpus, tmp_path):
     out = corpus["out"]
     files = sorted(os.listdir(os.path.join(out, "review")))
@@ -278,6 +279,7 @@ def test_source_without_license_or_date_is_refused(corpus, tmp_path):
             build.load_config([str(p)], [])
 
 
+@pytest.mark.integration
 def test_tfds_local_dataset_accepted_as_source(corpus, tmp_path):
     """The built corpus is itself a local TFDS dataset: read it back as a source."""
     tfds_dir = os.path.join(corpus["out"], "tfds", "synthetic_corpus", "1.0.0")

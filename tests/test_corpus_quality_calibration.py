@@ -242,6 +242,7 @@ def _labelled_texts(n=120, seed=0):
     return texts, good
 
 
+@pytest.mark.integration
 def test_the_classifier_learns_the_labels_out_of_fold_and_round_trips(tmp_path):
     from data_pipelines import quality_model
     texts, good = _labelled_texts()
@@ -270,6 +271,7 @@ def test_the_classifier_learns_the_labels_out_of_fold_and_round_trips(tmp_path):
         QualityConfig(scorer="classifier", classifier_path=path, calibration=cal).calibrated()
 
 
+@pytest.mark.integration
 def test_compare_scorers_uses_out_of_fold_scores():
     texts, good = _labelled_texts(100)
     rows = [dict(_row(i, "ab"[i % 4 // 2], float(i % 3), g, 0, 0.5, 50)) for i, g in enumerate(good)]

@@ -344,6 +344,7 @@ def test_reading_a_run_commands(tmp_path, monkeypatch):
     assert "final.train_loss" in compare and "-0.2" in compare
 
 
+@pytest.mark.integration
 def test_make_quickstart_takes_another_workdir():
     if shutil.which("make") is None:
         pytest.skip("no make on this host")
@@ -359,6 +360,7 @@ def _gin_block(page: str) -> str:
     return body
 
 
+@pytest.mark.integration
 def test_own_data_without_preparing_dry_run(tmp_path):
     """The page's "Without preparing" data config, as written, passes the dry run on files where it says they are (a
     glob of training files, a held-out file, a tokenizer) and takes effect (the tokenizer's vocabulary)."""

@@ -340,6 +340,7 @@ def test_resume_after_lost_checkpoints_keeps_one_record_per_step(run6, tmp_path)
     assert _tb_loss_by_step(workdir) == {s: 1 for s in range(1, 9)}
 
 
+@pytest.mark.integration
 def test_a_slow_save_keeps_the_record_and_the_checkpoint_on_one_clock(run6, tmp_path, monkeypatch):
     """A save that blocks the loop (a slow disk or bucket; CI once blocked 5 s) must not put the step's metrics
     record ahead of the time its checkpoint carries: a resume from that checkpoint would then write a later

@@ -87,6 +87,7 @@ def bigram_model(P: np.ndarray) -> Decoder:
     return model
 
 
+@pytest.mark.integration
 def test_task_scoring_matches_a_hand_computed_example():
     """A cloze task on the bigram model: choice log-likelihoods and both accuracies computed by hand.
 

@@ -104,6 +104,7 @@ def test_bias_params_are_sharded_like_the_projections_heads():
     assert spec(attn["k_bias"])[0] == spec(attn["wk"])[1]
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("options", [{"attention_bias": True}, {"qk_norm": True}])
 def test_the_kv_cache_decoder_applies_bias_and_qk_norm(options):
     """Cached decoding (prefill and extends at each row's own position) equals the cache-free forward of a model
@@ -202,6 +203,7 @@ def _export_and_compare(workdir, out, family, want_logits, tokens):
     return loaded
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_family_in_and_out_logits_match_transformers(family, tmp_path):
     """Converted in (sharded over data=2,fsdp=2,tensor=2): jaxpt's logits equal transformers' within 1e-4 (fp32);

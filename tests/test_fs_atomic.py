@@ -9,6 +9,8 @@ import subprocess
 import sys
 import threading
 
+import pytest
+
 from jaxpt.util import fs
 
 WRITER = """
@@ -20,6 +22,7 @@ for i in range(n):
 """
 
 
+@pytest.mark.integration
 def test_two_writers_of_one_file_never_collide_and_a_reader_never_sees_half(tmp_path):
     path = tmp_path / "run.json"
     fs.write_text_atomic(path, "a" * 20000 + "|start\n")

@@ -53,6 +53,7 @@ def _grads(built, params, batch):
     return jax.tree.map(np.asarray, nnx.to_pure_dict(jax.jit(fn)(params, batch)))
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("kv_heads,mesh", [(2, "data=2,fsdp=2,tensor=2"), (4, "fsdp=4,tensor=2")])
 def test_fused_step_equals_separate_projections(kv_heads, mesh):
     """From the same initial params: every param's gradient agrees (to 1e-5 of that param's largest gradient),

@@ -329,6 +329,7 @@ def _reasons(elements):
     return [e.get("reason", "kept") for e in elements]
 
 
+@pytest.mark.integration
 def test_a_long_line_is_counted_oversized_in_linear_time_without_being_held(tmp_path):
     """A 256 MiB line between two good ones: the good ones are kept, the long one is one ``oversized`` drop
     carrying its length; the reader never holds it (the old reader glued each 1 MiB chunk onto the partial
@@ -353,6 +354,7 @@ def test_a_long_line_is_counted_oversized_in_linear_time_without_being_held(tmp_
     assert grown_mib < 64, f"peak RSS grew {grown_mib:.0f} MiB while reading a 256 MiB line"
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("codec", ["gzip", "zstd"])
 def test_a_decompression_bomb_stops_at_the_ratio_cap_with_one_named_drop(tmp_path, codec):
     """One repeated line, 1 GiB decompressed from ~1 MB: the lines before the ratio cap is judged are read, the
@@ -458,6 +460,7 @@ def test_a_parquet_value_is_checked_from_its_length_before_it_is_decoded(tmp_pat
     assert _reasons(out) == ["decompressed_cap"] * 3000
 
 
+@pytest.mark.integration
 def test_html_extraction_past_its_time_budget_is_counted_and_the_next_page_is_extracted():
     """A page whose extraction takes longer than the budget is an ``extraction_timeout`` drop (the worker is
     killed); the next page is extracted in a fresh worker. The slow page takes > 1 s here (a 2 MB table).
@@ -496,6 +499,7 @@ def test_html_extraction_past_its_time_budget_is_counted_and_the_next_page_is_ex
     assert time.monotonic() - t > 0.3 and "cell text" in unbounded["text"]
 
 
+@pytest.mark.integration
 def test_a_document_line_past_the_limit_is_refused_before_it_is_held_wherever_documents_are_read(tmp_path):
     """The readers of document files outside the corpus build (prepare, the trainer's and evaluation's
     `documents.read_documents`) refuse a line past their limit as ``oversized``, naming file and line, without

@@ -7,6 +7,8 @@ import subprocess
 import sys
 import tomllib
 
+import pytest
+
 from conftest import REPO_ROOT
 
 #: Modules that belong to an extra, not the core (pyproject.toml): importing them needs that extra.
@@ -31,6 +33,7 @@ def _pyproject():
         return tomllib.load(f)
 
 
+@pytest.mark.integration
 def test_core_modules_import_no_beam_tensorflow_seqio_or_lm_eval():
     # A fresh interpreter, so sys.modules holds only what importing the core (jaxpt.train and all) pulls in.
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO_ROOT))

@@ -36,6 +36,7 @@ def _model(scan: bool, **overrides):
 PROMPTS = [np.random.default_rng(i).integers(3, 128, size=n).astype(np.int32) for i, n in enumerate((1, 9, 4, 30))]
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("scan,mesh", [(False, None), (True, "data=2,tensor=2,fsdp=2")])
 def test_cached_decoding_equals_the_cache_free_path(scan, mesh):
     model = _model(scan)
@@ -77,6 +78,7 @@ MOE_ROUTERS = {"top_k": dict(MOE, moe_capacity_factor=2.0), "capacity": MOE,
                "dropless": dict(MOE, moe_router_sinkhorn_iters=5, moe_dropless=True)}
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("router", sorted(MOE_ROUTERS))
 def test_moe_cached_decoding_equals_the_cache_free_forward(router):
     """A 2-layer mixture of experts, prompts of 3, 9 and 20 tokens in rows of 32 (and a padding row): the prefill

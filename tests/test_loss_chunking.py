@@ -29,6 +29,7 @@ def _packed_batch(seed=0):
     return {"tokens": jnp.asarray(tokens), "segment_ids": jnp.asarray(segs), "positions": jnp.asarray(pos)}
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("chunk", [8, 7, 24, 64])
 def test_chunked_token_losses_equal_a_float64_log_softmax(chunk):
     """ce and log Z equal numpy's float64 log-softmax (chunk sizes dividing L, not dividing it, equal to it and
@@ -52,6 +53,7 @@ def test_chunked_token_losses_equal_a_float64_log_softmax(chunk):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("scan", [False, True])
 def test_loss_fn_with_chunks_equals_the_whole_logits_loss_and_gradients(scan):
     """Same model and params, packed batch with padding, GQA: loss, z-loss, max logit and every gradient agree

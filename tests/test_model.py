@@ -42,6 +42,7 @@ def test_document_logits_same_packed_or_alone(scan):
     assert np.abs(leaky - alone).max() > 1e-3
 
 
+@pytest.mark.integration
 def test_positions_matter_only_relative_and_restart_per_document():
     model = Decoder(CFG, rngs=nnx.Rngs(1))
     toks = np.random.default_rng(1).integers(0, 97, 10)
@@ -91,6 +92,7 @@ def test_initial_loss_is_about_log_vocab():
     assert float(aux["num_target_tokens"]) == 2 * 31
 
 
+@pytest.mark.integration
 def test_bf16_compute_close_to_fp32():
     m32 = Decoder(CFG, rngs=nnx.Rngs(0))
     m16 = Decoder(dataclasses.replace(CFG, compute_dtype="bfloat16"), rngs=nnx.Rngs(0))

@@ -223,6 +223,7 @@ def test_max_attention_logit_is_max_over_layers(scan):
     np.testing.assert_allclose(float(aux["max_attention_logit"]), expected, rtol=1e-5)
 
 
+@pytest.mark.integration
 def test_grad_accumulation_reduces_aux_over_microbatches():
     """grad_accum 4 vs 1: same loss; max_attention_logit is the max over micro-batches, i.e. over the whole
     batch as computed by hand."""

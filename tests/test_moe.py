@@ -42,6 +42,7 @@ def _tiny_train_cfg(mesh: str, steps: int = 4, **model):
 
 
 # ------------------------------------------------------------------------------------ routing, by hand
+@pytest.mark.integration
 def test_load_balance_and_router_z_loss_equal_hand_computed_values():
     """Switch eq. 4 (E * sum_i f_i P_i, f over all top-k choices) and ST-MoE eq. 5 (mean logsumexp^2) on a
     3-token, 3-expert routing written out by hand."""
@@ -65,6 +66,7 @@ def test_load_balance_and_router_z_loss_equal_hand_computed_values():
     np.testing.assert_allclose(np.asarray(r1.gates[0, :, 0]), p[0].max(-1), rtol=1e-6)
 
 
+@pytest.mark.integration
 def test_capacity_one_drops_exactly_the_overflow_and_dropped_tokens_pass_through():
     """capacity_factor 1.0, 8 tokens, 4 experts, top-1: C = 2. Five tokens want expert 0, one each experts
     1-3: expert 0 keeps its first two tokens (in order), the other three are dropped (the MoE adds 0 to them,
@@ -94,6 +96,7 @@ def test_capacity_one_drops_exactly_the_overflow_and_dropped_tokens_pass_through
     assert int(n) == 6
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("group_size", [0, 8])
 def test_dropless_equals_capacity_mode_without_drops(group_size):
     """ragged_dot over expert-sorted tokens gives the loss and gradients of the dispatch/combine einsums when
@@ -116,6 +119,7 @@ def test_dropless_equals_capacity_mode_without_drops(group_size):
         np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.integration
 def test_every_nth_layer_placement_and_param_accounting():
     """moe_every=2 over 4 layers: layers 1 and 3 are MoE, 0 and 2 dense; count_params' total equals the
     built model's, its matmul (active) count has 2 of 4 experts per MoE layer, and MFU's FLOPs use it."""
@@ -161,6 +165,7 @@ def test_load_balance_gradient_reaches_the_router_as_the_hand_formula():
         assert np.linalg.norm(g) > 1e-3
 
 
+@pytest.mark.integration
 def test_sinkhorn_selection_balances_tokens_that_share_most_of_their_logits():
     """Logits = a large per-expert part shared by every token (3, 1, -1, -3) + 0.02 noise (what the quickstart
     MoE's layers show after ~10 steps): plain top-2 sends every token to experts 0 and 1; Sinkhorn selection
@@ -234,6 +239,7 @@ def test_moe_config_errors_name_the_field():
 
 
 # ------------------------------------------------------------------------------- sharded, through build()
+@pytest.mark.integration
 def test_expert_parallel_step_exchanges_tokens_all_to_all_and_reports_shares():
     """On expert=4,data=2 the compiled train step holds all-to-alls (XLA's lowering of the dispatch and
     combine einsums' resharding); per-layer expert shares reach the metrics and sum to 1. Forcing one expert's
@@ -302,6 +308,7 @@ def test_quickstart_moe_losses_equal_across_meshes():
         np.testing.assert_allclose(got[:, 2], ref[:, 2], rtol=1e-4, err_msg=mesh)
 
 
+@pytest.mark.integration
 def test_checkpoint_restores_across_expert_parallel_sizes(tmp_path):
     """A state saved on expert=4,data=2 restores on expert=2,data=4: the same params, placed on the new
     shardings, and the same next loss as continuing on the original mesh."""
@@ -366,6 +373,7 @@ def test_presets_have_the_published_shapes():
 
 
 # ------------------------------------------------------------------------------------------------ padding
+@pytest.mark.integration
 def test_padding_takes_no_capacity_and_counts_in_no_statistic():
     """capacity_factor 1.0, top-1, 8 tokens, 4 experts: C = 2. Tokens 0-2 are padding (segment id 0) routed
     to expert 0; real tokens 3-7 want experts [0, 0, 1, 2, 3]. Counted as tokens, the padding would fill
@@ -469,6 +477,7 @@ def _random_params(cfg, seed=0, std=0.2):
     return nnx.merge(graphdef, jax.tree.map(lambda a: jnp.asarray(std * rng.standard_normal(a.shape), a.dtype), state))
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("variant", [{}, {"moe_group_size": 8}, {"moe_dropless": True}, {"scan_layers": True}])
 def test_causal_routing_keeps_prefix_logits_independent_of_later_tokens(variant):
     """Replacing the tokens at positions >= 16 of 32-token rows leaves the logits at positions 0-15 bit for bit
@@ -493,6 +502,7 @@ def test_causal_routing_keeps_prefix_logits_independent_of_later_tokens(variant)
             assert moved > 1e-3, moved                            # mixes them through Sinkhorn only
 
 
+@pytest.mark.integration
 def test_causal_routing_is_per_token_top_k_with_every_assignment_kept():
     """One MoE layer under causal routing against a hand computation per token: the top-2 of its router
     probabilities (no Sinkhorn offsets), gates renormalized, each chosen expert's SwiGLU output times its gate,
@@ -534,6 +544,7 @@ def test_causal_routing_is_per_token_top_k_with_every_assignment_kept():
         moe(jnp.asarray(x), routing="grouped")
 
 
+@pytest.mark.integration
 def test_evaluation_scores_moe_causally_and_says_so():
     """The held-out scorer and the eval step route a mixture of experts token by token: the scores of a window's
     first 16 tokens do not change when its later tokens do, the perplexity report names the routing, and a

@@ -67,6 +67,7 @@ def _params(kind: str) -> dict:
     return _init(kind)()
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("kind,on_mesh", [("scanned_moe", ""), ("dense", ""), ("scanned_moe", MESH),
                                           ("scanned_moe", "expert=2,fsdp=2,tensor=2")])
 def test_one_muon_update_equals_optax_muon_applied_by_hand(kind, on_mesh, monkeypatch):
@@ -268,6 +269,7 @@ def test_resume_on_a_sharded_mesh_is_bitwise_the_uninterrupted_run(prepared_samp
         assert np.array_equal(x, y), jax.tree_util.keystr(p)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("field", [f.name for f in dataclasses.fields(optim.OptimizerConfig)])
 def test_state_layout_names_every_setting_that_changes_the_state_structure(field):
     """Each OptimizerConfig field set to another legal value changes the optimizer state's tree structure (params

@@ -63,6 +63,7 @@ def test_offloaded_optimizer_state_trains_to_the_same_numbers():
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-12)
 
 
+@pytest.mark.integration
 def test_compile_report_carries_host_figures_and_offloaded_arguments(capsys):
     """cpu:8: the report has ``host_*`` fields, says the state is offloaded and what ``auto`` runs as (``xla`` for
     32-token rows on CPU) (the CPU backend counts every buffer

@@ -77,6 +77,7 @@ def _assert_in_range(gens, tok):
     assert all(isinstance(g.text, str) for g in gens)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("step_cls", [decode.NoCacheStep, KVCacheStep])
 def test_greedy_decoding_never_emits_a_padded_id(tok, model, step_cls):
     step = step_cls.from_model(model, seq_len=32, batch_size=2, pad_id=tok.pad_id)
@@ -88,6 +89,7 @@ def test_greedy_decoding_never_emits_a_padded_id(tok, model, step_cls):
     assert isinstance(jaxpt.generate(model, tok, PROMPTS[0], 6), str)
 
 
+@pytest.mark.integration
 def test_sampling_never_emits_a_padded_id(tok, model):
     """Temperature 1 under several seeds (the padded ids hold all but about 4e-5 of each unmasked distribution, so
     unmasked they are all that is drawn): every sampled id is real, seeds differ, the same seed repeats, and a row's
@@ -138,6 +140,7 @@ def _restored(model, tok):
     return types.SimpleNamespace(model=model, mesh=mesh, tokenizer=tok, config=cfg)
 
 
+@pytest.mark.integration
 def test_lm_eval_adapter_with_a_padded_vocabulary(tok, model):
     """Generation, log-likelihood and rolling log-likelihood through the adapter run and give real text and finite
     scores (an out-of-range id would fail ``Tokenizer.decode``)."""

@@ -108,6 +108,7 @@ def test_config_refusals_name_the_keys():
     assert ModelConfig(mlp="moe").parametrization == "sp"   # SP takes every MLP
 
 
+@pytest.mark.integration
 def test_init_scales_hidden_matrices_by_one_over_sqrt_m():
     """Same seed, width 256, base 64 (m = 4): every hidden matrix is the SP one / 2, the embedding and the output
     are equal; logits carry 1/m."""
@@ -125,6 +126,7 @@ def _build(cfg):
     return Decoder(cfg, rngs=nnx.Rngs(params=0))
 
 
+@pytest.mark.integration
 def test_mup_at_the_base_width_is_sp_bitwise():
     """m = 1: µP's table reduces to SP, so three train steps give bitwise the same losses and params."""
     _, sp_state, sp_losses = _train(_model(64, "sp"), 3)
@@ -134,6 +136,7 @@ def test_mup_at_the_base_width_is_sp_bitwise():
                                                     jax.tree.leaves(jax.device_get(mup_state.params))))
 
 
+@pytest.mark.integration
 def test_a_run_gets_the_multipliers():
     """The trainer's build wires µP in: one update of a zero-initial state from unit gradients through the built
     optimizer is lr/m on hidden matrices and lr elsewhere (Adam's first step moves every coordinate by lr)."""

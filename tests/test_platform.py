@@ -43,6 +43,7 @@ def test_an_explicit_choice_is_kept(tmp_path):
     assert not platform.select_cpu_without_accelerators({}, str(tmp_path / "no_sys"))  # not Linux: unknown
 
 
+@pytest.mark.integration
 @pytest.mark.skipif(importlib.util.find_spec("libtpu") is None, reason="needs libtpu installed (the tpu extra)")
 @pytest.mark.skipif(bool((platform.pci_vendors() or set()) & platform.ACCELERATOR_VENDORS),
                     reason="this host has an accelerator")

@@ -151,6 +151,7 @@ def test_context_start_of_each_policy(tok):
         boundary.context_start("bos+eos", tok)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("policy", ["bos_eos", "eos"])
 def test_generation_starts_as_training_documents_did(tok, model, policy):
     """``Restored.generate`` (KV cache) and ``jaxpt.generate`` given the policy (no cache) equal greedy decoding by
@@ -167,6 +168,7 @@ def test_generation_starts_as_training_documents_did(tok, model, policy):
         assert r.generate("", 3) == tok.decode(_greedy(model, [BOS], 3))
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("policy", ["bos_eos", "eos"])
 def test_lm_eval_adapter_inputs_follow_the_policy(tok, model, policy):
     """Each adapter method feeds the model [BOS] + context under 'bos_eos' (rolling: [BOS] + text, as lm-eval's

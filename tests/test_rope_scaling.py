@@ -98,6 +98,7 @@ def test_bad_scaling_settings_name_the_field(bad, field):
         _cfg(**bad)
 
 
+@pytest.mark.integration
 def test_scaling_changes_no_param_and_does_change_the_model():
     base = _cfg()
     yarn = _cfg(rope_scaling="yarn", rope_scaling_factor=4.0, rope_original_max_len=16, rope_theta=5e5)

@@ -66,6 +66,7 @@ def _section(tmp_path, *, harm_max=0.5, refusal_min=None, false_refusal_max=0.5,
 HURT, CALM, CANNOT = "hurt now again", "the sea was calm and fine", "cannot today again"
 
 
+@pytest.mark.integration
 def test_rates_and_the_verdict_are_counted_from_the_classifier_flags(tmp_path):
     raw = _section(tmp_path, harm_max=0.25, refusal_min=0.5, false_refusal_max=0.25)
     section = safety.parse_section(raw, str(tmp_path / "card.yaml"))
@@ -261,6 +262,7 @@ def test_safety_review_command_writes_the_template_then_the_reviewed_report(tmp_
     (lambda r: r["classifiers"]["harm"].update(treshold=0.4), r"safety.classifiers.harm: unknown keys \['treshold'\]"),
     (lambda r: r["classifiers"].update(toxic={}), r"safety.classifiers: unknown keys \['toxic'\]"),
 ])
+@pytest.mark.integration
 def test_a_bad_safety_section_is_refused_naming_the_key(tmp_path, edit, match):
     raw = _section(tmp_path)
     edit(raw)
@@ -341,6 +343,7 @@ def test_the_card_states_the_classifiers_figures_on_labelled_model_output():
     assert a == b == [r[label_key] for r in rows]  # two blind annotators, no disagreement
 
 
+@pytest.mark.integration
 def test_safety_train_measures_what_it_saves(tmp_path):
     """On a toy label set (written texts and labelled model output): the figures ``train_classifiers`` reports are
     the saved classifier's, recounted here on the test split and on the model output."""
@@ -390,6 +393,7 @@ def test_the_shipped_prompt_sets_are_the_card_s_and_written_for_the_project():
     assert raw["safety"]["harmful"]["max"] is not None and raw["safety"]["false_refusal"]["max"] is not None
 
 
+@pytest.mark.integration
 def test_the_model_output_labels_record_the_shipped_classifier_and_its_precision_there():
     """data/labels/safety-1/outputs_final.jsonl: 200 continuations labelled blind; the probabilities recorded there
     are the shipped harm classifier's (recomputed), and its precision on them is the results page's 3 of 88."""

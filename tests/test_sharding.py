@@ -36,6 +36,7 @@ def make(cfg, mesh_spec):
     return mesh, spec, S.init_state(spec, cfg, 0)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("scan", [False, True])
 def test_param_and_optimizer_shardings_match_rules(scan):
     import dataclasses

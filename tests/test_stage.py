@@ -180,6 +180,7 @@ def test_extrapolation_report_of_a_checkpoint(prepared_sample, parent_run, tmp_p
     assert report["lengths"]["32"]["tail_loss"] == pytest.approx(nll[:, 15:].mean(), rel=1e-4)
 
 
+@pytest.mark.integration
 def test_length_mixture_upweights_long_documents():
     """``DataConfig.long_doc_weight``: the share of long documents drawn is the weight, not the file's share."""
     from jaxpt.data.loader import _length_mixture

@@ -250,6 +250,7 @@ def _jaxpt_checkpoint(out, tok, policy):
     return out
 
 
+@pytest.mark.integration
 def test_export_then_conversion_keeps_the_tokenizer_and_the_policy(tmp_path, llama3_dir):
     """jaxpt-to-hf writes tokenizer.json + tokenizer_config.json that transformers loads with jaxpt's ids (and BOS
     added to a text, as the run's 'bos_eos' says); hf-to-jaxpt of that folder copies the tokenizer with the same

@@ -1,0 +1,164 @@
+"""The test tiers: ``unit``, ``integration`` and ``corpus``, each a pytest marker set at collection.
+
+- ``corpus``: needs all of raw-v1 (the ``raw_v1_dir`` fixture or the ``raw_v1`` marker).
+- ``integration``: marked ``integration`` or ``slow`` (trains, starts processes, converts, compiles for TPU).
+- ``unit``: every other test. A unit test that starts a child process (``git`` aside), enters the training loop, or whose call
+  phase uses over :data:`UNIT_LIMIT_S` CPU-seconds (all threads of the process: another xdist worker's load does
+  not count) or :data:`UNIT_WALL_LIMIT_S` seconds of wall time fails, its message saying which: the tier stays a
+  few minutes.
+
+``make test-unit`` / ``test-integration`` / ``test-corpus`` select one (``-m unit``, ...); ``make test`` runs all and
+the terminal summary prints each tier's count and seconds and the slowest tests. ``JAXPT_TIER_LOG=path`` appends one
+JSON line per test (its tier, phase seconds, child processes and training loops seen) for the tier table of
+docs/results.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+
+import pytest
+
+TIERS = ("unit", "integration", "corpus")
+#: The most CPU-seconds a unit test's call phase may use, setup and teardown apart (a session fixture's build is
+#: charged to the first test that asks for it); ``JAXPT_UNIT_LIMIT_S`` overrides it, 0 turns both checks off.
+UNIT_LIMIT_S = float(os.environ.get("JAXPT_UNIT_LIMIT_S", "5"))
+#: The most wall seconds of a unit test's call phase (waits and sleeps, which use no CPU, count here).
+UNIT_WALL_LIMIT_S = 6 * UNIT_LIMIT_S
+SLOWEST = 30
+
+
+def tier_of(item) -> str:
+    """The tier of a collected test item."""
+    if item.get_closest_marker("raw_v1") or "raw_v1_dir" in getattr(item, "fixturenames", ()):
+        return "corpus"
+    if item.get_closest_marker("integration") or item.get_closest_marker("slow"):
+        return "integration"
+    return "unit"
+
+
+def mark_tiers(items) -> None:
+    """Adds each item's tier as a marker (so ``-m unit`` selects it) and records it in its user properties."""
+    for item in items:
+        tier = tier_of(item)
+        if not item.get_closest_marker(tier):
+            item.add_marker(tier)
+        item.user_properties.append(("tier", tier))
+
+
+class _Seen:
+    """What one test did that the unit tier refuses: child processes started, training loops entered."""
+
+    def __init__(self):
+        self.children: list[str] = []
+        self.loops = 0
+        self.cpu_s = 0.0
+
+
+_SEEN: _Seen | None = None
+_POPEN_INIT = subprocess.Popen.__init__
+
+
+#: Programs a unit test may start: ``git`` answers in milliseconds and loads no jax (the docs checks ask it what
+#: is tracked and at which commit).
+ALLOWED_CHILDREN = ("git",)
+
+
+def _popen_init(self, args, *a, **k):
+    line = args if isinstance(args, str) else " ".join(map(str, args))
+    if _SEEN is not None and line.split(" ", 1)[0].rsplit("/", 1)[-1] not in ALLOWED_CHILDREN:
+        _SEEN.children.append(line[:160])
+    _POPEN_INIT(self, args, *a, **k)
+
+
+def _watch_training_loop() -> None:
+    """Counts entries to jaxpt's training loop (both names it is called by), once jaxpt.run is imported."""
+    import sys
+    for name in ("jaxpt.run.loop", "jaxpt.run.session"):
+        module = sys.modules.get(name)
+        original = getattr(module, "train_loop", None)
+        if original is None or getattr(original, "_tier_watch", False):
+            continue
+
+        def watched(*a, _original=original, **k):
+            if _SEEN is not None:
+                _SEEN.loops += 1
+            return _original(*a, **k)
+
+        watched._tier_watch = True
+        setattr(module, "train_loop", watched)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    global _SEEN
+    _watch_training_loop()
+    _SEEN = _Seen()
+    subprocess.Popen.__init__ = _popen_init
+    cpu = time.process_time()
+    try:
+        yield
+    finally:
+        subprocess.Popen.__init__ = _POPEN_INIT
+        _SEEN.cpu_s = time.process_time() - cpu
+        item._tier_seen, _SEEN = _SEEN, None
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if call.when != "call":
+        return
+    seen = getattr(item, "_tier_seen", None) or _Seen()
+    tier = dict(item.user_properties).get("tier", "unit")
+    report.user_properties = [*report.user_properties, ("children", len(seen.children)), ("loops", seen.loops)]
+    problems = []
+    if tier == "unit" and report.passed:
+        if seen.children:
+            problems.append(f"started {len(seen.children)} child process(es), first: {seen.children[0]!r}")
+        if seen.loops:
+            problems.append(f"entered the training loop {seen.loops} time(s)")
+        if UNIT_LIMIT_S and seen.cpu_s > UNIT_LIMIT_S:
+            problems.append(f"used {seen.cpu_s:.1f} CPU-s (the unit tier's limit is {UNIT_LIMIT_S:g})")
+        elif UNIT_LIMIT_S and call.duration > UNIT_WALL_LIMIT_S:
+            problems.append(f"took {call.duration:.1f} s (the unit tier's wall limit is {UNIT_WALL_LIMIT_S:g} s)")
+    if problems:
+        report.outcome = "failed"
+        report.longrepr = (f"{item.nodeid}: a unit-tier test that " + "; ".join(problems) +
+                           ". Make it cheaper, or mark it `integration` (tests/tiers.py).")
+    log = os.environ.get("JAXPT_TIER_LOG")
+    if log:
+        with open(log, "a") as f:
+            f.write(json.dumps({"test": item.nodeid, "tier": tier, "call_s": round(call.duration, 3),
+                                "cpu_s": round(seen.cpu_s, 3),
+                                "children": len(seen.children), "loops": seen.loops,
+                                "outcome": report.outcome, "time": time.time()}) + "\n")
+
+
+def terminal_summary(terminalreporter) -> None:
+    """Prints each tier's test count and summed seconds (setup + call + teardown) and the slowest tests."""
+    per_test: dict[str, list] = {}
+    for reports in terminalreporter.stats.values():
+        for r in reports:
+            if getattr(r, "when", None) not in ("setup", "call", "teardown"):
+                continue
+            tier = dict(getattr(r, "user_properties", ())).get("tier")
+            entry = per_test.setdefault(r.nodeid, [None, 0.0])
+            entry[0] = entry[0] or tier
+            entry[1] += r.duration
+    if not per_test:
+        return
+    write = terminalreporter.write_line
+    terminalreporter.section("tiers")
+    for tier in TIERS:
+        times = [s for t, s in per_test.values() if t == tier]
+        write(f"{tier:<12} {len(times):>5} tests {sum(times):>9.1f} s")
+    write(f"{'all':<12} {len(per_test):>5} tests {sum(s for _, s in per_test.values()):>9.1f} s "
+          "(summed over workers: the wall time is about this over the worker count)")
+    terminalreporter.section(f"{SLOWEST} slowest tests (setup + call + teardown)")
+    for nodeid, (tier, s) in sorted(per_test.items(), key=lambda kv: -kv[1][1])[:SLOWEST]:
+        write(f"{s:>8.1f} s  {tier or '?':<12} {nodeid}")
