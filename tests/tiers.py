@@ -4,7 +4,7 @@
 - ``integration``: marked ``integration`` or ``slow`` (trains, starts processes, converts, compiles for TPU).
 - ``unit``: every other test. A unit test that starts a child process (``git`` aside), enters the training loop, or whose call
   phase uses over :data:`UNIT_LIMIT_S` CPU-seconds (all threads of the process: another xdist worker's load does
-  not count) or :data:`UNIT_WALL_LIMIT_S` seconds of wall time fails, its message saying which: the tier stays a
+  not count) or six times that in seconds of wall time fails, its message saying which: the tier stays a
   few minutes.
 
 ``make test-unit`` / ``test-integration`` / ``test-corpus`` select one (``-m unit``, ...); ``make test`` runs all and
@@ -26,8 +26,9 @@ TIERS = ("unit", "integration", "corpus")
 #: The most CPU-seconds a unit test's call phase may use, setup and teardown apart (a session fixture's build is
 #: charged to the first test that asks for it); ``JAXPT_UNIT_LIMIT_S`` overrides it, 0 turns both checks off.
 UNIT_LIMIT_S = float(os.environ.get("JAXPT_UNIT_LIMIT_S", "5"))
-#: The most wall seconds of a unit test's call phase (waits and sleeps, which use no CPU, count here).
-UNIT_WALL_LIMIT_S = 6 * UNIT_LIMIT_S
+#: The most wall seconds of a unit test's call phase, as a multiple of :data:`UNIT_LIMIT_S` (waits and sleeps,
+#: which use no CPU, count here).
+WALL_FACTOR = 6
 SLOWEST = 30
 
 
@@ -58,10 +59,8 @@ class _Seen:
         self.cpu_s = 0.0
 
 
-_SEEN: _Seen | None = None
+_STACK: list[_Seen] = []  # one entry per test call in progress (a test that runs pytest in-process nests one)
 _POPEN_INIT = subprocess.Popen.__init__
-
-
 #: Programs a unit test may start: ``git`` answers in milliseconds and loads no jax (the docs checks ask it what
 #: is tracked and at which commit).
 ALLOWED_CHILDREN = ("git",)
@@ -69,8 +68,8 @@ ALLOWED_CHILDREN = ("git",)
 
 def _popen_init(self, args, *a, **k):
     line = args if isinstance(args, str) else " ".join(map(str, args))
-    if _SEEN is not None and line.split(" ", 1)[0].rsplit("/", 1)[-1] not in ALLOWED_CHILDREN:
-        _SEEN.children.append(line[:160])
+    if _STACK and line.split(" ", 1)[0].rsplit("/", 1)[-1] not in ALLOWED_CHILDREN:
+        _STACK[-1].children.append(line[:160])
     _POPEN_INIT(self, args, *a, **k)
 
 
@@ -84,8 +83,8 @@ def _watch_training_loop() -> None:
             continue
 
         def watched(*a, _original=original, **k):
-            if _SEEN is not None:
-                _SEEN.loops += 1
+            if _STACK:
+                _STACK[-1].loops += 1
             return _original(*a, **k)
 
         watched._tier_watch = True
@@ -94,17 +93,19 @@ def _watch_training_loop() -> None:
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_call(item):
-    global _SEEN
     _watch_training_loop()
-    _SEEN = _Seen()
+    seen = _Seen()
+    _STACK.append(seen)
     subprocess.Popen.__init__ = _popen_init
     cpu = time.process_time()
     try:
         yield
     finally:
-        subprocess.Popen.__init__ = _POPEN_INIT
-        _SEEN.cpu_s = time.process_time() - cpu
-        item._tier_seen, _SEEN = _SEEN, None
+        seen.cpu_s = time.process_time() - cpu
+        _STACK.pop()
+        if not _STACK:
+            subprocess.Popen.__init__ = _POPEN_INIT
+        item._tier_seen = seen
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -124,8 +125,9 @@ def pytest_runtest_makereport(item, call):
             problems.append(f"entered the training loop {seen.loops} time(s)")
         if UNIT_LIMIT_S and seen.cpu_s > UNIT_LIMIT_S:
             problems.append(f"used {seen.cpu_s:.1f} CPU-s (the unit tier's limit is {UNIT_LIMIT_S:g})")
-        elif UNIT_LIMIT_S and call.duration > UNIT_WALL_LIMIT_S:
-            problems.append(f"took {call.duration:.1f} s (the unit tier's wall limit is {UNIT_WALL_LIMIT_S:g} s)")
+        elif UNIT_LIMIT_S and call.duration > WALL_FACTOR * UNIT_LIMIT_S:
+            problems.append(f"took {call.duration:.1f} s (the unit tier's wall limit is "
+                            f"{WALL_FACTOR * UNIT_LIMIT_S:g} s)")
     if problems:
         report.outcome = "failed"
         report.longrepr = (f"{item.nodeid}: a unit-tier test that " + "; ".join(problems) +
