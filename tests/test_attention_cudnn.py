@@ -28,6 +28,7 @@ def test_segment_mask_with_causality_is_the_xla_mask():
     np.testing.assert_array_equal(got, attention_mask(segs)[:, 0])
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("H, K", [(4, 2), (8, 1)])
 def test_cudnn_arguments_run_by_xla_equal_the_xla_implementation(H, K):
     """Packed rows with padding, GQA (G = 2, 8), L = 40: outputs and the gradients of <out, cot> w.r.t. q, k, v

@@ -66,6 +66,7 @@ def _reference(batch, q, k, v):
     return out, aux
 
 
+@pytest.mark.integration
 def test_blockwise_with_row_indices_skips_and_masks_by_index():
     """blockwise on a zigzag-permuted row with small tiles (so tiles are skipped by index, not by position)
     equals xla attention on the natural row, permuted."""
@@ -91,6 +92,7 @@ def test_blockwise_with_row_indices_skips_and_masks_by_index():
     # the chunks are too: L = 2 x 2 x 128.
     pytest.param("splash", "sequence=2,tensor=2,data=2", 2, 512, marks=pytest.mark.slow),
 ])
+@pytest.mark.integration
 def test_attention_under_context_parallelism_equals_unsharded(impl, mesh_spec, B, L):
     """Forward output, max logit and gradients of q, k, v of each implementation on rows split over `sequence`
     equal unsharded xla attention on the natural row (GQA: 4 query heads over 2 kv heads)."""
@@ -170,6 +172,7 @@ def test_seq_len_must_split_into_two_chunks_per_device():
     assert validate(C.parse([QUICKSTART], ["TrainConfig.seq_len = 36"], mesh="data=8"), 8)["sequence"] == 1
 
 
+@pytest.mark.integration
 def test_sequence_of_one_leaves_the_program_unchanged():
     """With sequence=1 the length -> sequence rule changes nothing: the train step's HLO equals the one built
     with `length` unmapped (the rules before context parallelism)."""

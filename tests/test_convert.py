@@ -142,6 +142,7 @@ def test_a_mup_model_exports_with_its_output_multiplier_folded_in(tmp_path):
                                           tie_embeddings=True))
 
 
+@pytest.mark.integration
 def test_round_trip_through_both_directions(tmp_path):
     """HF -> jaxpt -> HF gives back the same tensors (tied and untied are each their own layout)."""
     from safetensors.numpy import load_file

@@ -213,6 +213,7 @@ class WideCTokenizer(CharTokenizer):
         return super().decode(ids).replace("c", "cx")
 
 
+@pytest.mark.integration
 def test_stop_strings_and_eos_per_row_on_a_hand_built_chain():
     """Continuations read off the chain by hand. From "a" the model writes b c d a b c d ...:
     stop "ab" -> "bcdab" cut to "bcd"; stop "c" -> "b"; stops ("da", "cd") -> "bcd" holds "cd" first -> "b";

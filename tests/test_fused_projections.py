@@ -82,6 +82,7 @@ def test_fused_step_equals_separate_projections(kv_heads, mesh):
         np.testing.assert_allclose(b, a, rtol=0, atol=1e-5 * scale, err_msg=jax.tree_util.keystr(path))
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("kv_heads,per_layer", [(4, 6), (2, 7)])
 def test_fused_projections_make_fewer_gemms(kv_heads, per_layer):
     """Per layer, separate: q, k, v, o, gate, up, down and the two attention einsums (9); fused multi-head: qkv,

@@ -290,6 +290,7 @@ def _converted(prepared, out):
     return meta
 
 
+@pytest.mark.integration
 def test_checkpoint_metadata_is_checked_before_anything_is_read_or_built(prepared_sample, tmp_path):
     """A checkpoint whose metadata named /dev/zero or a FIFO as its tokenizer hung the notebook restore helper; one
     recording 20,000 layers filled memory building them. Files named by metadata must be regular and of a bounded

@@ -416,6 +416,7 @@ def test_padding_takes_no_capacity_and_counts_in_no_statistic():
     assert float(aux["moe/dropped_fraction"]) * 8 == 3 and np.all(np.asarray(y)[0, 3:5] == 0)
 
 
+@pytest.mark.integration
 def test_padding_content_changes_no_real_token_and_no_moe_metric():
     """Through the decoder (the block hands segment ids to the MoE), with capacity factor 1.0 so capacity is
     contested: rewriting the padding tokens (segment id 0) of a batch changes neither the real tokens' logits

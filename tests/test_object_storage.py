@@ -297,6 +297,7 @@ def test_gin_config_and_its_includes_read_from_the_bucket(gcs):
         C.parse([f"{gcs}/configs/absent.gin"])
 
 
+@pytest.mark.integration
 def test_tool_outputs_go_to_the_bucket(gcs, tmp_path):
     """``jaxpt.tools.scaling`` reads ``runs.jsonl`` from a gs:// folder and writes ``fit.json`` and the plot there,
     with the same fit as from a local folder; and the fit recovers the law the losses were made from. The sweep's

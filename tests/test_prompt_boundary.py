@@ -204,6 +204,7 @@ def test_lm_eval_adapter_inputs_follow_the_policy(tok, model, policy):
     assert gens == [tok.decode(_greedy(model, _start(policy, tok.encode(p)), 5)).split("\n\n")[0] for p in PROMPTS]
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("policy", ["bos_eos", "eos"])
 def test_probe_inputs_follow_the_policy(tok, model, policy):
     """A choice task's contexts (one empty) and a generate task's prompts reach the scorer and the decoder started
@@ -248,6 +249,7 @@ def test_spot_check_sheet_prompts_start_with_bos(tok, model, tmp_path):
     assert [s["generation"] for s in sheet] == [tok.decode(_greedy(model, [BOS, *tok.encode(p)], 4)) for p in PROMPTS]
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("policy", ["bos_eos", "eos"])
 def test_seqio_score_and_predict_inputs_follow_the_policy(tok, model, policy):
     """The seqio path's ``score_fn`` and ``predict_fn`` start their inputs as the direct path does."""

@@ -69,6 +69,7 @@ def test_param_and_optimizer_shardings_match_rules(scan):
     assert state.step.sharding.is_fully_replicated
 
 
+@pytest.mark.integration
 def test_params_are_never_whole_on_one_device():
     # Each device holds only its shard: the local shard of the embedding is 1/4 of it (tensor x fsdp).
     _, spec, state = make(CFG, "data=2,fsdp=2,tensor=2")
