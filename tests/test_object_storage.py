@@ -359,7 +359,8 @@ def test_convert_hf_to_jaxpt_and_back_on_the_bucket(gcs, tmp_path, monkeypatch):
     import test_convert as tc
 
     from jaxpt import config as C
-    from jaxpt.tools import convert
+    from jaxpt.hf import convert
+    from jaxpt.tools import convert as convert_cli
     from jaxpt.util import fs
     from jaxpt.run import lineage as stage
     from jaxpt.data.tokenizer import Tokenizer
@@ -371,7 +372,7 @@ def test_convert_hf_to_jaxpt_and_back_on_the_bucket(gcs, tmp_path, monkeypatch):
     src, jx, hf_out = f"{gcs}/convert/hf", f"{gcs}/convert/jx", f"{gcs}/convert/hf_out"
     fs.copytree(str(folder), src)
 
-    assert convert.main(["hf-to-jaxpt", "--model", src, "--output", jx, "--mesh", "fsdp=8"]) == 0
+    assert convert_cli.main(["hf-to-jaxpt", "--model", src, "--output", jx, "--mesh", "fsdp=8"]) == 0
     assert fs.isdir(f"{jx}/checkpoints/0") and fs.isfile(f"{jx}/tokenizer.model")
     gin_text = fs.read_text(f"{jx}/model.gin")
     assert f"DataConfig.tokenizer_path = '{jx}/tokenizer.model'" in gin_text

@@ -58,10 +58,10 @@ from typing import Any
 import numpy as np
 
 from jaxpt import config as config_lib
+from jaxpt.lab.registry import table
 from jaxpt.run import build as builder, monitor
 from jaxpt.tools import plan, sweep
 from jaxpt.tools.compile import compiled_flops
-from jaxpt.tools.runs import table
 from jaxpt.util import fs
 from jaxpt.util.errors import ConfigError, report_cli_error
 from jaxpt.util.validation import check_types, positive, require
