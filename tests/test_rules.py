@@ -1,4 +1,4 @@
-"""Learning-rate and batch-size rules (jaxpt.tools.rules): a planted answer recovered, the held-out check, the rules
+"""Learning-rate and batch-size rules (jaxpt.lab.rules): a planted answer recovered, the held-out check, the rules
 file, the lr x batch grid, and the planner's recommendation."""
 
 import json
@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from jaxpt.config import ConfigError
-from jaxpt.tools import plan, rules, scaling
+from jaxpt.lab import rules
+from jaxpt.tools import plan, scaling
 
 from conftest import simulated_cpu_flags
 from test_scaling import REPO, _tiny_data, _write_grid

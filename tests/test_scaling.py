@@ -12,7 +12,8 @@ import sys
 import numpy as np
 import pytest
 
-from jaxpt.tools import plan, scaling
+from jaxpt.lab import plan
+from jaxpt.tools import scaling
 from jaxpt.config import ConfigError
 
 from conftest import simulated_cpu_flags

@@ -5,7 +5,7 @@
     python -m jaxpt.tools.scaling rules runs/rules --output runs/rules/rules.json   # lr x batch x compute grid
 
 **rules** fits how the best peak learning rate and global batch size move with compute, from a grid with
-``ScalingGrid.learning_rates`` and ``batch_sizes`` (:mod:`jaxpt.tools.rules`; DeepSeek-AI 2024, sec. 3.1).
+``ScalingGrid.learning_rates`` and ``batch_sizes`` (:mod:`jaxpt.lab.rules`; DeepSeek-AI 2024, sec. 3.1).
 
 **run** reads one gin file holding a base training config (the usual ``ModelConfig``/``TrainConfig``/...
 bindings) and a ``ScalingGrid`` (model-size overrides x token budgets, see :class:`ScalingGrid`). Each grid
@@ -40,11 +40,11 @@ import numpy as np
 
 from jaxpt import config as config_lib
 from jaxpt.config import ConfigError
+from jaxpt.lab import plan, rules as rules_lib
 from jaxpt.model.config import ModelConfig
 from jaxpt.model.decoder import count_params
 from jaxpt.run import session
 from jaxpt.run.validate import validate
-from jaxpt.tools import plan, rules as rules_lib
 from jaxpt.training import flops as flops_lib
 from jaxpt.util import cli, fs, jsonl
 
@@ -67,7 +67,7 @@ class ScalingGrid:
         schedule has the same shape.
       learning_rates: peak learning rates (``OptimizerConfig.peak_learning_rate``) to try at every
         (model, tokens) budget; empty: the base config's only. With ``batch_sizes``, the grid of
-        learning rate x batch size x compute that :mod:`jaxpt.tools.rules` fits (DeepSeek-AI 2024, sec. 3.1).
+        learning rate x batch size x compute that :mod:`jaxpt.lab.rules` fits (DeepSeek-AI 2024, sec. 3.1).
       batch_sizes: global batch sizes in rows (``TrainConfig.global_batch_size``) to try at every budget; empty:
         the base config's only. Each run still trains on its budget's tokens: fewer steps for a larger batch.
       paired: False (default): every model trains every token budget (``models x tokens`` budgets). True: model
@@ -305,7 +305,7 @@ class Fit:
 
     @property
     def law(self) -> plan.ParametricLoss:
-        """The fitted law as a :class:`jaxpt.tools.plan.ParametricLoss` (loss, compute-optimal allocation)."""
+        """The fitted law as a :class:`jaxpt.lab.plan.ParametricLoss` (loss, compute-optimal allocation)."""
         return plan.ParametricLoss(*self.values)
 
     def predict(self, n_params: float, n_tokens: float) -> tuple[float, float]:
@@ -526,7 +526,7 @@ def read_grid_runs(paths: Sequence[str]) -> list[dict[str, Any]]:
 
     Raises:
       FileNotFoundError: a path that does not exist, or a directory without runs.jsonl.
-      ValueError: naming the file and line: a record that is not a grid run (:func:`jaxpt.tools.rules.check_record`),
+      ValueError: naming the file and line: a record that is not a grid run (:func:`jaxpt.lab.rules.check_record`),
         one run read twice (its ``config_hash`` seen before: the same runs file given twice, naming both places);
         naming the file: a runs file with no runs. FileFormatError (a ConfigError): a line that is not JSON.
     """

@@ -272,7 +272,7 @@ def recommend(rules: dict[str, Any], flops: float, seq_len: int | None = None,
 
 
 def format_recommendation(rec: dict[str, Any]) -> str:
-    """One line for the planner (:mod:`jaxpt.tools.plan`)."""
+    """One line for the planner (:mod:`jaxpt.lab.plan`)."""
     lo, hi = rec["compute_range_flops"]
     rows = f" ({rec['batch_rows']:.4g} rows)" if "batch_rows" in rec else ""
     span = f"the fitted range {lo:.3g}-{hi:.3g} FLOPs"
