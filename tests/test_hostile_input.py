@@ -566,7 +566,7 @@ def test_a_pretty_printed_json_document_given_as_json_lines_is_named_as_such(tmp
     refused at its first line with the usual cause said, in the shared line reader every JSON Lines file goes
     through; a plain broken line gets no such guess."""
     import json
-    from jaxpt.tools import scaling
+    from jaxpt.lab import scaling
     from jaxpt.util import jsonl
     from jaxpt.util.errors import FileFormatError
     pretty = tmp_path / "runs.jsonl"

@@ -302,7 +302,8 @@ def test_tool_outputs_go_to_the_bucket(gcs, tmp_path):
     with the same fit as from a local folder; and the fit recovers the law the losses were made from. The sweep's
     CSV written to gs:// has the bytes of the local one."""
     from jaxpt.util import fs
-    from jaxpt.tools import scaling, sweep
+    from jaxpt.lab import scaling
+    from jaxpt.tools import sweep
     E, A, B, alpha, beta = 1.8, 400.0, 900.0, 0.34, 0.28  # L = E + A/N^alpha + B/D^beta (Hoffmann et al. 2022)
     records = [{"name": f"n{n:g}_d{d:g}", "params": {"non_embedding": n}, "tokens": d,
                 "heldout_loss": E + A / n ** alpha + B / d ** beta}
