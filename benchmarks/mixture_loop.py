@@ -27,7 +27,7 @@ sys.path.insert(0, str(REPO))
 
 def _model_line(what: str, cfg, runs: list[dict]) -> str:
     from jaxpt.model.decoder import count_params
-    from jaxpt.tools import plan
+    from jaxpt.lab import plan
     m = plan.resolve_vocab(cfg).model
     n = count_params(m)["total"]
     state_bytes = n * 4 * 3  # fp32 params + AdamW's two moments

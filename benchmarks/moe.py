@@ -26,7 +26,7 @@ sys.path.insert(0, str(REPO))
 def planner_table() -> None:
     from jaxpt import config as C
     from jaxpt.run.validate import validate
-    from jaxpt.tools import plan
+    from jaxpt.lab import plan
     from jaxpt.training import memory
     hw = plan.parse_hardware("v5p-128")
     print("Mixtral-8x7B on v5p-128 (64 chips), 2 x 8192 tokens per chip, capacity factor 1.25, full remat:")

@@ -1,4 +1,4 @@
-"""The conclusions database (jaxpt/tools/conclusions.py, issue #36): its schema, ids that resolve, refusals that name
+"""The conclusions database (jaxpt/lab/conclusions.py, issue #36): its schema, ids that resolve, refusals that name
 what they refuse, import from a real run's run.json, the program's commands, and a file on object storage."""
 
 import json
@@ -9,7 +9,8 @@ import pytest
 from conftest import REPO_ROOT, tiny_bindings
 from test_object_storage import gcs  # noqa: F401 - the local GCS emulator fixture (fake-gcs-server)
 
-from jaxpt.tools import conclusions as C
+from jaxpt.lab import conclusions as C
+from jaxpt.tools import conclusions as conclusions_cli
 
 CARD = REPO_ROOT / "configs" / "eval" / "card_v1.yaml"
 SHA = "ab" * 32
@@ -298,7 +299,7 @@ def test_every_id_in_a_conclusion_resolves_to_its_run_data_version_and_eval_card
 
 def _main(capsys, *argv) -> tuple[int, str, str]:
     capsys.readouterr()
-    rc = C.main(list(argv))
+    rc = conclusions_cli.main(list(argv))
     out = capsys.readouterr()
     return rc, out.out, out.err
 

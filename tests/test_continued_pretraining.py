@@ -17,7 +17,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from jaxpt import config as C  # noqa: E402
-from jaxpt.tools import convert  # noqa: E402
+from jaxpt.hf import convert  # noqa: E402
 from jaxpt.run import monitor
 from jaxpt import train
 from jaxpt.checkpoint import CheckpointError  # noqa: E402

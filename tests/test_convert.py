@@ -12,8 +12,8 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from jaxpt.tools import convert  # noqa: E402
-from jaxpt.tools.convert import ConvertError  # noqa: E402
+from jaxpt.hf import configs as hf_configs, convert, params as hf_params  # noqa: E402
+from jaxpt.hf.families import ConvertError  # noqa: E402
 
 from conftest import hf_logits, jaxpt_logits  # noqa: E402
 
@@ -138,7 +138,7 @@ def test_a_mup_model_exports_with_its_output_multiplier_folded_in(tmp_path):
     assert np.abs(jaxpt_logits(jaxpt.restore(sp_workdir), tokens) - 4 * want).max() < 1e-3
     from jaxpt.model import ModelConfig
     with pytest.raises(ConvertError, match="parametrization = 'mup' with ModelConfig.tie_embeddings = True"):
-        convert.export_family(ModelConfig(d_model=64, parametrization="mup", mup_base_d_model=16,
+        hf_configs.export_family(ModelConfig(d_model=64, parametrization="mup", mup_base_d_model=16,
                                           tie_embeddings=True))
 
 
@@ -156,7 +156,7 @@ def test_round_trip_through_both_directions(tmp_path):
     assert meta["params_only"] and meta["source"]["model_type"] == "llama"
     import jaxpt
     r = jaxpt.restore(jx, tokenizer_path=tok)
-    back = convert.hf_tensors_from_params(r.params, r.config.model)
+    back = hf_params.hf_tensors_from_params(r.params, r.config.model)
     orig = load_file(str(folder / "model.safetensors"))
     assert set(back) == set(orig) - {"lm_head.weight"}
     for name, a in back.items():
@@ -166,19 +166,19 @@ def test_refusals_name_the_key(tmp_path):
     base = {"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2,
             "intermediate_size": 128, "vocab_size": 256}
     with pytest.raises(ConvertError, match="model_type = 'gemma'"):
-        convert.model_config_from_hf({**base, "model_type": "gemma"})
+        hf_configs.model_config_from_hf({**base, "model_type": "gemma"})
     with pytest.raises(ConvertError, match="hidden_act = 'gelu'"):
-        convert.model_config_from_hf({**base, "hidden_act": "gelu"})
+        hf_configs.model_config_from_hf({**base, "hidden_act": "gelu"})
     with pytest.raises(ConvertError, match="sliding_window = 16"):
-        convert.model_config_from_hf({**base, "model_type": "mistral", "sliding_window": 16}, max_seq_len=64)
-    m = convert.model_config_from_hf({**base, "model_type": "mistral", "sliding_window": 16,
+        hf_configs.model_config_from_hf({**base, "model_type": "mistral", "sliding_window": 16}, max_seq_len=64)
+    m = hf_configs.model_config_from_hf({**base, "model_type": "mistral", "sliding_window": 16,
                                       "max_position_embeddings": 64})
     assert m.max_seq_len == 16 and m.num_kv_heads == 4 and m.head_dim == 16
-    m = convert.model_config_from_hf({**base, "rope_scaling": {"rope_type": "llama3", "factor": 8.0,
+    m = hf_configs.model_config_from_hf({**base, "rope_scaling": {"rope_type": "llama3", "factor": 8.0,
                                                                "original_max_position_embeddings": 8192,
                                                                "low_freq_factor": 1.0, "high_freq_factor": 4.0},
                                       "rope_theta": 500000.0})
     assert (m.rope_scaling, m.rope_scaling_factor, m.rope_original_max_len, m.rope_theta) == \
         ("llama3", 8.0, 8192, 500000.0)
     with pytest.raises(ConvertError, match="rope_type = 'dynamic'"):
-        convert.model_config_from_hf({**base, "rope_scaling": {"rope_type": "dynamic", "factor": 2.0}})
+        hf_configs.model_config_from_hf({**base, "rope_scaling": {"rope_type": "dynamic", "factor": 2.0}})

@@ -195,7 +195,7 @@ def test_a_mixture_experiment_reads_a_corpus_versions_domains_and_records_it_wit
     build wrote strict JSON (an unset quality threshold as -Infinity)."""
     import shutil
     from jaxpt import config as C
-    from jaxpt.tools import conclusions, mixtures
+    from jaxpt.lab import conclusions, mixtures
 
     corpus_dir = tmp_path / "v"
     shutil.copytree(built, corpus_dir)

@@ -116,7 +116,7 @@ def test_other_reductions_over_nothing_are_refused_or_nan():
     refuses a run whose held-out loss is NaN."""
     from data_pipelines import neardup_eval
     from jaxpt.training.stability import StabilityConfig
-    from jaxpt.tools import scaling
+    from jaxpt.lab import scaling
     with pytest.raises(ConfigError, match=r"StabilityConfig\.spike_min_history = 0: must be >= 2"):
         StabilityConfig(spike_min_history=0)
     StabilityConfig(spike_min_history=0, spike_skip=False)

@@ -18,8 +18,8 @@ import pytest
 from flax import nnx
 
 from jaxpt.model import Decoder, ModelConfig, count_params
-from jaxpt.tools import convert
-from jaxpt.tools.convert import ConvertError
+from jaxpt.hf import configs as hf_configs, convert, safetensors as hf_st
+from jaxpt.hf.families import ConvertError
 
 from conftest import hf_logits, jaxpt_logits, word_documents
 from hf_tokenizers import HARD, QWEN2_SPLIT, TEXT, byte_level_bpe
@@ -286,22 +286,22 @@ def test_refusals_name_what_is_missing(hf, message):
     hf = dict(hf)
     max_seq_len = hf.pop("_max_seq_len", 0)
     with pytest.raises(ConvertError, match=message):
-        convert.model_config_from_hf({**BASE, **hf}, max_seq_len=max_seq_len)
+        hf_configs.model_config_from_hf({**BASE, **hf}, max_seq_len=max_seq_len)
 
 
 def test_sliding_windows_as_each_family_switches_them():
     """Qwen2's window counts only with use_sliding_window and for layers >= max_window_layers (then max_seq_len
     defaults to the window); Mistral's whenever set; Llama has none."""
     q = {**BASE, "model_type": "qwen2", "sliding_window": 16, "max_position_embeddings": 64}
-    assert convert.model_config_from_hf(q).max_seq_len == 64                       # use_sliding_window off
+    assert hf_configs.model_config_from_hf(q).max_seq_len == 64                       # use_sliding_window off
     on = {**q, "use_sliding_window": True}
-    assert convert.model_config_from_hf({**on, "max_window_layers": 2}).max_seq_len == 64   # no layer slides
-    assert convert.model_config_from_hf({**on, "max_window_layers": 1}).max_seq_len == 16
-    assert convert.model_config_from_hf({**on, "layer_types": ["full_attention"] * 2}).max_seq_len == 64
+    assert hf_configs.model_config_from_hf({**on, "max_window_layers": 2}).max_seq_len == 64   # no layer slides
+    assert hf_configs.model_config_from_hf({**on, "max_window_layers": 1}).max_seq_len == 16
+    assert hf_configs.model_config_from_hf({**on, "layer_types": ["full_attention"] * 2}).max_seq_len == 64
     m = {**BASE, "model_type": "mistral", "sliding_window": 16, "max_position_embeddings": 64}
-    assert convert.model_config_from_hf(m).max_seq_len == 16
-    assert convert.model_config_from_hf({**m, "sliding_window": None}).max_seq_len == 64
-    assert convert.model_config_from_hf({**m, "model_type": "llama"}).max_seq_len == 64
+    assert hf_configs.model_config_from_hf(m).max_seq_len == 16
+    assert hf_configs.model_config_from_hf({**m, "sliding_window": None}).max_seq_len == 64
+    assert hf_configs.model_config_from_hf({**m, "model_type": "llama"}).max_seq_len == 64
 
 
 @pytest.mark.parametrize("family, edit, message", [
@@ -338,8 +338,8 @@ def test_a_tied_lm_head_equal_to_the_embedding_and_rope_buffers_are_accepted(tmp
     tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"].copy()
     tensors["model.layers.0.self_attn.rotary_emb.inv_freq"] = np.ones(16, np.float32)
     save_file(tensors, str(path), metadata={"format": "pt"})
-    cfg = convert.model_config_from_hf(json.loads((tmp_path / "hf" / "config.json").read_text()),
-                                       tensors=convert.SafetensorsFolder(tmp_path / "hf"))
+    cfg = hf_configs.model_config_from_hf(json.loads((tmp_path / "hf" / "config.json").read_text()),
+                                       tensors=hf_st.SafetensorsFolder(tmp_path / "hf"))
     assert cfg.tie_embeddings and cfg.qk_norm
 
 
@@ -347,6 +347,6 @@ def test_export_refuses_bias_with_qk_norm():
     cfg = ModelConfig(vocab_size=128, d_model=32, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8,
                       mlp_dim=64, attention_bias=True, qk_norm=True)
     with pytest.raises(ConvertError, match="attention_bias = True with ModelConfig.qk_norm = True"):
-        convert.hf_config_from_model(cfg)
-    assert convert.hf_config_from_model(ModelConfig(), source_model_type="mistral")["model_type"] == "mistral"
-    assert convert.hf_config_from_model(ModelConfig())["architectures"] == ["LlamaForCausalLM"]
+        hf_configs.hf_config_from_model(cfg)
+    assert hf_configs.hf_config_from_model(ModelConfig(), source_model_type="mistral")["model_type"] == "mistral"
+    assert hf_configs.hf_config_from_model(ModelConfig())["architectures"] == ["LlamaForCausalLM"]

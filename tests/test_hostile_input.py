@@ -215,8 +215,8 @@ def _safetensors(path, header_edit=None, raw_header=None, tail=b""):
 
     import numpy as np
 
-    from jaxpt.tools import convert
-    convert.write_safetensors(path, {"a": np.arange(6, dtype=np.float32).reshape(2, 3), "b": np.ones(4, np.float32)})
+    from jaxpt.hf import safetensors as hf_st
+    hf_st.write_safetensors(path, {"a": np.arange(6, dtype=np.float32).reshape(2, 3), "b": np.ones(4, np.float32)})
     data = pathlib.Path(path).read_bytes()
     n = int.from_bytes(data[:8], "little")
     header = json.loads(data[8:8 + n])
@@ -244,17 +244,17 @@ def _set(key, value):
 ])
 def test_a_malformed_safetensors_header_is_refused_before_any_tensor_is_read(tmp_path, edit, raw, tail, message):
     """Headers with bad offsets or sizes ended in tracebacks, or converted silently from the wrong bytes."""
-    from jaxpt.tools import convert
+    from jaxpt.hf import families as hf_families, safetensors as hf_st
     _safetensors(tmp_path / "model.safetensors", edit, raw, tail)
-    with pytest.raises(convert.ConvertError, match=message):
-        convert.SafetensorsFolder(tmp_path)
+    with pytest.raises(hf_families.ConvertError, match=message):
+        hf_st.SafetensorsFolder(tmp_path)
 
 
 def test_a_huge_header_length_is_refused(tmp_path):
-    from jaxpt.tools import convert
+    from jaxpt.hf import families as hf_families, safetensors as hf_st
     (tmp_path / "model.safetensors").write_bytes((10 ** 12).to_bytes(8, "little") + b"{}")
-    with pytest.raises(convert.ConvertError, match="header of 1000000000000 bytes"):
-        convert.SafetensorsFolder(tmp_path)
+    with pytest.raises(hf_families.ConvertError, match="header of 1000000000000 bytes"):
+        hf_st.SafetensorsFolder(tmp_path)
 
 
 @pytest.mark.parametrize("key, value, message", [
@@ -266,11 +266,11 @@ def test_a_huge_header_length_is_refused(tmp_path):
     ("rope_theta", "ten thousand", "RoPE settings"),
 ])
 def test_a_non_numeric_config_value_is_a_named_error(key, value, message):
-    from jaxpt.tools import convert
+    from jaxpt.hf import configs as hf_configs, families as hf_families
     hf = {"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2,
           "intermediate_size": 128, "vocab_size": 256, key: value}
-    with pytest.raises(convert.ConvertError, match=message):
-        convert.model_config_from_hf(hf)
+    with pytest.raises(hf_families.ConvertError, match=message):
+        hf_configs.model_config_from_hf(hf)
 
 
 def _converted(prepared, out):
@@ -279,8 +279,8 @@ def _converted(prepared, out):
 
     from conftest import tiny_bindings
     from jaxpt.data.tokenizer import Tokenizer
+    from jaxpt.hf import convert
     from jaxpt.run import build
-    from jaxpt.tools import convert
     cfg = C.parse(["configs/quickstart.gin"], tiny_bindings(prepared, out), mesh="data=8")
     tok = Tokenizer.load(cfg.data.tokenizer_path)
     built = build.build_for(cfg, tokenizer=tok)
@@ -571,7 +571,7 @@ def test_a_pretty_printed_json_document_given_as_json_lines_is_named_as_such(tmp
     refused at its first line with the usual cause said, in the shared line reader every JSON Lines file goes
     through; a plain broken line gets no such guess."""
     import json
-    from jaxpt.tools import scaling
+    from jaxpt.lab import scaling
     from jaxpt.util import jsonl
     from jaxpt.util.errors import FileFormatError
     pretty = tmp_path / "runs.jsonl"

@@ -3,7 +3,7 @@
 The layers, lowest first (a module may import its own layer and those below it, never one above; no circle among
 jaxpt modules, counting imports inside functions):
 
-    util  <  mesh  <  model  <  training  <  data  <  checkpoint  <  config  <  infer  <  eval  <  run  <  programs
+    util < mesh < model < training < data < checkpoint < config < infer < eval < run < hf < lab < programs
 
 ``programs`` are ``jaxpt.train``, ``jaxpt.tools.*``, the package's ``__init__`` and the thin ``python -m`` aliases of
 moved programs. So the model knows nothing of data, checkpoints or the loop; nothing below ``jaxpt.run`` imports it;
@@ -20,7 +20,8 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
-LAYERS = ["util", "mesh", "model", "training", "data", "checkpoint", "config", "infer", "eval", "run", "programs"]
+LAYERS = ["util", "mesh", "model", "training", "data", "checkpoint", "config", "infer", "eval", "run", "hf", "lab",
+          "programs"]
 PROGRAMS = {"jaxpt", "jaxpt.train", "jaxpt.tools", "jaxpt.compile", "jaxpt.convert", "jaxpt.gate", "jaxpt.evaluate"}
 #: Optional dependencies heavy enough that importing the jaxpt module which needs them is deferred into a function.
 HEAVY_OPTIONAL = ("tensorflow", "seqio", "lm_eval", "torch", "transformers", "apache_beam", "libtpu")

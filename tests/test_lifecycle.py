@@ -80,7 +80,7 @@ def _converted_model(prepared, out) -> str:
     tiny model, the run's tokenizer), without a Hugging Face model to convert."""
     from jaxpt.data.tokenizer import Tokenizer
     from jaxpt.run import build
-    from jaxpt.tools import convert
+    from jaxpt.hf import convert
     cfg = _cfg(prepared, out, 2)
     tok = Tokenizer.load(cfg.data.tokenizer_path)
     built = build.build_for(cfg, tokenizer=tok)

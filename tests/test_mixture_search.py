@@ -1,10 +1,10 @@
-"""The mixture search's pure parts (jaxpt.tools.mixture_search): sampling, the regression, its leave-one-out
+"""The mixture search's pure parts (jaxpt.lab.mixture_search): sampling, the regression, its leave-one-out
 Spearman, and the constrained proposal, against planted answers computed by hand."""
 
 import numpy as np
 import pytest
 
-from jaxpt.tools import mixture_search as ms
+from jaxpt.lab import mixture_search as ms
 from jaxpt.util.errors import ConfigError
 
 DOMAINS = ("code", "multilingual", "reference", "web")

@@ -20,7 +20,9 @@ from scipy import stats
 
 from jaxpt import config as config_lib
 from jaxpt.config import ConfigError
-from jaxpt.tools import conclusions, evaluate, mixture_cards, mixtures
+from jaxpt.eval import tasks as tasks_lib
+from jaxpt.lab import conclusions, mixture_cards, mixtures
+from jaxpt.tools import evaluate, mixtures as mixtures_cli
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -76,7 +78,7 @@ def planted(corpus):
     """An uninterrupted experiment: (root, experiment file, fit summary)."""
     root = corpus
     path = _experiment(root, "planted")
-    assert mixtures.main(["run", "--experiment", path]) == 0
+    assert mixtures_cli.main(["run", "--experiment", path]) == 0
     return root, path, json.loads((root / "runs" / "planted" / "fit.json").read_text())
 
 
@@ -115,7 +117,7 @@ def test_caps_and_floors_bind_at_refit(planted, capsys):
     proposed conclusion is superseded by the new one."""
     root, path, _ = planted
     gin = ["--gin", "MixtureExperiment.caps = (('arith', 0.4),)", "--gin", "MixtureExperiment.floors = (('web', 0.2),)"]
-    assert mixtures.main(["fit", "--experiment", path, *gin]) == 0
+    assert mixtures_cli.main(["fit", "--experiment", path, *gin]) == 0
     fit = json.loads((root / "runs" / "planted" / "fit.json").read_text())
     assert fit["proposal"]["arith"] == pytest.approx(0.4, abs=1e-4)
     assert fit["proposal"]["web"] >= 0.2 - 1e-4
@@ -155,13 +157,13 @@ def test_a_killed_experiment_resumed_from_the_database_fits_the_same(planted, mo
 
     monkeypatch.setattr(mixtures.session, "run_training", dies_after_three)
     with pytest.raises(KeyboardInterrupt):
-        mixtures.main(["run", "--experiment", path])
+        mixtures_cli.main(["run", "--experiment", path])
     monkeypatch.setattr(mixtures.session, "run_training", lambda cfg: (calls.append(cfg.workdir), real(cfg))[1])
     # one proxy as its own job (as a scheduler would start it): no fit while others are missing
-    assert mixtures.main(["run", "--experiment", path, "--proxy", "5"]) == 0
+    assert mixtures_cli.main(["run", "--experiment", path, "--proxy", "5"]) == 0
     assert calls[-1].endswith("proxy-005") and not (root / "runs" / "resumed" / "fit.json").exists()
-    assert mixtures.main(["run", "--experiment", path, "--proxy", "6"]) == 2  # there are proxies 0-5
-    assert mixtures.main(["run", "--experiment", path]) == 0
+    assert mixtures_cli.main(["run", "--experiment", path, "--proxy", "6"]) == 2  # there are proxies 0-5
+    assert mixtures_cli.main(["run", "--experiment", path]) == 0
     assert len(calls) == 6 and len(set(calls)) == 6  # three before the kill, three after, none twice
     again = json.loads((root / "runs" / "resumed" / "fit.json").read_text())
     np.testing.assert_array_equal(again["weights"], fit["weights"])
@@ -194,7 +196,7 @@ def test_a_bad_experiment_is_refused_before_any_proxy_trains(corpus, binding, me
     """Settings no fit could use are refused naming the key, before any training (run_training is never called)."""
     path = _experiment(corpus, "refused")
     monkeypatch.setattr(mixtures.session, "run_training", lambda cfg: pytest.fail("trained"))
-    assert mixtures.main(["run", "--experiment", path, "--gin", binding]) == 2
+    assert mixtures_cli.main(["run", "--experiment", path, "--gin", binding]) == 2
     assert re.search(message, capsys.readouterr().err)
 
 
@@ -202,7 +204,7 @@ def test_a_target_metric_no_proxy_records_is_refused_before_training(corpus, cap
     path = _experiment(corpus, "typo")
     (corpus / "typo.json").write_text(json.dumps({"name": "t", "metrics": {"heldout/domain/arith/los": 1}}))
     monkeypatch.setattr(mixtures.session, "run_training", lambda cfg: pytest.fail("trained"))
-    assert mixtures.main(["run", "--experiment", path, "--gin",
+    assert mixtures_cli.main(["run", "--experiment", path, "--gin",
                           f"MixtureExperiment.target = '{corpus / 'typo.json'}'"]) == 2
     assert "target metric(s) ['heldout/domain/arith/los'] are not in a proxy's final record" in capsys.readouterr().err
 
@@ -213,10 +215,10 @@ def test_a_changed_training_setting_is_refused_by_name_but_a_new_target_refits(p
     naming the setting. The target is not a proxy setting: a refit for code's held-out loss moves the proposal to
     code, and a validation judges that proposal by that target."""
     root, path, _ = planted
-    assert mixtures.main(["run", "--experiment", path, "--gin", "OptimizerConfig.peak_learning_rate = 0.03"]) == 2
+    assert mixtures_cli.main(["run", "--experiment", path, "--gin", "OptimizerConfig.peak_learning_rate = 0.03"]) == 2
     assert "with other settings (OptimizerConfig.peak_learning_rate)" in capsys.readouterr().err
     (root / "code.json").write_text(json.dumps({"name": "code", "metrics": {"heldout/domain/code/loss": 1}}))
-    assert mixtures.main(["fit", "--experiment", path, "--gin", f"MixtureExperiment.target = '{root / 'code.json'}'"]) == 0
+    assert mixtures_cli.main(["fit", "--experiment", path, "--gin", f"MixtureExperiment.target = '{root / 'code.json'}'"]) == 0
     fit = json.loads((root / "runs" / "planted" / "fit.json").read_text())
     assert fit["target"]["name"] == "code" and max(fit["proposal"], key=fit["proposal"].get) == "code"
     assert "target 'code'" in (root / "runs" / "planted" / "proposal.gin").read_text()
@@ -232,7 +234,7 @@ def test_validation_trains_the_current_proposal_at_the_current_scale(planted, mo
     monkeypatch.setattr(mixtures.session, "run_training", lambda cfg: (calls.append(cfg.workdir), real(cfg))[1])
     scale = ["--gin", "MixtureExperiment.validation_model = {'d_model': 32, 'head_dim': 16, 'mlp_dim': 96}",
              "--gin", f"MixtureExperiment.validation_tokens = {8 * 32 * 48}"]
-    assert mixtures.main(["validate", "--experiment", path, *scale]) == 0
+    assert mixtures_cli.main(["validate", "--experiment", path, *scale]) == 0
     assert len(calls) == 6
     report = json.loads((root / "runs" / "planted" / "validation.json").read_text())
     assert [len(f["targets"]) for f in report["figures"].values()] == [2, 2, 2]
@@ -256,9 +258,9 @@ def test_validation_trains_the_current_proposal_at_the_current_scale(planted, mo
     proposed = json.loads((root / "runs" / "planted" / "fit.json").read_text())["conclusion"]
     assert proposed in claim["evidence"] and db.resolve(proposed)[1]["status"] == report["status"]
     assert db.experiment("planted")["status"] == "completed"
-    assert mixtures.main(["validate", "--experiment", path, *scale]) == 0 and len(calls) == 6
+    assert mixtures_cli.main(["validate", "--experiment", path, *scale]) == 0 and len(calls) == 6
     more = ["--gin", f"MixtureExperiment.validation_tokens = {8 * 32 * 40}"]
-    assert mixtures.main(["validate", "--experiment", path, *scale[:2], *more]) == 0 and len(calls) == 12
+    assert mixtures_cli.main(["validate", "--experiment", path, *scale[:2], *more]) == 0 and len(calls) == 12
     again = json.loads((root / "runs" / "planted" / "validation.json").read_text())
     assert not set(again["figures"]["proposed"]["runs"]) & set(report["figures"]["proposed"]["runs"])
 
@@ -304,10 +306,10 @@ def carded(corpus, card_target):
     """An experiment of 5 proxies trained for the card target: (experiment file, fit summary, probe-task builds)."""
     path = _experiment(corpus, "carded")
     builds = []
-    real = evaluate.build_probe_tasks
+    real = tasks_lib.build_probe_tasks
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(evaluate, "build_probe_tasks", lambda *a: (builds.append(a[0].name), real(*a))[1])
-        assert mixtures.main(["run", "--experiment", path, "--gin", f"MixtureExperiment.target = '{card_target[1]}'",
+        mp.setattr(tasks_lib, "build_probe_tasks", lambda *a: (builds.append(a[0].name), real(*a))[1])
+        assert mixtures_cli.main(["run", "--experiment", path, "--gin", f"MixtureExperiment.target = '{card_target[1]}'",
                               "--gin", "MixtureExperiment.proxies = 5"]) == 0
     return path, json.loads((corpus / "runs" / "carded" / "fit.json").read_text()), builds
 
@@ -352,10 +354,10 @@ def test_a_refit_with_a_card_target_scores_proxies_trained_without_it(corpus, ca
     targets; a second refit scores nothing again."""
     path = _experiment(corpus, "uncarded")
     five = ["--gin", "MixtureExperiment.proxies = 5"]
-    assert mixtures.main(["run", "--experiment", path, *five, "--gin", "CheckpointConfig.enabled = True"]) == 0
+    assert mixtures_cli.main(["run", "--experiment", path, *five, "--gin", "CheckpointConfig.enabled = True"]) == 0
     assert not any(k.startswith("card/") for r in _proxies(corpus, "uncarded") for k in r["metrics"])
     refit = [*five, "--gin", f"MixtureExperiment.target = '{card_target[1]}'"]
-    assert mixtures.main(["fit", "--experiment", path, *refit]) == 0
+    assert mixtures_cli.main(["fit", "--experiment", path, *refit]) == 0
     runs, reference = _proxies(corpus, "uncarded"), _proxies(corpus, "carded")
     for run, ref in zip(runs, reference, strict=True):
         assert pathlib.Path(run["workdir"]).name == pathlib.Path(ref["workdir"]).name
@@ -365,7 +367,7 @@ def test_a_refit_with_a_card_target_scores_proxies_trained_without_it(corpus, ca
     fit = json.loads((corpus / "runs" / "uncarded" / "fit.json").read_text())
     np.testing.assert_array_equal(fit["targets"], carded[1]["targets"])
     monkeypatch.setattr(mixture_cards, "score_card", lambda *a: pytest.fail("scored again"))
-    assert mixtures.main(["fit", "--experiment", path, *refit]) == 0
+    assert mixtures_cli.main(["fit", "--experiment", path, *refit]) == 0
 
 
 @pytest.mark.slow
@@ -375,7 +377,7 @@ def test_a_validation_of_a_card_target_scores_its_runs_on_the_card(corpus, card_
     path = carded[0]
     scale = ["--gin", "MixtureExperiment.proxies = 5", "--gin", "MixtureExperiment.validation_seeds = (0,)",
              "--gin", f"MixtureExperiment.validation_tokens = {8 * 32 * 24}"]
-    assert mixtures.main(["validate", "--experiment", path, *scale]) == 0
+    assert mixtures_cli.main(["validate", "--experiment", path, *scale]) == 0
     report = json.loads((corpus / "runs" / "carded" / "validation.json").read_text())
     db = conclusions.ConclusionsDB(str(corpus / "carded.sqlite"))
     runs = {r["id"]: r for r in db.runs(experiment_id="carded", role=mixtures.VALIDATION_ROLE)}
@@ -399,7 +401,7 @@ def test_a_card_target_over_proxies_without_checkpoints_is_refused_naming_the_ru
     monkeypatch.setattr(mixture_cards, "score_card", lambda *a: pytest.fail("scored"))
     target = ["--gin", f"MixtureExperiment.target = '{card_target[1]}'"]
     for cmd in ("fit", "run"):
-        assert mixtures.main([cmd, "--experiment", path, *target]) == 2
+        assert mixtures_cli.main([cmd, "--experiment", path, *target]) == 2
         err = capsys.readouterr().err
         assert re.search(r"run \S+ \(\S+/runs/planted/proxy-000\): no checkpoint of its final step 24", err), err
     assert (root / "runs" / "planted" / "fit.json").read_bytes() == fit_before
@@ -448,7 +450,7 @@ def test_a_wrong_card_target_is_refused_before_any_proxy_trains(corpus, card_tar
     target.write_text(json.dumps({"name": case, **_bad_card_targets(corpus, card_target[0])[case]}))
     path = _experiment(corpus, "refused-card")
     monkeypatch.setattr(mixtures.session, "run_training", lambda cfg: pytest.fail("trained"))
-    assert mixtures.main(["run", "--experiment", path, "--gin", f"MixtureExperiment.target = '{target}'"]) == 2
+    assert mixtures_cli.main(["run", "--experiment", path, "--gin", f"MixtureExperiment.target = '{target}'"]) == 2
     err = capsys.readouterr().err
     assert f"{target}: " in err and re.search(message, err), err
     assert not list((corpus / "runs").glob("refused-card/proxy-*"))
@@ -469,7 +471,7 @@ def test_the_fit_warns_when_it_does_not_rank_unseen_mixtures(rho, warned, capsys
                "weights": [[0.25, 0.75], [0.5, 0.5]],
                "proposal": {"a": 0.25, "b": 0.75}, "predicted": {"proposal": 1.0, "natural": 1.1, "uniform": 1.2},
                "conclusion": "c0001"}
-    mixtures._print_fit(summary)
+    mixtures_cli._print_fit(summary)
     out = capsys.readouterr().out
     assert ("warning: leave-one-out Spearman" in out) == warned, out
     assert "proposed: a 0.250, b 0.750" in out
@@ -480,7 +482,7 @@ def test_the_fit_warns_when_the_proposal_leaves_the_proxies_range(capsys):
                "weights": [[0.5, 0.5], [0.914, 0.086], [0.2, 0.8]], "proposal": {"code": 0.95, "multilingual": 0.05},
                "predicted": {"proposal": 1.0, "natural": 1.1, "uniform": 1.2}, "conclusion": "c0001"}
     assert mixtures.outside_proxies(summary) == {"code": (0.95, 0.2, 0.914), "multilingual": (0.05, 0.086, 0.8)}
-    mixtures._print_fit(summary)
+    mixtures_cli._print_fit(summary)
     out = capsys.readouterr().out
     assert "warning: the proposal gives multilingual 0.050, outside the proxies' shares (0.086 to 0.800)" in out
     summary["proposal"] = {"code": 0.6, "multilingual": 0.4}
@@ -493,7 +495,7 @@ def test_the_verdict_names_each_mixture_the_proposal_does_not_beat_by_the_seed_s
               "conclusion": "c0004", "improvement_over": {"natural": 0.052, "uniform": 0.2},
               "largest_seed_spread": 0.065, "compute_ratio_to_proxy": 4.2, "status": "refuted",
               "improvement_by_seed": {"natural": {"0": 0.05, "1": 0.054}, "uniform": {"0": 0.19, "1": 0.21}}}
-    mixtures._print_validation(report)
+    mixtures_cli._print_validation(report)
     out = capsys.readouterr().out
     assert "not by more than the largest seed spread over: natural (0.0520 <= 0.0650)" in out
     assert ("paired by seed (other - proposed): natural seed 0 +0.0500, seed 1 +0.0540; uniform seed 0 +0.1900, "

@@ -338,7 +338,7 @@ def test_planner_counts_all_expert_params_in_memory_and_estimates_the_all_to_all
     """tools.plan on expert=4,data=2: stored params per device are the other params (routers included) whole
     plus a quarter of the expert weights (fp32); the all-to-all bytes per device are, per MoE layer, 4 exchanges (2 forward,
     2 backward) of E x (its 1 row) x C x D (fp32) of which 3/4 leave the device; v5p time = bytes / (4800 Gbit/s / 2)."""
-    from jaxpt.tools import plan
+    from jaxpt.lab import plan
     from jaxpt.training import memory
     cfg = _tiny_train_cfg("expert=4,data=2")
     sizes = validate(cfg, 8)

@@ -303,7 +303,8 @@ def test_tool_outputs_go_to_the_bucket(gcs, tmp_path):
     with the same fit as from a local folder; and the fit recovers the law the losses were made from. The sweep's
     CSV written to gs:// has the bytes of the local one."""
     from jaxpt.util import fs
-    from jaxpt.tools import scaling, sweep
+    from jaxpt.lab import scaling
+    from jaxpt.tools import sweep
     E, A, B, alpha, beta = 1.8, 400.0, 900.0, 0.34, 0.28  # L = E + A/N^alpha + B/D^beta (Hoffmann et al. 2022)
     records = [{"name": f"n{n:g}_d{d:g}", "params": {"non_embedding": n}, "tokens": d,
                 "heldout_loss": E + A / n ** alpha + B / d ** beta}
@@ -360,7 +361,8 @@ def test_convert_hf_to_jaxpt_and_back_on_the_bucket(gcs, tmp_path, monkeypatch):
     import test_convert as tc
 
     from jaxpt import config as C
-    from jaxpt.tools import convert
+    from jaxpt.hf import convert
+    from jaxpt.tools import convert as convert_cli
     from jaxpt.util import fs
     from jaxpt.run import lineage as stage
     from jaxpt.data.tokenizer import Tokenizer
@@ -372,7 +374,7 @@ def test_convert_hf_to_jaxpt_and_back_on_the_bucket(gcs, tmp_path, monkeypatch):
     src, jx, hf_out = f"{gcs}/convert/hf", f"{gcs}/convert/jx", f"{gcs}/convert/hf_out"
     fs.copytree(str(folder), src)
 
-    assert convert.main(["hf-to-jaxpt", "--model", src, "--output", jx, "--mesh", "fsdp=8"]) == 0
+    assert convert_cli.main(["hf-to-jaxpt", "--model", src, "--output", jx, "--mesh", "fsdp=8"]) == 0
     assert fs.isdir(f"{jx}/checkpoints/0") and fs.isfile(f"{jx}/tokenizer.model")
     gin_text = fs.read_text(f"{jx}/model.gin")
     assert f"DataConfig.tokenizer_path = '{jx}/tokenizer.model'" in gin_text

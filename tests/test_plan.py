@@ -11,7 +11,8 @@ from scipy import optimize
 from jaxpt import config as config_lib
 from jaxpt import mesh as mesh_lib
 from jaxpt.training import optim
-from jaxpt.tools import plan
+from jaxpt.lab import plan
+from jaxpt.tools import plan as plan_cli
 from jaxpt.training import memory
 from jaxpt.training import state as state_lib
 from jaxpt.model import count_params
@@ -84,7 +85,7 @@ def test_training_days_by_hand():
 
 
 def test_cli_json_has_params_tokens_flops(capsys):
-    assert plan.main(["--flops", "5.76e23", "--hardware", "v5p-256", "--mfu", "0.45", "--json"]) == 0
+    assert plan_cli.main(["--flops", "5.76e23", "--hardware", "v5p-256", "--mfu", "0.45", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert abs(out["params"] / 70e9 - 1) < 0.15 and abs(out["tokens"] / 1.4e12 - 1) < 0.15
     assert out["flops"] == 5.76e23
@@ -93,7 +94,7 @@ def test_cli_json_has_params_tokens_flops(capsys):
 
 
 def test_cli_text_prints_all_three_allocations(capsys):
-    assert plan.main(["--params", "7e9"]) == 0
+    assert plan_cli.main(["--params", "7e9"]) == 0
     text = capsys.readouterr().out
     assert "headline" in text and "approach 3" in text and "Kaplan" in text and "140B tokens" in text
 
@@ -101,7 +102,7 @@ def test_cli_text_prints_all_three_allocations(capsys):
 @pytest.mark.parametrize("argv", [["--flops", "1e20", "--params", "1e9"], [], ["--flops", "1e20", "--hardware", "x-1"],
                                   ["--flops", "-5"]])
 def test_cli_rejects_bad_input(argv, capsys):
-    assert plan.main(argv) == 2
+    assert plan_cli.main(argv) == 2
     assert "error" in capsys.readouterr().err
 
 
@@ -165,7 +166,7 @@ def test_activation_estimate_orders_remat_policies():
 def test_config_plan_says_whether_it_fits(capsys):
     """The quickstart fits a v5e chip; a 70B-class model on 8 v5e chips does not."""
     base = ["--config", QUICKSTART, "--gin", VOCAB, "--hardware", "v5e-8", "--json"]
-    assert plan.main([*base, "--mesh", "fsdp=-1"]) == 0
+    assert plan_cli.main([*base, "--mesh", "fsdp=-1"]) == 0
     small = json.loads(capsys.readouterr().out)
     assert small["memory"]["fits"] is True
     assert small["params"] == count_params(_cfg(None).model)["total"]
@@ -174,7 +175,7 @@ def test_config_plan_says_whether_it_fits(capsys):
            "--gin", "ModelConfig.num_heads = 64", "--gin", "ModelConfig.num_kv_heads = 8",
            "--gin", "ModelConfig.head_dim = 128", "--gin", "ModelConfig.mlp_dim = 28672",
            "--gin", "ModelConfig.scan_layers = True", "--gin", "TrainConfig.global_batch_size = 8"]
-    assert plan.main([*base, "--mesh", "fsdp=-1", *big]) == 0
+    assert plan_cli.main([*base, "--mesh", "fsdp=-1", *big]) == 0
     large = json.loads(capsys.readouterr().out)
     assert 60e9 < large["params"] < 80e9
     assert large["memory"]["fits"] is False
@@ -260,14 +261,14 @@ def test_goodput_model_by_hand_and_daly_is_near_its_optimum():
 
 def test_plan_cli_recommends_an_interval_and_compares_the_configured_one(capsys):
     """MTBF 1 h, save 50 s, 2 s/step: tau = 550 s = 275 steps; the quickstart config saves every 100 steps."""
-    assert plan.main(["--config", QUICKSTART, "--gin", VOCAB, "--devices", "8", "--mtbf-hours", "1",
+    assert plan_cli.main(["--config", QUICKSTART, "--gin", VOCAB, "--devices", "8", "--mtbf-hours", "1",
                       "--save-seconds", "50", "--step-seconds", "2", "--json"]) == 0
     ck = json.loads(capsys.readouterr().out)["checkpoint_interval"]
     assert ck["recommended_every_steps"] == 275 and ck["configured_every_steps"] == 100
     assert ck["configured_interval_s"] == 200.0
     assert ck["configured_goodput"] == pytest.approx(plan.goodput_at(200, 50, 3600))
-    assert plan.main(["--mtbf-hours", "1"]) == 2
-    assert plan.main(["--mtbf-hours", "1", "--save-seconds", "50"]) == 0
+    assert plan_cli.main(["--mtbf-hours", "1"]) == 2
+    assert plan_cli.main(["--mtbf-hours", "1", "--save-seconds", "50"]) == 0
     assert "sqrt(2 delta M) - delta): 550.0 s" in capsys.readouterr().out
 
 
@@ -276,7 +277,7 @@ def test_json_tools_print_their_error_as_json(tmp_path, capsys):
     naming it (not nothing): plan, compile (a bad config key, refused before anything compiles) and the gate."""
     from jaxpt.tools import compile as compile_lib
     from jaxpt.tools import gate
-    cases = [(plan.main, ["--flops", "-5", "--json"], "flops"),
+    cases = [(plan_cli.main, ["--flops", "-5", "--json"], "flops"),
              (compile_lib.main, ["--config", "configs/quickstart.gin", "--gin", "TrainConfig.no_such_key = 1",
                                  "--topology", "cpu:8", "--json"], "no_such_key"),
              (gate.main, [str(tmp_path / "missing"), "--json"], "not a run directory")]

@@ -1,4 +1,4 @@
-"""Learning-rate and batch-size rules (jaxpt.tools.rules): a planted answer recovered, the held-out check, the rules
+"""Learning-rate and batch-size rules (jaxpt.lab.rules): a planted answer recovered, the held-out check, the rules
 file, the lr x batch grid, and the planner's recommendation."""
 
 import json
@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from jaxpt.config import ConfigError
-from jaxpt.tools import plan, rules, scaling
+from jaxpt.lab import rules, scaling
+from jaxpt.tools import plan, scaling as scaling_cli
 
 from conftest import simulated_cpu_flags
 from test_scaling import REPO, _tiny_data, _write_grid
@@ -96,7 +97,7 @@ def _rules_file(tmp_path):
     runs = tmp_path / "runs"
     runs.mkdir()
     (runs / "runs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in _planted_records()))
-    assert scaling.main(["rules", str(runs)]) == 0
+    assert scaling_cli.main(["rules", str(runs)]) == 0
     return runs / "rules.json"
 
 
@@ -159,7 +160,7 @@ def test_plan_names_a_bad_rules_file(tmp_path, capsys):
     fresh = tmp_path / "fresh"
     fresh.mkdir()
     (fresh / "runs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in _planted_records()))
-    assert scaling.main(["rules", str(fresh)]) == 0
+    assert scaling_cli.main(["rules", str(fresh)]) == 0
     capsys.readouterr()
     assert plan.main(["--flops", "1e17", "--rules", str(fresh), "--json"]) == 0
     rec = json.loads(capsys.readouterr().out)["lr_batch_rules"]
@@ -177,7 +178,7 @@ def test_rules_input_errors_name_the_file_and_line(tmp_path, capsys):
     good.write_text("".join(json.dumps(dict(r, config_hash=r["name"])) + "\n" for r in _planted_records()))
 
     def err(*paths):
-        assert scaling.main(["rules", *map(str, paths), "--output", str(tmp_path / "r.json")]) == 2
+        assert scaling_cli.main(["rules", *map(str, paths), "--output", str(tmp_path / "r.json")]) == 2
         return capsys.readouterr().err
 
     assert f"{good}, line 1: run b0_" in err(good, good) and f"was read already at {good}, line 1" in err(good, good)
@@ -189,7 +190,7 @@ def test_rules_input_errors_name_the_file_and_line(tmp_path, capsys):
     assert f"{empty}: no runs in this runs file" in err(empty)
     assert f"{tmp_path / 'nope'}: no such file or directory" in err(tmp_path / "nope")
     assert f"{tmp_path}: a directory without runs.jsonl" in err(tmp_path)
-    assert scaling.main(["rules", str(good), "--output", str(tmp_path / "r.json")]) == 0
+    assert scaling_cli.main(["rules", str(good), "--output", str(tmp_path / "r.json")]) == 0
     assert "held-out RMS log error: lr " in capsys.readouterr().out
 
 

@@ -12,7 +12,8 @@ import sys
 import numpy as np
 import pytest
 
-from jaxpt.tools import plan, scaling
+from jaxpt.lab import plan, scaling
+from jaxpt.tools import scaling as scaling_cli
 from jaxpt.config import ConfigError
 
 from conftest import simulated_cpu_flags
@@ -138,7 +139,7 @@ def _runs_jsonl(path, n, d, y):
 
 def test_fit_cli_on_runs_file(tmp_path, capsys):
     _runs_jsonl(tmp_path / "runs.jsonl", *_synthetic_points())
-    assert scaling.main(["fit", str(tmp_path), "--predict-params", "1e10", "--predict-tokens", "1e12"]) == 0
+    assert scaling_cli.main(["fit", str(tmp_path), "--predict-params", "1e10", "--predict-tokens", "1e12"]) == 0
     out = capsys.readouterr().out
     assert "alpha" in out and "predicted held-out loss" in out
     result = json.loads((tmp_path / "fit.json").read_text())
@@ -149,9 +150,9 @@ def test_fit_cli_on_runs_file(tmp_path, capsys):
 
 
 def test_fit_cli_reports_missing_runs(tmp_path, capsys):
-    assert scaling.main(["fit", str(tmp_path / "nope")]) == 2
+    assert scaling_cli.main(["fit", str(tmp_path / "nope")]) == 2
     assert f"{tmp_path / 'nope'}: no such file or directory" in capsys.readouterr().err
-    assert scaling.main(["fit", str(tmp_path)]) == 2
+    assert scaling_cli.main(["fit", str(tmp_path)]) == 2
     assert f"{tmp_path}: a directory without runs.jsonl" in capsys.readouterr().err
 
 
@@ -220,8 +221,8 @@ def test_output_flag_sets_where_the_grid_and_the_mixture_experiment_write(monkey
     (the README's one grammar: programs write to --output), after the file's and the --gin bindings."""
     from jaxpt.tools import mixtures
     seen = {}
-    monkeypatch.setattr(scaling, "run_grid", lambda grid, bindings, compile_cache: seen.update(grid=list(bindings)) or [])
-    assert scaling.main(["run", "--grid", "g.gin", "--gin", "TrainConfig.seed = 1", "--output", "runs/s1"]) == 0
+    monkeypatch.setattr(scaling_cli, "run_grid", lambda grid, bindings, compile_cache: seen.update(grid=list(bindings)) or [])
+    assert scaling_cli.main(["run", "--grid", "g.gin", "--gin", "TrainConfig.seed = 1", "--output", "runs/s1"]) == 0
     assert seen["grid"] == ["TrainConfig.seed = 1", "ScalingGrid.output = 'runs/s1'"]
 
     def fake(path, bindings, *rest):

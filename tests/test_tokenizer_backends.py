@@ -237,7 +237,7 @@ def _jaxpt_checkpoint(out, tok, policy):
 
     from jaxpt import mesh as mesh_lib
     from jaxpt.model import ModelConfig
-    from jaxpt.tools import convert
+    from jaxpt.hf import convert
     from jaxpt.training import state as state_lib
     cfg = ModelConfig(vocab_size=512, d_model=32, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=16, mlp_dim=64,
                       max_seq_len=32)
@@ -256,7 +256,7 @@ def test_export_then_conversion_keeps_the_tokenizer_and_the_policy(tmp_path, lla
     added to a text, as the run's 'bos_eos' says); hf-to-jaxpt of that folder copies the tokenizer with the same
     sha256 and writes the base's convention into model.gin."""
     transformers = pytest.importorskip("transformers")
-    from jaxpt.tools import convert
+    from jaxpt.hf import convert
     import jaxpt
     tok = Tokenizer.load(llama3_dir / "tokenizer.json")
     run = _jaxpt_checkpoint(tmp_path / "run", tok, "bos_eos")
@@ -281,7 +281,7 @@ def test_qwen_convention_and_an_export_without_bos(tmp_path, qwen_dir, llama3_di
     """A Qwen folder's convention is 'eos' (its tokenizer adds nothing); a Llama tokenizer exported under 'eos'
     gets a post-processor that adds no BOS, so transformers starts a text as the run did."""
     transformers = pytest.importorskip("transformers")
-    from jaxpt.tools import convert
+    from jaxpt.hf import convert
     tok, policy = convert._base_tokenizer(str(qwen_dir), str(tmp_path / "q"), "qwen2")
     assert policy == "eos" and tok.bos_id == -1 and (tmp_path / "q" / "tokenizer.json").exists()
     l3 = Tokenizer.load(llama3_dir / "tokenizer.json")
@@ -296,7 +296,7 @@ def test_sentencepiece_nmt_nfkc_model_keeps_newlines_as_the_export_does(tmp_path
     jaxpt's ids equal the exported tokenizer's on text with newlines and tabs, and the newlines survive (the old
     encoding, SentencePiece's own, turned them into spaces while the export kept them)."""
     transformers = pytest.importorskip("transformers")
-    from jaxpt.tools import convert
+    from jaxpt.hf import convert
     settings = tokenizer_lib.TrainerSettings(vocab_size=300, normalization_rule_name="nmt_nfkc",
                                              remove_extra_whitespaces=True, add_dummy_prefix=True)
     tokenizer_lib.train(TEXT.splitlines(keepends=True), tmp_path / "nfkc" / "tokenizer.model", settings)

@@ -61,10 +61,11 @@ from typing import Any, Sequence
 
 from jaxpt.checkpoint import CheckpointError
 from jaxpt.data import boundary
-from jaxpt.eval import decontam, extrapolation, heldout, heldout as heldout_lib, probes, regression, review, safety
+from jaxpt.eval import extrapolation, heldout, heldout as heldout_lib, regression, review, safety
 from jaxpt.eval.card import CardError, check_generation_fits, file_sha256, load_card, stamp_card
 from jaxpt.eval.regression import IncompatibleReports
 from jaxpt.eval.scorer import scorer_for_restored
+from jaxpt.eval.tasks import build_probe_tasks, extra_module, score_tasks
 from jaxpt.infer import decode
 from jaxpt.infer.restore import restore as restore_checkpoint
 from jaxpt.util import cli, fs, jsonl, progress as progress_lib
@@ -74,16 +75,6 @@ log = logging.getLogger("jaxpt.tools.evaluate")
 #: The subcommands; without one, the command evaluates a checkpoint on an eval card.
 SUBCOMMANDS = ("heldout", "extrapolation", "compare", "agreement", "card-stamp", "spot-check-build", "export-probes", "lm-eval",
                "safety-train", "safety-review")
-
-
-# ------------------------------------------------------------------------------------------ sources
-
-
-def build_probe_tasks(card, heldout_docs, train_texts) -> dict[str, Any]:
-    """Every card task's examples (held-out only, decontaminated against ``train_texts``), by task name."""
-    index = decontam.NgramIndex(train_texts)
-    return {spec.name: probes.build_task(spec, heldout_docs, index, seed=card.seed, ngram=card.ngram,
-                                         min_words=card.min_words) for spec in card.tasks}
 
 
 # ------------------------------------------------------------------------------------------ one evaluation
@@ -147,21 +138,6 @@ def run_card(restored, card, *, workdir: str = "", heldout: str | None = None, t
     return report
 
 
-def score_tasks(card, tasks, scorer, generator, restored, use_seqio: bool) -> dict[str, dict[str, float]]:
-    """Each probe task's metrics by name: through its seqio Task and ``seqio.Evaluator`` (``use_seqio``; imports
-    TensorFlow), else the same rows scored directly with the same metric functions."""
-    max_new = int(card.decoding["max_new_tokens"])
-    boundary_policy = restored.config.data.document_boundary
-    if use_seqio:
-        seqio_tasks = _extra_module("jaxpt.eval.seqio_tasks",  # defers tensorflow (and seqio)
-                                    "scoring probe tasks through seqio (or pass --no-seqio)")
-        return seqio_tasks.evaluate_with_seqio(card.task_set_version, tasks, scorer, restored.tokenizer,
-                                               max_new_tokens=max_new, generator=generator,
-                                               document_boundary=boundary_policy)
-    return {n: probes.evaluate_task(scorer, restored.tokenizer, te, max_new_tokens=max_new, generator=generator,
-                                    document_boundary=boundary_policy) for n, te in tasks.items()}
-
-
 def _task_entry(card, te, metrics: dict[str, float], use_seqio: bool) -> dict[str, Any]:
     spec = te.spec
     score = metrics[spec.primary_metric]
@@ -210,7 +186,7 @@ def run_safety(restored, card, step, sheet: str | None) -> dict[str, Any]:
     card's three safety sets greedily, the card's classifiers judge the outputs; with ``sheet``, every prompt, output,
     probability and count goes there as JSON Lines (its path is in the entry)."""
     section = card.safety
-    _extra_module("sklearn", f"the safety section of card {card.name} (its classifiers)")
+    extra_module("sklearn", f"the safety section of card {card.name} (its classifiers)")
     judges = safety.Judges(section)
     prompts = {n: safety.read_prompt_set(s.path) for n, s in section.sets.items()}
     outputs = {n: greedy_texts(restored, step, safety.model_prompts(section, n, rows), section.max_new_tokens,
@@ -476,18 +452,8 @@ def cmd_export_probes(args) -> int:
     return 0
 
 
-def _extra_module(name: str, what: str):
-    """Imports ``name``, a module of the ``eval`` extra. Raises ValueError (exit 2) naming the extra to install."""
-    import importlib
-    try:
-        return importlib.import_module(name)
-    except ModuleNotFoundError as e:
-        raise ValueError(f"{what} needs the eval extra ({e.name} is not installed): pip install 'jaxpt[eval]'") \
-            from None
-
-
 def cmd_lm_eval(args) -> int:
-    harness = _extra_module("jaxpt.eval.harness", "the lm-eval adapter")  # defers lm_eval
+    harness = extra_module("jaxpt.eval.harness", "the lm-eval adapter")  # defers lm_eval
     results = harness.run_lm_eval(args.workdir, args.tasks.split(","), step=args.step, mesh=args.mesh,
                                   include_path=args.include_path, limit=args.limit, batch_size=args.batch_size)
     _write_json(args.output, results)

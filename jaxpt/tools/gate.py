@@ -58,10 +58,11 @@ from typing import Any
 import numpy as np
 
 from jaxpt import config as config_lib
+from jaxpt.lab import plan
+from jaxpt.lab.registry import table
 from jaxpt.run import build as builder, monitor
-from jaxpt.tools import plan, sweep
+from jaxpt.tools import sweep
 from jaxpt.tools.compile import compiled_flops
-from jaxpt.tools.runs import table
 from jaxpt.util import fs
 from jaxpt.util.errors import ConfigError, report_cli_error
 from jaxpt.util.validation import check_types, positive, require
@@ -540,7 +541,7 @@ def format_report(criteria: list[Criterion], extra: list[str] = ()) -> str:
 
 
 def interval_note(workdir: str, mtbf_hours: float, save_s: float | None) -> tuple[dict | None, str]:
-    """The Young/Daly checkpoint interval (:func:`jaxpt.tools.plan.checkpoint_plan`) for this run: save time
+    """The Young/Daly checkpoint interval (:func:`jaxpt.lab.plan.checkpoint_plan`) for this run: save time
     ``save_s`` or the run's measured mean checkpoint blocking time (run.json goodput), its median step time and
     configured save interval. ``(None, why)`` when the save time is unknown."""
     run = _run_json(workdir)

@@ -57,9 +57,9 @@ import numpy as np
 
 from jaxpt import config as config_lib, mesh as mesh_lib
 from jaxpt.config import ConfigError, TrainConfig
+from jaxpt.lab import plan
 from jaxpt.run import build as builder_lib, monitor
 from jaxpt.run.validate import validate
-from jaxpt.tools import plan
 from jaxpt.training import flops as flops_lib, memory
 from jaxpt.util import cli, fs
 

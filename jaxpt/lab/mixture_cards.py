@@ -1,8 +1,8 @@
-"""Eval-card tasks in a mixture experiment's target (:mod:`jaxpt.tools.mixtures`): which scores a task reports, the
+"""Eval-card tasks in a mixture experiment's target (:mod:`jaxpt.lab.mixtures`): which scores a task reports, the
 checks before anything trains, and the scoring of a finished run from the checkpoint of its final step.
 
 A target names a card task's score as ``card/<task>/<score>`` (:data:`CARD`); higher is better, so it enters the
-target's weighted mean as its error ``1 - score`` (:meth:`jaxpt.tools.mixtures.Target.value`). A run is scored as
+target's weighted mean as its error ``1 - score`` (:meth:`jaxpt.lab.mixtures.Target.value`). A run is scored as
 ``python -m jaxpt.tools.evaluate --no-seqio`` scores it (the same examples, batch sizes and metric functions) and
 its scores are recorded with its metrics in the conclusions database, the run linked to the card
 (``<name>@v<version>``).
@@ -17,10 +17,9 @@ from typing import Any, Sequence
 from jaxpt import config as config_lib
 from jaxpt.checkpoint import CheckpointConfig, CheckpointError, Checkpointer
 from jaxpt.config import ConfigError
-from jaxpt.eval import card as card_lib, heldout as heldout_lib
+from jaxpt.eval import card as card_lib, heldout as heldout_lib, tasks as tasks_lib
 from jaxpt.eval.scorer import scorer_for_restored
 from jaxpt.infer.restore import restore as restore_checkpoint
-from jaxpt.tools import evaluate as evaluate_lib
 from jaxpt.util import fs
 
 log = logging.getLogger("jaxpt.tools.mixtures")
@@ -30,7 +29,7 @@ CARD = "card/"
 
 
 def card_scores(spec) -> tuple[str, ...]:
-    """The scores (in [0, 1], higher is better) a card task reports (:func:`jaxpt.tools.evaluate.score_tasks`):
+    """The scores (in [0, 1], higher is better) a card task reports (:func:`jaxpt.eval.tasks.score_tasks`):
     ``accuracy`` and ``accuracy_norm`` for a choice task (cloze, next_line, langid), ``exact_match`` for a generate
     task (next_line_greedy). Its ``num_examples`` is a count, not a score a target may name."""
     return ("accuracy", "accuracy_norm") if spec.is_choice else ("exact_match",)
@@ -64,19 +63,19 @@ class CardEvaluation:
         return [f"{CARD}{s.name}/{m}" for s in self.card.tasks for m in card_scores(s)]
 
     def tasks(self) -> dict[str, Any]:
-        """The tasks' examples (:func:`jaxpt.tools.evaluate.build_probe_tasks`), built once per process."""
+        """The tasks' examples (:func:`jaxpt.eval.tasks.build_probe_tasks`), built once per process."""
         key = (self.card.content_sha256, tuple(s.name for s in self.card.tasks), fs.absolute(self.heldout),
                fs.absolute(self.train))
         if key not in _PROBE_TASKS:
             log.info("card %s: building the examples of %s (decontaminated against %s)", self.ident,
                      [s.name for s in self.card.tasks], self.train)
-            _PROBE_TASKS[key] = evaluate_lib.build_probe_tasks(self.card, self.docs,
+            _PROBE_TASKS[key] = tasks_lib.build_probe_tasks(self.card, self.docs,
                                                                heldout_lib.training_texts(self.train))
         return _PROBE_TASKS[key]
 
 
 def card_evaluation(target: Any, path: str, base: config_lib.TrainConfig) -> CardEvaluation | None:
-    """The scoring of ``target``'s card metrics (a :class:`jaxpt.tools.mixtures.Target`; None when it names none),
+    """The scoring of ``target``'s card metrics (a :class:`jaxpt.lab.mixtures.Target`; None when it names none),
     checked before anything trains: the names (:meth:`Target.card`), that every task's domain is in the held-out data
     its examples come from, and that a generate task's ``decoding.max_new_tokens`` fits the runs' context. ``path``:
     the target's file, for messages.
@@ -158,7 +157,7 @@ def score_card(ev: CardEvaluation, run: dict[str, Any]) -> dict[str, float]:
     scorer = scorer_for_restored(restored, batch_size=ev.card.batch_size)
     generator = (scorer.decode_step(batch_size=int(ev.card.decoding.get("batch_size", 64)))
                  if any(not s.is_choice for s in ev.card.tasks) else None)
-    metrics = evaluate_lib.score_tasks(ev.card, tasks, scorer, generator, restored, use_seqio=False)
+    metrics = tasks_lib.score_tasks(ev.card, tasks, scorer, generator, restored, use_seqio=False)
     return {f"{CARD}{n}/{m}": float(v) for n, ms in metrics.items() for m, v in ms.items()
             if m in card_scores(tasks[n].spec)}
 

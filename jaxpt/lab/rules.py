@@ -4,7 +4,7 @@
     python -m jaxpt.tools.scaling rules runs/rules --output runs/rules/rules.json
     python -m jaxpt.tools.plan --config ... --rules runs/rules/rules.json
 
-The grid (:class:`jaxpt.tools.scaling.ScalingGrid` with ``learning_rates`` and ``batch_sizes``) trains every
+The grid (:class:`jaxpt.lab.scaling.ScalingGrid` with ``learning_rates`` and ``batch_sizes``) trains every
 (peak learning rate, global batch size) pair at several compute budgets, a budget being one (model, tokens) pair
 with compute ``C = flops_per_token x tokens`` in FLOPs (:func:`jaxpt.training.flops.flops_per_token`: 6 x matmul
 params + causal attention, the MFU convention the planner uses for a config). At each budget, the *near-optimal*
@@ -47,7 +47,7 @@ def budgets_from_runs(records: Sequence[dict[str, Any]], tolerance: float = DEFA
     their max - min): the rules are fitted to seed-averaged losses, not to the luckiest seed.
 
     Args:
-      records: ``runs.jsonl`` records of a learning-rate x batch-size grid (:func:`jaxpt.tools.scaling.run_grid`):
+      records: ``runs.jsonl`` records of a learning-rate x batch-size grid (:func:`jaxpt.lab.scaling.run_grid`):
         ``budget``, ``budget_flops`` (FLOPs), ``peak_learning_rate``, ``batch_tokens`` (tokens), ``heldout_loss``
         (nats/token); ``config_hash`` when recorded.
       tolerance: relative loss margin of the near-optimal set (>= 0).
@@ -272,7 +272,7 @@ def recommend(rules: dict[str, Any], flops: float, seq_len: int | None = None,
 
 
 def format_recommendation(rec: dict[str, Any]) -> str:
-    """One line for the planner (:mod:`jaxpt.tools.plan`)."""
+    """One line for the planner (:mod:`jaxpt.lab.plan`)."""
     lo, hi = rec["compute_range_flops"]
     rows = f" ({rec['batch_rows']:.4g} rows)" if "batch_rows" in rec else ""
     span = f"the fitted range {lo:.3g}-{hi:.3g} FLOPs"

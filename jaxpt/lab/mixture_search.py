@@ -1,6 +1,6 @@
 """Mixture search by proxy runs: sample mixtures, fit a regression from weights to a target, propose the best
 mixture under constraints (RegMix, Liu et al. 2024, "RegMix: Data Mixture as Regression for Language Model
-Pre-training"). Pure numpy/scipy/scikit-learn; the program that trains the proxies is :mod:`jaxpt.tools.mixtures`.
+Pre-training"). Pure numpy/scipy/scikit-learn; the experiment that trains the proxies is :mod:`jaxpt.lab.mixtures`.
 
 A *mixture* is a vector ``w`` of token shares over ``n`` domains (float64 [n], ``w >= 0``, ``sum(w) = 1``), in the
 sorted order of :attr:`Constraints.domains`.
