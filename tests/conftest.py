@@ -12,7 +12,7 @@ import warnings
 import pytest
 
 # The tiers' hooks (tests/tiers.py): the markers set at collection, the unit tier's checks, the summary.
-from tiers import pytest_runtest_call, pytest_runtest_makereport  # noqa: F401  (hooks pytest finds here)
+from tiers import pytest_runtest_call, pytest_runtest_makereport, pytest_runtest_setup  # noqa: F401  (hooks)
 import tiers
 
 

@@ -71,6 +71,7 @@ def test_attention_mask_by_hand():
     np.testing.assert_array_equal(m, expected)
 
 
+@pytest.mark.integration
 def test_count_params_matches_arrays():
     for tie in (False, True):
         cfg = dataclasses.replace(CFG, tie_embeddings=tie)

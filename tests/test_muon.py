@@ -167,6 +167,7 @@ def test_newton_schulz_needs_one_layer_per_device_not_the_whole_stack(prepared_s
     assert unsplit - adamw > 8 * per_layer, (unsplit, adamw)
 
 
+@pytest.mark.integration
 def test_groups_by_name_and_refusals():
     """The labels follow the names; a parameter of an unknown name, or a matrix of a rank that is not its own,
     is a ConfigError naming OptimizerConfig.algorithm and the parameter; bad Muon knobs name their field."""

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.integration
 CONFTEST = '''
 import pytest
 import tiers
-from tiers import pytest_runtest_call, pytest_runtest_makereport
+from tiers import pytest_runtest_call, pytest_runtest_makereport, pytest_runtest_setup
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
@@ -58,6 +58,13 @@ def test_corpus():
 
 def test_cheap():
     assert 1 + 1 == 2
+
+@pytest.fixture(scope="module")
+def spawner():
+    subprocess.run([sys.executable, "-c", "pass"], check=True)
+
+def test_uses_a_fixture_that_spawns(spawner):
+    pass
 '''
 
 
@@ -88,20 +95,22 @@ def test_unit_tests_that_start_a_process_train_or_burn_cpu_fail_naming_why(plant
     outcomes = {r.head_line.split(".")[-1]: r.outcome for r in _reports(result)}
     assert outcomes == {"test_child": "failed", "test_git_is_allowed": "passed", "test_busy": "failed",
                         "test_training_loop": "failed", "test_sleeps": "failed", "test_child_marked": "passed", "test_corpus": "passed",
-                        "test_cheap": "passed"}
+                        "test_cheap": "passed", "test_uses_a_fixture_that_spawns": "failed"}
     text = result.stdout.str()
     assert "test_child: a unit-tier test that started 1 child process(es)" in text
     assert "test_busy: a unit-tier test that used 0." in text and "CPU-s (the unit tier's limit is 0.1)" in text
     assert "test_training_loop: a unit-tier test that entered the training loop 1 time(s)" in text
+    assert ("test_uses_a_fixture_that_spawns: a unit-tier test that uses a fixture whose setup started a process "
+            "(one of spawner: add it to INTEGRATION_FIXTURES)") in text
     assert "test_sleeps: a unit-tier test that took 4." in text and "(the unit tier's wall limit is 3 s)" in text
-    # the summary counts each tier: 6 unit, 1 integration, 1 corpus
+    # the summary counts each tier: 7 unit, 1 integration, 1 corpus
     assert [line.split()[:3] for line in text.splitlines() if line.split()[:1] in (["unit"], ["integration"],
-            ["corpus"])] == [["unit", "6", "tests"], ["integration", "1", "tests"], ["corpus", "1", "tests"]]
+            ["corpus"])] == [["unit", "7", "tests"], ["integration", "1", "tests"], ["corpus", "1", "tests"]]
 
 
 def test_dash_m_selects_the_tier_markers_set_at_collection(planted):
     for tier, names in [("unit", {"test_child", "test_git_is_allowed", "test_busy", "test_training_loop",
-                                  "test_sleeps", "test_cheap"}),
+                                  "test_sleeps", "test_cheap", "test_uses_a_fixture_that_spawns"}),
                         ("integration", {"test_child_marked"}), ("corpus", {"test_corpus"})]:
         result = planted.runpytest_inprocess("-p", "no:cacheprovider", "-p", "no:xdist", "-m", tier,
                                              "--collect-only", "-q")

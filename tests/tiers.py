@@ -1,8 +1,10 @@
 """The test tiers: ``unit``, ``integration`` and ``corpus``, each a pytest marker set at collection.
 
 - ``corpus``: needs all of raw-v1 (the ``raw_v1_dir`` fixture or the ``raw_v1`` marker).
-- ``integration``: marked ``integration`` or ``slow`` (trains, starts processes, converts, compiles for TPU).
-- ``unit``: every other test. A unit test that starts a child process (``git`` aside), enters the training loop, or whose call
+- ``integration``: marked ``integration`` or ``slow`` (trains, starts processes, converts, compiles for TPU), or
+  using a fixture of :data:`INTEGRATION_FIXTURES` (one that trains a run, builds a corpus or starts a server).
+- ``unit``: every other test. A unit test whose fixtures' setup trains or starts a process fails, naming them (add
+  the fixture to :data:`INTEGRATION_FIXTURES`). A unit test that starts a child process (``git`` aside), enters the training loop, or whose call
   phase uses over :data:`UNIT_LIMIT_S` CPU-seconds (all threads of the process: another xdist worker's load does
   not count) or six times that in seconds of wall time fails, its message saying which: the tier stays a
   few minutes.
@@ -30,6 +32,25 @@ UNIT_LIMIT_S = float(os.environ.get("JAXPT_UNIT_LIMIT_S", "5"))
 #: which use no CPU, count here).
 WALL_FACTOR = 6
 SLOWEST = 30
+#: Fixtures whose setup trains a run, builds a corpus on Beam, converts a model or starts a server: a test that
+#: uses one is an integration test, whatever its own call does.
+INTEGRATION_FIXTURES = frozenset({
+    "base",         # test_continued_pretraining: a converted Hugging Face Llama
+    "built",        # test_corpus_grain, test_corpus_paragraph_dedup: a corpus version built on Beam
+    "carded",       # test_mixtures: a mixture experiment's proxy runs
+    "corpus",       # test_corpus_pipeline, test_mixtures: a corpus version built on Beam
+    "eval_run",     # test_eval_checkpoint: a trained run
+    "gcs",          # test_object_storage: a local object-storage server process
+    "parent",       # test_stage_data: a trained parent run
+    "parent_run",   # test_stage: a trained parent run
+    "planted",      # test_mixtures: a mixture experiment's proxy runs
+    "reference30",  # test_checkpoint: an uninterrupted 30-step run
+    "run6",         # test_edges: a trained run
+    "runs",         # test_zero: train steps under each ZeRO switch
+    "short_run",    # test_behaviour_goldens: a trained run
+    "tiny_run",     # test_conclusions: a trained run
+    "trained10",    # test_checkpoint: a trained run
+})
 
 
 def tier_of(item) -> str:
@@ -37,6 +58,8 @@ def tier_of(item) -> str:
     if item.get_closest_marker("raw_v1") or "raw_v1_dir" in getattr(item, "fixturenames", ()):
         return "corpus"
     if item.get_closest_marker("integration") or item.get_closest_marker("slow"):
+        return "integration"
+    if INTEGRATION_FIXTURES & set(getattr(item, "fixturenames", ())):
         return "integration"
     return "unit"
 
@@ -92,6 +115,23 @@ def _watch_training_loop() -> None:
 
 
 @pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item):
+    """Watches the fixtures' setup for training loops and child processes (their CPU is not charged: a session
+    fixture is built once for many tests)."""
+    _watch_training_loop()
+    seen = _Seen()
+    _STACK.append(seen)
+    subprocess.Popen.__init__ = _popen_init
+    try:
+        yield
+    finally:
+        _STACK.pop()
+        if not _STACK:
+            subprocess.Popen.__init__ = _POPEN_INIT
+        item._tier_setup_seen = seen
+
+
+@pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_call(item):
     _watch_training_loop()
     seen = _Seen()
@@ -118,6 +158,12 @@ def pytest_runtest_makereport(item, call):
     tier = dict(item.user_properties).get("tier", "unit")
     report.user_properties = [*report.user_properties, ("children", len(seen.children)), ("loops", seen.loops)]
     problems = []
+    setup = getattr(item, "_tier_setup_seen", None) or _Seen()
+    if tier == "unit" and report.passed and (setup.children or setup.loops):
+        fixtures = sorted(set(item.fixturenames) - {"request", "tmp_path", "tmp_path_factory", "monkeypatch",
+                                                      "worker_id", "compilation_cache", "capsys", "caplog"})
+        problems.append(f"uses a fixture whose setup {'trained' if setup.loops else 'started a process'} (one of "
+                        f"{', '.join(fixtures)}: add it to INTEGRATION_FIXTURES)")
     if tier == "unit" and report.passed:
         if seen.children:
             problems.append(f"started {len(seen.children)} child process(es), first: {seen.children[0]!r}")
