@@ -10,6 +10,7 @@ from typing import Any
 from jaxpt.util import fs
 from jaxpt.util.errors import ConfigError
 
+
 FORMATS = ("jsonl", "parquet", "warc", "tfds")
 
 

@@ -25,6 +25,7 @@ from jaxpt.data import tokenizer as tokenizer_lib
 from jaxpt.data.prepare import is_heldout
 from jaxpt.util.errors import ConfigError  # the one base (exit 2); re-exported as data_pipelines.tokenizer.ConfigError
 
+
 FORMAT_VERSION = 1
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG = REPO_ROOT / "configs" / "data" / "tokenizer.gin"

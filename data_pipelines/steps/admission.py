@@ -12,6 +12,7 @@ from jaxpt.util import jsonl
 from data_pipelines import progress, readers
 from data_pipelines.steps import base
 
+
 @gin.configurable
 @dataclasses.dataclass
 class AdmissionConfig:
@@ -63,7 +64,6 @@ class ReadSource(beam.DoFn):
             else:
                 yield rec
         progress.count("files")
-
 
 
 class Admission(base.Step):

@@ -12,6 +12,7 @@ from typing import Any, Callable, ClassVar
 
 from data_pipelines import readers
 
+
 DROPS = "drops"
 HELDOUT = "heldout"
 

@@ -19,6 +19,7 @@ from jaxpt.util.errors import ConfigError
 from data_pipelines import minhash
 from data_pipelines.steps import base
 
+
 REASONS = ("eval_ngram_overlap", "eval_unit_match")
 
 @gin.configurable
@@ -297,7 +298,6 @@ def decontamination_report(index: EvalIndex, matches: dict[str, list], warn_docu
     return {"eval_sets": sets, "warnings": warnings}
 
 
-
 def load_eval_index(cfg) -> EvalIndex:
     """The eval examples of every set in `DecontamConfig.eval_sets`, hashed by the rule of their length class.
 
@@ -325,14 +325,12 @@ def load_eval_index(cfg) -> EvalIndex:
     return index
 
 
-
 def decontamination_figures(cfg, eval_index, rows: list[dict]) -> dict:
     """`decontamination_report` from the decision log's decontamination rows (their ``eval_matches``)."""
     if not eval_index:
         return {"eval_sets": {}, "warnings": []}
     matches = {r["id"]: r["eval_matches"] for r in rows if r["stage"] == "decontamination"}
     return decontamination_report(eval_index, matches, cfg.decontam.warn_documents_per_example)
-
 
 
 class Decontaminate(beam.DoFn):
@@ -356,7 +354,6 @@ class Decontaminate(beam.DoFn):
         yield beam.pvalue.TaggedOutput(base.DROPS, base.decision(
             doc, "decontamination", reason, detail=",".join(sorted({s for s, _, _ in hits})),
             eval_matches=[list(h) for h in hits], quality_score=doc.get("quality")))
-
 
 
 class Decontamination(base.Step):

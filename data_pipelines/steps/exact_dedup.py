@@ -11,6 +11,7 @@ import gin
 
 from data_pipelines.steps import base
 
+
 REASONS = ("duplicate",)
 
 @gin.configurable
@@ -30,7 +31,6 @@ def exact_key(text: str) -> str:
     return hashlib.sha256(_WS_RE.sub(" ", text).strip().casefold().encode("utf-8")).hexdigest()
 
 
-
 def pick_exact(kv):
     """Keeps the smallest id of an exact-duplicate group; the others drop with cluster_id = it."""
     _, group = kv
@@ -39,7 +39,6 @@ def pick_exact(kv):
     for d in group[1:]:
         yield beam.pvalue.TaggedOutput(
             base.DROPS, base.decision(d, "exact_dedup", "duplicate", cluster_id=group[0]["id"], dup_of=group[0]["id"]))
-
 
 
 class ExactDedup(base.Step):

@@ -9,6 +9,7 @@ import apache_beam as beam
 from data_pipelines import readers
 from data_pipelines.steps import admission, base
 
+
 REASONS = ("extraction_empty", "extraction_timeout")
 
 # The worker process budgeted extraction runs in, one per calling thread (Beam's multi-threaded direct runner would

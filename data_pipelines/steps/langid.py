@@ -11,6 +11,7 @@ from jaxpt.util.errors import ConfigError
 
 from data_pipelines.steps import base
 
+
 REASONS = ("language_not_allowed",)
 
 @gin.configurable
@@ -99,7 +100,6 @@ class LanguageIdentifier:
         return out
 
 
-
 def _declared_language(doc: dict, source) -> str | None:
     """The language language ID falls back on: the record's own ``lang`` if its source allows it, else the
     source's first allowed language (None if the source declares none)."""
@@ -108,7 +108,6 @@ def _declared_language(doc: dict, source) -> str | None:
     if hint in allowed:
         return hint
     return allowed[0] if allowed else None
-
 
 
 class IdentifyLanguage(beam.DoFn):

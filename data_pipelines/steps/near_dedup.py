@@ -13,6 +13,7 @@ from jaxpt.util.errors import ConfigError
 from data_pipelines import minhash
 from data_pipelines.steps import base
 
+
 REASONS = ("near_duplicate",)
 
 @gin.configurable
@@ -124,7 +125,6 @@ def apply_near(doc, near_map):
         yield doc
     else:
         yield beam.pvalue.TaggedOutput(base.DROPS, base.decision(doc, "near_dedup", "near_duplicate", cluster_id=rep, dup_of=rep))
-
 
 
 class NearDedup(base.Step):

@@ -10,6 +10,7 @@ import gin
 
 from data_pipelines.steps import base
 
+
 REASONS = ("empty_after_normalization",)
 
 @gin.configurable
@@ -65,7 +66,6 @@ def normalize(text: str, cfg: NormalizeConfig) -> str:
     if not cfg.enabled or _ftfy_fixed_point(text):
         return text
     return _fix_text(text, cfg.normalization)
-
 
 
 def _normalize_doc(doc: dict, cfg: NormalizeConfig):

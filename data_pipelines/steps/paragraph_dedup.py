@@ -30,6 +30,7 @@ from data_pipelines import minhash
 from data_pipelines.steps import base, exact_dedup, near_dedup
 from data_pipelines.steps import rules as rules_step
 
+
 @gin.configurable
 @dataclasses.dataclass
 class ParagraphDedupConfig:

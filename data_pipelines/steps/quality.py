@@ -18,10 +18,10 @@ from jaxpt.util.errors import ConfigError
 from data_pipelines import minhash, quality_model, writer
 from data_pipelines.steps import base
 
+
 REASONS = ("below_source_quantile",)
 
 FORMAT = "jaxpt-quality-calibration-v1"
-
 
 
 def scorer_identity(quality_cfg) -> dict:
@@ -37,7 +37,6 @@ def scorer_identity(quality_cfg) -> dict:
 def sha256_file(path: str) -> str:
     """Hex sha256 of a file's bytes."""
     return hashlib.sha256(fs.read_bytes(path)).hexdigest()
-
 
 
 @gin.configurable
@@ -199,7 +198,6 @@ class HashedNgramLM:
         return float(self._logp[ids].mean())
 
 
-
 class FeatureCounts(beam.CombineFn):
     """Integer bucket counts of hashed n-grams over reference documents (``int64[num_buckets]``)."""
 
@@ -286,7 +284,6 @@ def _quality_stage(p, docs, ctx: base.Context, cfg):
     return docs, thresholds
 
 
-
 def _calibration_record(quality) -> dict:
     """The manifest's account of a calibrated quality stage: the label set and, per source, the scorer's agreement
     with the labels and what each candidate quantile keeps and loses (`data_pipelines.calibrate`); {} without one."""
@@ -297,7 +294,6 @@ def _calibration_record(quality) -> dict:
             "by_quantile")
     return {"calibration_label_set": cal.get("label_set"), "calibration_rule": cal.get("rule"),
             "calibration_by_source": {s: {k: c.get(k) for k in keep} for s, c in sorted(cal["sources"].items())}}
-
 
 
 class Quality(base.Step):

@@ -15,6 +15,7 @@ from jaxpt.util.errors import ConfigError
 from data_pipelines import draws, writer
 from data_pipelines.steps import base
 
+
 REASONS = ("downsampled",)
 
 @gin.configurable
@@ -150,7 +151,6 @@ def entropy_bits(p: list[float]) -> float:
     return -sum(x * math.log2(x) for x in p if x > 0)
 
 
-
 def _group(doc) -> str:
     return f"{doc['domain']}/{doc['lang']}"
 
@@ -187,7 +187,6 @@ def _quota_stage(docs, ctx: base.Context, cfg):
     return docs, fractions
 
 
-
 def quota_warnings(cfg, rows: list[dict]) -> list[str]:
     """`quota_share_warnings` on the training split's characters per domain (decision rows ``kept``)."""
     kept = collections.Counter()
@@ -197,7 +196,6 @@ def quota_warnings(cfg, rows: list[dict]) -> list[str]:
     if not cfg.quotas.enabled:
         return []
     return quota_share_warnings(dict(kept), cfg.quotas.targets, cfg.quotas.share_tolerance)
-
 
 
 class Quotas(base.Step):

@@ -19,6 +19,7 @@ from jaxpt.util.errors import ConfigError
 from data_pipelines import minhash
 from data_pipelines.steps import base
 
+
 @gin.configurable
 @dataclasses.dataclass
 class RuleConfig:

@@ -11,6 +11,7 @@ from jaxpt.util import fs
 from data_pipelines import writer
 from data_pipelines.steps import base, write
 
+
 def split_heldout(doc, fraction):
     """Held-out documents leave on the HELDOUT output, before quotas (a held-out set keeps the natural mix)."""
     if fraction > 0 and is_heldout(doc["id"], fraction):
@@ -57,7 +58,6 @@ def _heldout_stage(docs, ctx: base.Context, cfg, out_dir: str):
     _ = (held | "GroupHeldout" >> beam.GroupByKey()
          | "WriteHeldout" >> beam.FlatMap(write_heldout, out_dir))
     return split.docs
-
 
 
 class HeldoutSplit(base.Step):

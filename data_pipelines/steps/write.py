@@ -15,6 +15,7 @@ from jaxpt.util.errors import ConfigError
 from data_pipelines import draws, minhash, progress, sink, writer
 from data_pipelines.steps import base
 
+
 @gin.configurable
 @dataclasses.dataclass
 class OutputConfig:
@@ -188,7 +189,6 @@ def _write_decision_log(drops: list, near_side, cfg, out_dir: str) -> None:
     )
 
 
-
 def complete_shards(cfg, out_dir) -> dict[str, list[int]]:
     """Writes empty shards for (domain, index) slots no document hashed to; returns lengths."""
     from array_record.python import array_record_data_source
@@ -208,7 +208,6 @@ def complete_shards(cfg, out_dir) -> dict[str, list[int]]:
             lens.append(len(src))
         lengths[d] = lens
     return lengths
-
 
 
 class Write(base.Step):
