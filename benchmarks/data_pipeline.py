@@ -26,6 +26,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from data_pipelines import minhash, neardup_eval, readers, stages  # noqa: E402
+from data_pipelines.steps import extraction  # noqa: E402
 from data_pipelines.config import AdmissionConfig, LangIdConfig, NormalizeConfig, RuleConfig, Source  # noqa: E402
 
 
@@ -116,7 +117,7 @@ def main():
     sample = rng.sample(docs, min(args.sample, len(docs)))
     html = [d["text"] for d in docs if d["domain"] == "web"][:60]
     texts = [d["text"] for d in sample if d["domain"] != "web"]
-    _timed("admission (trafilatura, web)", lambda ts: [readers.extract_main_text({"id": "", "source": "", "domain": "", "text": x, "html": True}) for x in ts], html, rows)
+    _timed("admission (trafilatura, web)", lambda ts: [extraction.extract_main_text({"id": "", "source": "", "domain": "", "text": x, "html": True}) for x in ts], html, rows)
     _timed("normalize (ftfy)", lambda ts: [stages.normalize(x, NormalizeConfig()) for x in ts], texts, rows)
     lid = stages.LanguageIdentifier(LangIdConfig())
     _timed("langid (lingua, 600 chars)", lambda ts: [lid.detect(ts[i:i + 256]) for i in range(0, len(ts), 256)], texts, rows)

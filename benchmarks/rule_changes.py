@@ -24,7 +24,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from data_pipelines import build, label_sample, manifest as manifest_lib, pipeline, review, stages  # noqa: E402
+from data_pipelines import build, label_sample, manifest as manifest_lib, review, stages  # noqa: E402
+from data_pipelines.steps import langid  # noqa: E402
 
 
 def new_verdict(row: dict, text: str, cfg, lid, sources) -> str:
@@ -38,7 +39,7 @@ def new_verdict(row: dict, text: str, cfg, lid, sources) -> str:
     doc = {"lang_hint": None, "id": row["id"]}
     if (row["stage"] == "langid" and lid is not None and src.languages is not None
             and src.name not in cfg.langid.declared_sources):
-        lang, _, _ = lid.detect([text], [pipeline._declared_language(doc, src)])[0]
+        lang, _, _ = lid.detect([text], [langid._declared_language(doc, src)])[0]
         if lang not in src.languages:
             return "langid:language_not_allowed"
     reason = stages.rule_reason(text, cfg.rules.for_domain(row["domain"], row["source"]))

@@ -1,6 +1,6 @@
 """`python -m data_pipelines.build --config configs/data/raw_v1.gin --output DIR [beam flags]`.
 
-Runs the Beam graph of `data_pipelines.pipeline`, then writes the TFDS metadata, the mixture
+Runs the Beam graph of `data_pipelines.pipeline` (its `STEPS`), then writes the TFDS metadata, the mixture
 weights (``DIR/mixture.json``) and the data version record (``DIR/manifest.json``). Flags the
 script does not know go to Beam (``--runner``, ``--direct_num_workers``, ``--project``, ...).
 """
@@ -18,12 +18,18 @@ import time
 from jaxpt import config as jaxpt_config
 from jaxpt.util import progress as progress_lib
 from jaxpt.util import fs, jsonl
-from jaxpt.data import documents
 
 from data_pipelines import config as config_lib
 from data_pipelines import manifest as manifest_lib
-from data_pipelines import paragraphs, pipeline, sink, stages, writer
+from data_pipelines import pipeline, sink, writer
 from data_pipelines import progress as build_progress
+from data_pipelines.steps import base, decontamination, quotas
+from data_pipelines.steps import write as write_step
+
+# Moved to their steps; kept here for callers.
+load_eval_index = decontamination.load_eval_index
+decontamination_figures = decontamination.decontamination_figures
+quota_warnings = quotas.quota_warnings
 
 OUTPUT_SUBDIRS = ("tfds", "heldout", "decisions", "review", "_stats")
 
@@ -37,33 +43,6 @@ def load_config(config_files: list[str], bindings: list[str]) -> config_lib.Buil
     cfg = config_lib.BuildConfig()
     cfg.registry()
     return cfg
-
-
-def load_eval_index(cfg: config_lib.BuildConfig) -> stages.EvalIndex:
-    """The eval examples of every set in `DecontamConfig.eval_sets`, hashed by the rule of their length class.
-
-    Each file of a set is a document file (`jaxpt.data.documents`: one JSON object with a string ``text`` per
-    line, plain or gzip); each line is one example, named by its ``id`` or ``<file name>:<line>``. Every example
-    is indexed: long ones by their `DecontamConfig.ngram`-grams, shorter ones by their whole word sequence, matched
-    anywhere (``medium``) or only as a whole unit of a document (``short``); an example with no word is kept in the
-    index (``empty``) so the manifest names it (`stages.DECONTAM_RULES`).
-
-    Raises:
-      ConfigError: a pattern that matches no file.
-      DocumentFormatError: (a ConfigError) a line of an eval set breaks the document contract (file, line, reason).
-    """
-    dc = cfg.decontam
-    index = stages.EvalIndex(dc.ngram, dc.min_ngram, tuple(dc.short_units))
-    for name, pattern in sorted(dc.eval_sets.items()):
-        path = pattern if os.path.isabs(pattern) or fs.is_remote(pattern) else fs.join(cfg.source_root, pattern)
-        files = fs.glob_pattern(path) or fs.glob_pattern(pattern)
-        if not files:
-            raise config_lib.ConfigError(f"DecontamConfig.eval_sets['{name}']: '{pattern}' matches no file")
-        index.add_set(name)
-        for f in files:
-            for _, record in documents.iter_documents(f):
-                index.add(name, record["id"], record["text"])
-    return index
 
 
 def check_output(out_dir: str, overwrite: bool = False) -> None:
@@ -120,75 +99,6 @@ def run(cfg: config_lib.BuildConfig, out_dir: str, beam_args: list[str] | None =
     return finalize(cfg, sources, out_dir, eval_index, beam_seconds)
 
 
-def _complete_shards(cfg, out_dir) -> dict[str, list[int]]:
-    """Writes empty shards for (domain, index) slots no document hashed to; returns lengths."""
-    from array_record.python import array_record_data_source
-
-    data_dir = writer.tfds_dir(out_dir, cfg.output.dataset_name)
-    domains = sorted({s.domain for s in cfg.registry()})
-    n = cfg.output.shards_per_domain
-    lengths = {}
-    for d in domains:
-        lens = []
-        for i in range(n):
-            path = fs.join(data_dir, writer.shard_filename(cfg.output.dataset_name, d, i, n))
-            if not fs.exists(path):
-                writer.write_array_record(path, [])
-            # ArrayRecord opens local files only: a shard in object storage is counted from a local copy.
-            src = array_record_data_source.ArrayRecordDataSource([fs.local_copy(path)])
-            lens.append(len(src))
-        lengths[d] = lens
-    return lengths
-
-
-def _calibration_record(quality) -> dict:
-    """The manifest's account of a calibrated quality stage: the label set and, per source, the scorer's agreement
-    with the labels and what each candidate quantile keeps and loses (`data_pipelines.calibrate`); {} without one."""
-    cal = quality.calibrated() if quality.enabled else None
-    if cal is None:
-        return {}
-    keep = ("labels", "labelled_good", "good_rate", "auc", "drop_quantile", "reason", "at_drop_quantile",
-            "by_quantile")
-    return {"calibration_label_set": cal.get("label_set"), "calibration_rule": cal.get("rule"),
-            "calibration_by_source": {s: {k: c.get(k) for k in keep} for s, c in sorted(cal["sources"].items())}}
-
-
-def _stage_records(cfg, operative: dict, eval_index, decontam: dict, stat, out_dir: str) -> dict:
-    """The manifest's per-stage settings and figures (thresholds, keep fractions, the held-out rule and files)."""
-    paragraph_dedup = {"paragraph_dedup": dict(
-        operative["paragraphs"], key="sha256(casefold(collapse_whitespace(unit)))",
-        units="paragraph: text between blank lines; line: text between newlines",
-        counted_on="documents that survived exact and near dedup, each once per distinct unit",
-        near_clusters="each bucket member against the bucket's centre (most documents, then smallest key)",
-        near_min_words=paragraphs.near_min_words(cfg.paragraphs.shingle_size, cfg.paragraphs.threshold),
-    )} if cfg.paragraphs.enabled else {}
-    return {
-        "admission": operative["admission"],
-        "normalize": operative["normalize"],
-        "langid": operative["langid"],
-        "rules": {"version": cfg.rules.version, "thresholds": operative["rules"]},
-        "exact_dedup": {"key": "sha256(casefold(collapse_whitespace(text)))", "representative": "smallest id"},
-        "near_dedup": dict(operative["near"], shingles="word n-grams (minhash.words)",
-                           representative="longest text, then smallest id",
-                           verification="estimated Jaccard >= threshold before union",
-                           clusters="connected components",
-                           short_documents="fewer words than shingle_size: one shingle of all words"),
-        **paragraph_dedup,
-        "quality": dict(operative["quality"], thresholds_per_source=stat("quality_thresholds.json"),
-                        **_calibration_record(cfg.quality)),
-        "decontamination": {**operative["decontam"], "rules": stages.DECONTAM_RULES,
-                            "eval_ngrams": eval_index.ngram_counts() if eval_index else {},
-                            "eval_ngram_lengths": eval_index.lengths() if eval_index else {},
-                            "eval_sets_report": decontam["eval_sets"]},
-        "heldout_split": {"rule": f"jaxpt.data.prepare.is_heldout(id, {cfg.output.heldout_fraction})",
-                          "fraction": cfg.output.heldout_fraction,
-                          "position": "after decontamination, before quotas (dedup ran on both splits)",
-                          "files": ["heldout/" + fs.basename(p) for p in
-                                    fs.glob(fs.join(out_dir, "heldout"), "*.jsonl.gz")]},
-        "quotas": dict(operative["quotas"], keep_fractions=stat("quota_fractions.json")),
-    }
-
-
 def damaged_input_files(rows: list[dict]) -> list[dict]:
     """Input files cut short or corrupt (the ``admission:truncated_file`` decision rows), and files whose reading
     stopped at a bound (``decompressed_cap``, ``compression_ratio``; then with ``reason``): ``file``, ``source``
@@ -214,25 +124,6 @@ def language_label_origins(rows: list[dict]) -> dict[str, dict[str, int]]:
     return {s: dict(sorted(c.items())) for s, c in sorted(out.items())}
 
 
-def quota_warnings(cfg, rows: list[dict]) -> list[str]:
-    """`stages.quota_share_warnings` on the training split's characters per domain (decision rows ``kept``)."""
-    kept = collections.Counter()
-    for r in rows:
-        if r["verdict"] == "kept":
-            kept[r["domain"]] += r.get("n_chars") or 0
-    if not cfg.quotas.enabled:
-        return []
-    return stages.quota_share_warnings(dict(kept), cfg.quotas.targets, cfg.quotas.share_tolerance)
-
-
-def decontamination_figures(cfg, eval_index, rows: list[dict]) -> dict:
-    """`stages.decontamination_report` from the decision log's decontamination rows (their ``eval_matches``)."""
-    if not eval_index:
-        return {"eval_sets": {}, "warnings": []}
-    matches = {r["id"]: r["eval_matches"] for r in rows if r["stage"] == "decontamination"}
-    return stages.decontamination_report(eval_index, matches, cfg.decontam.warn_documents_per_example)
-
-
 def finalize(cfg, sources, out_dir, eval_index, beam_seconds) -> dict:
     """After the Beam graph: TFDS metadata, ``DIR/mixture.json`` (per-domain token weights and shard lists) and
     ``DIR/manifest.json`` (the data version record, every count recomputed from the decision log).
@@ -242,11 +133,11 @@ def finalize(cfg, sources, out_dir, eval_index, beam_seconds) -> dict:
     Raises:
       AssertionError: the decision log does not add up (in = out + held out + dropped); impossible by construction.
     """
-    lengths = _complete_shards(cfg, out_dir)
+    lengths = write_step.complete_shards(cfg, out_dir)
     writer.write_tfds_metadata(out_dir, cfg.output.dataset_name, lengths,
                                description=f"jaxpt corpus {cfg.data_version}: one split per domain.")
     rows = manifest_lib.read_decisions(out_dir)
-    figs = manifest_lib.figures_from_decisions(rows)
+    figs = manifest_lib.figures_from_decisions(rows, pipeline.decision_stages())
     if figs["documents_in"] != figs["documents_out"] + figs["documents_heldout"] + figs["documents_dropped_total"]:
         raise AssertionError("decision log does not add up")  # impossible by construction; guards edits
     stats_dir = fs.join(out_dir, "_stats")
@@ -292,7 +183,7 @@ def finalize(cfg, sources, out_dir, eval_index, beam_seconds) -> dict:
             for s in sources
         ],
         "input_file_sha256": input_hashes,
-        "stages": _stage_records(cfg, operative, eval_index, decontam, stat, out_dir),
+        "stages": pipeline.stage_records(base.Facts(cfg, operative, eval_index, rows, stat, out_dir)),
         "tokenizer": {"path": cfg.output.tokenizer_path, "kind": enc.kind, "sha256": enc.sha256,
                       "vocab_size": enc.vocab_size},
         **figs,

@@ -1,6 +1,6 @@
 """`python -m data_pipelines.calibrate`: the quality scorer's agreement with human labels, and per-source retention.
 
-The quality stage (stage 7) scores every document and drops, per source, those under a quantile of that source's
+The quality step (`steps.quality`) scores every document and drops, per source, those under a quantile of that source's
 scores. Which quantile is a claim about what the scorer's low tail holds; this tool measures it on labelled
 documents instead of assuming it: "sample documents, measure how often the model score agrees with human judgment,
 and then set the retention range by quantiles ... separately for each source".
@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import hashlib
 import json
 import os
 import sys
@@ -42,9 +41,11 @@ import sys
 from jaxpt.util import fs, jsonl
 from jaxpt.util.errors import ConfigError, FileFormatError
 
+from data_pipelines import build, quality_model, review
+from data_pipelines.steps.quality import FORMAT, scorer_identity, sha256_file  # noqa: F401 (calibrate.FORMAT, ...)
+
 #: Candidate drop quantiles; 0.05, 0.15 and 0.35 are the sample's band edges (`label_sample.QUALITY_BANDS`).
 GRID = (0.0, 0.02, 0.05, 0.1, 0.15, 0.25, 0.35)
-FORMAT = "jaxpt-quality-calibration-v1"
 
 
 def _read_jsonl(path: str) -> list[tuple[int, dict]]:
@@ -174,22 +175,6 @@ def calibrate(rows: list[dict], scorer: dict, label_set: dict, **rule) -> dict:
             "sources": {s: calibrate_source(by[s], **rule) for s in sorted(by)}}
 
 
-def scorer_identity(quality_cfg) -> dict:
-    """What makes two builds' quality scores the same function of a document's text (given the same reference
-    texts): the n-gram scorer's version, reference sources and hash-bucket count, or the classifier's version and
-    file sha256."""
-    if quality_cfg.scorer == "classifier":
-        from data_pipelines import quality_model
-        return {"version": quality_model.VERSION, "classifier_sha256": sha256_file(quality_cfg.classifier_path)}
-    return {"version": quality_cfg.version, "reference_sources": sorted(quality_cfg.reference_sources),
-            "num_buckets": int(quality_cfg.num_buckets)}
-
-
-def sha256_file(path: str) -> str:
-    """Hex sha256 of a file's bytes."""
-    return hashlib.sha256(fs.read_bytes(path)).hexdigest()
-
-
 def markdown(cal: dict) -> str:
     """The calibration table (one row per source) as Markdown."""
     def f(x, fmt="{:.3f}"):
@@ -214,7 +199,6 @@ def compare_scorers(rows: list[dict], texts: dict[str, str], *, folds: int = 5, 
     with their whole-source weights (a raw score is compared across sources there, which the per-source quantiles
     never do: read it as a summary).
     """
-    from data_pipelines import quality_model
     oof = quality_model.cross_validated_scores([texts.get(r["id"], "") for r in rows], [r["good"] for r in rows],
                                                [r["source"] for r in rows], folds=folds, seed=seed)
     w = weights(rows)
@@ -264,7 +248,6 @@ def main(argv=None) -> int:
 
 def _agreement(args) -> int:
     """--agreement: kappa of two label files over the same documents; ids in one file only are an error."""
-    from data_pipelines import review
     a, b = review.read_labels(args.labels, "good"), review.read_labels(args.agreement, "good")
     only = sorted(set(a) ^ set(b))
     if only:
@@ -276,7 +259,6 @@ def _agreement(args) -> int:
 
 def _calibrate(args) -> int:
     """The calibration (and --compare, --train-classifier) from the parsed arguments."""
-    from data_pipelines import build
 
     cfg = build.load_config(args.config, args.gin)
     rows = read_labels(args.labels, args.key)
@@ -302,7 +284,6 @@ def _calibrate(args) -> int:
             f = [("-" if c[k] is None else f"{c[k]:.3f}") for k in ("score_auc", "classifier_auc")]
             print(f"| {g} | {c['labels']} | {f[0]} | {f[1]} |")
     if args.train_classifier:
-        from data_pipelines import quality_model
         model = quality_model.train([texts.get(r["id"], "") for r in rows], [r["good"] for r in rows],
                                     labels_sha256=label_set["labels_sha256"])
         print(f"classifier: {args.train_classifier} sha256 {model.save(args.train_classifier)}")

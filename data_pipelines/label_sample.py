@@ -17,7 +17,7 @@ the filled file is what ``python -m data_pipelines.review DIR FILE`` reads (it u
 
 Allocation: equal shares per stratum, capped at the stratum's size, the remainder spread over the strata that still
 have documents (water filling), so rare rules get as many labels as the budget allows. Within a stratum documents
-are ranked by `stages.uniform(seed, id)` and the first ones taken: the same log and seed give the same sample.
+are ranked by `draws.uniform(seed, id)` and the first ones taken: the same log and seed give the same sample.
 """
 
 from __future__ import annotations
@@ -29,8 +29,9 @@ import json
 import os
 import sys
 
-from data_pipelines import manifest as manifest_lib, readers, stages
+from data_pipelines import build, draws, manifest as manifest_lib, readers
 from data_pipelines.config import BuildConfig
+from data_pipelines.steps import extraction, normalization
 from jaxpt.util import fs, jsonl
 
 FILTER_STAGES = ("admission:extraction_empty", "normalize", "langid", "rules", "quality", "decontamination")
@@ -76,11 +77,11 @@ def draw(rows: list[dict], n: int, seed: int) -> list[dict]:
 
 def _take(strata: dict, n: int, seed: int) -> list[dict]:
     """``n`` rows of ``strata`` (key -> rows) allocated by :func:`allocate`, the first of each stratum by
-    ``stages.uniform(seed, id)``, in sorted stratum order; each gains ``sample_rank``, its rank in its stratum."""
+    ``draws.uniform(seed, id)``, in sorted stratum order; each gains ``sample_rank``, its rank in its stratum."""
     alloc = allocate({k: len(v) for k, v in strata.items()}, n)
     out = []
     for key in sorted(strata):
-        ranked = sorted(strata[key], key=lambda r: (stages.uniform(seed, r["id"]), r["id"]))
+        ranked = sorted(strata[key], key=lambda r: (draws.uniform(seed, r["id"]), r["id"]))
         out += [dict(r, sample_rank=i) for i, r in enumerate(ranked[: alloc[key]])]
     return out
 
@@ -117,7 +118,7 @@ def quality_band(quantile: float, bands: tuple[float, ...] = QUALITY_BANDS) -> i
 def draw_quality(rows: list[dict], n: int, seed: int, bands: tuple[float, ...] = QUALITY_BANDS) -> list[dict]:
     """The quality-calibration sample: of the rows the quality stage scored (``quality_score`` set: kept, held out,
     dropped by quality or a later stage), ``n`` in all, stratified by (source, score band) with equal shares capped
-    at each stratum's size (:func:`allocate`), ranked within a stratum by ``stages.uniform(seed, id)``.
+    at each stratum's size (:func:`allocate`), ranked within a stratum by ``draws.uniform(seed, id)``.
 
     Each returned row gains ``score_quantile`` (:func:`score_quantiles`), ``band`` (its index), ``stratum_size``
     (documents in its stratum, the weight's numerator when rates are estimated for the whole source) and
@@ -131,7 +132,7 @@ def draw_quality(rows: list[dict], n: int, seed: int, bands: tuple[float, ...] =
             strata[(r["source"], quality_band(quant[r["id"]][0], bands))].append(r)
     picked = _take({k: [dict(r, band=k[1], stratum_size=len(v)) for r in v] for k, v in strata.items()}, n, seed)
     out = [dict(r, score_quantile=quant[r["id"]][0]) for r in picked]
-    return sorted(out, key=lambda r: (stages.uniform(seed + 1, r["id"]), r["id"]))
+    return sorted(out, key=lambda r: (draws.uniform(seed + 1, r["id"]), r["id"]))
 
 
 def write_quality_sample(rows: list[dict], texts: dict[str, str], path: str, key_path: str,
@@ -168,9 +169,9 @@ def texts_for(ids: set[str], cfg: BuildConfig) -> dict[str, str]:
             if "verdict" in rec:
                 found[rec["id"]] = rec.get("sample", "")
                 continue
-            rec = readers.extract_main_text(rec, cfg.admission.extraction_seconds)
+            rec = extraction.extract_main_text(rec, cfg.admission.extraction_seconds)
             text = rec.get("text", rec.get("sample", ""))
-            found[rec["id"]] = stages.normalize(text, cfg.normalize)
+            found[rec["id"]] = normalization.normalize(text, cfg.normalize)
     return found
 
 
@@ -202,7 +203,6 @@ def main(argv=None) -> int:
     ap.add_argument("--excerpt-chars", type=int, default=1500)
     ap.add_argument("--output", required=True, help="annotator JSON Lines file to write")
     args = ap.parse_args(argv)
-    from data_pipelines import build
 
     cfg = build.load_config(args.config, args.gin)
     decisions = manifest_lib.read_decisions(args.build)

@@ -1,4 +1,4 @@
-"""Stage 11: the data version record ``DIR/manifest.json``, recomputed from the decision log.
+"""The data version record ``DIR/manifest.json``, recomputed from the decision log.
 
 Every count in the manifest is a function of the decision rows (`figures_from_decisions`), so a
 test can rebuild them from ``DIR/decisions/`` alone. Shard hashes are sha256 of the files.
@@ -9,13 +9,12 @@ from __future__ import annotations
 import collections
 import hashlib
 import json
+from typing import Sequence
 
 from jaxpt.util import fs
 
 from data_pipelines import writer
 
-STAGES = ("admission", "normalize", "langid", "rules", "exact_dedup", "near_dedup", "paragraph_dedup", "quality",
-          "decontamination", "quota")
 
 
 def read_decisions(out_dir: str) -> list[dict]:
@@ -26,8 +25,11 @@ def read_decisions(out_dir: str) -> list[dict]:
     return sorted(rows, key=lambda r: r["id"])
 
 
-def figures_from_decisions(rows: list[dict]) -> dict:
+def figures_from_decisions(rows: list[dict], stages: Sequence[str] = ()) -> dict:
     """Counts, tokens, proportions and language coverage derived from decision rows only.
+
+    `stages`: the decision stages in build order (`pipeline.decision_stages`); ``documents_dropped`` lists its
+    stages in that order, then any other in sorted order.
 
     ``documents_in = documents_out + documents_heldout + documents_dropped_total``; tokens and proportions
     are of the training split (``documents_out``); held-out counts are per domain in ``heldout_by_domain``.
@@ -58,7 +60,8 @@ def figures_from_decisions(rows: list[dict]) -> dict:
         **({"pages_decoded_by": dict(sorted(decoded_by.items()))} if decoded_by else {}),
         "documents_in": len(rows),
         "documents_out": len(kept),
-        "documents_dropped": {s: dict(sorted(dropped[s].items())) for s in STAGES if s in dropped},
+        "documents_dropped": {s: dict(sorted(dropped[s].items()))
+                              for s in [*dict.fromkeys(stages), *sorted(set(dropped) - set(stages))] if s in dropped},
         "documents_dropped_total": len(rows) - len(kept) - len(heldout),
         "documents_heldout": len(heldout),
         "heldout_by_domain": {d: {"documents": heldout_docs[d], "tokens": heldout_tokens[d]}
@@ -79,10 +82,10 @@ def figures_from_decisions(rows: list[dict]) -> dict:
 
 
 def paragraph_figures(rows: list[dict]) -> dict:
-    """What stage 6b removed, from the decision rows' ``paragraphs_removed`` entries and its drops.
+    """What paragraph dedup removed, from the decision rows' ``paragraphs_removed`` entries and its drops.
 
     Units are counted in every row that lists them, whatever the document's verdict (kept, held out, dropped by 6b
-    or a later stage); bytes are the units' UTF-8 bytes (`paragraphs.log_entry`). Returns ``units_removed``,
+    or a later stage); bytes are the units' UTF-8 bytes (`steps.paragraph_dedup.log_entry`). Returns ``units_removed``,
     ``bytes_removed``, ``documents_changed`` (rows that lost a unit), ``documents_dropped`` (per stage-6b reason),
     ``by_reason`` (per unit reason: ``units``, ``bytes``) and ``by_source`` (per source: the same four figures).
     """

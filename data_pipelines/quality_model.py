@@ -1,5 +1,5 @@
 """A model-based quality scorer trained on human labels: scikit-learn's hashed character n-grams and logistic
-regression, beside the reference-source n-gram model (`stages.HashedNgramLM`).
+regression, beside the reference-source n-gram model (`steps.quality.HashedNgramLM`).
 
 The n-gram model scores how much a document resembles the reference sources; it never saw a human judgment. This
 scorer learns the judgment itself from the labelled quality sample (`label_sample --kind quality`, labels ``good``):

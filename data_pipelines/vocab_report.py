@@ -31,8 +31,8 @@ from typing import Any, Iterable, Sequence
 from jaxpt.data import tokenizer as tokenizer_lib
 from jaxpt.util.errors import ConfigError
 
-from data_pipelines.tokenizer import (DEFAULT_CONFIG, FORMAT_VERSION, TokenizerConfig, balanced_sample,
-                                      common_flags, load_config, measure, read_corpus, write_json)
+from data_pipelines.tokenizer_training import (DEFAULT_CONFIG, FORMAT_VERSION, TokenizerConfig, balanced_sample,
+                                               common_flags, load_config, measure, read_corpus, write_json)
 
 
 def model_costs(train_cfg: Any, vocab_size: int, bytes_per_token: float) -> dict[str, float]:

@@ -1,4 +1,4 @@
-"""Stage 10-12 output formats: tokenizer, ArrayRecord/TFDS shards, decision log, review samples.
+"""The write step's output formats: tokenizer, ArrayRecord/TFDS shards, decision log, review samples.
 
 Record format of the corpus shards (one ArrayRecord record per document, ``group_size:1`` for
 random access, as TFDS writes them): a serialized ``tf.train.Example`` with the TFDS features of
@@ -25,6 +25,8 @@ import numpy as np
 from jaxpt.data import tokenizer as tokenizer_lib
 from jaxpt.util import fs, jsonl
 from jaxpt.util.errors import ConfigError
+
+from data_pipelines import sink
 
 DATASET_VERSION = "1.0.0"
 
@@ -106,8 +108,6 @@ def write_array_record(path: str, records: list[bytes]) -> None:
     sent through Beam's filesystems (`data_pipelines.sink`: one object upload to a bucket, a rename locally)."""
     from array_record.python.array_record_module import ArrayRecordWriter
 
-    from data_pipelines import sink
-
     with sink.local_scratch_dir() as d:
         local = os.path.join(d, fs.basename(path))
         w = ArrayRecordWriter(local, "group_size:1")
@@ -126,8 +126,6 @@ def heldout_path(out_dir: str, domain: str) -> str:
 def write_jsonl_gz(path: str, rows: list[dict]) -> None:
     """Deterministic gzip JSON Lines (no file name or mtime in the gzip header; sorted keys), written through
     Beam's filesystems (`data_pipelines.sink`)."""
-    from data_pipelines import sink
-
     buf = io.BytesIO()
     with gzip.GzipFile(filename="", mode="wb", fileobj=buf, mtime=0, compresslevel=6) as gz:
         for r in rows:
@@ -165,3 +163,9 @@ def write_tfds_metadata(out_dir: str, dataset_name: str, split_lengths: dict[str
         check_data=False,
         description=description,
     )
+
+
+def write_json(obj, path: str) -> str:
+    """`obj` as indented JSON with sorted keys at ``path`` (through `data_pipelines.sink`); returns ``path``."""
+    sink.write_text(path, jsonl.dumps(obj, sort_keys=True, indent=1))
+    return path

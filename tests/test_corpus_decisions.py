@@ -243,17 +243,12 @@ class _AlwaysGerman:
 
 
 def test_declared_sources_take_their_declared_language_without_detection():
-    import types
-
-    from data_pipelines import pipeline
+    from data_pipelines.steps import langid
 
     src = {n: Source(name=n, domain="reference", path="x", format="jsonl", license="x", acquired="2026-11-30",
                     languages=("en",)) for n in ("dict", "wiki")}
-    cfg = types.SimpleNamespace(normalize=BuildConfig().normalize, admission=AdmissionConfig(),
-                                rules=RuleConfig(min_words=1, min_chars=1),
-                                langid=LangIdConfig(declared_sources=("dict",)))
-    clean = pipeline.CleanBatch(cfg, src)
-    clean.lid, clean.rules = _AlwaysGerman(), {}
+    clean = langid.IdentifyLanguage(LangIdConfig(declared_sources=("dict",)), src)
+    clean.lid = _AlwaysGerman()
     text = "Spongoblast, n. (Zool.) One of the cells which, in sponges, secrete the spongin fibres."
     out = list(clean.process([{"id": f"{n}#1", "source": n, "domain": "reference", "text": text} for n in src]))
     kept = [d for d in out if not hasattr(d, "tag")]
@@ -423,10 +418,10 @@ def _qa_index(tmp_path, **over):
 
 
 def _decontaminate(index, docs: dict[str, str]):
-    """(kept ids, {dropped id: decision row}) of `pipeline.Decontaminate` over `docs` (id -> text)."""
-    from data_pipelines import pipeline
+    """(kept ids, {dropped id: decision row}) of `decontamination.Decontaminate` over `docs` (id -> text)."""
+    from data_pipelines.steps import decontamination
 
-    dc, kept, dropped = pipeline.Decontaminate(index), [], {}
+    dc, kept, dropped = decontamination.Decontaminate(index), [], {}
     for doc_id, text in docs.items():
         for out in dc.process({"id": doc_id, "source": "s", "domain": "web", "lang": "en", "text": text}):
             if isinstance(out, dict):

@@ -11,7 +11,8 @@ import pytest
 
 import numpy as np
 
-from data_pipelines import build, manifest as manifest_lib, minhash, paragraphs, pipeline, stages, testing
+from data_pipelines import build, manifest as manifest_lib, minhash, paragraphs, stages, testing
+from data_pipelines.steps import paragraph_dedup
 from data_pipelines.config import ConfigError, ParagraphDedupConfig, RuleConfig
 
 # Planted paragraphs. BOILER (27 words) is in 13 documents, FOOTER (17 words) in 11: both above the default
@@ -298,7 +299,7 @@ def test_star_cluster_counts_distinct_documents_of_members_near_the_centre():
 
 
 def test_unit_documents_combiner_is_exact_about_the_threshold_at_bounded_memory():
-    comb = pipeline.UnitDocuments(3)
+    comb = paragraph_dedup.UnitDocuments(3)
     accs = []
     for ids in (["d5", "d1"], ["d1", "d4"], ["d9", "d2", "d3"]):
         acc = comb.create_accumulator()
@@ -312,9 +313,9 @@ def test_unit_documents_combiner_is_exact_about_the_threshold_at_bounded_memory(
 def test_code_is_not_counted_by_default_and_a_repeat_inside_a_document_counts_once():
     text = "One two three four five.\n\none TWO three four five.\n\nSix seven eight nine ten."
     doc = {"id": "x", "domain": "web", "source": "s", "text": text}
-    keys = [k for k, _ in pipeline._unit_occurrences(doc, ParagraphDedupConfig())]
+    keys = [k for k, _ in paragraph_dedup._unit_occurrences(doc, ParagraphDedupConfig())]
     assert len(keys) == 2 == len(set(keys))
-    assert list(pipeline._unit_occurrences(dict(doc, domain="code"), ParagraphDedupConfig())) == []
+    assert list(paragraph_dedup._unit_occurrences(dict(doc, domain="code"), ParagraphDedupConfig())) == []
 
 
 @pytest.mark.parametrize("field,value", [("unit", "sentence"), ("match", "fuzzy"), ("max_documents", 0),
@@ -344,7 +345,7 @@ def test_a_template_of_short_units_is_not_near_matched_a_long_edited_paragraph_i
     joined by near matching. Units under `near_min_words` get no signature (exact matching only); BOILER (27 words)
     and its one-word edit get one and share an LSH bucket."""
     cfg = ParagraphDedupConfig(enabled=True)
-    sigs = pipeline.UnitSignature(cfg)
+    sigs = paragraph_dedup.UnitSignature(cfg)
     sigs.setup()
     jokes = ["Wie man sein Kind nicht nennen sollte: Dick Opf", "Wie man sein Kind nicht nennen sollte: Dick Tat"]
     assert [len(minhash.words(j)) for j in jokes] == [9, 9] and paragraphs.near_min_words(3, 0.7) == 19

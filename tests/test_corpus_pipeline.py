@@ -13,7 +13,7 @@ import sys
 import numpy as np
 import pytest
 
-from data_pipelines import build, manifest as manifest_lib, review, testing, writer
+from data_pipelines import build, manifest as manifest_lib, pipeline, review, testing, writer
 from data_pipelines.config import ConfigError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -53,6 +53,12 @@ def _raw_records(root):
     recs += [json.loads(x) for x in data.decode().splitlines()]
     recs += pq.read_table(os.path.join(root, "ref", "articles.parquet")).to_pylist()
     return recs
+
+
+def test_every_drop_names_a_stage_and_reason_its_step_declares(corpus):
+    declared = {(s.stage, r) for s in pipeline.STEPS for r in s.reasons}
+    seen = {(r["stage"], r["reason"]) for r in manifest_lib.read_decisions(corpus["out"]) if r["stage"]}
+    assert len(seen) > 5 and seen <= declared, seen - declared
 
 
 def test_counts_add_up_and_every_record_has_one_decision(corpus):

@@ -472,31 +472,31 @@ def test_html_extraction_past_its_time_budget_is_counted_and_the_next_page_is_ex
     timed out in turn (a build fed a thousand such pages ran for hours)."""
     import threading
     import time
-    from data_pipelines import readers
+    from data_pipelines.steps import extraction
 
     cells = "".join(f"<tr><td>{i}</td><td>cell text {i}</td></tr>" for i in range(40000))
     slow = {"id": "slow", "source": "s", "domain": "web", "html": True,
             "text": f"<html><body><table>{cells}</table></body></html>"}
     ok = {"id": "ok", "source": "s", "domain": "web", "html": True,
           "text": "<html><body><article><p>" + "A sentence of main text. " * 40 + "</p></article></body></html>"}
-    readers.extract_main_text(ok, 60.0)
+    extraction.extract_main_text(ok, 60.0)
     t = time.monotonic()
-    timed_out = readers.extract_main_text(slow, 0.3)
+    timed_out = extraction.extract_main_text(slow, 0.3)
     assert time.monotonic() - t < 5
     assert timed_out["reason"] == "extraction_timeout" and timed_out["id"] == "slow"
-    after = readers.extract_main_text(ok, 0.5)                # a new worker starts first; its start-up is not counted
+    after = extraction.extract_main_text(ok, 0.5)                # a new worker starts first; its start-up is not counted
     assert "A sentence of main text." in after.get("text", ""), after
 
     def cold_start(out):                                       # another thread has its own worker, started on use
-        out["doc"] = readers.extract_main_text(ok, 0.5)
-        readers._EXTRACTORS.pool.terminate()
+        out["doc"] = extraction.extract_main_text(ok, 0.5)
+        extraction._EXTRACTORS.pool.terminate()
     out = {}
     th = threading.Thread(target=cold_start, args=(out,))
     th.start()
     th.join()
     assert "A sentence of main text." in out["doc"].get("text", ""), out["doc"]
     t = time.monotonic()
-    unbounded = readers.extract_main_text(slow, 0)           # the same page without a budget: it does finish
+    unbounded = extraction.extract_main_text(slow, 0)           # the same page without a budget: it does finish
     assert time.monotonic() - t > 0.3 and "cell text" in unbounded["text"]
 
 

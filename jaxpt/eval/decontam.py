@@ -47,7 +47,7 @@ def combine_word_hashes(wh: np.ndarray, n: int) -> np.ndarray:
     """uint64 ``[max(0, len(wh) - n + 1)]``: the hash of every n-gram of the uint64 word hashes ``wh [W]`` (crc32
     per word), the position-weighted sum (wrapping uint64, :data:`NGRAM_MULT`) through the splitmix64 finalizer.
     The one n-gram hash of jaxpt: the trainer's probe decontamination and the corpus build
-    (`data_pipelines.stages`) both use it, so their matches agree. Requires n <= 64."""
+    (`data_pipelines.steps.decontamination`) both use it, so their matches agree. Requires n <= 64."""
     m = len(wh) - n + 1
     if m <= 0:
         return np.zeros(0, np.uint64)
