@@ -20,6 +20,7 @@ def simulated_cpu_flags(devices: int = 8) -> str:
     participant threads. On a loaded 2-core CI host a participant can arrive more than XLA's default 40 s
     after the first, and XLA then aborts the process ("Termination timeout ... Expected 4 threads to join
     the rendezvous"), so the collective timeouts are raised to 10 minutes (flags from openxla/xla#32115).
+    The thread pools the devices share are sized by ``PJRT_NPROC`` (:data:`PJRT_NPROC`), set below.
     """
     return (f"--xla_force_host_platform_device_count={devices} "
             "--xla_cpu_collective_call_warn_stuck_timeout_seconds=60 "
@@ -30,6 +31,19 @@ def simulated_cpu_flags(devices: int = 8) -> str:
 # Eight simulated CPU devices so sharding is tested on a real mesh, not one device. This must happen before
 # jax is imported anywhere in the test process.
 os.environ["XLA_FLAGS"] = simulated_cpu_flags(8)
+
+#: Threads of XLA:CPU's two pools (the client's, which runs each device's program, and the intra-op one, which runs
+#: its thunks), read from the environment when the CPU client starts. XLA sizes both max(cores, devices): 8 on the
+#: 2-core CI host. A collective thunk holds its intra-op thread while it waits in the rendezvous, and a device's
+#: program may have two collectives waiting at once (the pipelined step's scalar loss all-reduce beside the
+#: all-reduce inside a while loop); on 8 threads the first devices to arrive then hold every thread, the devices
+#: they wait for get none, and XLA aborts the process when the terminate timeout ends the wait (the SIGABRT of
+#: tests/test_pipeline.py::test_restores_across_pipeline_layouts; benchmarks/repro/cpu_collective_starvation.py
+#: reproduces it in seconds). 4 threads per device leave room for 4 waiting collectives per device. Inherited by every
+#: child process the tests start (trainers, run_in_child).
+PJRT_NPROC = 4 * 8
+os.environ.setdefault("PJRT_NPROC", str(PJRT_NPROC))
+
 # With the `tpu` extra installed, jax would also try to start libtpu (and take its one-process lockfile);
 # tests run on CPU. Tests that compile for TPU topologies do so in a subprocess (tests/test_compile.py).
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
