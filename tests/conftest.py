@@ -7,7 +7,6 @@ import pathlib
 import shutil
 import subprocess
 import sys
-import warnings
 
 import pytest
 
@@ -52,30 +51,22 @@ REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 RAW_V1 = REPO_ROOT.parent / "shared" / "corpus" / "raw-v1"
 
 
-def run_in_child(function, directory: pathlib.Path, *, reruns_after_a_signal: int = 1, timeout: float = 1200):
+def run_in_child(function, directory: pathlib.Path, *, timeout: float = 1200):
     """Run ``function(directory)``, a module-level function of a test module, in a fresh Python process with this
-    session's environment (simulated devices, compilation cache), for tests whose process has died inside XLA's
-    runtime on the loaded CI host (tests/test_pipeline.py::test_restores_across_pipeline_layouts: a SIGABRT with
-    the cause not found). A death by signal is rerun up to ``reruns_after_a_signal`` times in a fresh
-    subdirectory, with a warning that carries the dead child's stderr (XLA's message and every thread's Python
-    stack); an assertion or any exception in the child fails the test at once, never rerun. Each attempt runs in
-    ``directory / f"attempt{i}"``.
+    session's environment (simulated devices, thread pools, compilation cache): an abort inside XLA's runtime then
+    fails the test with XLA's message and every thread's Python stack instead of taking a pytest-xdist worker
+    down with them. Any failure fails at once, a death by signal included (never rerun).
 
     Raises ``pytest.fail`` with the child's exit status and its stderr's last 6,000 characters."""
     code = ("import importlib, pathlib, sys; sys.path[:0] = [sys.argv[1]]; "
             "getattr(importlib.import_module(sys.argv[2]), sys.argv[3])(pathlib.Path(sys.argv[4]))")
-    for attempt in range(reruns_after_a_signal + 1):
-        out = directory / f"attempt{attempt}"
-        out.mkdir(parents=True)
-        argv = [sys.executable, "-X", "faulthandler", "-c", code, str(pathlib.Path(__file__).parent),
-                function.__module__, function.__name__, str(out)]
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=REPO_ROOT)
-        if proc.returncode == 0:
-            return
-        said = f"{function.__name__} in a child process exited {proc.returncode}; stderr ends:\n{proc.stderr[-6000:]}"
-        if proc.returncode > 0 or attempt == reruns_after_a_signal:
-            pytest.fail(said, pytrace=False)
-        warnings.warn(f"rerun after a death by signal {-proc.returncode}: {said}", stacklevel=2)
+    directory.mkdir(parents=True, exist_ok=True)
+    argv = [sys.executable, "-X", "faulthandler", "-c", code, str(pathlib.Path(__file__).parent),
+            function.__module__, function.__name__, str(directory)]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=REPO_ROOT)
+    if proc.returncode != 0:
+        pytest.fail(f"{function.__name__} in a child process exited {proc.returncode}; stderr ends:\n"
+                    f"{proc.stderr[-6000:]}", pytrace=False)
 
 
 def pytest_collection_modifyitems(config, items):
