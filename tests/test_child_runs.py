@@ -22,7 +22,8 @@ def _wrong_value(directory):
 
 
 def test_a_death_by_signal_fails_at_once_with_its_stderr(tmp_path):
-    with pytest.raises(pytest.fail.Exception, match=r"(?s)_abort in a child process exited -6; .*Fatal Python error: Aborted"):
+    with pytest.raises(pytest.fail.Exception,
+                       match=r"(?s)_abort in a child process exited -6; .*Fatal Python error: Aborted"):
         run_in_child(_abort, tmp_path)
 
 
