@@ -34,8 +34,10 @@ os.environ["XLA_FLAGS"] = simulated_cpu_flags(8)
 #: Threads of XLA:CPU's two pools (the client's, which runs each device's program, and the intra-op one, which runs
 #: its thunks), read from the environment when the CPU client starts. XLA sizes both max(cores, devices): 8 on the
 #: 2-core CI host. A collective thunk holds its intra-op thread while it waits in the rendezvous, and a device's
-#: program may have two collectives waiting at once (the pipelined step's scalar loss all-reduce beside the
-#: all-reduce inside a while loop); on 8 threads the first devices to arrive then hold every thread, the devices
+#: program may have two collectives waiting at once (seen with the stage=4 step loaded from the persistent
+#: compilation cache, as the tests load it: the scalar loss all-reduce beside the all-reduce inside a nested while
+#: loop; the same step compiled in the process did not); on 8 threads the first devices to arrive then hold every
+#: thread, the devices
 #: they wait for get none, and XLA aborts the process when the terminate timeout ends the wait (the SIGABRT of
 #: tests/test_pipeline.py::test_restores_across_pipeline_layouts; benchmarks/repro/cpu_collective_starvation.py
 #: reproduces it in seconds). 4 threads per device leave room for 4 waiting collectives per device. Inherited by every
