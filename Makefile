@@ -23,6 +23,11 @@ WORKDIR ?= workdirs/quickstart
 XLA_FLAGS ?= --xla_force_host_platform_device_count=8 --xla_cpu_collective_call_warn_stuck_timeout_seconds=60 \
 	--xla_cpu_collective_call_terminate_timeout_seconds=600 --xla_cpu_collective_timeout_seconds=600
 export XLA_FLAGS
+# XLA:CPU's thread pools, 4 threads per simulated device: XLA's default, max(cores, devices), is 8 threads on a small
+# host, and a pipelined step's waiting collectives can hold all 8 and abort the run (tests/conftest.py PJRT_NPROC,
+# benchmarks/repro/cpu_collective_starvation.py).
+PJRT_NPROC ?= 32
+export PJRT_NPROC
 # CPU even where libtpu is installed (the `tpu` extra, part of `dev`): on a TPU VM run python -m jaxpt.train directly.
 JAX_PLATFORMS ?= cpu
 export JAX_PLATFORMS

@@ -261,8 +261,8 @@ class Checkpointer:
             raise CheckpointError(f"checkpoint {self.directory}/{step} could not be restored: "
                                   f"{type(e).__name__}: {e}") from e
         # Ready before it is returned (once per resume, not per step): Orbax fills the arrays from its own threads,
-        # and the caller's first step then never overlaps that work. A precaution taken while chasing a test abort
-        # whose cause was not found; it did not stop that abort.
+        # and the caller's first step then never overlaps that work. (Taken while chasing a test abort; that abort
+        # was XLA:CPU's intra-op pool starved by one program's collectives, tests/conftest.py PJRT_NPROC.)
         return jax.block_until_ready(restored["state"])
 
     def restore_data(self, step: int, data_iterator: Any, meta: dict[str, Any] | None = None) -> None:

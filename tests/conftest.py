@@ -7,7 +7,6 @@ import pathlib
 import shutil
 import subprocess
 import sys
-import warnings
 
 import pytest
 
@@ -23,6 +22,7 @@ def simulated_cpu_flags(devices: int = 8) -> str:
     participant threads. On a loaded 2-core CI host a participant can arrive more than XLA's default 40 s
     after the first, and XLA then aborts the process ("Termination timeout ... Expected 4 threads to join
     the rendezvous"), so the collective timeouts are raised to 10 minutes (flags from openxla/xla#32115).
+    The thread pools the devices share are sized by ``PJRT_NPROC`` (:data:`PJRT_NPROC`), set below.
     """
     return (f"--xla_force_host_platform_device_count={devices} "
             "--xla_cpu_collective_call_warn_stuck_timeout_seconds=60 "
@@ -33,6 +33,17 @@ def simulated_cpu_flags(devices: int = 8) -> str:
 # Eight simulated CPU devices so sharding is tested on a real mesh, not one device. This must happen before
 # jax is imported anywhere in the test process.
 os.environ["XLA_FLAGS"] = simulated_cpu_flags(8)
+
+#: Threads of XLA:CPU's two pools (the client's, which runs each device's program, and the intra-op one, which runs
+#: its thunks), read when the CPU client starts; XLA's default is max(cores, devices), 8 on a 2-core host. A
+#: collective holds its intra-op thread while it waits in the rendezvous, and the stage=4 step loaded from the
+#: persistent compilation cache can have two collectives waiting on one device; on 8 threads the first devices then
+#: hold every thread, their partners get none, and XLA aborts at the terminate timeout (the SIGABRT of
+#: test_pipeline.py::test_restores_across_pipeline_layouts; benchmarks/repro/cpu_collective_starvation.py). 4 threads
+#: per device; inherited by every child process the tests start.
+PJRT_NPROC = 4 * 8
+os.environ.setdefault("PJRT_NPROC", str(PJRT_NPROC))
+
 # With the `tpu` extra installed, jax would also try to start libtpu (and take its one-process lockfile);
 # tests run on CPU. Tests that compile for TPU topologies do so in a subprocess (tests/test_compile.py).
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -41,30 +52,22 @@ REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 RAW_V1 = REPO_ROOT.parent / "shared" / "corpus" / "raw-v1"
 
 
-def run_in_child(function, directory: pathlib.Path, *, reruns_after_a_signal: int = 1, timeout: float = 1200):
+def run_in_child(function, directory: pathlib.Path, *, timeout: float = 1200):
     """Run ``function(directory)``, a module-level function of a test module, in a fresh Python process with this
-    session's environment (simulated devices, compilation cache), for tests whose process has died inside XLA's
-    runtime on the loaded CI host (tests/test_pipeline.py::test_restores_across_pipeline_layouts: a SIGABRT with
-    the cause not found). A death by signal is rerun up to ``reruns_after_a_signal`` times in a fresh
-    subdirectory, with a warning that carries the dead child's stderr (XLA's message and every thread's Python
-    stack); an assertion or any exception in the child fails the test at once, never rerun. Each attempt runs in
-    ``directory / f"attempt{i}"``.
+    session's environment (simulated devices, thread pools, compilation cache): an abort inside XLA's runtime then
+    fails the test with XLA's message and every thread's Python stack instead of taking a pytest-xdist worker
+    down with them. Any failure fails at once, a death by signal included (never rerun).
 
     Raises ``pytest.fail`` with the child's exit status and its stderr's last 6,000 characters."""
     code = ("import importlib, pathlib, sys; sys.path[:0] = [sys.argv[1]]; "
             "getattr(importlib.import_module(sys.argv[2]), sys.argv[3])(pathlib.Path(sys.argv[4]))")
-    for attempt in range(reruns_after_a_signal + 1):
-        out = directory / f"attempt{attempt}"
-        out.mkdir(parents=True)
-        argv = [sys.executable, "-X", "faulthandler", "-c", code, str(pathlib.Path(__file__).parent),
-                function.__module__, function.__name__, str(out)]
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=REPO_ROOT)
-        if proc.returncode == 0:
-            return
-        said = f"{function.__name__} in a child process exited {proc.returncode}; stderr ends:\n{proc.stderr[-6000:]}"
-        if proc.returncode > 0 or attempt == reruns_after_a_signal:
-            pytest.fail(said, pytrace=False)
-        warnings.warn(f"rerun after a death by signal {-proc.returncode}: {said}", stacklevel=2)
+    directory.mkdir(parents=True, exist_ok=True)
+    argv = [sys.executable, "-X", "faulthandler", "-c", code, str(pathlib.Path(__file__).parent),
+            function.__module__, function.__name__, str(directory)]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=REPO_ROOT)
+    if proc.returncode != 0:
+        pytest.fail(f"{function.__name__} in a child process exited {proc.returncode}; stderr ends:\n"
+                    f"{proc.stderr[-6000:]}", pytrace=False)
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects: the tier markers must be on the items by then

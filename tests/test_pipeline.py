@@ -105,10 +105,10 @@ def test_restores_across_pipeline_layouts(tmp_path):
     """A state saved on stage=2 restores on stage=1 (data=8) and on stage=4: the next step's loss equals the
     uninterrupted stage=2 run's within rel 1e-5, and the stored parameter shapes do not depend on stages.
 
-    Runs in a child process (conftest.run_in_child): this test's process has died of SIGABRT inside XLA's runtime
-    in full runs on the loaded 2-core CI host (CI of stop 50; earlier in 3 of 4 runs with an in-place step), the
-    cause not found, and a crashed xdist worker loses the abort's message. In a child, a death by signal is rerun
-    once with the first child's stderr in a warning; a wrong loss or shape fails at once."""
+    Runs in a child process (conftest.run_in_child), so that an abort inside XLA's runtime fails with XLA's message
+    instead of taking an xdist worker down without it. This test's process used to die of SIGABRT on the loaded
+    2-core host: the stage=4 step's collectives starved XLA:CPU's 8-thread intra-op pool (conftest.PJRT_NPROC,
+    benchmarks/repro/cpu_collective_starvation.py)."""
     run_in_child(_restore_across_layouts, tmp_path)
 
 
@@ -124,7 +124,7 @@ def _restore_across_layouts(tmp_path):
     assert ckpt.save(3, state, data_it, {"step": 3}, force=True)
     ckpt.wait()
     # Block on every output, not just the loss, before the next program: one sharded program in flight at a time
-    # (a precaution from chasing an abort of this test whose cause was not found; README, "In-place update").
+    # (taken while chasing this test's abort; the abort's cause was the intra-op pool's size, conftest.PJRT_NPROC).
     _, metrics = jax.block_until_ready(built.train_step(state, batches[3]))
     ref = float(metrics["loss"])
     for mesh, model in (("data=8", {}), ("stage=4,data=2", {"pipeline_microbatches": 4})):
