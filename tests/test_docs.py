@@ -419,6 +419,7 @@ def _mkdocs_build(config: pathlib.Path, site: pathlib.Path) -> subprocess.Comple
                           timeout=600)
 
 
+@pytest.mark.integration
 @needs_mkdocs
 def test_the_site_builds_strictly(tmp_path):
     proc = _mkdocs_build(ROOT / "mkdocs.yml", tmp_path / "site")
@@ -428,6 +429,7 @@ def test_the_site_builds_strictly(tmp_path):
         assert (tmp_path / "site" / page).is_file(), page
 
 
+@pytest.mark.integration
 @needs_mkdocs
 def test_the_strict_settings_fail_on_a_broken_link_or_anchor(tmp_path):
     """A two-page site with this project's strict and validation settings: it builds, and a link to a missing page
