@@ -14,7 +14,6 @@ package's ``__init__`` and the back-compat aliases ``stages`` and ``paragraphs``
 data_pipelines module is allowed only with a ``# defers <heavy optional dependency>`` comment (tests/test_imports.py).
 """
 
-import ast
 import pathlib
 
 import test_imports as ti
@@ -26,42 +25,15 @@ LIB = {"sources", "draws", "minhash", "readers", "sink", "writer", "manifest", "
        "tokenizer_training"}
 
 
-def modules(root: pathlib.Path, package: str = "data_pipelines") -> dict[str, pathlib.Path]:
-    """``{dotted name: path}`` of every module of ``package`` under ``root``."""
-    out = {}
-    for p in sorted((root / package).rglob("*.py")):
-        parts = list(p.relative_to(root).with_suffix("").parts)
-        if parts[-1] == "__init__":
-            parts = parts[:-1]
-        out[".".join(parts)] = p
-    return out
+def modules(root: pathlib.Path) -> dict[str, pathlib.Path]:
+    """``{dotted name: path}`` of every data_pipelines module under ``root``."""
+    return ti.modules(root, "data_pipelines")
 
 
 def import_graph(root: pathlib.Path) -> dict[str, list[tuple[str, int, bool, str]]]:
-    """``{module: [(imported data_pipelines module, line, inside a function, source line), ...]}`` (as
-    `test_imports.import_graph` draws jaxpt's)."""
-    mods = modules(root)
-
-    def resolve(name: str) -> str | None:
-        while name and name not in mods:
-            name = name.rpartition(".")[0]
-        return name or None
-
-    graph = {}
-    for name, path in mods.items():
-        text = path.read_text()
-        lines, tree = text.splitlines(), ast.parse(text, str(path))
-        inside = {id(n) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
-                  for n in ast.walk(f)}
-        edges = []
-        for node in ast.walk(tree):
-            if not isinstance(node, (ast.Import, ast.ImportFrom)):
-                continue
-            hits = {resolve(t) for t in ti._targets(node, name, path.name == "__init__.py")}
-            edges += [(hit, node.lineno, id(node) in inside, lines[node.lineno - 1])
-                      for hit in sorted(h for h in hits if h and h != name)]
-        graph[name] = edges
-    return graph
+    """``{module: [(imported data_pipelines module, line, inside a function, source line), ...]}``, drawn as
+    `test_imports.import_graph` draws jaxpt's."""
+    return ti.import_graph(root, "data_pipelines")
 
 
 def layer(module: str) -> int:

@@ -28,10 +28,10 @@ HEAVY_OPTIONAL = ("tensorflow", "seqio", "lm_eval", "torch", "transformers", "ap
 DEFERS = re.compile(r"#.*\bdefers\b\s+(" + "|".join(HEAVY_OPTIONAL) + r")\b")
 
 
-def modules(root: pathlib.Path) -> dict[str, pathlib.Path]:
-    """``{dotted name: path}`` of every module of the ``jaxpt`` package under ``root``."""
+def modules(root: pathlib.Path, package: str = "jaxpt") -> dict[str, pathlib.Path]:
+    """``{dotted name: path}`` of every module of ``package`` (``jaxpt``, ``data_pipelines``) under ``root``."""
     out = {}
-    for p in sorted((root / "jaxpt").rglob("*.py")):
+    for p in sorted((root / package).rglob("*.py")):
         parts = list(p.relative_to(root).with_suffix("").parts)
         if parts[-1] == "__init__":
             parts = parts[:-1]
@@ -53,20 +53,20 @@ def _targets(node, module: str, is_package: bool) -> list[str]:
     return [f"{base}.{a.name}" for a in node.names]
 
 
-def _dynamic_target(call: ast.Call) -> str | None:
+def _dynamic_target(call: ast.Call, package: str = "jaxpt") -> str | None:
     """The module a call such as ``importlib.import_module("jaxpt.eval.harness")`` (or a helper whose name ends in
     ``_module``) imports, when its first argument is a literal jaxpt module name; else None."""
     name = call.func.attr if isinstance(call.func, ast.Attribute) else getattr(call.func, "id", "")
     arg = call.args[0] if call.args else None
-    if name.endswith("_module") and isinstance(arg, ast.Constant) and str(arg.value).startswith("jaxpt."):
+    if name.endswith("_module") and isinstance(arg, ast.Constant) and str(arg.value).startswith(package + "."):
         return arg.value
     return None
 
 
-def import_graph(root: pathlib.Path) -> dict[str, list[tuple[str, int, bool, str]]]:
-    """``{module: [(imported jaxpt module, line, inside a function, source line), ...]}`` for every jaxpt module;
-    an import of a name from a module counts as importing that module."""
-    mods = modules(root)
+def import_graph(root: pathlib.Path, package: str = "jaxpt") -> dict[str, list[tuple[str, int, bool, str]]]:
+    """``{module: [(imported module of package, line, inside a function, source line), ...]}`` for every module of
+    ``package``; an import of a name from a module counts as importing that module."""
+    mods = modules(root, package)
 
     def resolve(name: str) -> str | None:
         while name and name not in mods:
@@ -81,8 +81,9 @@ def import_graph(root: pathlib.Path) -> dict[str, list[tuple[str, int, bool, str
                   for n in ast.walk(f)}
         edges = []
         for node in ast.walk(tree):
-            if isinstance(node, ast.Call) and _dynamic_target(node) and resolve(_dynamic_target(node)):
-                edges.append((resolve(_dynamic_target(node)), node.lineno, True, lines[node.lineno - 1]))
+            target = _dynamic_target(node, package) if isinstance(node, ast.Call) else None
+            if target and resolve(target):
+                edges.append((resolve(target), node.lineno, True, lines[node.lineno - 1]))
             if not isinstance(node, (ast.Import, ast.ImportFrom)):
                 continue
             hits = {resolve(t) for t in _targets(node, name, path.name == "__init__.py")}
