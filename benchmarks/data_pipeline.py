@@ -25,8 +25,8 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from data_pipelines import minhash, neardup_eval, readers, stages  # noqa: E402
-from data_pipelines.steps import extraction  # noqa: E402
+from data_pipelines import minhash, neardup_eval, readers  # noqa: E402
+from data_pipelines.steps import decontamination, exact_dedup, extraction, langid, normalization, quality, rules  # noqa: E402
 from data_pipelines.config import AdmissionConfig, LangIdConfig, NormalizeConfig, RuleConfig, Source  # noqa: E402
 
 
@@ -118,15 +118,15 @@ def main():
     html = [d["text"] for d in docs if d["domain"] == "web"][:60]
     texts = [d["text"] for d in sample if d["domain"] != "web"]
     _timed("admission (trafilatura, web)", lambda ts: [extraction.extract_main_text({"id": "", "source": "", "domain": "", "text": x, "html": True}) for x in ts], html, rows)
-    _timed("normalize (ftfy)", lambda ts: [stages.normalize(x, NormalizeConfig()) for x in ts], texts, rows)
-    lid = stages.LanguageIdentifier(LangIdConfig())
+    _timed("normalize (ftfy)", lambda ts: [normalization.normalize(x, NormalizeConfig()) for x in ts], texts, rows)
+    lid = langid.LanguageIdentifier(LangIdConfig())
     _timed("langid (lingua, 600 chars)", lambda ts: [lid.detect(ts[i:i + 256]) for i in range(0, len(ts), 256)], texts, rows)
     rc = RuleConfig()
-    _timed("rules (Gopher/C4 stats)", lambda ts: [stages.rule_reason(x, rc) for x in ts], texts, rows)
-    _timed("exact dedup key", lambda ts: [stages.exact_key(x) for x in ts], texts, rows)
-    lm = stages.HashedNgramLM(sum(stages.HashedNgramLM.count(x, 1 << 20) for x in texts[:2000]))
+    _timed("rules (Gopher/C4 stats)", lambda ts: [rules.rule_reason(x, rc) for x in ts], texts, rows)
+    _timed("exact dedup key", lambda ts: [exact_dedup.exact_key(x) for x in ts], texts, rows)
+    lm = quality.HashedNgramLM(sum(quality.HashedNgramLM.count(x, 1 << 20) for x in texts[:2000]))
     _timed("quality score (hashed LM)", lambda ts: [lm.score(x) for x in ts], texts, rows)
-    _timed("decontam 13-grams", lambda ts: [stages.ngram_hashes(x, 13) for x in ts], texts, rows)
+    _timed("decontam 13-grams", lambda ts: [decontamination.ngram_hashes(x, 13) for x in ts], texts, rows)
     h = minhash.MinHasher()
     _timed("minhash signature only", lambda ts: [h.signature(x) for x in ts], texts, rows)
 

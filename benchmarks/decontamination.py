@@ -10,7 +10,7 @@ On a seeded sample of raw-v1's non-web documents (`--sample`), prints:
 2. The same for one- and two-word lines drawn (seeded) from the sample itself: examples that are certainly in the
    corpus, so the whole-unit rule must remove at least their own document; the spread shows how over-broad a
    short example can be (which the manifest's per-example counts and `warn_documents_per_example` surface).
-3. Matching throughput of `stages.EvalIndex.match` (documents/s, one process) with long examples only, then adding
+3. Matching throughput of `decontamination.EvalIndex.match` (documents/s, one process) with long examples only, then adding
    medium and short ones.
 
 Figures only: nothing here passes or fails.
@@ -28,13 +28,14 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from data_pipelines import minhash, neardup_eval, stages  # noqa: E402
+from data_pipelines.steps import decontamination  # noqa: E402
+from data_pipelines import minhash, neardup_eval  # noqa: E402
 
 ANSWERS = ["Yes", "No", "True", "False", "None", "Paris", "the", "return", "Example", "New York",
            "United States", "of course", "for example", "See also"]
 
 
-def _removed(index: stages.EvalIndex, texts: dict[str, str]) -> dict[int, set[str]]:
+def _removed(index: decontamination.EvalIndex, texts: dict[str, str]) -> dict[int, set[str]]:
     """Example index -> ids of the documents it matches."""
     out: dict[int, set[str]] = {}
     for doc_id, text in texts.items():
@@ -43,8 +44,8 @@ def _removed(index: stages.EvalIndex, texts: dict[str, str]) -> dict[int, set[st
     return out
 
 
-def _index(examples: list[str], min_ngram: int, units=stages.DECONTAM_UNITS) -> stages.EvalIndex:
-    ix = stages.EvalIndex(13, min_ngram, units)
+def _index(examples: list[str], min_ngram: int, units=decontamination.DECONTAM_UNITS) -> decontamination.EvalIndex:
+    ix = decontamination.EvalIndex(13, min_ngram, units)
     for i, e in enumerate(examples):
         ix.add("bench", str(i), e)
     return ix
@@ -52,7 +53,7 @@ def _index(examples: list[str], min_ngram: int, units=stages.DECONTAM_UNITS) -> 
 
 def _table(title: str, examples: list[str], texts: dict[str, str]) -> None:
     anywhere = _removed(_index(examples, 1), texts)
-    per_unit = {u: _removed(_index(examples, 3, (u,)), texts) for u in stages.DECONTAM_UNITS}
+    per_unit = {u: _removed(_index(examples, 3, (u,)), texts) for u in decontamination.DECONTAM_UNITS}
     whole = _removed(_index(examples, 3), texts)
     n = len(texts)
     print(f"\n{title} ({n} documents)")
@@ -60,7 +61,7 @@ def _table(title: str, examples: list[str], texts: dict[str, str]) -> None:
           f"{'line':>7s}")
     for i, e in enumerate(examples):
         a, w = len(anywhere.get(i, ())), len(whole.get(i, ()))
-        units = [len(per_unit[u].get(i, ())) for u in stages.DECONTAM_UNITS]
+        units = [len(per_unit[u].get(i, ())) for u in decontamination.DECONTAM_UNITS]
         print(f"{e[:24]!r:24s} {a:9d} {a / n:7.2%} {w:10d} {units[0]:9d} {units[1]:9d} {units[2]:7d}")
     tot_a = len(set().union(*anywhere.values())) if anywhere else 0
     tot_w = len(set().union(*whole.values())) if whole else 0
@@ -105,7 +106,7 @@ def main():
           "(random spans: not a real eval set)")
     for label, classes in (("long", ["long"]), ("long + medium", ["long", "medium"]),
                            ("long + medium + short", ["long", "medium", "short"])):
-        ix = stages.EvalIndex(13, 3)
+        ix = decontamination.EvalIndex(13, 3)
         for cls in classes:
             for i, e in enumerate(examples[cls]):
                 ix.add("bench", f"{cls}-{i}", e)

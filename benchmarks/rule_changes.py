@@ -24,8 +24,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from data_pipelines import build, label_sample, manifest as manifest_lib, review, stages  # noqa: E402
-from data_pipelines.steps import langid  # noqa: E402
+from data_pipelines import build, draws, label_sample, manifest as manifest_lib, review  # noqa: E402
+from data_pipelines.steps import langid, rules  # noqa: E402
 
 
 def new_verdict(row: dict, text: str, cfg, lid, sources) -> str:
@@ -42,7 +42,7 @@ def new_verdict(row: dict, text: str, cfg, lid, sources) -> str:
         lang, _, _ = lid.detect([text], [langid._declared_language(doc, src)])[0]
         if lang not in src.languages:
             return "langid:language_not_allowed"
-    reason = stages.rule_reason(text, cfg.rules.for_domain(row["domain"], row["source"]))
+    reason = rules.rule_reason(text, cfg.rules.for_domain(row["domain"], row["source"]))
     return f"rules:{reason}" if reason else "kept"
 
 
@@ -64,10 +64,10 @@ def main(argv=None) -> int:
         strata[(r["verdict"], r["domain"])].append(r)
     chosen = []
     for key, rs in sorted(strata.items()):
-        rs = sorted(rs, key=lambda r: stages.uniform(7, r["id"]))
+        rs = sorted(rs, key=lambda r: draws.uniform(7, r["id"]))
         chosen += rs[: args.limit_per_rule] + [r for r in rs[args.limit_per_rule:] if r["id"] in labels]
     texts = label_sample.texts_for({r["id"] for r in chosen}, cfg)
-    lid = stages.LanguageIdentifier(cfg.langid) if cfg.langid.enabled else None
+    lid = langid.LanguageIdentifier(cfg.langid) if cfg.langid.enabled else None
     moved = collections.defaultdict(collections.Counter)
     after = {}
     for r in chosen:

@@ -8,7 +8,8 @@ import json
 
 import pytest
 
-from data_pipelines import label_sample, readers, review, stages
+from data_pipelines.steps import decontamination, langid, quotas, rules as rule_step
+from data_pipelines import draws, label_sample, readers, review
 from data_pipelines.config import AdmissionConfig, BuildConfig, ConfigError, LangIdConfig, QuotaConfig, RuleConfig
 from data_pipelines.config import DecontamConfig, Source
 from jaxpt.data.documents import DocumentFormatError
@@ -108,32 +109,32 @@ RULES_V1 = dict(dup_line_min_words=1, repetition_min_words=0)  # the old rules: 
 
 def test_citation_tag_entry_is_kept_and_was_dropped_by_rules_v1():
     cfg = RuleConfig(min_words=5, max_punct_ratio=0.45)  # raw_v1.gin's reference settings
-    assert stages.rule_reason(CITATION_ENTRY, RuleConfig(**RULES_V1, min_words=5, max_punct_ratio=0.45)) \
+    assert rule_step.rule_reason(CITATION_ENTRY, RuleConfig(**RULES_V1, min_words=5, max_punct_ratio=0.45)) \
         == "repeated_lines"  # 3 of 7 lines are one tag: 0.43 > 0.3
-    assert stages.rule_reason(CITATION_ENTRY, cfg) is None
+    assert rule_step.rule_reason(CITATION_ENTRY, cfg) is None
     # Repetition of real lines is still caught: the same sentence three times.
     spam = "\n".join(["Buy cheap watches at our store today"] * 3 + ["one line", "other line"])
-    assert stages.rule_reason(spam, cfg) == "repeated_lines"
+    assert rule_step.rule_reason(spam, cfg) == "repeated_lines"
 
 
 def test_short_documents_skip_ngram_repetition_rules_long_ones_do_not():
     # A 12-word fortune whose punch line repeats a pair of words: the top 2-gram is 0.24 of its letters.
     short = "Time flies like an arrow; fruit flies like a banana. Time flies."
-    st = stages.rule_stats(short)
+    st = rule_step.rule_stats(short)
     assert st["top_2gram_fraction"] > 0.2
-    assert stages.rule_reason(short, RuleConfig(**RULES_V1)) == "top_2gram"
-    assert stages.rule_reason(short, RuleConfig()) is None
+    assert rule_step.rule_reason(short, RuleConfig(**RULES_V1)) == "top_2gram"
+    assert rule_step.rule_reason(short, RuleConfig()) is None
     # Past repetition_min_words the same rules still apply.
     long = " ".join(["click here now"] * 30)
-    assert stages.rule_reason(long, RuleConfig()) in ("top_2gram", "top_3gram", "repeated_5grams")
+    assert rule_step.rule_reason(long, RuleConfig()) in ("top_2gram", "top_3gram", "repeated_5grams")
 
 
 def test_one_ellipsis_in_a_short_fortune_is_not_a_symbol_flood():
     fortune = "Символ США - Свобода... в железе.\n\t\t-- Евгений Кащеев\n"  # 1 ellipsis / 9 words
-    assert stages.rule_reason(fortune, RuleConfig(**RULES_V1)) == "symbol_ratio"
-    assert stages.rule_reason(fortune, RuleConfig()) is None
+    assert rule_step.rule_reason(fortune, RuleConfig(**RULES_V1)) == "symbol_ratio"
+    assert rule_step.rule_reason(fortune, RuleConfig()) is None
     flood = "#a #b #c #d #e #f #g word word word"  # 7 '#' over max(10, 50) words = 0.14
-    assert stages.rule_reason(flood, RuleConfig()) == "symbol_ratio"
+    assert rule_step.rule_reason(flood, RuleConfig()) == "symbol_ratio"
 
 
 def test_rules_v4_keep_the_labelled_wrongful_drops_of_a_rules_v3_build():
@@ -151,33 +152,33 @@ def test_rules_v4_keep_the_labelled_wrongful_drops_of_a_rules_v3_build():
     fortune = cfg.rules.for_domain("multilingual", "fortunes-de")
     compound = "Hallo Weißbierüberschäumlasserinnen!\n"  # mean word length 17 > 12
     nospace = "Seraqueochefevaidescobrirqueeuderrubeicafénoteclado?\n"
-    assert stages.rule_stats(nospace)["mean_word_length"] > 30
+    assert rule_step.rule_stats(nospace)["mean_word_length"] > 30
     v3 = dataclasses.replace(fortune, skip=tuple(r for r in fortune.skip if r != "long_words"))
-    assert [stages.rule_reason(t, v3) for t in (compound, nospace)] == ["long_words", "long_words"]
-    assert [stages.rule_reason(t, fortune) for t in (compound, nospace)] == [None, None]
+    assert [rule_step.rule_reason(t, v3) for t in (compound, nospace)] == ["long_words", "long_words"]
+    assert [rule_step.rule_reason(t, fortune) for t in (compound, nospace)] == [None, None]
     dragon = ("\t\t    ___====-_  _-====___\n\t      _--~~~#####//      \\\\#####~~~--_\n"
               "\t   _-~##########// (    ) \\\\##########~-_\n")
-    assert stages.rule_reason(dragon, cfg.rules.for_domain("multilingual", "fortunes")) == "few_alpha_words"
+    assert rule_step.rule_reason(dragon, cfg.rules.for_domain("multilingual", "fortunes")) == "few_alpha_words"
     # A Japanese man page's example script (as manpages-ja initscript(5)): 8 '#' comment marks over 53
     # space-separated "words" read as 0.15 symbols per word in rules-v3 (> 0.1); counted per character, as the
     # word count is, it is 8 over some 300.
     comment = "                # 全てのプロセスに対するファイルディスクプリタの上限を設定する。\n"
     page = ("名前\n       initscript - inittabファイル中のコマンドを実行するスクリプト\n"
             + comment * 8 + "                ulimit -Hn 8192\n" * 10 + "                eval exec \"$4\"\n")
-    st = stages.rule_stats(page)
+    st = rule_step.rule_stats(page)
     assert st["symbol_count"] == 8 and 50 <= st["n_ws_words"] < 80 and st["n_words"] > 200
     assert st["symbol_ratio"] == pytest.approx(8 / st["n_words"])
     man = cfg.rules.for_domain("multilingual", "manpages-ja")
     assert st["symbol_count"] / max(st["n_ws_words"], man.repetition_min_words) > man.max_symbol_ratio  # rules-v3
-    assert stages.rule_reason(page, man) is None
+    assert rule_step.rule_reason(page, man) is None
     # Space-separated text keeps Gopher's per-word ratio.
-    assert stages.rule_stats("#a #b #c #d #e #f #g word word word")["symbol_ratio"] == pytest.approx(0.7)
+    assert rule_step.rule_stats("#a #b #c #d #e #f #g word word word")["symbol_ratio"] == pytest.approx(0.7)
 
 
 def test_code_closing_braces_are_not_duplicate_lines():
     code = "int f(int x) {\n  if (x) {\n    return 1;\n  }\n  return 0;\n}\nint g(void) {\n  return 2;\n}\n"
-    st_old = stages.rule_stats(code, 1)
-    st_new = stages.rule_stats(code, 4)
+    st_old = rule_step.rule_stats(code, 1)
+    st_new = rule_step.rule_stats(code, 4)
     assert st_old["dup_line_fraction"] == pytest.approx(3 / 9)  # '}' x3 of 9 non-empty lines
     assert st_new["dup_line_fraction"] == 0.0
 
@@ -192,9 +193,9 @@ def test_per_source_overrides_scope_a_threshold_to_one_source():
     # A man page's options share one wording ("A logical value, if true"): about a fifth of its letters.
     page = "\n".join(f"-{c} " + " ".join(f"word{c}{k}" for k in range(14)) + ". A logical value, if true."
                       for c in "abcdef")
-    assert 0.16 < stages.rule_stats(page)["dup_5gram_fraction"] <= 0.3
-    assert stages.rule_reason(page, rules.for_domain("m", "fortunes")) == "repeated_5grams"
-    assert stages.rule_reason(page, rules.for_domain("m", "man")) is None
+    assert 0.16 < rule_step.rule_stats(page)["dup_5gram_fraction"] <= 0.3
+    assert rule_step.rule_reason(page, rules.for_domain("m", "fortunes")) == "repeated_5grams"
+    assert rule_step.rule_reason(page, rules.for_domain("m", "man")) is None
     with pytest.raises(ConfigError, match=r"RuleConfig.per_source\['man'\]: unknown thresholds \['nope'\]"):
         RuleConfig(per_source={"man": {"nope": 1}}).for_domain("m", "man")
 
@@ -202,14 +203,14 @@ def test_per_source_overrides_scope_a_threshold_to_one_source():
 def test_skip_scopes_a_rule_to_the_domains_it_was_calibrated_on():
     # Two senses that share their closing gloss word for word: 2 of 4 lines are one 5-word line (0.5 > 0.3).
     entry = "Abide, v.\nTo wait for; to await.\nsee the entry for wait\nsee the entry for wait\n"
-    assert stages.rule_stats(entry, 4)["dup_line_fraction"] == 0.5
+    assert rule_step.rule_stats(entry, 4)["dup_line_fraction"] == 0.5
     rules = RuleConfig(min_words=1, per_domain={"reference": {"skip": ["repeated_lines", "repeated_line_chars"]}},
                        per_source={"webcrawl": {"skip": []}})
-    assert stages.rule_reason(entry, rules.for_domain("web", "pages")) == "repeated_lines"
-    assert stages.rule_reason(entry, rules.for_domain("reference", "dict")) is None
-    assert stages.rule_reason(entry, rules.for_domain("reference", "webcrawl")) == "repeated_lines"  # source wins
+    assert rule_step.rule_reason(entry, rules.for_domain("web", "pages")) == "repeated_lines"
+    assert rule_step.rule_reason(entry, rules.for_domain("reference", "dict")) is None
+    assert rule_step.rule_reason(entry, rules.for_domain("reference", "webcrawl")) == "repeated_lines"  # source wins
     # A skipped rule passes; the rules after it still apply.
-    assert stages.rule_reason(entry.upper() + "# # # # # # #", rules.for_domain("reference", "dict")) \
+    assert rule_step.rule_reason(entry.upper() + "# # # # # # #", rules.for_domain("reference", "dict")) \
         == "symbol_ratio"  # 7 '#' over max(13, 50) words = 0.14 > 0.1
     with pytest.raises(ConfigError, match=r"RuleConfig.skip .*unknown rules \['repeated_line'\]"):
         RuleConfig(skip=("repeated_line",)).for_domain("web", "pages")
@@ -222,13 +223,13 @@ def test_bare_cross_reference_entries_are_dropped_by_name_short_definitions_kept
     foldoc = "NAK\n\n   {Negative Acknowledgement}\n\n"  # an expansion, not a pointer
     longer = "Abide\n\n   To wait. See {wait}.\n"
     on = RuleConfig(min_words=1, min_chars=1, drop_cross_references=True)
-    assert [stages.rule_reason(t, on) for t in (gcide, jargon, devil, foldoc, longer)] \
+    assert [rule_step.rule_reason(t, on) for t in (gcide, jargon, devil, foldoc, longer)] \
         == ["cross_reference_only", "cross_reference_only", None, None, None]
-    assert stages.rule_reason(gcide, RuleConfig(min_words=1, min_chars=1)) is None  # off by default
+    assert rule_step.rule_reason(gcide, RuleConfig(min_words=1, min_chars=1)) is None  # off by default
     # Scoped per domain: a fortune that happens to read "See {...}" is not a dictionary pointer.
     rules = RuleConfig(min_words=1, min_chars=1, per_domain={"reference": {"drop_cross_references": True}})
-    assert stages.rule_reason(gcide, rules.for_domain("reference", "dict-gcide")) == "cross_reference_only"
-    assert stages.rule_reason(gcide, rules.for_domain("multilingual", "fortunes")) is None
+    assert rule_step.rule_reason(gcide, rules.for_domain("reference", "dict-gcide")) == "cross_reference_only"
+    assert rule_step.rule_reason(gcide, rules.for_domain("multilingual", "fortunes")) is None
 
 
 class _AlwaysGerman:
@@ -267,13 +268,13 @@ def test_declared_sources_take_their_declared_language_without_detection():
 
 @pytest.fixture(scope="module")
 def lid():
-    return stages.LanguageIdentifier(LangIdConfig())
+    return langid.LanguageIdentifier(LangIdConfig())
 
 
 @pytest.mark.slow  # lingua loads 11 language models: ~25 s on a loaded 2-core host, once per process
 def test_one_line_english_entry_takes_the_declared_language(lid):
     line = "Gesundheit, interj. Used to wish health."
-    old = stages.LanguageIdentifier(LangIdConfig(min_chars=0, min_confidence=0.0, windows=1, max_chars=600))
+    old = langid.LanguageIdentifier(LangIdConfig(min_chars=0, min_confidence=0.0, windows=1, max_chars=600))
     assert old.detect([line])[0][0] == "de"  # the issue's fault: a short English entry labelled German
     assert lid.detect([line], ["en"])[0][0::2] == ("en", "declared")
 
@@ -288,7 +289,7 @@ def test_translated_man_page_with_english_header_is_labelled_by_its_body(lid):
             "Verzeichnis). Die Einträge werden alphabetisch sortiert, wenn keine Option angegeben ist.\n") * 12
     doc = header + body
     assert len(header) > 600
-    old = stages.LanguageIdentifier(LangIdConfig(max_chars=600, windows=1, min_chars=0, min_confidence=0.0))
+    old = langid.LanguageIdentifier(LangIdConfig(max_chars=600, windows=1, min_chars=0, min_confidence=0.0))
     assert old.detect([doc])[0][0] == "en"
     assert lid.detect([doc], ["en"])[0][0::2] == ("de", "detected")
 
@@ -302,9 +303,9 @@ def test_long_text_in_another_language_is_still_detected(lid):
 
 def test_spread_sample_covers_head_middle_and_tail():
     text = "a" * 1000 + "b" * 1000 + "c" * 1000
-    s = stages.spread_sample(text, 300, 3)
+    s = langid.spread_sample(text, 300, 3)
     assert s == "a" * 100 + "\n" + "b" * 100 + "\n" + "c" * 100
-    assert stages.spread_sample("short", 300, 3) == "short"
+    assert langid.spread_sample("short", 300, 3) == "short"
 
 
 # ---------------------------------------------------------------- item 7: quotas
@@ -314,10 +315,10 @@ def _select(docs, fractions, seed):
     """Kept ids per group by the stage's rule: rank by seeded hash, cutoff from `quota_cutoff`."""
     groups = collections.defaultdict(list)
     for doc_id, g, n in docs:
-        groups[g].append((stages.uniform(seed, doc_id), doc_id, n))
+        groups[g].append((draws.uniform(seed, doc_id), doc_id, n))
     kept = set()
     for g, items in groups.items():
-        u_star = stages.quota_cutoff(items, fractions[g])
+        u_star = quotas.quota_cutoff(items, fractions[g])
         kept |= {i for u, i, _ in items if u < u_star}
     return kept
 
@@ -330,7 +331,7 @@ def test_issue_90_6_4_quota_meets_shares_and_is_monotone():
     for _, g, n in docs:
         chars[tuple(g.split("/"))] += n
     cfg = QuotaConfig(targets={"a": 0.5, "b": 0.5}, long_tail_share=0.05, long_tail_floor=1.0, seed=3)
-    f = stages.quota_keep_fractions(dict(chars), cfg)
+    f = quotas.quota_keep_fractions(dict(chars), cfg)
     # By hand: T = min(100000/0.5, 10000/0.5) = 20000, B_a = 10000 chars; floor F = 0.05 * 10000 = 500 chars.
     # cs (4000) and de (6000) keep max(p c, 500), en keeps 90000 p: solve 90000p + 600p + 500 = 10000 if 4000p < 500.
     p = 9500 / 96000
@@ -343,7 +344,7 @@ def test_issue_90_6_4_quota_meets_shares_and_is_monotone():
     assert n_kept == {"a/en": round(90000 * p / 100), "a/de": round(6000 * p / 100), "a/cs": 5}
     share_a = sum(n_kept.values()) / (sum(n_kept.values()) + by_group["b/en"])
     assert abs(share_a - 0.5) <= 0.02
-    assert stages.quota_share_warnings({"a": sum(n_kept.values()), "b": by_group["b/en"]}, cfg.targets, 0.02) == []
+    assert quotas.quota_share_warnings({"a": sum(n_kept.values()), "b": by_group["b/en"]}, cfg.targets, 0.02) == []
 
 
 def test_floors_never_give_a_smaller_group_more_text():
@@ -351,7 +352,7 @@ def test_floors_never_give_a_smaller_group_more_text():
     sizes = [5000, 900, 700, 400, 300, 120, 60, 10]
     chars = {("a", f"l{i}"): c for i, c in enumerate(sizes)}
     chars[("b", "en")] = 3000
-    f = stages.quota_keep_fractions(chars, cfg)
+    f = quotas.quota_keep_fractions(chars, cfg)
     kept = [f[f"a/l{i}"] * c for i, c in enumerate(sizes)]
     assert all(x >= y - 1e-6 for x, y in zip(kept, kept[1:]))
     budget = 0.3 * (3000 / 0.7)
@@ -360,17 +361,17 @@ def test_floors_never_give_a_smaller_group_more_text():
 
 def test_quota_cutoff_keeps_the_hash_ranked_prefix_to_the_nearest_document():
     items = [(0.9, "c", 10), (0.1, "a", 10), (0.5, "b", 30), (0.7, "d", 10)]
-    assert stages.quota_cutoff(items, 0.0) == 0.1
-    assert stages.quota_cutoff(items, 1.0) == 2.0
+    assert quotas.quota_cutoff(items, 0.0) == 0.1
+    assert quotas.quota_cutoff(items, 1.0) == 2.0
     # Budget 0.4 * 60 = 24: 'a' (0 + 5 <= 24) kept, 'b' (10 + 15 = 25 > 24) is the cutoff.
-    assert stages.quota_cutoff(items, 0.4) == 0.5
-    assert stages.quota_cutoff(items, 0.5) == 0.7  # budget 30: b (25 <= 30) kept, d (40 + 5 > 30) not
+    assert quotas.quota_cutoff(items, 0.4) == 0.5
+    assert quotas.quota_cutoff(items, 0.5) == 0.7  # budget 30: b (25 <= 30) kept, d (40 + 5 > 30) not
 
 
 def test_share_warning_names_domain_and_tolerance():
-    w = stages.quota_share_warnings({"a": 70, "b": 30}, {"a": 0.5, "b": 0.5}, 0.02)
+    w = quotas.quota_share_warnings({"a": 70, "b": 30}, {"a": 0.5, "b": 0.5}, 0.02)
     assert len(w) == 2 and "domain 'a' realized share 0.7000" in w[0] and "share_tolerance = 0.02" in w[0]
-    assert stages.quota_share_warnings({"a": 51, "b": 49}, {"a": 0.5, "b": 0.5}, 0.02) == []
+    assert quotas.quota_share_warnings({"a": 51, "b": 49}, {"a": 0.5, "b": 0.5}, 0.02) == []
 
 
 @pytest.mark.parametrize("field,value", [("targets", {"a": -0.1}), ("targets", {"a": float("nan")}),
@@ -471,12 +472,12 @@ def test_short_examples_match_only_the_configured_units(tmp_path):
 
 
 def test_decontamination_report_counts_examples_rules_and_documents(tmp_path):
-    from data_pipelines import build, stages
+    from data_pipelines import build
 
     index = _qa_index(tmp_path)
     extra = {"line_again": "Ouagadougou\nis the capital."}  # the 1-word example removes a second document
     _, dropped = _decontaminate(index, {**{k: v[0] for k, v in QA_DOCS.items()}, **extra})
-    rep = stages.decontamination_report(index, {d: r["eval_matches"] for d, r in dropped.items()}, 1)
+    rep = decontamination.decontamination_report(index, {d: r["eval_matches"] for d, r in dropped.items()}, 1)
     qa = rep["eval_sets"]["qa"]
     assert qa["examples"] == 5 and qa["documents_removed"] == 6
     assert qa["by_length_class"] == {
@@ -505,17 +506,17 @@ def test_decontamination_report_counts_examples_rules_and_documents(tmp_path):
     # A set whose file holds no example is reported, not left out.
     (tmp_path / "none.jsonl").write_text("")
     cfg = BuildConfig(sources=[], decontam=DecontamConfig(eval_sets={"none": str(tmp_path / "none.jsonl")}))
-    rep = stages.decontamination_report(build.load_eval_index(cfg), {}, 100)
+    rep = decontamination.decontamination_report(build.load_eval_index(cfg), {}, 100)
     assert rep["eval_sets"]["none"]["examples"] == 0
     assert rep["warnings"] == ["decontamination: eval set 'none' has no example"]
 
 
 def test_sequence_hash_is_the_ngram_hash_of_the_whole_sequence():
-    from data_pipelines import minhash, stages
+    from data_pipelines import minhash
 
     for text in ("a", "Burkina Faso", "ein zwei drei vier", "東京 タワー", " ".join(map(str, range(64)))):
         w = minhash.words(text)
-        assert {stages.sequence_hash(w)} == stages.ngram_hashes(text, len(w)), text
+        assert {decontamination.sequence_hash(w)} == decontamination.ngram_hashes(text, len(w)), text
 
 
 @pytest.mark.parametrize("over,match", [({"min_ngram": 20}, "DecontamConfig.min_ngram = 20"),

@@ -5,7 +5,8 @@ import random
 import numpy as np
 import pytest
 
-from data_pipelines import minhash, stages
+from data_pipelines.steps import normalization, quotas, rules
+from data_pipelines import minhash
 from data_pipelines.config import QuotaConfig
 
 
@@ -79,7 +80,7 @@ def test_band_keys_validate():
 def test_quota_fractions_by_hand():
     cfg = QuotaConfig(targets={"a": 0.5, "b": 0.5}, long_tail_share=0.1, long_tail_floor=1.0)
     chars = {("a", "en"): 900, ("a", "xx"): 50, ("b", "en"): 300}
-    f = stages.quota_keep_fractions(chars, cfg)
+    f = quotas.quota_keep_fractions(chars, cfg)
     # A_a = 950, A_b = 300 -> T = min(1900, 600) = 600, B_a = 300; floor F = 1.0 * 0.1 * 300 = 30 chars.
     # 'xx' keeps max(50 p, 30), 'en' keeps 900 p: 900 p + 50 p = 300 -> p = 300/950 (50 p = 15.8 < 30, so no),
     # 900 p + 30 = 300 -> p = 270/900 and 'xx' keeps 30 of 50. Domain a keeps exactly its 300.
@@ -87,7 +88,7 @@ def test_quota_fractions_by_hand():
 
 
 def test_rule_stats_by_hand():
-    st = stages.rule_stats("one two\none two\nthree four five six")
+    st = rules.rule_stats("one two\none two\nthree four five six")
     assert st["n_words"] == 8
     assert st["dup_line_fraction"] == pytest.approx(2 / 3)
     assert st["mean_word_length"] == pytest.approx(sum(map(len, "one two one two three four five six".split())) / 8)
@@ -105,7 +106,7 @@ def test_normalize_ascii_fast_path_equals_ftfy():
         text = "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 80)))
         if rng.random() < 0.4:
             text += rng.choice(specials) + text
-        assert stages.normalize(text, NormalizeConfig()) == ftfy.fix_text(text, normalization="NFC"), repr(text)
+        assert normalization.normalize(text, NormalizeConfig()) == ftfy.fix_text(text, normalization="NFC"), repr(text)
 
 
 def test_band_keys_batch_matches_single():
@@ -120,7 +121,7 @@ def test_word_length_rule_skips_cjk_text():
     from data_pipelines.config import RuleConfig
 
     zh = "我们今天去公园散步，天气很好，大家都很高兴。" * 3
-    assert np.isnan(stages.rule_stats(zh)["mean_word_length"])
-    assert stages.rule_reason(zh, RuleConfig(min_words=5)) is None
+    assert np.isnan(rules.rule_stats(zh)["mean_word_length"])
+    assert rules.rule_reason(zh, RuleConfig(min_words=5)) is None
     mixed = "The quick brown fox 跳 jumps over"
-    assert stages.rule_stats(mixed)["mean_word_length"] == pytest.approx(len("Thequickbrownfoxjumpsover") / 6)
+    assert rules.rule_stats(mixed)["mean_word_length"] == pytest.approx(len("Thequickbrownfoxjumpsover") / 6)

@@ -10,7 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from data_pipelines import build, minhash, neardup_eval, stages
+from data_pipelines.steps import normalization, rules as rule_step
+from data_pipelines import build, minhash, neardup_eval
 from data_pipelines.config import NormalizeConfig, RuleConfig
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -30,14 +31,14 @@ PIECES = ["plain ascii words", "a & b", "&amp;", "&#233;", "&lt;b&gt;", "&nbsp;x
 @given(st.lists(st.one_of(st.sampled_from(PIECES), st.text(max_size=8)), max_size=30))
 def test_normalize_equals_ftfy_on_generated_text(parts):
     text = "".join(parts)
-    assert stages.normalize(text, NFC) == ftfy.fix_text(text, normalization="NFC")
+    assert normalization.normalize(text, NFC) == ftfy.fix_text(text, normalization="NFC")
 
 
 def test_normalize_equals_ftfy_across_long_lines():
     # ftfy cuts a line longer than max_decode_length (1,000,000 characters) into pieces; the fast path does too.
     text = ("é" + "x" * 999_998 + "&amp;\n") + "ascii line\n" + "Ã© " * 10 + "<b>&amp;</b>\n"
     text += "&amp; after '<'"
-    assert stages.normalize(text, NFC) == ftfy.fix_text(text, normalization="NFC")
+    assert normalization.normalize(text, NFC) == ftfy.fix_text(text, normalization="NFC")
 
 
 @pytest.fixture(scope="module")
@@ -48,10 +49,10 @@ def raw_v1_docs(raw_v1_dir):
 def test_normalize_equals_ftfy_on_raw_v1(raw_v1_docs):
     """Every 80th raw-v1 record ftfy is run on (not plain ASCII). (All 159,839 records were compared once, when the
     line-by-line path was written: all equal.)"""
-    sample = [d["text"] for d in raw_v1_docs if not stages._ftfy_fixed_point(d["text"])][::80]
+    sample = [d["text"] for d in raw_v1_docs if not normalization._ftfy_fixed_point(d["text"])][::80]
     assert len(sample) > 500
     for text in sample:
-        assert stages.normalize(text, NFC) == ftfy.fix_text(text, normalization="NFC"), text[:200]
+        assert normalization.normalize(text, NFC) == ftfy.fix_text(text, normalization="NFC"), text[:200]
 
 
 WORDS = ["word", "Wort", "слово", "日本", "語", "x1", "_", "123", "...", "#", "…", "{see}", "a_b", "ﬁ", "٣", "Ⅻ",
@@ -64,11 +65,11 @@ def test_word_statistics_equal_their_per_word_definitions(parts):
     """The alphabetic-word share and mean word length, counted by regular expressions, equal their definitions
     over str.split() words and `minhash.words` tokens."""
     text = "".join(parts)
-    got = stages.rule_stats(text)
+    got = rule_step.rule_stats(text)
     ws = text.split()
-    assert got["alpha_word_fraction"] == sum(1 for w in ws if stages._ALPHA_RE.search(w)) / max(1, len(ws))
+    assert got["alpha_word_fraction"] == sum(1 for w in ws if rule_step._ALPHA_RE.search(w)) / max(1, len(ws))
     toks = minhash.words(text)
-    spaced = [t for t in toks if not stages._CJK_RE.fullmatch(t)]
+    spaced = [t for t in toks if not rule_step._CJK_RE.fullmatch(t)]
     if len(spaced) * 2 < len(toks) or not spaced:
         assert math.isnan(got["mean_word_length"])
     else:
@@ -76,23 +77,23 @@ def test_word_statistics_equal_their_per_word_definitions(parts):
 
 
 def _reason_from_every_statistic(text: str, cfg: RuleConfig) -> str | None:
-    """`stages.rule_reason` by its definition: every statistic computed, n-gram fractions NaN under
+    """`rule_step.rule_reason` by its definition: every statistic computed, n-gram fractions NaN under
     `repetition_min_words` words, then the first failing rule not skipped."""
-    if cfg.drop_cross_references and stages.is_cross_reference(text):
+    if cfg.drop_cross_references and rule_step.is_cross_reference(text):
         return "cross_reference_only"
-    s = stages.rule_stats(text, cfg.dup_line_min_words)
+    s = rule_step.rule_stats(text, cfg.dup_line_min_words)
     if s["n_words"] < cfg.repetition_min_words:
         s.update(dict.fromkeys(("top_2gram_fraction", "top_3gram_fraction", "top_4gram_fraction",
                                 "dup_5gram_fraction"), float("nan")))
     s["symbol_ratio"] = s["symbol_count"] / max(1, s["n_symbol_words"], cfg.repetition_min_words)
-    for reason, stat, op, field in stages.RULES:
+    for reason, stat, op, field in rule_step.RULES:
         limit = getattr(cfg, field)
         if reason not in cfg.skip and ((op == "<" and s[stat] < limit) or (op == ">" and s[stat] > limit)):
             return reason
     return None
 
 
-RULE_NAMES = [r[0] for r in stages.RULES]
+RULE_NAMES = [r[0] for r in rule_step.RULES]
 REPEATED = ["the cat sat on the mat", "the cat sat on the mat", "[1913 Webster]", "}", "See {word}.", "# x", "..."]
 
 
@@ -107,7 +108,7 @@ def test_rule_reason_from_applied_statistics_equals_every_statistic(lines, skip,
                   max_top_3gram_fraction=0.05, max_top_4gram_fraction=0.05, max_dup_5gram_fraction=0.05,
                   min_words=1, min_chars=1) if strict else {}
     cfg = RuleConfig(skip=tuple(skip), repetition_min_words=min_words, dup_line_min_words=dup_min, **limits)
-    assert stages.rule_reason(text, cfg) == _reason_from_every_statistic(text, cfg)
+    assert rule_step.rule_reason(text, cfg) == _reason_from_every_statistic(text, cfg)
 
 
 def test_rule_reason_from_applied_statistics_on_raw_v1_configs(raw_v1_docs):
@@ -123,4 +124,4 @@ def test_rule_reason_from_applied_statistics_on_raw_v1_configs(raw_v1_docs):
     for d in docs:
         source = d["id"].split("/")[0]
         for rules in (cfg.rules.for_domain(domain[source], source), RuleConfig()):
-            assert stages.rule_reason(d["text"], rules) == _reason_from_every_statistic(d["text"], rules), d["id"]
+            assert rule_step.rule_reason(d["text"], rules) == _reason_from_every_statistic(d["text"], rules), d["id"]

@@ -11,8 +11,8 @@ import pytest
 
 import numpy as np
 
-from data_pipelines import build, manifest as manifest_lib, minhash, paragraphs, stages, testing
-from data_pipelines.steps import paragraph_dedup
+from data_pipelines import build, manifest as manifest_lib, minhash, testing
+from data_pipelines.steps import exact_dedup, paragraph_dedup
 from data_pipelines.config import ConfigError, ParagraphDedupConfig, RuleConfig
 
 # Planted paragraphs. BOILER (27 words) is in 13 documents, FOOTER (17 words) in 11: both above the default
@@ -246,40 +246,40 @@ def test_same_input_same_output(built):
 
 def test_split_and_remove_keep_the_text_and_its_spacing():
     text = "\n\nHead line\n  \n\tBody one\nstill body\n\n\nTail\n"
-    parts = paragraphs.split_units(text, "paragraph")
+    parts = paragraph_dedup.split_units(text, "paragraph")
     assert parts[::2] == ["", "Head line", "\tBody one\nstill body", "Tail\n"]
-    assert paragraphs.remove_units(parts, set()) == text
-    assert paragraphs.remove_units(parts, {4}) == "\n\nHead line\n\n\nTail\n"  # the separator before it goes
-    assert paragraphs.remove_units(parts, {2}) == "\n  \n\tBody one\nstill body\n\n\nTail\n"
-    lines = paragraphs.split_units("a b\nc d\n", "line")
-    assert lines[::2] == ["a b", "c d", ""] and paragraphs.remove_units(lines, {0}) == "c d\n"
+    assert paragraph_dedup.remove_units(parts, set()) == text
+    assert paragraph_dedup.remove_units(parts, {4}) == "\n\nHead line\n\n\nTail\n"  # the separator before it goes
+    assert paragraph_dedup.remove_units(parts, {2}) == "\n  \n\tBody one\nstill body\n\n\nTail\n"
+    lines = paragraph_dedup.split_units("a b\nc d\n", "line")
+    assert lines[::2] == ["a b", "c d", ""] and paragraph_dedup.remove_units(lines, {0}) == "c d\n"
     with pytest.raises(ValueError, match="unit"):
-        paragraphs.split_units(text, "sentence")
+        paragraph_dedup.split_units(text, "sentence")
 
 
 def test_units_are_matched_by_whitespace_collapsed_case_folded_text():
-    flags = {stages.exact_key("Copyright the Authors, all rights reserved."): (paragraphs.EXACT, "k")}
+    flags = {exact_dedup.exact_key("Copyright the Authors, all rights reserved."): (paragraph_dedup.EXACT, "k")}
     text = "Intro words here.\n\nCOPYRIGHT  the authors,\nall rights RESERVED.\n\nOutro."
-    out, log = paragraphs.dedup_document(text, "paragraph", 5, flags)
+    out, log = paragraph_dedup.dedup_document(text, "paragraph", 5, flags)
     assert out == "Intro words here.\n\nOutro."
     removed = "COPYRIGHT  the authors,\nall rights RESERVED."
-    assert log == [{"hash": stages.exact_key("copyright the authors, all rights reserved.")[:16],
+    assert log == [{"hash": exact_dedup.exact_key("copyright the authors, all rights reserved.")[:16],
                     "reason": "repeated_paragraph", "bytes": 44, "text": removed}]
-    near = {k: (paragraphs.NEAR, "c" * 64) for k in flags}
-    assert paragraphs.dedup_document(text, "paragraph", 5, near)[1][0]["cluster"] == "c" * 16
+    near = {k: (paragraph_dedup.NEAR, "c" * 64) for k in flags}
+    assert paragraph_dedup.dedup_document(text, "paragraph", 5, near)[1][0]["cluster"] == "c" * 16
     # Punctuation is significant to exact matching; a unit under min_words is never looked up.
-    assert paragraphs.dedup_document(text.replace("RESERVED.", "RESERVED!"), "paragraph", 5, flags)[1] == []
-    assert paragraphs.dedup_document(text, "paragraph", 7, flags)[1] == []
+    assert paragraph_dedup.dedup_document(text.replace("RESERVED.", "RESERVED!"), "paragraph", 5, flags)[1] == []
+    assert paragraph_dedup.dedup_document(text, "paragraph", 7, flags)[1] == []
 
 
 def test_document_left_empty_or_under_its_rules_minimum_is_named():
     rules = RuleConfig(min_words=5, min_chars=20)
-    assert paragraphs.left_reason(" \n -- \n", rules) == "all_removed"
-    assert paragraphs.left_reason("Three words left.", rules) == "too_short_after_removal"
+    assert paragraph_dedup.left_reason(" \n -- \n", rules) == "all_removed"
+    assert paragraph_dedup.left_reason("Three words left.", rules) == "too_short_after_removal"
     lenient = RuleConfig(min_words=5, min_chars=1, skip=("too_few_words",))
-    assert paragraphs.left_reason("Three words left.", lenient) is None
-    assert paragraphs.left_reason("Five words are left here.", rules) is None
-    assert paragraphs.left_reason("Three words left.", None) is None  # rules stage off: only an empty one goes
+    assert paragraph_dedup.left_reason("Three words left.", lenient) is None
+    assert paragraph_dedup.left_reason("Five words are left here.", rules) is None
+    assert paragraph_dedup.left_reason("Three words left.", None) is None  # rules stage off: only an empty one goes
 
 
 def _sig(seed_values):
@@ -292,10 +292,10 @@ def test_star_cluster_counts_distinct_documents_of_members_near_the_centre():
     members = [("kb", b, ("d1", "d6", "d7", "d8")), ("ka", a, ("d1", "d2", "d3", "d4", "d5", "d6")),
                ("kc", c, ("d9", "d10", "d11"))]
     # A and B span d1-d8: 8 documents > 7, so both go, with A (most documents) the centre; C is too far from A.
-    assert paragraphs.star_cluster(members, 0.7, 7) == [("ka", "ka"), ("kb", "ka")]
-    assert paragraphs.star_cluster(members, 0.7, 8) == []  # 8 documents is not more than 8
+    assert paragraph_dedup.star_cluster(members, 0.7, 7) == [("ka", "ka"), ("kb", "ka")]
+    assert paragraph_dedup.star_cluster(members, 0.7, 8) == []  # 8 documents is not more than 8
     # B is within 0.7 of C's neighbour B, but members are compared with the centre only: no chain from A to C.
-    assert [k for k, _ in paragraphs.star_cluster(members, 0.5, 7)] == ["ka", "kb", "kc"]
+    assert [k for k, _ in paragraph_dedup.star_cluster(members, 0.5, 7)] == ["ka", "kb", "kc"]
 
 
 def test_unit_documents_combiner_is_exact_about_the_threshold_at_bounded_memory():
@@ -336,8 +336,8 @@ def test_near_min_words_is_the_shortest_unit_an_edit_keeps_above_the_threshold(s
         return len(a & b) / len(a | b)
     ok = [n for n in range(2 * shingle + 1, 200) if jaccard_after_one_edit(n) >= threshold - 1e-12]
     assert ok and ok == list(range(ok[0], 200))
-    assert paragraphs.near_min_words(shingle, threshold) == ok[0]
-    assert paragraphs.near_min_words(3, 1.0) > 10**9
+    assert paragraph_dedup.near_min_words(shingle, threshold) == ok[0]
+    assert paragraph_dedup.near_min_words(3, 1.0) > 10**9
 
 
 def test_a_template_of_short_units_is_not_near_matched_a_long_edited_paragraph_is():
@@ -348,8 +348,8 @@ def test_a_template_of_short_units_is_not_near_matched_a_long_edited_paragraph_i
     sigs = paragraph_dedup.UnitSignature(cfg)
     sigs.setup()
     jokes = ["Wie man sein Kind nicht nennen sollte: Dick Opf", "Wie man sein Kind nicht nennen sollte: Dick Tat"]
-    assert [len(minhash.words(j)) for j in jokes] == [9, 9] and paragraphs.near_min_words(3, 0.7) == 19
-    assert [list(sigs.process((stages.exact_key(j), (("d1",), j)))) for j in jokes] == [[], []]
+    assert [len(minhash.words(j)) for j in jokes] == [9, 9] and paragraph_dedup.near_min_words(3, 0.7) == 19
+    assert [list(sigs.process((exact_dedup.exact_key(j), (("d1",), j)))) for j in jokes] == [[], []]
     (_, (a, _)), = sigs.process(("b", (("d1",), BOILER)))
     (_, (b, _)), = sigs.process(("bn", (("d2",), BOILER_NEAR)))
     assert set(minhash.band_keys(a, cfg.bands, cfg.rows)) & set(minhash.band_keys(b, cfg.bands, cfg.rows))

@@ -13,7 +13,7 @@ import sys
 import numpy as np
 import pytest
 
-from data_pipelines import build, manifest as manifest_lib, pipeline, review, testing, writer
+from data_pipelines import build, draws, manifest as manifest_lib, pipeline, review, testing, writer
 from data_pipelines.config import ConfigError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -223,15 +223,13 @@ def test_quota_proportions_near_targets(corpus):
 
 def test_quota_keeps_the_hash_ranked_prefix_of_each_group(corpus):
     """The Beam stage's selection equals the rule recomputed from the decision log: per (domain, lang) group, the
-    documents ranked by uniform(seed, id) up to the group's character budget (`stages.quota_cutoff`)."""
-    from data_pipelines import stages
-
+    documents ranked by uniform(seed, id) up to the group's character budget (`steps.quotas.quota_cutoff`)."""
     rows = [r for r in manifest_lib.read_decisions(corpus["out"]) if r["verdict"] in ("kept", "quota:downsampled")]
     fractions = json.load(open(os.path.join(corpus["out"], "_stats", "quota_fractions.json")))
     seed = build.load_config([corpus["gin"]], []).quotas.seed
     groups = collections.defaultdict(list)
     for r in rows:
-        groups[f"{r['domain']}/{r['lang']}"].append((stages.uniform(seed, r["id"]), r["id"], r["n_chars"]))
+        groups[f"{r['domain']}/{r['lang']}"].append((draws.uniform(seed, r["id"]), r["id"], r["n_chars"]))
     want = set()
     for g, items in groups.items():
         budget, before = fractions[g] * sum(n for _, _, n in items), 0

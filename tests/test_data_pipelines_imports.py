@@ -9,8 +9,8 @@ data_pipelines modules, counting imports inside functions):
 ``manifest``, ``progress``, ``quality_model``, ``tokenizer_training``). ``steps``: ``data_pipelines.steps.*``, one
 module per step of the build. ``pipeline``: the ordered step list and the Beam graph it composes. ``config``: the
 build's gin entry point (`BuildConfig`, gathered from the steps). ``programs``: the command lines (``build``,
-``calibrate``, ``label_sample``, ``review``, ``tokenizer``, ``vocab_report``, ``neardup_eval``), ``testing``, the
-package's ``__init__`` and the back-compat aliases ``stages`` and ``paragraphs``. A function-local import of a
+``calibrate``, ``label_sample``, ``review``, ``tokenizer``, ``vocab_report``, ``neardup_eval``), ``testing`` and the
+package's ``__init__``. A function-local import of a
 data_pipelines module is allowed only with a ``# defers <heavy optional dependency>`` comment (tests/test_imports.py).
 """
 
