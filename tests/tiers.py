@@ -17,9 +17,11 @@ docs/results.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
+import sys
 import time
 
 import pytest
@@ -98,7 +100,6 @@ def _popen_init(self, args, *a, **k):
 
 def _watch_training_loop() -> None:
     """Counts entries to jaxpt's training loop (both names it is called by), once jaxpt.run is imported."""
-    import sys
     for name in ("jaxpt.run.loop", "jaxpt.run.session"):
         module = sys.modules.get(name)
         original = getattr(module, "train_loop", None)
@@ -114,38 +115,35 @@ def _watch_training_loop() -> None:
         setattr(module, "train_loop", watched)
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_setup(item):
-    """Watches the fixtures' setup for training loops and child processes (their CPU is not charged: a session
-    fixture is built once for many tests)."""
-    _watch_training_loop()
-    seen = _Seen()
-    _STACK.append(seen)
-    subprocess.Popen.__init__ = _popen_init
-    try:
-        yield
-    finally:
-        _STACK.pop()
-        if not _STACK:
-            subprocess.Popen.__init__ = _POPEN_INIT
-        item._tier_setup_seen = seen
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_call(item):
+@contextlib.contextmanager
+def _watching():
+    """Yields the :class:`_Seen` of the phase it wraps: child processes, training loops and CPU-seconds."""
     _watch_training_loop()
     seen = _Seen()
     _STACK.append(seen)
     subprocess.Popen.__init__ = _popen_init
     cpu = time.process_time()
     try:
-        yield
+        yield seen
     finally:
         seen.cpu_s = time.process_time() - cpu
         _STACK.pop()
         if not _STACK:
             subprocess.Popen.__init__ = _POPEN_INIT
-        item._tier_seen = seen
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item):
+    """Watches the fixtures' setup for training loops and child processes (their CPU is not charged: a session
+    fixture is built once for many tests)."""
+    with _watching() as item._tier_setup_seen:
+        yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    with _watching() as item._tier_seen:
+        yield
 
 
 @pytest.hookimpl(hookwrapper=True)

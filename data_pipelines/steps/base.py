@@ -7,6 +7,8 @@ Documents are plain dicts (``id``, ``source``, ``domain``, ``text``, ...). A ste
 
 from __future__ import annotations
 
+import abc
+
 import dataclasses
 from typing import Any, Callable, ClassVar
 
@@ -60,7 +62,7 @@ class Facts:
     out_dir: str
 
 
-class Step:
+class Step(abc.ABC):
     """One step of the build.
 
     Attributes:
@@ -77,9 +79,9 @@ class Step:
     config: ClassVar[type | None] = None
     reasons: ClassVar[tuple[str, ...]] = ()
 
+    @abc.abstractmethod
     def expand(self, docs, ctx: Context):
         """Adds the step to the graph: its documents in (None for the first step), the survivors out."""
-        raise NotImplementedError
 
     def record(self, facts: Facts) -> dict:
         """``{manifest key: settings and figures}`` for ``manifest.json``'s ``stages`` ({}: none)."""
